@@ -1,0 +1,378 @@
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use actix::dev::ToEnvelope;
+use actix::{Actor, Addr, Handler, MailboxError, Recipient};
+use edgehive_protocols::Message;
+use futures_util::future::join_all;
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+use super::metrics::ModuleStats;
+use super::{supervisor, Envelope, HiveError, HiveMetrics, Module};
+
+/// beehive's default `SendSync` timeout.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a module is in its life, as the supervisor sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModuleState {
+    /// Its actor is running and receiving messages.
+    Running = 0,
+    /// Its actor failed; the supervisor starts a new one after a backoff.
+    Restarting = 1,
+    /// The process is shutting down; it is not restarted.
+    Stopped = 2,
+}
+
+impl ModuleState {
+    pub(super) fn from_u8(value: u8) -> Self {
+        match value {
+            0 => ModuleState::Running,
+            1 => ModuleState::Restarting,
+            _ => ModuleState::Stopped,
+        }
+    }
+}
+
+/// A module as the admin endpoint shows it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleInfo {
+    /// beehive module name.
+    pub name: String,
+    /// beehive group.
+    pub group: String,
+    /// The supervisor of this module (the process name).
+    pub parent: String,
+    /// Running, restarting or stopped.
+    pub state: ModuleState,
+    /// Restarts after a stop or a panic since the process started.
+    pub restarts: u64,
+    /// Envelopes the hive put into its mailbox.
+    pub messages_routed: u64,
+    /// Envelopes its handlers finished with.
+    pub messages_handled: u64,
+    /// Envelopes refused (mailbox full, module down).
+    pub messages_dropped: u64,
+    /// Envelopes waiting in its mailbox now.
+    pub mailbox_depth: i64,
+    /// Its mailbox capacity.
+    pub mailbox_capacity: usize,
+}
+
+/// How a group broadcast went.
+#[derive(Debug, Default)]
+pub struct GroupDelivery {
+    /// Members whose mailbox accepted the message.
+    pub delivered: Vec<String>,
+    /// Members that refused it, and why.
+    pub failed: Vec<(String, HiveError)>,
+}
+
+struct Entry {
+    recipient: Recipient<Envelope>,
+    /// The current `Addr<M::Actor>`, for typed sends.
+    addr: Box<dyn Any + Send + Sync>,
+    stats: Arc<ModuleStats>,
+    /// One permit per mailbox slot. actix's own capacity cannot bound the hive's sends
+    /// (`Recipient::try_send` never refuses, and every sender clone gets a slot of its own), so
+    /// the hive holds the bound itself: an envelope keeps its permit until handled.
+    slots: Arc<Semaphore>,
+    capacity: usize,
+}
+
+type Target = (Recipient<Envelope>, Arc<ModuleStats>, Arc<Semaphore>);
+
+struct Inner {
+    process: String,
+    modules: RwLock<BTreeMap<String, Entry>>,
+    metrics: HiveMetrics,
+    shutting_down: AtomicBool,
+}
+
+/// The registry and router of one process's modules. Cheap to clone; all clones are one hive.
+///
+/// See the [module docs](super) for an example.
+#[derive(Clone)]
+pub struct Hive {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Hive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hive")
+            .field("process", &self.inner.process)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hive {
+    /// An empty hive for the process `process` (`cloud`, `edge`, …), the root of its tree.
+    pub fn new(process: &str) -> Self {
+        Hive {
+            inner: Arc::new(Inner {
+                process: process.to_owned(),
+                modules: RwLock::new(BTreeMap::new()),
+                metrics: HiveMetrics::new(),
+                shutting_down: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The process name given to [`Hive::new`].
+    pub fn process(&self) -> &str {
+        &self.inner.process
+    }
+
+    /// The process's metrics registry.
+    pub fn metrics(&self) -> &HiveMetrics {
+        &self.inner.metrics
+    }
+
+    /// Starts `module` on the current arbiter, registers it and supervises it.
+    ///
+    /// Must be called from inside a running actix system.
+    pub fn start_module<M: Module>(&self, module: M) -> Result<Addr<M::Actor>, HiveError> {
+        let name = module.name().to_owned();
+        let stats = Arc::new(self.inner.metrics.module_stats(&name, module.group()));
+        let capacity = module.mailbox_capacity();
+        let mut modules = self.write_modules();
+        if modules.contains_key(&name) {
+            return Err(HiveError::AlreadyRegistered(name));
+        }
+        let (addr, watch) = supervisor::start(self.clone(), Arc::new(module), stats.clone());
+        modules.insert(
+            name,
+            Entry {
+                recipient: addr.clone().recipient(),
+                addr: Box::new(addr.clone()),
+                stats,
+                slots: Arc::new(Semaphore::new(capacity)),
+                capacity,
+            },
+        );
+        drop(modules);
+        watch.spawn();
+        Ok(addr)
+    }
+
+    /// Points `name` at the actor the supervisor just started in place of a failed one.
+    pub(super) fn replace_addr<A>(&self, name: &str, addr: Addr<A>)
+    where
+        A: Actor + Handler<Envelope>,
+        A::Context: ToEnvelope<A, Envelope>,
+    {
+        if let Some(entry) = self.write_modules().get_mut(name) {
+            entry.recipient = addr.clone().recipient();
+            entry.addr = Box::new(addr);
+        }
+    }
+
+    /// Whether the process is stopping (supervisors then let modules stay down).
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// Stops restarting modules; call before stopping the actix system.
+    pub fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// The current typed address of module `name`.
+    pub fn addr<A: Actor>(&self, name: &str) -> Result<Addr<A>, HiveError> {
+        let modules = self.read_modules();
+        let entry = modules
+            .get(name)
+            .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?;
+        entry
+            .addr
+            .downcast_ref::<Addr<A>>()
+            .cloned()
+            .ok_or_else(|| HiveError::WrongType(name.to_owned()))
+    }
+
+    /// Names of the modules in `group`, in name order.
+    pub fn group_members(&self, group: &str) -> Vec<String> {
+        self.read_modules()
+            .iter()
+            .filter(|(_, entry)| entry.stats.group == group)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Sends `message` to module `name` without waiting for a reply.
+    ///
+    /// Overflow policy: when the module already holds `mailbox_capacity` unhandled envelopes,
+    /// the message is rejected at once with [`HiveError::MailboxFull`] and counted as dropped;
+    /// the caller keeps the decision (retry, keep it queued, or give up).
+    pub fn send(&self, name: &str, message: Message) -> Result<(), HiveError> {
+        let (recipient, stats, slots) = self.target(name)?;
+        let Ok(slot) = slots.try_acquire_owned() else {
+            stats.dropped.inc();
+            return Err(HiveError::MailboxFull(name.to_owned()));
+        };
+        let envelope = Envelope::counted(message, stats.clone(), slot);
+        match recipient.try_send(envelope) {
+            Ok(()) => {
+                stats.delivered();
+                Ok(())
+            }
+            Err(actix::prelude::SendError::Full(envelope)) => {
+                envelope.undeliverable();
+                Err(HiveError::MailboxFull(name.to_owned()))
+            }
+            Err(actix::prelude::SendError::Closed(envelope)) => {
+                envelope.undeliverable();
+                Err(HiveError::ModuleDown(name.to_owned()))
+            }
+        }
+    }
+
+    /// Sends `message` to module `name` and waits up to `timeout` for the handler's reply.
+    ///
+    /// A full mailbox makes the caller wait for a free slot (within the same timeout), so
+    /// requests are never dropped for load and at most `mailbox_capacity` of them are queued; the reply travels back on the request's own channel and
+    /// cannot reach anyone else or be lost.
+    pub async fn request(
+        &self,
+        name: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<Message, HiveError> {
+        let (recipient, stats, slots) = self.target(name)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let timed_out = || HiveError::Timeout {
+            module: name.to_owned(),
+            timeout,
+        };
+        let slot = match tokio::time::timeout_at(deadline, slots.acquire_owned()).await {
+            Ok(Ok(slot)) => slot,
+            // The semaphore is never closed; treat it like a module that is gone.
+            Ok(Err(_)) => return Err(HiveError::ModuleDown(name.to_owned())),
+            Err(_) => return Err(timed_out()),
+        };
+        let envelope = Envelope::counted(message, stats.clone(), slot);
+        stats.delivered();
+        match tokio::time::timeout_at(deadline, recipient.send(envelope)).await {
+            Ok(Ok(Some(reply))) => Ok(reply),
+            Ok(Ok(None)) => Err(HiveError::NoReply(name.to_owned())),
+            Ok(Err(MailboxError::Closed)) => {
+                stats.dropped.inc();
+                Err(HiveError::ModuleDown(name.to_owned()))
+            }
+            Ok(Err(MailboxError::Timeout)) | Err(_) => Err(timed_out()),
+        }
+    }
+
+    /// Sends a typed message to module `name` and waits up to `timeout` for its result.
+    pub async fn call<A, M>(
+        &self,
+        name: &str,
+        message: M,
+        timeout: Duration,
+    ) -> Result<M::Result, HiveError>
+    where
+        A: Actor + Handler<M>,
+        A::Context: ToEnvelope<A, M>,
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+    {
+        let addr = self.addr::<A>(name)?;
+        match tokio::time::timeout(timeout, addr.send(message)).await {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(MailboxError::Closed)) => Err(HiveError::ModuleDown(name.to_owned())),
+            Ok(Err(MailboxError::Timeout)) | Err(_) => Err(HiveError::Timeout {
+                module: name.to_owned(),
+                timeout,
+            }),
+        }
+    }
+
+    /// Sends `message` to every module of `group`, each under [`Hive::send`]'s policy.
+    pub fn send_to_group(&self, group: &str, message: Message) -> Result<GroupDelivery, HiveError> {
+        let members = self.group_members(group);
+        if members.is_empty() {
+            return Err(HiveError::UnknownGroup(group.to_owned()));
+        }
+        let mut delivery = GroupDelivery::default();
+        for member in members {
+            match self.send(&member, message.clone()) {
+                Ok(()) => delivery.delivered.push(member),
+                Err(error) => delivery.failed.push((member, error)),
+            }
+        }
+        Ok(delivery)
+    }
+
+    /// Sends `message` to every module of `group` and collects each member's reply.
+    pub async fn request_group(
+        &self,
+        group: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<Vec<(String, Result<Message, HiveError>)>, HiveError> {
+        let members = self.group_members(group);
+        if members.is_empty() {
+            return Err(HiveError::UnknownGroup(group.to_owned()));
+        }
+        let replies = join_all(
+            members
+                .iter()
+                .map(|member| self.request(member, message.clone(), timeout)),
+        )
+        .await;
+        Ok(members.into_iter().zip(replies).collect())
+    }
+
+    /// Every registered module with its supervision state and counters, in name order.
+    pub fn modules(&self) -> Vec<ModuleInfo> {
+        self.read_modules()
+            .iter()
+            .map(|(name, entry)| ModuleInfo {
+                name: name.clone(),
+                group: entry.stats.group.clone(),
+                parent: self.inner.process.clone(),
+                state: entry.stats.state(),
+                restarts: entry.stats.restarts.get(),
+                messages_routed: entry.stats.routed.get(),
+                messages_handled: entry.stats.handled.get(),
+                messages_dropped: entry.stats.dropped.get(),
+                mailbox_depth: entry.stats.depth.get(),
+                mailbox_capacity: entry.capacity,
+            })
+            .collect()
+    }
+
+    fn target(&self, name: &str) -> Result<Target, HiveError> {
+        let modules = self.read_modules();
+        let entry = modules
+            .get(name)
+            .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?;
+        Ok((
+            entry.recipient.clone(),
+            entry.stats.clone(),
+            entry.slots.clone(),
+        ))
+    }
+
+    fn read_modules(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Entry>> {
+        // A panic while holding the lock cannot leave the map half-written: every write is a
+        // single insert or field assignment.
+        self.inner
+            .modules
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write_modules(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Entry>> {
+        self.inner
+            .modules
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

@@ -1,0 +1,216 @@
+//! The WebSocket server edges dial: actix-web on `address:port`, any path.
+//!
+//! A connection must carry `node_id` (non-empty, `[a-z0-9.-]`), `project_id` and
+//! `ConnectionUse: msg`. KubeEdge upgrades and then ignores a connection without them; we
+//! answer HTTP 400 with the reason instead, so a misconfigured edge learns why.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use actix_ws::{CloseCode, CloseReason};
+
+use super::session::{NodeSession, SessionConfig};
+use super::{
+    Admission, CloudHub, CloudHubModule, CloudHubOptions, SessionOpened, Shared, CLOUDHUB_MODULE,
+};
+use crate::hive::{Hive, HiveError};
+
+/// Worker threads of the WebSocket server.
+const WORKERS: usize = 2;
+/// How long a new connection waits for CloudHub to admit it.
+const ADMISSION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest `node_id` accepted (a DNS subdomain, like Kubernetes node names).
+const MAX_NODE_ID_LEN: usize = 253;
+
+/// Why CloudHub could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CloudHubError {
+    /// The CloudHub module could not be registered (e.g. started twice).
+    #[error("cannot start the cloudhub module: {0}")]
+    Module(#[from] HiveError),
+    /// The WebSocket listener could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// `address:port` as configured.
+        address: String,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+}
+
+/// A running CloudHub WebSocket server.
+#[derive(Debug)]
+pub struct CloudHubServer {
+    local_addr: SocketAddr,
+    handle: ServerHandle,
+}
+
+impl CloudHubServer {
+    /// The address the server is bound to (the real port when 0 was configured).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting connections and shuts the server down (open connections are dropped
+    /// when `graceful` is false).
+    pub async fn stop(&self, graceful: bool) {
+        self.handle.stop(graceful).await;
+    }
+}
+
+/// Starts the CloudHub module in `hive` and its WebSocket server.
+///
+/// Must be called inside a running actix system; the server runs on [`WORKERS`] worker
+/// threads and the module on the current arbiter.
+pub async fn start_cloudhub(
+    hive: &Hive,
+    options: CloudHubOptions,
+) -> Result<CloudHubServer, CloudHubError> {
+    let module = CloudHubModule::new(hive, options.clone());
+    let shared = module.shared();
+    hive.start_module(module)?;
+    let address = format!("{}:{}", options.address, options.port);
+    let context = web::Data::new(ServerContext {
+        hive: hive.clone(),
+        shared,
+    });
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(context.clone())
+            .default_service(web::to(connect))
+    })
+    .workers(WORKERS)
+    .disable_signals()
+    .bind((options.address.as_str(), options.port))
+    .map_err(|source| CloudHubError::Bind {
+        address: address.clone(),
+        source,
+    })?;
+    let local_addr = server
+        .addrs()
+        .into_iter()
+        .next()
+        .ok_or_else(|| CloudHubError::Bind {
+            address: address.clone(),
+            source: std::io::Error::other("no address bound"),
+        })?;
+    let server = server.run();
+    let handle = server.handle();
+    actix::spawn(async move {
+        if let Err(err) = server.await {
+            tracing::error!(error = %err, "cloudhub WebSocket server failed");
+        }
+    });
+    tracing::info!(%local_addr, "cloudhub listening");
+    Ok(CloudHubServer { local_addr, handle })
+}
+
+struct ServerContext {
+    hive: Hive,
+    shared: Shared,
+}
+
+fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
+    req.headers()
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+}
+
+/// The node name from the headers, or why the request is refused.
+fn check_headers(req: &HttpRequest) -> Result<String, String> {
+    let node = header(req, "node_id").unwrap_or_default();
+    if node.is_empty() {
+        return Err("missing node_id header".into());
+    }
+    let valid = node.len() <= MAX_NODE_ID_LEN
+        && node
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+    if !valid {
+        return Err(format!(
+            "invalid node_id {node:?}: use lowercase letters, digits, '.' and '-'"
+        ));
+    }
+    if header(req, "project_id").is_none_or(str::is_empty) {
+        return Err("missing project_id header".into());
+    }
+    match header(req, "ConnectionUse") {
+        Some("msg") => Ok(node.to_owned()),
+        Some(other) => Err(format!(
+            "unsupported ConnectionUse {other:?}: expected \"msg\""
+        )),
+        None => Err("missing ConnectionUse header (expected \"msg\")".into()),
+    }
+}
+
+async fn connect(
+    req: HttpRequest,
+    body: web::Payload,
+    context: web::Data<ServerContext>,
+) -> actix_web::Result<HttpResponse> {
+    let node = match check_headers(&req) {
+        Ok(node) => node,
+        Err(reason) => {
+            tracing::warn!(peer = ?req.peer_addr(), %reason, "edge connection refused");
+            return Ok(HttpResponse::BadRequest()
+                .content_type("text/plain; charset=utf-8")
+                .body(reason));
+        }
+    };
+    let hub = match context.hive.addr::<CloudHub>(CLOUDHUB_MODULE) {
+        Ok(hub) => hub,
+        Err(err) => {
+            return Ok(HttpResponse::ServiceUnavailable()
+                .content_type("text/plain; charset=utf-8")
+                .body(format!("cloudhub unavailable: {err}")));
+        }
+    };
+    let (response, ws, stream) = actix_ws::handle(&req, body)?;
+    let options = &context.shared.options;
+    let session_id = context
+        .shared
+        .next_session_id
+        .fetch_add(1, Ordering::Relaxed);
+    let config = SessionConfig {
+        keepalive_interval: options.keepalive_interval,
+        max_frame_bytes: options.max_frame_bytes,
+    };
+    // The client cannot send frames before it has this response, so the session is admitted
+    // before anything it sends reaches CloudHub.
+    let addr = NodeSession::start(
+        node.clone(),
+        session_id,
+        context.hive.clone(),
+        config,
+        context.shared.metrics.clone(),
+        ws,
+        stream,
+    );
+    let opened = SessionOpened {
+        node: node.clone(),
+        session_id,
+        addr: addr.clone(),
+    };
+    let refusal = match tokio::time::timeout(ADMISSION_TIMEOUT, hub.send(opened)).await {
+        Ok(Ok(Admission::Accepted)) => None,
+        Ok(Ok(Admission::NodeLimitReached)) => Some(CloseReason {
+            code: CloseCode::Policy,
+            description: Some("node limit reached".into()),
+        }),
+        Ok(Err(_)) | Err(_) => Some(CloseReason {
+            code: CloseCode::Again,
+            description: Some("cloudhub unavailable".into()),
+        }),
+    };
+    if let Some(reason) = refusal {
+        // A single control message for a session nobody else knows about yet.
+        addr.do_send(super::session::CloseSession {
+            code: reason.code,
+            reason: reason.description.unwrap_or_default(),
+        });
+    }
+    Ok(response)
+}

@@ -1,0 +1,712 @@
+//! The embedded cluster: an in-process stand-in for the Kubernetes API server.
+//!
+//! edgehive runs against it when no kubeconfig is given, so the cloud side works (and is
+//! tested) without a real cluster. It keeps the Kubernetes semantics the controllers rely on:
+//! one global `resourceVersion` counter bumped on every write, a `uid` and
+//! `creationTimestamp` set on create, namespaced kinds defaulting to namespace `default`,
+//! cluster-scoped kinds without a namespace, and list + watch per kind.
+//!
+//! ```
+//! use edgehive_actors::cloud::cluster::EmbeddedCluster;
+//! use serde_json::json;
+//!
+//! let cluster = EmbeddedCluster::new();
+//! let pod = cluster
+//!     .create(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}}))
+//!     .unwrap();
+//! assert_eq!(pod["metadata"]["namespace"], "default");
+//! assert!(pod["metadata"]["uid"].is_string());
+//! assert_eq!(cluster.create(pod).unwrap_err().status(), 409);
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use tokio::sync::broadcast;
+
+/// How many events a watcher may fall behind before it is told it lagged.
+///
+/// Overflow policy: the channel keeps the newest events; a watcher that fell more than this
+/// many events behind gets [`WatchError::Lagged`] and must list again (Kubernetes answers a
+/// too-old watch with "410 Gone" for the same reason).
+pub const WATCH_CAPACITY: usize = 1024;
+
+/// Kinds that live outside namespaces (Kubernetes' cluster-scoped resources we may meet).
+const CLUSTER_SCOPED: &[&str] = &[
+    "Node",
+    "Namespace",
+    "ClusterObjectSync",
+    "PersistentVolume",
+    "StorageClass",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CSIDriver",
+    "CSINode",
+    "VolumeAttachment",
+    "CertificateSigningRequest",
+    "PriorityClass",
+    "RuntimeClass",
+    "APIService",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+];
+
+/// Whether objects of `kind` have no namespace.
+pub fn is_cluster_scoped(kind: &str) -> bool {
+    CLUSTER_SCOPED.contains(&kind)
+}
+
+/// Why the cluster refused an operation; carries the HTTP status Kubernetes would answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterError {
+    /// No object with that kind, namespace and name (404).
+    #[error("{kind} {key:?} not found")]
+    NotFound {
+        /// The object kind.
+        kind: String,
+        /// `namespace/name`, or `name` for cluster-scoped kinds.
+        key: String,
+    },
+    /// An object with that kind, namespace and name exists already (409).
+    #[error("{kind} {key:?} already exists")]
+    AlreadyExists {
+        /// The object kind.
+        kind: String,
+        /// `namespace/name`, or `name` for cluster-scoped kinds.
+        key: String,
+    },
+    /// The update carried a resourceVersion that is not the stored one (409).
+    #[error("{kind} {key:?}: resourceVersion {given} is not the current {current}")]
+    Conflict {
+        /// The object kind.
+        kind: String,
+        /// `namespace/name`, or `name` for cluster-scoped kinds.
+        key: String,
+        /// The resourceVersion in the request.
+        given: String,
+        /// The stored resourceVersion.
+        current: String,
+    },
+    /// The object is not a valid Kubernetes object (422).
+    #[error("invalid object: {0}")]
+    Invalid(String),
+    /// A manifest document could not be applied (422); names the file and document.
+    #[error("{file}, document {document}: {message}")]
+    Manifest {
+        /// The manifest file.
+        file: String,
+        /// 0-based index of the document in a multi-document file.
+        document: usize,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A manifest file or folder could not be read (500).
+    #[error("cannot read {path}: {message}")]
+    Io {
+        /// The file or folder.
+        path: String,
+        /// The operating system's reason.
+        message: String,
+    },
+}
+
+impl ClusterError {
+    /// The HTTP status code the Kubernetes API server would answer with.
+    pub fn status(&self) -> u16 {
+        match self {
+            ClusterError::NotFound { .. } => 404,
+            ClusterError::AlreadyExists { .. } | ClusterError::Conflict { .. } => 409,
+            ClusterError::Invalid(_) | ClusterError::Manifest { .. } => 422,
+            ClusterError::Io { .. } => 500,
+        }
+    }
+
+    /// The human-readable reason (the `Display` text).
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// What happened to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// The object was created.
+    Added,
+    /// The object was updated.
+    Modified,
+    /// The object was deleted; the event carries its last state with a new resourceVersion.
+    Deleted,
+}
+
+/// One change seen by a watcher.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WatchEvent {
+    /// Added, Modified or Deleted.
+    pub event_type: EventType,
+    /// The object after the change (for Deleted: as it was, with the delete's resourceVersion).
+    pub object: Value,
+}
+
+/// Why [`WatchStream::recv`] returned no event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WatchError {
+    /// The watcher fell behind and `skipped` events are gone: list again, then keep watching
+    /// (the stream stays usable). Kubernetes' "410 Gone, relist".
+    #[error("watch fell behind by {skipped} events; list again")]
+    Lagged {
+        /// How many events were lost.
+        skipped: u64,
+    },
+    /// The cluster is gone.
+    #[error("the cluster was dropped")]
+    Closed,
+}
+
+/// A watch on one kind, from the moment [`EmbeddedCluster::watch`] was called.
+///
+/// Buffers at most [`WATCH_CAPACITY`] events; see there for the overflow policy. Subscribe
+/// before listing so no change falls between the list and the watch.
+#[derive(Debug)]
+pub struct WatchStream {
+    rx: broadcast::Receiver<WatchEvent>,
+}
+
+impl WatchStream {
+    /// The next event, or why there is none.
+    pub async fn recv(&mut self) -> Result<WatchEvent, WatchError> {
+        match self.rx.recv().await {
+            Ok(event) => Ok(event),
+            Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                Err(WatchError::Lagged { skipped })
+            }
+            Err(broadcast::error::RecvError::Closed) => Err(WatchError::Closed),
+        }
+    }
+}
+
+type ObjectKey = (String, String, String);
+
+struct Inner {
+    resource_version: u64,
+    /// (kind, namespace or "", name) -> object.
+    objects: BTreeMap<ObjectKey, Value>,
+    watchers: HashMap<String, broadcast::Sender<WatchEvent>>,
+}
+
+/// The in-process cluster. Cheap to clone; all clones share the same objects.
+#[derive(Clone)]
+pub struct EmbeddedCluster {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for EmbeddedCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedCluster").finish_non_exhaustive()
+    }
+}
+
+impl Default for EmbeddedCluster {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The parts of an object's identity, validated.
+struct Identity {
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+impl Identity {
+    fn key(&self) -> ObjectKey {
+        (self.kind.clone(), self.namespace.clone(), self.name.clone())
+    }
+
+    fn display(&self) -> String {
+        display_key(&self.namespace, &self.name)
+    }
+}
+
+fn display_key(namespace: &str, name: &str) -> String {
+    if namespace.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{namespace}/{name}")
+    }
+}
+
+fn namespace_for(kind: &str, namespace: Option<&str>) -> String {
+    if is_cluster_scoped(kind) {
+        String::new()
+    } else {
+        namespace
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or("default")
+            .to_owned()
+    }
+}
+
+/// Checks the object's shape and normalises its namespace in place.
+fn identify(obj: &mut Value) -> Result<Identity, ClusterError> {
+    let Some(map) = obj.as_object_mut() else {
+        return Err(ClusterError::Invalid(
+            "object is not a JSON/YAML mapping".into(),
+        ));
+    };
+    let kind = match map.get("kind") {
+        Some(Value::String(kind)) if !kind.is_empty() => kind.clone(),
+        _ => return Err(ClusterError::Invalid("missing kind".into())),
+    };
+    let Some(Value::Object(metadata)) = map.get_mut("metadata") else {
+        return Err(ClusterError::Invalid(format!("{kind}: missing metadata")));
+    };
+    let name = match metadata.get("name") {
+        Some(Value::String(name)) if !name.is_empty() => name.clone(),
+        _ => {
+            return Err(ClusterError::Invalid(format!(
+                "{kind}: missing metadata.name"
+            )))
+        }
+    };
+    let namespace = namespace_for(&kind, metadata.get("namespace").and_then(Value::as_str));
+    if namespace.is_empty() {
+        metadata.remove("namespace");
+    } else {
+        metadata.insert("namespace".into(), Value::String(namespace.clone()));
+    }
+    Ok(Identity {
+        kind,
+        namespace,
+        name,
+    })
+}
+
+fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    // `identify` has checked that metadata is a mapping; recreate it rather than panic if a
+    // caller bypassed that.
+    let map = match obj {
+        Value::Object(map) => map,
+        other => {
+            *other = Value::Object(Map::new());
+            match other {
+                Value::Object(map) => map,
+                _ => unreachable!("just assigned an object"),
+            }
+        }
+    };
+    let entry = map
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !entry.is_object() {
+        *entry = Value::Object(Map::new());
+    }
+    match entry {
+        Value::Object(metadata) => metadata,
+        _ => unreachable!("just made it an object"),
+    }
+}
+
+/// RFC 3339 UTC timestamp with second precision, as Kubernetes writes creationTimestamp.
+fn now_rfc3339() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    rfc3339(secs)
+}
+
+/// Formats Unix seconds as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days, proleptic Gregorian).
+pub(crate) fn rfc3339(unix_secs: u64) -> String {
+    let days = (unix_secs / 86_400) as i64;
+    let rem = unix_secs % 86_400;
+    let (hour, minute, second) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
+}
+
+impl EmbeddedCluster {
+    /// An empty cluster at resourceVersion 0.
+    pub fn new() -> Self {
+        EmbeddedCluster {
+            inner: Arc::new(Mutex::new(Inner {
+                resource_version: 0,
+                objects: BTreeMap::new(),
+                watchers: HashMap::new(),
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every write below finishes its map update before anything can panic, so a poisoned
+        // lock still guards consistent data.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Creates `obj`; fails with 409 if it exists and 422 if it has no kind or name.
+    pub fn create(&self, mut obj: Value) -> Result<Value, ClusterError> {
+        let id = identify(&mut obj)?;
+        let mut inner = self.lock();
+        if inner.objects.contains_key(&id.key()) {
+            return Err(ClusterError::AlreadyExists {
+                key: id.display(),
+                kind: id.kind,
+            });
+        }
+        let rv = inner.bump();
+        let metadata = metadata_mut(&mut obj);
+        metadata.insert(
+            "uid".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
+        metadata.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
+        metadata.insert("resourceVersion".into(), Value::String(rv));
+        metadata.remove("deletionTimestamp");
+        inner.objects.insert(id.key(), obj.clone());
+        inner.publish(&id.kind, EventType::Added, &obj);
+        Ok(obj)
+    }
+
+    /// Replaces an existing object, keeping its uid and creationTimestamp.
+    ///
+    /// Fails with 404 if it does not exist, and with 409 if `obj` carries a resourceVersion
+    /// other than the stored one (optimistic concurrency, as in Kubernetes).
+    pub fn update(&self, mut obj: Value) -> Result<Value, ClusterError> {
+        let id = identify(&mut obj)?;
+        let mut inner = self.lock();
+        let Some(current) = inner.objects.get(&id.key()) else {
+            return Err(ClusterError::NotFound {
+                key: id.display(),
+                kind: id.kind,
+            });
+        };
+        let current_meta = current.get("metadata").cloned().unwrap_or(Value::Null);
+        let current_rv = current_meta["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let metadata = metadata_mut(&mut obj);
+        if let Some(given) = metadata.get("resourceVersion").and_then(Value::as_str) {
+            if !given.is_empty() && given != current_rv {
+                return Err(ClusterError::Conflict {
+                    kind: id.kind.clone(),
+                    key: id.display(),
+                    given: given.to_owned(),
+                    current: current_rv,
+                });
+            }
+        }
+        for field in ["uid", "creationTimestamp"] {
+            if let Some(value) = current_meta.get(field) {
+                metadata.insert(field.into(), value.clone());
+            }
+        }
+        let rv = inner.bump();
+        metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv));
+        inner.objects.insert(id.key(), obj.clone());
+        inner.publish(&id.kind, EventType::Modified, &obj);
+        Ok(obj)
+    }
+
+    /// Creates `obj` or, if it exists, replaces it (any resourceVersion in `obj` is ignored).
+    pub fn apply(&self, mut obj: Value) -> Result<Value, ClusterError> {
+        let id = identify(&mut obj)?;
+        metadata_mut(&mut obj).remove("resourceVersion");
+        // Both steps take the lock themselves; a concurrent delete between them surfaces as
+        // the update's NotFound, a concurrent create as the create's AlreadyExists: retry once.
+        let exists = self.lock().objects.contains_key(&id.key());
+        let first = if exists {
+            self.update(obj.clone())
+        } else {
+            self.create(obj.clone())
+        };
+        match first {
+            Err(ClusterError::NotFound { .. }) => self.create(obj),
+            Err(ClusterError::AlreadyExists { .. }) => self.update(obj),
+            other => other,
+        }
+    }
+
+    /// The object of `kind` named `name` (namespace defaults to `default` for namespaced kinds
+    /// and is ignored for cluster-scoped ones).
+    pub fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let key = (
+            kind.to_owned(),
+            namespace_for(kind, namespace),
+            name.to_owned(),
+        );
+        self.lock().objects.get(&key).cloned()
+    }
+
+    /// Deletes the object; returns its last state with the delete's new resourceVersion.
+    pub fn delete(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Value, ClusterError> {
+        let namespace = namespace_for(kind, namespace);
+        let key = (kind.to_owned(), namespace.clone(), name.to_owned());
+        let mut inner = self.lock();
+        let Some(mut obj) = inner.objects.remove(&key) else {
+            return Err(ClusterError::NotFound {
+                kind: kind.to_owned(),
+                key: display_key(&namespace, name),
+            });
+        };
+        let rv = inner.bump();
+        metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv));
+        inner.publish(kind, EventType::Deleted, &obj);
+        Ok(obj)
+    }
+
+    /// Every object of `kind` (by namespace, then name) and the list's resourceVersion.
+    pub fn list(&self, kind: &str) -> (Vec<Value>, String) {
+        let inner = self.lock();
+        let objects = inner
+            .objects
+            .iter()
+            .filter(|((k, _, _), _)| k == kind)
+            .map(|(_, obj)| obj.clone())
+            .collect();
+        (objects, inner.resource_version.to_string())
+    }
+
+    /// Watches `kind` from now on. See [`WatchStream`] and [`WATCH_CAPACITY`].
+    pub fn watch(&self, kind: &str) -> WatchStream {
+        let mut inner = self.lock();
+        let sender = inner
+            .watchers
+            .entry(kind.to_owned())
+            .or_insert_with(|| broadcast::channel(WATCH_CAPACITY).0);
+        WatchStream {
+            rx: sender.subscribe(),
+        }
+    }
+
+    /// Applies every object in the `*.yaml`, `*.yml` and `*.json` files of `dir` (in file name
+    /// order; multi-document YAML and `kind: List` supported). Returns how many were applied.
+    ///
+    /// Stops at the first bad document; the error names the file and the 0-based document
+    /// index. Objects applied before it stay applied.
+    pub fn load_manifests(&self, dir: &Path) -> Result<usize, ClusterError> {
+        let io_error = |path: &Path, err: std::io::Error| ClusterError::Io {
+            path: path.display().to_string(),
+            message: err.to_string(),
+        };
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|err| io_error(dir, err))? {
+            let path = entry.map_err(|err| io_error(dir, err))?.path();
+            let is_manifest = path
+                .extension()
+                .and_then(|ext| ext.to_str())
+                .is_some_and(|ext| matches!(ext, "yaml" | "yml" | "json"));
+            if is_manifest && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        let mut applied = 0;
+        for path in files {
+            let text = std::fs::read_to_string(&path).map_err(|err| io_error(&path, err))?;
+            let file = path.display().to_string();
+            let manifest_error = |document: usize, message: String| ClusterError::Manifest {
+                file: file.clone(),
+                document,
+                message,
+            };
+            let is_json = path.extension().and_then(|e| e.to_str()) == Some("json");
+            let documents: Vec<Result<Value, String>> = if is_json {
+                vec![serde_json::from_str(&text).map_err(|err| err.to_string())]
+            } else {
+                serde_yaml_ng::Deserializer::from_str(&text)
+                    .map(|doc| Value::deserialize(doc).map_err(|err| err.to_string()))
+                    .collect()
+            };
+            for (index, document) in documents.into_iter().enumerate() {
+                let document = document.map_err(|message| manifest_error(index, message))?;
+                if document.is_null() {
+                    continue; // an empty document, e.g. a trailing `---`
+                }
+                for obj in expand_list(document) {
+                    self.apply(obj)
+                        .map_err(|err| manifest_error(index, err.to_string()))?;
+                    applied += 1;
+                }
+            }
+        }
+        Ok(applied)
+    }
+}
+
+/// `kind: List` (or `FooList`) with `items` becomes its items; anything else stays itself.
+fn expand_list(document: Value) -> Vec<Value> {
+    let is_list = document["kind"]
+        .as_str()
+        .is_some_and(|kind| kind.ends_with("List"))
+        && document["items"].is_array();
+    if !is_list {
+        return vec![document];
+    }
+    match document {
+        Value::Object(mut map) => match map.remove("items") {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+impl Inner {
+    fn bump(&mut self) -> String {
+        self.resource_version += 1;
+        self.resource_version.to_string()
+    }
+
+    fn publish(&self, kind: &str, event_type: EventType, obj: &Value) {
+        if let Some(sender) = self.watchers.get(kind) {
+            // No receiver is not an error: nobody watches this kind right now.
+            let _ = sender.send(WatchEvent {
+                event_type,
+                object: obj.clone(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {}})
+    }
+
+    #[test]
+    fn create_sets_identity_and_bumps_the_global_version() {
+        let cluster = EmbeddedCluster::new();
+        let a = cluster.create(pod("a")).unwrap();
+        let node = cluster
+            .create(json!({"kind": "Node", "metadata": {"name": "n1", "namespace": "x"}}))
+            .unwrap();
+        assert_eq!(a["metadata"]["resourceVersion"], "1");
+        assert_eq!(node["metadata"]["resourceVersion"], "2");
+        assert!(node["metadata"].get("namespace").is_none());
+        assert!(a["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z'));
+        assert_eq!(cluster.create(pod("a")).unwrap_err().status(), 409);
+    }
+
+    #[test]
+    fn update_keeps_uid_and_checks_versions() {
+        let cluster = EmbeddedCluster::new();
+        let a = cluster.create(pod("a")).unwrap();
+        let mut changed = a.clone();
+        changed["metadata"]["uid"] = json!("forged");
+        changed["spec"]["nodeName"] = json!("edge-1");
+        let updated = cluster.update(changed.clone()).unwrap();
+        assert_eq!(updated["metadata"]["uid"], a["metadata"]["uid"]);
+        assert_eq!(updated["metadata"]["resourceVersion"], "2");
+        // `changed` still carries RV 1: a stale write.
+        assert_eq!(cluster.update(changed).unwrap_err().status(), 409);
+        assert_eq!(cluster.update(pod("zz")).unwrap_err().status(), 404);
+        assert_eq!(
+            cluster.apply(pod("zz")).unwrap()["metadata"]["resourceVersion"],
+            "3"
+        );
+    }
+
+    #[test]
+    fn invalid_objects_are_422() {
+        let cluster = EmbeddedCluster::new();
+        let err = cluster
+            .create(json!({"metadata": {"name": "x"}}))
+            .unwrap_err();
+        assert_eq!(
+            (err.status(), err.message()),
+            (422, "invalid object: missing kind".into())
+        );
+        let err = cluster
+            .create(json!({"kind": "Pod", "metadata": {}}))
+            .unwrap_err();
+        assert!(err.message().contains("metadata.name"));
+    }
+
+    #[tokio::test]
+    async fn watch_sees_writes_and_reports_lag() {
+        let cluster = EmbeddedCluster::new();
+        let mut watch = cluster.watch("Pod");
+        cluster.create(pod("a")).unwrap();
+        let deleted = cluster.delete("Pod", None, "a").unwrap();
+        assert_eq!(deleted["metadata"]["resourceVersion"], "2");
+        assert_eq!(watch.recv().await.unwrap().event_type, EventType::Added);
+        let event = watch.recv().await.unwrap();
+        assert_eq!(
+            (event.event_type, event.object),
+            (EventType::Deleted, deleted)
+        );
+        for i in 0..WATCH_CAPACITY + 5 {
+            cluster.create(pod(&format!("p{i}"))).unwrap();
+        }
+        assert!(matches!(watch.recv().await, Err(WatchError::Lagged { .. })));
+        assert!(
+            watch.recv().await.is_ok(),
+            "the stream stays usable after lagging"
+        );
+    }
+
+    #[test]
+    fn manifests_load_in_order_and_errors_name_the_document() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("a.yaml"),
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: edge-1\n---\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("b.json"),
+            r#"{"kind":"List","items":[{"kind":"ConfigMap","metadata":{"name":"c"}}]}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "ignored").unwrap();
+        let cluster = EmbeddedCluster::new();
+        assert_eq!(cluster.load_manifests(dir.path()).unwrap(), 3);
+        assert!(cluster.get("ConfigMap", Some("default"), "c").is_some());
+
+        std::fs::write(
+            dir.path().join("c.yml"),
+            "kind: Pod\nmetadata: {}\n---\nkind: Pod\nmetadata:\n  name: ok\n",
+        )
+        .unwrap();
+        let err = cluster.load_manifests(dir.path()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("c.yml") && text.contains("document 0") && text.contains("metadata.name"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn rfc3339_formats_known_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+}

@@ -1,0 +1,386 @@
+//! The walking skeleton, cloud side: a Pod written to the embedded cluster reaches the right
+//! edge node as a KubeEdge frame over a real loopback WebSocket, with reliable ACK delivery.
+
+#[path = "cloud_support.rs"]
+mod support;
+use support::*;
+
+use actix_web::web::Bytes;
+use awc::ws::CloseCode;
+use edgehive_actors::cloud::cloudhub::DisconnectNode;
+
+#[actix_rt::test]
+async fn pod_reaches_its_edge_node_and_an_ack_stops_resends() {
+    let cloud = Cloud::start(test_options()).await;
+    let mut edge = Edge::connect(cloud.addr(), "edge-1").await;
+    cloud.edge_node("edge-1");
+    let pod = cloud.pod("web", "edge-1");
+
+    let (raw, insert) = edge.next_message().await;
+    assert_pod_insert(&insert, &pod);
+    assert!(raw.ends_with("}\n"), "Go-style frame with trailing newline");
+    assert!(
+        raw.contains(r#""source":"edgecontroller","group":"resource","operation":"insert""#),
+        "{raw}"
+    );
+    edge.ack(&insert).await;
+
+    cloud
+        .eventually("the ACK is recorded", || async {
+            let info = cloud.node("edge-1").await;
+            info.acked == 1 && info.in_flight.is_none() && info.acked_objects == 1
+        })
+        .await;
+    // Several retry intervals pass without a resend.
+    assert!(edge.next_frame(RETRY * 4).await.is_none());
+    let info = cloud.node("edge-1").await;
+    assert_eq!((info.sent, info.resends), (1, 0));
+    assert!(info.connected);
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn an_unacked_message_is_resent_with_the_same_msg_id() {
+    let cloud = Cloud::start(test_options()).await;
+    let mut edge = Edge::connect(cloud.addr(), "edge-1").await;
+    cloud.edge_node("edge-1");
+    let pod = cloud.pod("web", "edge-1");
+
+    let (first_raw, first) = edge.next_message().await;
+    let sent_at = Instant::now();
+    assert_pod_insert(&first, &pod);
+    let (again_raw, again) = edge.next_message().await;
+    assert!(
+        sent_at.elapsed() >= RETRY / 2,
+        "resent after the retry interval"
+    );
+    assert_eq!(again.id(), first.id());
+    assert_eq!(again_raw, first_raw, "the very same frame");
+
+    edge.ack(&again).await;
+    cloud
+        .eventually("the resend is ACKed", || async {
+            cloud.node("edge-1").await.acked == 1
+        })
+        .await;
+    assert!(cloud.node("edge-1").await.resends >= 1);
+    assert!(cloud
+        .hive
+        .metrics()
+        .encode()
+        .contains("edgehive_cloudhub_resends_total"));
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn malformed_frames_are_counted_and_the_session_keeps_working() {
+    let cloud = Cloud::start(test_options()).await;
+    let mut edge = Edge::connect(cloud.addr(), "edge-1").await;
+    cloud.edge_node("edge-1");
+    cloud.pod("web", "edge-1");
+    let (_, insert) = edge.next_message().await;
+
+    edge.send_text("this is not json").await;
+    edge.send_text(r#"{"route":{}}"#).await;
+    edge.send_text(
+        r#"{"header":{"msg_id":"m-1","timestamp":1},"route":{"operation":"frobnicate","resource":"default/pod/web"},"content":null}"#,
+    )
+    .await;
+    edge.framed
+        .send(awc::ws::Message::Binary(Bytes::from_static(b"\x00\x01")))
+        .await
+        .unwrap();
+    // The session still accepts a (binary) ACK afterwards.
+    let ack = Message::response_to(&insert, json!("OK"));
+    edge.framed
+        .send(awc::ws::Message::Binary(Bytes::from(encode(&ack))))
+        .await
+        .unwrap();
+
+    cloud
+        .eventually("the ACK after the garbage is accepted", || async {
+            cloud.node("edge-1").await.acked == 1
+        })
+        .await;
+    let metrics = cloud.hive.metrics().encode();
+    for line in [
+        r#"edgehive_cloudhub_malformed_frames_total{reason="not_json"} 2"#,
+        r#"edgehive_cloudhub_malformed_frames_total{reason="invalid"} 1"#,
+        r#"edgehive_cloudhub_malformed_frames_total{reason="unknown_operation"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+    assert!(cloud.node("edge-1").await.connected);
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn missing_headers_get_a_400_with_the_reason() {
+    let cloud = Cloud::start(test_options()).await;
+    let url = format!("http://{}/any/path", cloud.addr());
+    let cases: [(&[(&str, &str)], &str); 4] = [
+        (
+            &[("project_id", "p"), ("ConnectionUse", "msg")],
+            "missing node_id",
+        ),
+        (
+            &[("node_id", "edge-1"), ("ConnectionUse", "msg")],
+            "missing project_id",
+        ),
+        (
+            &[("node_id", "edge-1"), ("project_id", "p")],
+            "missing ConnectionUse",
+        ),
+        (
+            &[
+                ("node_id", "Edge_1"),
+                ("project_id", "p"),
+                ("ConnectionUse", "msg"),
+            ],
+            "invalid node_id",
+        ),
+    ];
+    for (headers, reason) in cases {
+        let mut req = awc::Client::new().get(&url);
+        for (name, value) in headers {
+            req = req.insert_header((*name, *value));
+        }
+        let mut resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{reason}");
+        let body = resp.body().await.unwrap();
+        assert!(
+            String::from_utf8_lossy(&body).contains(reason),
+            "{body:?} should say {reason}"
+        );
+    }
+    // The WebSocket client sees the same refusal.
+    let Err(err) = awc::Client::new()
+        .ws(format!("ws://{}/", cloud.addr()))
+        .header("node_id", "edge-1")
+        .connect()
+        .await
+    else {
+        panic!("the upgrade must be refused");
+    };
+    assert!(
+        matches!(err, awc::error::WsClientError::InvalidResponseStatus(status) if status == 400),
+        "{err}"
+    );
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_node_over_the_limit_gets_a_policy_close() {
+    let cloud = Cloud::start(CloudHubOptions {
+        node_limit: 1,
+        ..test_options()
+    })
+    .await;
+    let _first = Edge::connect(cloud.addr(), "edge-1").await;
+    cloud
+        .eventually("edge-1 is connected", || async {
+            cloud.nodes().await.iter().any(|n| n.connected)
+        })
+        .await;
+    let mut second = Edge::connect(cloud.addr(), "edge-2").await;
+    let reason = second.expect_close().await.unwrap();
+    assert_eq!(reason.code, CloseCode::Policy);
+    assert_eq!(reason.description.as_deref(), Some("node limit reached"));
+    assert!(cloud
+        .hive
+        .metrics()
+        .encode()
+        .contains("edgehive_cloudhub_nodes_refused_total 1"));
+    // The node already connected may reconnect: that is not a new node.
+    let _again = Edge::connect(cloud.addr(), "edge-1").await;
+    cloud
+        .eventually("edge-1 reconnected", || async {
+            let nodes = cloud.nodes().await;
+            nodes.len() == 1 && nodes[0].connected
+        })
+        .await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_second_connection_replaces_the_first_and_gets_the_pending_message() {
+    let cloud = Cloud::start(test_options()).await;
+    let mut old = Edge::connect(cloud.addr(), "edge-1").await;
+    cloud.edge_node("edge-1");
+    let pod = cloud.pod("web", "edge-1");
+    let (_, insert) = old.next_message().await;
+
+    let mut new = Edge::connect(cloud.addr(), "edge-1").await;
+    let reason = old.expect_close().await.unwrap();
+    assert_eq!(
+        reason.description.as_deref(),
+        Some("replaced by a new connection")
+    );
+    let (_, resent) = new.next_message().await;
+    assert_pod_insert(&resent, &pod);
+    assert_eq!(resent.id(), insert.id(), "the in-flight message continues");
+    new.ack(&resent).await;
+    cloud
+        .eventually("ACK on the new connection", || async {
+            let info = cloud.node("edge-1").await;
+            info.acked == 1 && info.connected
+        })
+        .await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_pod_created_while_the_node_is_offline_arrives_after_reconnect() {
+    let cloud = Cloud::start(test_options()).await;
+    cloud.edge_node("edge-1");
+    let mut edge = Edge::connect(cloud.addr(), "edge-1").await;
+    let first = cloud.pod("first", "edge-1");
+    let (_, insert) = edge.next_message().await;
+    assert_pod_insert(&insert, &first);
+    edge.ack(&insert).await;
+    cloud
+        .eventually("first pod ACKed", || async {
+            cloud.node("edge-1").await.acked == 1
+        })
+        .await;
+
+    let disconnected = cloud
+        .hive
+        .call::<CloudHub, _>(
+            "cloudhub",
+            DisconnectNode {
+                node: "edge-1".into(),
+            },
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+    assert!(disconnected);
+    edge.expect_close().await;
+    let offline = cloud.pod("offline", "edge-1");
+    cloud
+        .eventually("the pod waits in the pool", || async {
+            let info = cloud.node("edge-1").await;
+            !info.connected && (info.ack_queue == 1 || info.in_flight.is_some())
+        })
+        .await;
+
+    let mut edge = Edge::connect(cloud.addr(), "edge-1").await;
+    let (_, insert) = edge.next_message().await;
+    assert_pod_insert(&insert, &offline);
+    edge.ack(&insert).await;
+    cloud
+        .eventually("offline pod ACKed", || async {
+            cloud.node("edge-1").await.acked == 2
+        })
+        .await;
+    // The first pod, already ACKed, is not sent again.
+    assert!(edge.next_frame(RETRY * 3).await.is_none());
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_silent_node_does_not_delay_another_node() {
+    let cloud = Cloud::start(CloudHubOptions {
+        ack_retry_interval: Duration::from_secs(30),
+        ..test_options()
+    })
+    .await;
+    let mut silent = Edge::connect(cloud.addr(), "edge-1").await;
+    let mut busy = Edge::connect(cloud.addr(), "edge-2").await;
+    cloud.edge_node("edge-1");
+    cloud.edge_node("edge-2");
+    for i in 0..3 {
+        cloud.pod(&format!("stuck-{i}"), "edge-1");
+    }
+    let (_, stuck) = silent.next_message().await;
+    assert_eq!(stuck.resource(), "default/pod/stuck-0");
+
+    // edge-2 gets and ACKs several pods one after another while edge-1's first message is
+    // still unACKed; with a 30 s retry interval any coupling would show as a timeout.
+    let started = Instant::now();
+    for i in 0..3 {
+        let pod = cloud.pod(&format!("free-{i}"), "edge-2");
+        let (_, insert) = busy.next_message().await;
+        assert_pod_insert(&insert, &pod);
+        busy.ack(&insert).await;
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let info = cloud.node("edge-1").await;
+    assert_eq!((info.ack_queue, info.acked), (2, 0));
+    assert_eq!(info.in_flight.as_deref(), Some(stuck.id()));
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn an_oversized_frame_closes_that_connection_with_size() {
+    let cloud = Cloud::start(CloudHubOptions {
+        max_frame_bytes: 1024,
+        ..test_options()
+    })
+    .await;
+    let mut big = Edge::connect(cloud.addr(), "edge-1").await;
+    let mut other = Edge::connect(cloud.addr(), "edge-2").await;
+    big.send_text("x".repeat(64 * 1024)).await;
+    let reason = big.expect_close().await.unwrap();
+    assert_eq!(reason.code, CloseCode::Size);
+
+    // Everyone else is still served.
+    cloud.edge_node("edge-2");
+    let pod = cloud.pod("web", "edge-2");
+    let (_, insert) = other.next_message().await;
+    assert_pod_insert(&insert, &pod);
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_session_without_keepalives_is_closed_and_keepalives_keep_it_open() {
+    let cloud = Cloud::start(CloudHubOptions {
+        keepalive_interval: Duration::from_millis(400),
+        ..test_options()
+    })
+    .await;
+    let mut lively = Edge::connect(cloud.addr(), "edge-1").await;
+    let mut quiet = Edge::connect(cloud.addr(), "edge-2").await;
+    let started = Instant::now();
+    let mut closed = false;
+    while started.elapsed() < Duration::from_secs(3) {
+        lively.send(&Message::keepalive()).await;
+        if let Some(frame) = quiet.next_frame(Duration::from_millis(100)).await {
+            assert!(matches!(frame, Frame::Close(_)), "{frame:?}");
+            closed = true;
+        }
+        if closed && started.elapsed() > Duration::from_millis(1200) {
+            break;
+        }
+    }
+    assert!(closed, "the quiet session was closed");
+    let info = cloud.node("edge-1").await;
+    assert!(info.connected && info.last_keepalive.is_some());
+    cloud
+        .eventually("edge-2 marked disconnected", || async {
+            !cloud.node("edge-2").await.connected
+        })
+        .await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_ca_request_is_answered_by_cloudhub() {
+    let cloud = Cloud::start(test_options()).await;
+    let mut edge = Edge::connect(cloud.addr(), "edge-1").await;
+    let request = Message::new(
+        edgehive_protocols::ModuleName::Edged,
+        edgehive_protocols::Group::Meta,
+        Operation::Query,
+        "k8s/ca.crt",
+        Value::Null,
+    );
+    edge.send(&request).await;
+    let (_, reply) = edge.next_message().await;
+    assert_eq!(reply.parent_id(), Some(request.id()));
+    assert_eq!(reply.resource(), "k8s/ca.crt");
+    assert_eq!(reply.operation(), Some(&Operation::Response));
+    assert_eq!(reply.content, json!(""));
+    cloud.stop().await;
+}

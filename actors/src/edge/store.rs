@@ -1,0 +1,415 @@
+//! The edge's SQLite metadata store: KubeEdge's `meta` table.
+//!
+//! SQLite calls block, so one dedicated std thread owns the [`rusqlite::Connection`] and
+//! serves commands from a bounded channel; async callers wait on a oneshot reply and never
+//! block an actix arbiter. Commands are applied in the order they were sent (the channel is
+//! FIFO and tokio's bounded senders queue fairly), and each write is committed before its
+//! reply goes out, so a caller that got `Ok` may tell the cloud the object is stored.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+/// How many commands may wait for the store thread. Overflow policy: senders wait
+/// (`send().await`) for room, so the store applies back-pressure and never drops a write.
+pub const STORE_QUEUE_CAPACITY: usize = 1024;
+
+/// How long SQLite waits for a lock held by another connection (an operator's `sqlite3`, a
+/// test reading the file) before failing a statement.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// KubeEdge's table, created as edgecore's GORM migration creates it.
+const CREATE_META: &str = "CREATE TABLE IF NOT EXISTS meta \
+     (key varchar(256) NOT NULL PRIMARY KEY, type varchar(32), value text)";
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database's directory could not be created.
+    #[error("cannot create directory {path:?} for the edge database: {source}")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// SQLite failed on the database at `path`.
+    #[error("edge database {path:?}: {action}: {source}")]
+    Sqlite {
+        /// The database file.
+        path: PathBuf,
+        /// What the store was doing.
+        action: String,
+        /// What SQLite said.
+        source: rusqlite::Error,
+    },
+    /// The OS refused to start the store thread.
+    #[error("cannot start the edge database thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The store thread is gone (it panicked or the process is stopping); nothing was done.
+    #[error("the edge database thread has stopped")]
+    Closed,
+}
+
+/// The outcome of [`MetaStore::upsert`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upsert {
+    /// The row now holds the new value (inserted, replaced, or rewritten unchanged).
+    Written,
+    /// The stored object has a higher `metadata.resourceVersion`; the row was kept.
+    Stale {
+        /// The resourceVersion still stored.
+        stored_rv: u64,
+    },
+}
+
+/// One row of the `meta` table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MetaRow {
+    /// The edge-side resource string, e.g. `default/pod/nginx`.
+    pub key: String,
+    /// The resource type token, e.g. `pod`.
+    pub resource_type: String,
+    /// The stored object. A value that is not JSON (written by another tool) is returned as a
+    /// JSON string rather than failing the whole read.
+    pub value: Value,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+enum Command {
+    Upsert {
+        key: String,
+        resource_type: String,
+        value: Value,
+        reply: Reply<Upsert>,
+    },
+    Delete {
+        keys: Vec<String>,
+        reply: Reply<bool>,
+    },
+    Get {
+        key: String,
+        reply: Reply<Option<MetaRow>>,
+    },
+    List {
+        resource_type: Option<String>,
+        reply: Reply<Vec<MetaRow>>,
+    },
+}
+
+/// A handle on the edge database. Cheap to clone; all clones feed the same store thread,
+/// which stops when the last handle is dropped.
+#[derive(Debug, Clone)]
+pub struct MetaStore {
+    commands: mpsc::Sender<Command>,
+    path: Arc<PathBuf>,
+}
+
+impl MetaStore {
+    /// Opens (creating if needed) the database at `path` and starts its thread.
+    ///
+    /// WAL with `synchronous=NORMAL` is edgecore's durability level: a commit survives a process
+    /// crash, and at worst the last commits are lost on power failure, which the cloud repairs
+    /// by resending unacknowledged objects.
+    pub fn open(path: &Path) -> Result<MetaStore, StoreError> {
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+                path: dir.to_owned(),
+                source,
+            })?;
+        }
+        let sqlite = |action: &str| {
+            let path = path.to_owned();
+            let action = action.to_owned();
+            move |source| StoreError::Sqlite {
+                path,
+                action,
+                source,
+            }
+        };
+        let conn = Connection::open(path).map_err(sqlite("open"))?;
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(sqlite("set busy timeout"))?;
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
+            .map_err(sqlite("enable WAL"))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sqlite("set synchronous=NORMAL"))?;
+        conn.execute(CREATE_META, [])
+            .map_err(sqlite("create table meta"))?;
+
+        let (commands, receiver) = mpsc::channel(STORE_QUEUE_CAPACITY);
+        let path = Arc::new(path.to_owned());
+        let worker = Worker {
+            conn,
+            path: path.clone(),
+        };
+        std::thread::Builder::new()
+            .name("edgehive-metastore".to_owned())
+            .spawn(move || worker.run(receiver))
+            .map_err(StoreError::Thread)?;
+        Ok(MetaStore { commands, path })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stores `value` under `key` unless the stored object is newer.
+    ///
+    /// "Newer" only when both objects carry a numeric `metadata.resourceVersion` and the
+    /// stored one is higher: a resend of the same version rewrites the row (idempotent), and
+    /// objects without versions always win, as with KubeEdge's plain INSERT OR REPLACE.
+    pub async fn upsert(
+        &self,
+        key: String,
+        resource_type: String,
+        value: Value,
+    ) -> Result<Upsert, StoreError> {
+        self.call(|reply| Command::Upsert {
+            key,
+            resource_type,
+            value,
+            reply,
+        })
+        .await
+    }
+
+    /// Deletes the row `key`; `true` if it existed.
+    pub async fn delete(&self, key: String) -> Result<bool, StoreError> {
+        self.call(|reply| Command::Delete {
+            keys: vec![key],
+            reply,
+        })
+        .await
+    }
+
+    /// Deletes the pod row `key` (`{ns}/pod/{name}`) and its `{ns}/podpatch/{name}` row in one
+    /// transaction; `true` if the pod row existed.
+    pub async fn delete_pod(&self, key: String) -> Result<bool, StoreError> {
+        let mut keys = vec![key];
+        if let Some(patch) = podpatch_key(&keys[0]) {
+            keys.push(patch);
+        }
+        self.call(|reply| Command::Delete { keys, reply }).await
+    }
+
+    /// The row `key`, if any.
+    pub async fn get(&self, key: String) -> Result<Option<MetaRow>, StoreError> {
+        self.call(|reply| Command::Get { key, reply }).await
+    }
+
+    /// All rows of one type (KubeEdge's query by type ignores the namespace), or all rows, in
+    /// key order.
+    pub async fn list(&self, resource_type: Option<String>) -> Result<Vec<MetaRow>, StoreError> {
+        self.call(|reply| Command::List {
+            resource_type,
+            reply,
+        })
+        .await
+    }
+
+    async fn call<T>(&self, command: impl FnOnce(Reply<T>) -> Command) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(command(reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        // A panicking store thread drops the reply sender: that is `Closed`, not a hang.
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+/// `{ns}/podpatch/{name}` for a pod key `{ns}/pod/{name}`.
+fn podpatch_key(pod_key: &str) -> Option<String> {
+    let mut parts = pod_key.splitn(3, '/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(ns), Some("pod"), Some(name)) => Some(format!("{ns}/podpatch/{name}")),
+        _ => None,
+    }
+}
+
+/// `metadata.resourceVersion` as a number; Kubernetes writes it as a decimal string.
+fn resource_version(value: &Value) -> Option<u64> {
+    match value.pointer("/metadata/resourceVersion")? {
+        Value::String(text) => text.parse().ok(),
+        Value::Number(number) => number.as_u64(),
+        _ => None,
+    }
+}
+
+struct Worker {
+    conn: Connection,
+    path: Arc<PathBuf>,
+}
+
+impl Worker {
+    fn run(self, mut receiver: mpsc::Receiver<Command>) {
+        while let Some(command) = receiver.blocking_recv() {
+            // A caller that gave up dropped its receiver; the work is done all the same.
+            match command {
+                Command::Upsert {
+                    key,
+                    resource_type,
+                    value,
+                    reply,
+                } => {
+                    let _ = reply.send(self.upsert(&key, &resource_type, &value));
+                }
+                Command::Delete { keys, reply } => {
+                    let _ = reply.send(self.delete(&keys));
+                }
+                Command::Get { key, reply } => {
+                    let _ = reply.send(self.get(&key));
+                }
+                Command::List {
+                    resource_type,
+                    reply,
+                } => {
+                    let _ = reply.send(self.list(resource_type.as_deref()));
+                }
+            }
+        }
+    }
+
+    fn error(&self, action: String) -> impl FnOnce(rusqlite::Error) -> StoreError {
+        let path = self.path.to_path_buf();
+        move |source| StoreError::Sqlite {
+            path,
+            action,
+            source,
+        }
+    }
+
+    fn upsert(&self, key: &str, resource_type: &str, value: &Value) -> Result<Upsert, StoreError> {
+        let text = value.to_string();
+        let tx = self
+            .conn
+            // Only this thread uses the connection and transactions never nest.
+            .unchecked_transaction()
+            .map_err(self.error(format!("begin upsert of {key}")))?;
+        if let Some(new_rv) = resource_version(value) {
+            let stored: Option<String> = tx
+                .query_row("SELECT value FROM meta WHERE key = ?1", [key], |row| {
+                    row.get(0)
+                })
+                .optional()
+                .map_err(self.error(format!("read {key}")))?;
+            let stored_rv = stored
+                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+                .as_ref()
+                .and_then(resource_version);
+            if let Some(stored_rv) = stored_rv.filter(|stored| new_rv < *stored) {
+                return Ok(Upsert::Stale { stored_rv });
+            }
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO meta (key, type, value) VALUES (?1, ?2, ?3)",
+            params![key, resource_type, text],
+        )
+        .map_err(self.error(format!("write {key}")))?;
+        tx.commit()
+            .map_err(self.error(format!("commit write of {key}")))?;
+        Ok(Upsert::Written)
+    }
+
+    fn delete(&self, keys: &[String]) -> Result<bool, StoreError> {
+        let first = keys.first().cloned().unwrap_or_default();
+        let tx = self
+            .conn
+            // Only this thread uses the connection and transactions never nest.
+            .unchecked_transaction()
+            .map_err(self.error(format!("begin delete of {first}")))?;
+        let mut existed = false;
+        for (index, key) in keys.iter().enumerate() {
+            let deleted = tx
+                .execute("DELETE FROM meta WHERE key = ?1", [key])
+                .map_err(self.error(format!("delete {key}")))?;
+            if index == 0 {
+                existed = deleted > 0;
+            }
+        }
+        tx.commit()
+            .map_err(self.error(format!("commit delete of {first}")))?;
+        Ok(existed)
+    }
+
+    fn get(&self, key: &str) -> Result<Option<MetaRow>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT key, type, value FROM meta WHERE key = ?1",
+                [key],
+                row_of,
+            )
+            .optional()
+            .map_err(self.error(format!("read {key}")))
+    }
+
+    fn list(&self, resource_type: Option<&str>) -> Result<Vec<MetaRow>, StoreError> {
+        let action = match resource_type {
+            Some(kind) => format!("list type {kind}"),
+            None => "list all rows".to_owned(),
+        };
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT key, type, value FROM meta WHERE ?1 IS NULL OR type = ?1 ORDER BY key",
+            )
+            .map_err(self.error(action.clone()))?;
+        let rows = statement
+            .query_map([resource_type], row_of)
+            .map_err(self.error(action.clone()))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(self.error(action))
+    }
+}
+
+fn row_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<MetaRow> {
+    let text: Option<String> = row.get(2)?;
+    let text = text.unwrap_or_default();
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok(MetaRow {
+        key: row.get(0)?,
+        resource_type: row.get::<_, Option<String>>(1)?.unwrap_or_default(),
+        value,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn podpatch_key_only_for_pods() {
+        assert_eq!(
+            podpatch_key("default/pod/p1").as_deref(),
+            Some("default/podpatch/p1")
+        );
+        assert_eq!(podpatch_key("default/configmap/p1"), None);
+        assert_eq!(podpatch_key("default/pod"), None);
+    }
+
+    #[test]
+    fn resource_version_reads_strings_and_numbers() {
+        assert_eq!(
+            resource_version(&json!({"metadata": {"resourceVersion": "12"}})),
+            Some(12)
+        );
+        assert_eq!(
+            resource_version(&json!({"metadata": {"resourceVersion": 7}})),
+            Some(7)
+        );
+        assert_eq!(
+            resource_version(&json!({"metadata": {"resourceVersion": "abc"}})),
+            None
+        );
+        assert_eq!(resource_version(&json!("OK")), None);
+    }
+}

@@ -93,6 +93,8 @@ struct Inner {
     modules: RwLock<BTreeMap<String, Entry>>,
     metrics: HiveMetrics,
     shutting_down: AtomicBool,
+    /// Flips to `true` once; every module instance stops when it does.
+    stop_signal: tokio::sync::watch::Sender<bool>,
 }
 
 /// The registry and router of one process's modules. Cheap to clone; all clones are one hive.
@@ -120,6 +122,7 @@ impl Hive {
                 modules: RwLock::new(BTreeMap::new()),
                 metrics: HiveMetrics::new(),
                 shutting_down: AtomicBool::new(false),
+                stop_signal: tokio::sync::watch::Sender::new(false),
             }),
         }
     }
@@ -178,9 +181,21 @@ impl Hive {
         self.inner.shutting_down.load(Ordering::Relaxed)
     }
 
-    /// Stops restarting modules; call before stopping the actix system.
+    /// Stops every module of this hive for good: none is restarted any more.
+    ///
+    /// Other hives in the same actix system (several edges in one demo) keep running.
     pub fn shutdown(&self) {
         self.inner.shutting_down.store(true, Ordering::Relaxed);
+        self.inner.stop_signal.send_replace(true);
+    }
+
+    /// Resolves once [`Hive::shutdown`] was called.
+    pub(super) fn stopped(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let mut signal = self.inner.stop_signal.subscribe();
+        async move {
+            // An error means the hive is gone, which also means: stop.
+            let _ = signal.wait_for(|stopped| *stopped).await;
+        }
     }
 
     /// The current typed address of module `name`.

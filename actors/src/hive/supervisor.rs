@@ -4,12 +4,13 @@
 //! the actor's task and drops its context. So each module instance gets a *life guard*: a
 //! oneshot sender parked in a never-ending future spawned into the actor's context. Whatever
 //! ends the actor (stop or panic), its context and with it the guard is dropped, the watcher
-//! wakes, and starts a fresh actor from the module's recipe after a backoff.
+//! wakes, and starts a fresh actor from the module's recipe after a backoff. The same future
+//! ends, and stops its actor, when the hive shuts down.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, Addr, ArbiterHandle, AsyncContext};
+use actix::{Actor, ActorContext, ActorFutureExt, Addr, ArbiterHandle, AsyncContext};
 use tokio::sync::oneshot;
 
 use super::metrics::ModuleStats;
@@ -58,12 +59,14 @@ fn spawn_instance<M: Module>(
     let recipe = module.clone();
     let hive = hive.clone();
     let capacity = module.mailbox_capacity();
+    let stopped = hive.stopped();
     let addr = M::Actor::start_in_arbiter(arbiter, move |ctx| {
         ctx.set_mailbox_capacity(capacity);
-        ctx.spawn(actix::fut::wrap_future(async move {
+        let life = actix::fut::wrap_future::<_, M::Actor>(async move {
             let _guard = guard;
-            std::future::pending::<()>().await
-        }));
+            stopped.await
+        });
+        ctx.spawn(life.map(|(), _actor, ctx| ctx.stop()));
         recipe.create(&hive)
     });
     (addr, died)

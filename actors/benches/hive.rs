@@ -1,0 +1,149 @@
+//! Hive routing costs: one-way send, request/reply round trip, broadcast to a group of 8, and
+//! a raw actix `Addr::send` round trip as the baseline the hive's overhead is measured against.
+//!
+//! Run: `cargo bench -p edgehive-actors --bench hive`. Figures go to BENCHMARKS.md.
+
+use std::time::{Duration, Instant};
+
+use actix::{Actor, Context, Handler};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use edgehive_actors::hive::{Envelope, Hive, Module};
+use edgehive_protocols::{Group, Message, ModuleName, Operation};
+use serde_json::json;
+
+struct Echo;
+impl Actor for Echo {
+    type Context = Context<Self>;
+}
+impl Handler<Envelope> for Echo {
+    type Result = Option<Message>;
+    fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Option<Message> {
+        let request = envelope.into_message();
+        Some(Message::response_to(&request, json!("OK")))
+    }
+}
+
+struct EchoModule(String, &'static str);
+impl Module for EchoModule {
+    type Actor = Echo;
+    fn name(&self) -> &str {
+        &self.0
+    }
+    fn group(&self) -> &str {
+        self.1
+    }
+    fn create(&self, _: &Hive) -> Echo {
+        Echo
+    }
+}
+
+fn message() -> Message {
+    Message::new(
+        ModuleName::Edged,
+        Group::Meta,
+        Operation::Update,
+        "default/pod/bench",
+        json!({"metadata": {"name": "bench", "resourceVersion": "1"}}),
+    )
+}
+
+/// Sends are bounded by the mailbox (1024), so one-way traffic goes in batches, each closed by
+/// a request: actix handles a mailbox in order, so its reply means the batch was handled.
+const BATCH: u64 = 512;
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn hive_benches(c: &mut Criterion) {
+    let system = actix::System::new();
+    let hive = system.block_on(async {
+        let hive = Hive::new("bench");
+        hive.start_module(EchoModule("echo".into(), "solo"))
+            .unwrap();
+        for i in 0..8 {
+            hive.start_module(EchoModule(format!("member-{i}"), "eight"))
+                .unwrap();
+        }
+        hive
+    });
+    let raw = system.block_on(async { Echo.start() });
+
+    let mut group = c.benchmark_group("hive");
+    group.throughput(Throughput::Elements(1));
+
+    group.bench_function("one_way_send", |b| {
+        b.iter_custom(|iters| {
+            system.block_on(async {
+                let msg = message();
+                let start = Instant::now();
+                let mut sent = 0;
+                while sent < iters {
+                    let batch = BATCH.min(iters - sent);
+                    for _ in 0..batch {
+                        hive.send("echo", msg.clone()).unwrap();
+                    }
+                    hive.request("echo", msg.clone(), TIMEOUT).await.unwrap();
+                    sent += batch;
+                }
+                start.elapsed()
+            })
+        })
+    });
+
+    group.bench_function("request_reply", |b| {
+        b.iter_custom(|iters| {
+            system.block_on(async {
+                let msg = message();
+                let start = Instant::now();
+                for _ in 0..iters {
+                    hive.request("echo", msg.clone(), TIMEOUT).await.unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
+
+    group.bench_function("raw_actix_send_baseline", |b| {
+        b.iter_custom(|iters| {
+            system.block_on(async {
+                let msg = message();
+                let start = Instant::now();
+                for _ in 0..iters {
+                    raw.send(Envelope::new(msg.clone())).await.unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
+
+    group.bench_function("broadcast_group_of_8", |b| {
+        b.iter_custom(|iters| {
+            system.block_on(async {
+                let msg = message();
+                let start = Instant::now();
+                let mut sent = 0;
+                while sent < iters {
+                    let batch = BATCH.min(iters - sent);
+                    for _ in 0..batch {
+                        let delivery = hive.send_to_group("eight", msg.clone()).unwrap();
+                        assert_eq!(delivery.delivered.len(), 8);
+                    }
+                    hive.request_group("eight", msg.clone(), TIMEOUT)
+                        .await
+                        .unwrap();
+                    sent += batch;
+                }
+                start.elapsed()
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = hive_benches
+}
+criterion_main!(benches);

@@ -1,0 +1,93 @@
+//! The admin HTTP endpoint both processes serve: health, readiness, Prometheus metrics and the
+//! supervision tree, plus routes each process adds (connected nodes, stored metadata).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{web, App, HttpResponse, HttpServer};
+use anyhow::Context as _;
+use edgehive_actors::hive::{Hive, ModuleState};
+use serde_json::json;
+
+/// Routes a process adds to the common ones.
+pub type ExtraRoutes = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
+
+/// A running admin endpoint.
+#[derive(Debug)]
+pub struct AdminServer {
+    addr: SocketAddr,
+    handle: ServerHandle,
+}
+
+impl AdminServer {
+    /// Binds `bind_address` (`host:port`, port 0 picks one) and serves the endpoint.
+    pub fn start(bind_address: &str, hive: Hive, extra: ExtraRoutes) -> anyhow::Result<Self> {
+        let server = HttpServer::new(move || {
+            let extra = extra.clone();
+            App::new()
+                .app_data(web::Data::new(hive.clone()))
+                .route("/healthz", web::get().to(healthz))
+                .route("/readyz", web::get().to(readyz))
+                .route("/metrics", web::get().to(metrics))
+                .route("/api/v1/modules", web::get().to(modules))
+                .configure(move |config| extra(config))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind(bind_address)
+        .with_context(|| format!("admin endpoint: cannot listen on {bind_address}"))?;
+        let addr = *server
+            .addrs()
+            .first()
+            .context("admin endpoint: bound no address")?;
+        let server = server.run();
+        let handle = server.handle();
+        actix_rt::spawn(server);
+        Ok(AdminServer { addr, handle })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops listening and finishes open requests.
+    pub async fn stop(&self) {
+        self.handle.stop(true).await;
+    }
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().body("ok\n")
+}
+
+/// Ready when every module is running; lists the ones that are not.
+async fn readyz(hive: web::Data<Hive>) -> HttpResponse {
+    let not_running: Vec<_> = hive
+        .modules()
+        .into_iter()
+        .filter(|module| module.state != ModuleState::Running)
+        .map(|module| module.name)
+        .collect();
+    if not_running.is_empty() {
+        HttpResponse::Ok().body("ok\n")
+    } else {
+        HttpResponse::ServiceUnavailable()
+            .body(format!("not running: {}\n", not_running.join(", ")))
+    }
+}
+
+async fn metrics(hive: web::Data<Hive>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(hive.metrics().encode())
+}
+
+/// The supervision tree: the process and the modules it supervises.
+async fn modules(hive: web::Data<Hive>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "process": hive.process(),
+        "modules": hive.modules(),
+    }))
+}

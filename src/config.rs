@@ -1,0 +1,557 @@
+//! Process configuration: KubeEdge's YAML shape and key names where KubeEdge has the key.
+//!
+//! Files are overlaid on the defaults (a missing key keeps its default, as in EdgeCore), and an
+//! unknown key is an error so a typo never silently falls back to a default. Every error names
+//! the file, the key and what was expected.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use edgehive_actors::cloud::cloudhub::CloudHubOptions;
+use edgehive_actors::edge::edgehub::EdgeHubOptions;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// A configuration file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A key holds something other than what is expected there.
+    #[error("{path}: {key}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The dotted key path, e.g. `modules.cloudHub.nodeLimit` (`.` for the whole file).
+        key: String,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+}
+
+/// Reads `path` into `T`, naming the key of any mistake.
+fn load<T: DeserializeOwned + Validate>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+fn parse<T: DeserializeOwned + Validate>(path: &Path, text: &str) -> Result<T, ConfigError> {
+    let invalid = |key: String, message: String| ConfigError::Invalid {
+        path: path.to_owned(),
+        key,
+        message,
+    };
+    let config: T = if text.trim().is_empty() {
+        // An empty file means "all defaults", as an empty YAML mapping would.
+        parse(path, "{}")?
+    } else {
+        let deserializer = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(deserializer)
+            .map_err(|error| invalid(error.path().to_string(), error.inner().to_string()))?
+    };
+    config
+        .validate()
+        .map_err(|(key, message)| invalid(key.to_owned(), message))?;
+    Ok(config)
+}
+
+/// Checks that go beyond types; returns the offending key and what was expected.
+trait Validate {
+    fn validate(&self) -> Result<(), (&'static str, String)>;
+}
+
+fn expect_kind(
+    api_version: &str,
+    kind: &str,
+    want_api: &str,
+    want_kind: &str,
+) -> Result<(), (&'static str, String)> {
+    if api_version != want_api {
+        return Err((
+            "apiVersion",
+            format!("expected {want_api:?}, found {api_version:?}"),
+        ));
+    }
+    if kind != want_kind {
+        return Err(("kind", format!("expected {want_kind:?}, found {kind:?}")));
+    }
+    Ok(())
+}
+
+fn positive(key: &'static str, value: u64) -> Result<(), (&'static str, String)> {
+    if value == 0 {
+        return Err((key, "expected a number greater than 0".into()));
+    }
+    Ok(())
+}
+
+/// `cloud.yaml`: the cloud process (KubeEdge's `cloudcore.yaml` shape).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct CloudConfig {
+    /// Always `cloudcore.config.kubeedge.io/v1alpha1`.
+    pub api_version: String,
+    /// Always `CloudCore`.
+    pub kind: String,
+    /// Settings shared by all modules.
+    pub common_config: CommonConfig,
+    /// Where the cluster is.
+    #[serde(rename = "kubeAPIConfig")]
+    pub kube_api_config: KubeApiConfig,
+    /// Per-module settings.
+    pub modules: CloudModules,
+}
+
+impl Default for CloudConfig {
+    fn default() -> Self {
+        CloudConfig {
+            api_version: "cloudcore.config.kubeedge.io/v1alpha1".into(),
+            kind: "CloudCore".into(),
+            common_config: CommonConfig::default(),
+            kube_api_config: KubeApiConfig::default(),
+            modules: CloudModules::default(),
+        }
+    }
+}
+
+impl CloudConfig {
+    /// Loads and checks a cloud config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        load(path)
+    }
+}
+
+impl Validate for CloudConfig {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let defaults = CloudConfig::default();
+        expect_kind(
+            &self.api_version,
+            &self.kind,
+            &defaults.api_version,
+            &defaults.kind,
+        )?;
+        let hub = &self.modules.cloud_hub;
+        positive("modules.cloudHub.keepaliveInterval", hub.keepalive_interval)?;
+        positive("modules.cloudHub.nodeLimit", hub.node_limit as u64)?;
+        positive("modules.cloudHub.maxFrameSize", hub.max_frame_size as u64)?;
+        if !self.kube_api_config.kube_config.is_empty() {
+            return Err((
+                "kubeAPIConfig.kubeConfig",
+                "a real API server is not supported yet; leave it empty to use the embedded cluster"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `commonConfig`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct CommonConfig {
+    /// The admin endpoint (KubeEdge's monitor server).
+    pub monitor_server: MonitorServer,
+}
+
+/// `commonConfig.monitorServer`: where the admin endpoint listens.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MonitorServer {
+    /// `host:port`; loopback by default because the endpoint has no authentication.
+    pub bind_address: String,
+}
+
+impl Default for MonitorServer {
+    fn default() -> Self {
+        MonitorServer {
+            bind_address: "127.0.0.1:9091".into(),
+        }
+    }
+}
+
+/// `kubeAPIConfig`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct KubeApiConfig {
+    /// Path of a kubeconfig; empty means the embedded in-memory cluster.
+    pub kube_config: String,
+}
+
+/// `modules` of the cloud.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct CloudModules {
+    /// `modules.cloudHub`.
+    pub cloud_hub: CloudHubConfig,
+    /// `modules.edgeController`.
+    pub edge_controller: Enable,
+}
+
+/// `modules.<name>.enable` for modules with no other settings yet.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Enable {
+    /// Whether the module is started.
+    pub enable: bool,
+}
+
+impl Default for Enable {
+    fn default() -> Self {
+        Enable { enable: true }
+    }
+}
+
+/// `modules.cloudHub`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct CloudHubConfig {
+    /// Seconds without a keepalive before a node's session is closed.
+    pub keepalive_interval: u64,
+    /// Most nodes connected at once.
+    pub node_limit: usize,
+    /// Largest frame accepted from an edge, in bytes (edgehive).
+    pub max_frame_size: usize,
+    /// The WebSocket listener.
+    pub websocket: Listener,
+}
+
+impl Default for CloudHubConfig {
+    fn default() -> Self {
+        let options = CloudHubOptions::default();
+        CloudHubConfig {
+            keepalive_interval: options.keepalive_interval.as_secs(),
+            node_limit: options.node_limit,
+            max_frame_size: options.max_frame_bytes,
+            websocket: Listener {
+                enable: true,
+                address: options.address,
+                port: options.port,
+            },
+        }
+    }
+}
+
+impl CloudHubConfig {
+    /// The CloudHub module's options.
+    pub fn options(&self) -> CloudHubOptions {
+        CloudHubOptions {
+            address: self.websocket.address.clone(),
+            port: self.websocket.port,
+            keepalive_interval: Duration::from_secs(self.keepalive_interval),
+            node_limit: self.node_limit,
+            max_frame_bytes: self.max_frame_size,
+            ..CloudHubOptions::default()
+        }
+    }
+}
+
+/// A listener: `enable`, `address`, `port`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Listener {
+    /// Whether it listens.
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// The address to bind.
+    pub address: String,
+    /// The port; 0 picks a free one.
+    pub port: u16,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `edge.yaml`: the edge process (KubeEdge's `edgecore.yaml` shape).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EdgeConfig {
+    /// Always `edgecore.config.kubeedge.io/v1alpha2`.
+    pub api_version: String,
+    /// Always `EdgeCore`.
+    pub kind: String,
+    /// The SQLite store.
+    pub database: Database,
+    /// The edge admin endpoint (edgehive; EdgeCore has none).
+    pub admin: Admin,
+    /// Per-module settings.
+    pub modules: EdgeModules,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        EdgeConfig {
+            api_version: "edgecore.config.kubeedge.io/v1alpha2".into(),
+            kind: "EdgeCore".into(),
+            database: Database::default(),
+            admin: Admin::default(),
+            modules: EdgeModules::default(),
+        }
+    }
+}
+
+impl EdgeConfig {
+    /// Loads and checks an edge config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        load(path)
+    }
+
+    /// The node name: `modules.edged.hostnameOverride`, as in EdgeCore.
+    pub fn node_name(&self) -> &str {
+        &self.modules.edged.hostname_override
+    }
+}
+
+impl Validate for EdgeConfig {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let defaults = EdgeConfig::default();
+        expect_kind(
+            &self.api_version,
+            &self.kind,
+            &defaults.api_version,
+            &defaults.kind,
+        )?;
+        let node = self.node_name();
+        if node.is_empty()
+            || !node
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        {
+            return Err((
+                "modules.edged.hostnameOverride",
+                format!("expected a node name of lowercase letters, digits, '-' and '.', found {node:?}"),
+            ));
+        }
+        positive("modules.edgeHub.heartbeat", self.modules.edge_hub.heartbeat)?;
+        if self.modules.edge_hub.websocket.server.is_empty() {
+            return Err((
+                "modules.edgeHub.websocket.server",
+                "expected host:port of the cloud's WebSocket listener".into(),
+            ));
+        }
+        if self.database.data_source.as_os_str().is_empty() {
+            return Err(("database.dataSource", "expected a file path".into()));
+        }
+        Ok(())
+    }
+}
+
+/// `database`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Database {
+    /// The SQLite file holding KubeEdge's `meta` table.
+    pub data_source: PathBuf,
+}
+
+impl Default for Database {
+    fn default() -> Self {
+        Database {
+            data_source: "/var/lib/kubeedge/edgecore.db".into(),
+        }
+    }
+}
+
+/// `admin` (edgehive): where the edge admin endpoint listens.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Admin {
+    /// `host:port`; loopback by default because the endpoint has no authentication.
+    pub bind_address: String,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Admin {
+            bind_address: "127.0.0.1:10351".into(),
+        }
+    }
+}
+
+/// `modules` of the edge.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EdgeModules {
+    /// `modules.edgeHub`.
+    pub edge_hub: EdgeHubConfig,
+    /// `modules.metaManager`.
+    pub meta_manager: Enable,
+    /// `modules.edged`: only the node name is read; edgehive runs no kubelet.
+    pub edged: Edged,
+}
+
+/// `modules.edged`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Edged {
+    /// The node name used in the node_id header and every resource.
+    pub hostname_override: String,
+}
+
+impl Default for Edged {
+    fn default() -> Self {
+        let hostname = std::fs::read_to_string("/etc/hostname")
+            .map(|name| name.trim().to_lowercase())
+            .unwrap_or_default();
+        Edged {
+            hostname_override: hostname,
+        }
+    }
+}
+
+/// `modules.edgeHub`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EdgeHubConfig {
+    /// Seconds between keepalives (the first goes at once).
+    pub heartbeat: u64,
+    /// KubeEdge project id, sent in the `project_id` header and the URL.
+    #[serde(rename = "projectID")]
+    pub project_id: String,
+    /// Largest frame accepted from the cloud, in bytes (edgehive).
+    pub max_frame_size: usize,
+    /// The WebSocket connection.
+    pub websocket: EdgeWebSocket,
+}
+
+impl Default for EdgeHubConfig {
+    fn default() -> Self {
+        let options = EdgeHubOptions::default();
+        EdgeHubConfig {
+            heartbeat: options.heartbeat.as_secs(),
+            project_id: options.project_id,
+            max_frame_size: options.max_frame_bytes,
+            websocket: EdgeWebSocket {
+                enable: true,
+                server: options.server,
+            },
+        }
+    }
+}
+
+/// `modules.edgeHub.websocket`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EdgeWebSocket {
+    /// Whether to connect over WebSocket (the only transport).
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// `host:port` of the cloud's WebSocket listener.
+    pub server: String,
+}
+
+impl EdgeConfig {
+    /// The EdgeHub module's options.
+    pub fn edge_hub_options(&self) -> EdgeHubOptions {
+        let hub = &self.modules.edge_hub;
+        EdgeHubOptions {
+            server: hub.websocket.server.clone(),
+            project_id: hub.project_id.clone(),
+            node_name: self.node_name().to_owned(),
+            heartbeat: Duration::from_secs(hub.heartbeat),
+            max_frame_bytes: hub.max_frame_size,
+            ..EdgeHubOptions::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cloud(text: &str) -> Result<CloudConfig, ConfigError> {
+        parse(Path::new("cloud.yaml"), text)
+    }
+
+    fn edge(text: &str) -> Result<EdgeConfig, ConfigError> {
+        parse(Path::new("edge.yaml"), text)
+    }
+
+    #[test]
+    fn shipped_configs_load() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        let cloud = CloudConfig::load(&root.join("cloud.yaml")).unwrap();
+        assert_eq!(cloud.modules.cloud_hub.websocket.port, 10000);
+        assert_eq!(cloud.modules.cloud_hub.node_limit, 500);
+        let edge = EdgeConfig::load(&root.join("edge.yaml")).unwrap();
+        assert_eq!(edge.modules.edge_hub.heartbeat, 15);
+        assert_eq!(edge.node_name(), "edge-1");
+    }
+
+    #[test]
+    fn empty_file_means_defaults() {
+        let config = cloud("").unwrap();
+        assert_eq!(config.modules.cloud_hub.keepalive_interval, 30);
+        assert_eq!(
+            config.common_config.monitor_server.bind_address,
+            "127.0.0.1:9091"
+        );
+    }
+
+    #[test]
+    fn partial_file_keeps_other_defaults() {
+        let config = cloud("modules:\n  cloudHub:\n    nodeLimit: 7\n").unwrap();
+        assert_eq!(config.modules.cloud_hub.node_limit, 7);
+        assert_eq!(config.modules.cloud_hub.keepalive_interval, 30);
+        assert!(config.modules.edge_controller.enable);
+    }
+
+    #[test]
+    fn wrong_type_names_file_key_and_expectation() {
+        let error = cloud("modules:\n  cloudHub:\n    nodeLimit: lots\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("cloud.yaml: modules.cloudHub.nodeLimit: "),
+            "{error}"
+        );
+        assert!(error.contains("expected"), "{error}");
+    }
+
+    #[test]
+    fn unknown_key_is_an_error() {
+        let error = cloud("modules:\n  cloudHub:\n    nodeLimt: 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("modules.cloudHub"), "{error}");
+        assert!(error.contains("nodeLimt"), "{error}");
+    }
+
+    #[test]
+    fn zero_heartbeat_is_refused() {
+        let error =
+            edge("modules:\n  edged:\n    hostnameOverride: e1\n  edgeHub:\n    heartbeat: 0\n")
+                .unwrap_err()
+                .to_string();
+        assert_eq!(
+            error,
+            "edge.yaml: modules.edgeHub.heartbeat: expected a number greater than 0"
+        );
+    }
+
+    #[test]
+    fn bad_node_name_is_refused() {
+        let error = edge("modules:\n  edged:\n    hostnameOverride: Edge_1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("modules.edged.hostnameOverride"), "{error}");
+    }
+
+    #[test]
+    fn wrong_kind_is_refused() {
+        let error = edge("apiVersion: v1\nkind: Pod\n").unwrap_err().to_string();
+        assert!(
+            error.starts_with("edge.yaml: apiVersion: expected"),
+            "{error}"
+        );
+    }
+}

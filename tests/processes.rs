@@ -1,0 +1,175 @@
+//! The `edgehive` binary as real processes: the demo, config errors, and a cloud process seeded
+//! from manifests delivering to an edge process, both stopped with SIGTERM.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_edgehive");
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+#[test]
+fn demo_delivers_a_pod_to_every_edge_and_exits_zero() {
+    let output = run(&["demo", "--edges", "3", "--timeout", "60"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for node in ["edge-1", "edge-2", "edge-3"] {
+        let line = format!("{node}: pod default/pod/demo-{node} stored");
+        assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
+    }
+    assert!(
+        stdout.contains("3 pods stored on 3 edges and ACKed"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_bad_config_fails_naming_file_key_and_expectation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cloud.yaml");
+    std::fs::write(&path, "modules:\n  cloudHub:\n    nodeLimit: many\n").unwrap();
+    let output = run(&["cloud", "--config", path.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("{}: modules.cloudHub.nodeLimit:", path.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("expected"), "{stderr}");
+
+    let missing = run(&["edge", "--config", "/nonexistent/edge.yaml"]);
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/edge.yaml: cannot read")
+    );
+}
+
+#[test]
+fn version_prints_the_version() {
+    let output = run(&["version"]);
+    assert!(output.status.success());
+    assert!(String::from_utf8_lossy(&output.stdout)
+        .starts_with(&format!("edgehive {}", env!("CARGO_PKG_VERSION"))));
+}
+
+/// Kills the child if the test fails half-way.
+struct Process(Child);
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Process {
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.0.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "process ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Starts `edgehive` and returns it with its first stdout line (the addresses it listens on).
+fn spawn(args: &[&str]) -> (Process, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let process = Process(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    (process, line)
+}
+
+#[test]
+fn cloud_and_edge_processes_deliver_a_manifest_pod_into_the_edge_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("edge.yaml"),
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: proc-edge\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n\
+         ---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: from-manifest\n  namespace: default\n\
+         spec:\n  nodeName: proc-edge\n  containers:\n  - name: web\n    image: nginx:1.27\n",
+    )
+    .unwrap();
+    let cloud_config = dir.path().join("cloud.yaml");
+    std::fs::write(
+        &cloud_config,
+        "commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+         modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n",
+    )
+    .unwrap();
+    let (cloud, banner) = spawn(&[
+        "cloud",
+        "--config",
+        cloud_config.to_str().unwrap(),
+        "--manifests",
+        manifests.to_str().unwrap(),
+    ]);
+    // "edgehive cloud: WebSocket on 127.0.0.1:PORT, admin on http://..."
+    let websocket = banner
+        .split("WebSocket on ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("unexpected banner {banner:?}"))
+        .to_owned();
+
+    let db = dir.path().join("edge.db");
+    let edge_config = dir.path().join("edge.yaml");
+    std::fs::write(
+        &edge_config,
+        format!(
+            "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
+             modules:\n  edged:\n    hostnameOverride: proc-edge\n  edgeHub:\n    websocket:\n      server: {websocket}\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let (edge, _) = spawn(&["edge", "--config", edge_config.to_str().unwrap()]);
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stored = loop {
+        if let Some(value) = support::sqlite_row(&db, "default/pod/from-manifest") {
+            break value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pod never reached {}",
+            db.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(stored["spec"]["nodeName"], "proc-edge");
+
+    assert!(edge.terminate().success(), "edge exits cleanly on SIGTERM");
+    assert!(
+        cloud.terminate().success(),
+        "cloud exits cleanly on SIGTERM"
+    );
+    // What the edge stored outlives the process.
+    assert!(support::sqlite_row(&db, "default/pod/from-manifest").is_some());
+}

@@ -1,0 +1,116 @@
+//! Shared by the end-to-end tests: whole cloud and edge processes on loopback with ephemeral
+//! ports and temporary SQLite files.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use edgehive::cloud::CloudProcess;
+use edgehive::config::{CloudConfig, EdgeConfig};
+use edgehive::edge::EdgeProcess;
+use edgehive_actors::hive::Hive;
+use serde_json::{json, Value};
+
+pub async fn start_cloud() -> CloudProcess {
+    let mut config = CloudConfig::default();
+    config.modules.cloud_hub.websocket.address = "127.0.0.1".into();
+    config.modules.cloud_hub.websocket.port = 0;
+    config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
+    CloudProcess::start(&config, None).await.unwrap()
+}
+
+pub fn edge_config(node: &str, cloud: SocketAddr, dir: &Path) -> EdgeConfig {
+    let mut config = EdgeConfig::default();
+    config.modules.edged.hostname_override = node.into();
+    config.modules.edge_hub.websocket.server = cloud.to_string();
+    config.database.data_source = dir.join(format!("{node}.db"));
+    config.admin.bind_address = "127.0.0.1:0".into();
+    config
+}
+
+pub async fn start_edge(node: &str, cloud: &CloudProcess, dir: &Path) -> EdgeProcess {
+    EdgeProcess::start(&edge_config(node, cloud.websocket_addr(), dir))
+        .await
+        .unwrap()
+}
+
+pub async fn start_edge_with(
+    node: &str,
+    cloud: &CloudProcess,
+    dir: &Path,
+    plug: impl FnOnce(&Hive) -> anyhow::Result<()>,
+) -> EdgeProcess {
+    EdgeProcess::start_with(&edge_config(node, cloud.websocket_addr(), dir), plug)
+        .await
+        .unwrap()
+}
+
+pub fn edge_node(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": name, "labels": { "node-role.kubernetes.io/edge": "" } },
+    })
+}
+
+pub fn pod(name: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default", "labels": { "app": name } },
+        "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "nginx:1.27" }] },
+    })
+}
+
+/// The `value` of row `key` in the `meta` table, read with a connection of our own.
+pub fn sqlite_row(db: &Path, key: &str) -> Option<Value> {
+    let connection = rusqlite::Connection::open(db).ok()?;
+    let value: String = connection
+        .query_row("SELECT value FROM meta WHERE key = ?1", [key], |row| {
+            row.get(0)
+        })
+        .ok()?;
+    Some(serde_json::from_str(&value).unwrap())
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, failing the test after `within`.
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// GET `http://{addr}{path}` and return status and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut response = awc::Client::new()
+        .get(format!("http://{addr}{path}"))
+        .send()
+        .await
+        .unwrap();
+    let body = response.body().await.unwrap();
+    (
+        response.status().as_u16(),
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+pub async fn http_json(addr: SocketAddr, path: &str) -> Value {
+    let (status, body) = http_get(addr, path).await;
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+pub const WITHIN: Duration = Duration::from_secs(15);

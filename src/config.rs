@@ -399,11 +399,10 @@ pub struct Edged {
 
 impl Default for Edged {
     fn default() -> Self {
-        let hostname = std::fs::read_to_string("/etc/hostname")
-            .map(|name| name.trim().to_lowercase())
-            .unwrap_or_default();
+        // EdgeHub's default node name is the host name, as in EdgeCore; node names are
+        // lowercase in Kubernetes.
         Edged {
-            hostname_override: hostname,
+            hostname_override: EdgeHubOptions::default().node_name.to_lowercase(),
         }
     }
 }

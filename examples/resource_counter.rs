@@ -130,35 +130,53 @@ async fn run() -> anyhow::Result<()> {
             "spec": {"nodeName": "edge-x", "containers": [{"name": "c", "image": "busybox"}]},
         }))?;
     }
+    let metrics_url = format!("http://{}/metrics", edge.admin_addr());
+    // Delete only after both inserts arrived: a delete of a pod still queued for the edge
+    // replaces its pending insert in CloudHub's pool, and the edge would never see the insert.
+    wait_for_count(&metrics_url, "pod", "insert", 2).await?;
     cloud.cluster().delete("Pod", Some("default"), "a")?;
-
-    // Two inserts and one delete reach the edge.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let lines = loop {
-        let metrics = get(&format!("http://{}/metrics", edge.admin_addr())).await?;
-        let lines: Vec<String> = metrics
-            .lines()
-            .filter(|line| line.starts_with("edgehive_example_resource_messages_total"))
-            .map(str::to_owned)
-            .collect();
-        let seen: u64 = lines
-            .iter()
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum();
-        if seen >= 3 {
-            break lines;
-        }
-        if Instant::now() > deadline {
-            bail!("the counter saw {seen} messages, expected 3: {lines:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let lines = wait_for_count(&metrics_url, "pod", "delete", 1).await?;
     for line in lines {
         println!("{line}");
     }
     edge.stop().await;
     cloud.stop().await;
     Ok(())
+}
+
+/// Polls the edge's `/metrics` until the example's counter for `resource_type`/`operation`
+/// reaches `want`; returns the counter's lines.
+async fn wait_for_count(
+    url: &str,
+    resource_type: &str,
+    operation: &str,
+    want: u64,
+) -> anyhow::Result<Vec<String>> {
+    let series = format!(
+        "edgehive_example_resource_messages_total{{resource_type=\"{resource_type}\",operation=\"{operation}\"}} "
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = get(url).await?;
+        let lines: Vec<String> = metrics
+            .lines()
+            .filter(|line| line.starts_with("edgehive_example_resource_messages_total"))
+            .map(str::to_owned)
+            .collect();
+        let seen = lines
+            .iter()
+            .find_map(|line| line.strip_prefix(&series)?.parse::<u64>().ok())
+            .unwrap_or(0);
+        if seen >= want {
+            return Ok(lines);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "counted {seen} {resource_type} {operation} messages, expected {want}: {lines:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn get(url: &str) -> anyhow::Result<String> {

@@ -593,13 +593,18 @@ impl EdgeRequest {
         message
     }
 
-    /// `{"Object": …, "Err": …}` with the object's resourceVersion on success.
+    /// `{"Object": …, "Err": …}`; KubeEdge sets the reply's resourceversion only for
+    /// nodepatch.
     fn object_resp(&self, result: Result<Value, ClusterError>, kind: &str) -> Message {
         match result {
             Ok(object) => {
                 let rv = rv_of(&object);
-                self.reply(json!({"Object": object, "Err": null}))
-                    .with_resource_version(rv)
+                let reply = self.reply(json!({"Object": object, "Err": null}));
+                if self.resource.resource_type == ResourceType::NodePatch {
+                    reply.with_resource_version(rv)
+                } else {
+                    reply
+                }
             }
             Err(err) => {
                 self.reply(json!({"Object": null, "Err": err.to_status(kind, self.name())}))

@@ -693,33 +693,73 @@ impl EmbeddedCluster {
         let mut applied = 0;
         for path in files {
             let text = std::fs::read_to_string(&path).map_err(|err| io_error(&path, err))?;
-            let file = path.display().to_string();
-            let manifest_error = |document: usize, message: String| ClusterError::Manifest {
-                file: file.clone(),
-                document,
-                message,
-            };
             let is_json = path.extension().and_then(|e| e.to_str()) == Some("json");
-            let documents: Vec<Result<Value, String>> = if is_json {
-                vec![serde_json::from_str(&text).map_err(|err| err.to_string())]
-            } else {
-                serde_yaml_ng::Deserializer::from_str(&text)
-                    .map(|doc| Value::deserialize(doc).map_err(|err| err.to_string()))
-                    .collect()
-            };
-            for (index, document) in documents.into_iter().enumerate() {
-                let document = document.map_err(|message| manifest_error(index, message))?;
-                if document.is_null() {
-                    continue; // an empty document, e.g. a trailing `---`
-                }
-                for obj in expand_list(document) {
+            applied += self
+                .apply_text(&text, &path.display().to_string(), is_json)?
+                .len();
+        }
+        Ok(applied)
+    }
+
+    /// Applies every object in `text` (JSON when `is_json`, else YAML with several documents
+    /// and `kind: List` allowed); `source` names it in errors. Returns the applied objects.
+    ///
+    /// Every document is parsed before anything is applied, so a syntax error applies
+    /// nothing; a document the cluster refuses stops there (the ones before it stay).
+    pub fn apply_text(
+        &self,
+        text: &str,
+        source: &str,
+        is_json: bool,
+    ) -> Result<Vec<Value>, ClusterError> {
+        let manifest_error = |document: usize, message: String| ClusterError::Manifest {
+            file: source.to_owned(),
+            document,
+            message,
+        };
+        let documents: Vec<Result<Value, String>> = if is_json {
+            vec![serde_json::from_str(text).map_err(|err| err.to_string())]
+        } else {
+            serde_yaml_ng::Deserializer::from_str(text)
+                .map(|doc| Value::deserialize(doc).map_err(|err| err.to_string()))
+                .collect()
+        };
+        let mut parsed = Vec::new();
+        for (index, document) in documents.into_iter().enumerate() {
+            let document = document.map_err(|message| manifest_error(index, message))?;
+            if !document.is_null() {
+                parsed.push((index, document)); // null: an empty document, e.g. a trailing `---`
+            }
+        }
+        let mut applied = Vec::new();
+        for (index, document) in parsed {
+            for obj in expand_list(document) {
+                applied.push(
                     self.apply(obj)
-                        .map_err(|err| manifest_error(index, err.to_string()))?;
-                    applied += 1;
-                }
+                        .map_err(|err| manifest_error(index, err.to_string()))?,
+                );
             }
         }
         Ok(applied)
+    }
+
+    /// The kind stored under `name` compared without case, also as a plural (`pods`,
+    /// `configmaps`, `devicestatuses`), among the kinds the cluster holds or watches.
+    pub fn resolve_kind(&self, name: &str) -> Option<String> {
+        let wanted = name.to_ascii_lowercase();
+        let inner = self.lock();
+        let kinds = inner
+            .objects
+            .keys()
+            .map(|(kind, _, _)| kind.as_str())
+            .chain(inner.watchers.keys().map(String::as_str));
+        for kind in kinds {
+            let lower = kind.to_ascii_lowercase();
+            if wanted == lower || wanted == format!("{lower}s") || wanted == format!("{lower}es") {
+                return Some(kind.to_owned());
+            }
+        }
+        None
     }
 }
 

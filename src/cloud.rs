@@ -1,5 +1,5 @@
 //! The cloud process: the embedded cluster, CloudHub with its WebSocket server,
-//! EdgeController, and the admin endpoint with the connected nodes.
+//! EdgeController and DeviceController, and the admin endpoint with the connected nodes.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -11,7 +11,8 @@ use anyhow::Context as _;
 use edgehive_actors::cloud::cloudhub::{
     start_cloudhub, CloudHub, CloudHubServer, ListNodes, NodeInfo, CLOUDHUB_MODULE,
 };
-use edgehive_actors::cloud::cluster::EmbeddedCluster;
+use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster};
+use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
 use edgehive_actors::cloud::edgecontroller::EdgeControllerModule;
 use edgehive_actors::hive::{Hive, HiveError};
 use serde_json::json;
@@ -46,14 +47,25 @@ impl CloudProcess {
         if config.modules.edge_controller.enable {
             hive.start_module(EdgeControllerModule::new(&hive, cluster.clone()))?;
         }
+        if config.modules.device_controller.enable {
+            hive.start_module(DeviceControllerModule::new(&hive, cluster.clone()))?;
+        }
         let routes_hive = hive.clone();
+        let routes_cluster = cluster.clone();
         let admin = AdminServer::start(
             &config.common_config.monitor_server.bind_address,
             hive.clone(),
             Arc::new(move |routes: &mut web::ServiceConfig| {
                 routes
                     .app_data(web::Data::new(routes_hive.clone()))
-                    .route("/api/v1/nodes", web::get().to(list_nodes));
+                    .app_data(web::Data::new(routes_cluster.clone()))
+                    .app_data(web::PayloadConfig::new(MAX_APPLY_BYTES))
+                    .route("/api/v1/nodes", web::get().to(list_nodes))
+                    .route("/api/v1/apply", web::post().to(apply))
+                    .route(
+                        "/api/v1/objects/{kind}/{namespace}/{name}",
+                        web::delete().to(delete_object),
+                    );
             }),
         )?;
         tracing::info!(websocket = %hub.local_addr(), admin = %admin.addr(), "cloud started");
@@ -108,5 +120,60 @@ async fn list_nodes(hive: web::Data<Hive>) -> HttpResponse {
     match nodes(&hive).await {
         Ok(nodes) => HttpResponse::Ok().json(json!({ "nodes": nodes })),
         Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
+    }
+}
+
+/// Largest body `POST /api/v1/apply` accepts.
+pub const MAX_APPLY_BYTES: usize = 4 * 1024 * 1024;
+
+fn cluster_error(error: &ClusterError) -> HttpResponse {
+    let status = actix_web::http::StatusCode::from_u16(error.status())
+        .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
+    HttpResponse::build(status).json(json!({"error": error.to_string()}))
+}
+
+fn summary(obj: &serde_json::Value) -> serde_json::Value {
+    json!({
+        "kind": obj["kind"],
+        "namespace": obj["metadata"]["namespace"],
+        "name": obj["metadata"]["name"],
+        "resourceVersion": obj["metadata"]["resourceVersion"],
+    })
+}
+
+/// `POST /api/v1/apply`: creates or replaces the objects in the body (YAML, several
+/// documents and `kind: List` allowed, or JSON) in the embedded cluster.
+async fn apply(cluster: web::Data<EmbeddedCluster>, body: web::Bytes) -> HttpResponse {
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return HttpResponse::BadRequest().json(json!({"error": "the body is not UTF-8"}));
+    };
+    // YAML reads JSON too, but a JSON body gets JSON's error messages.
+    let is_json = text.trim_start().starts_with('{');
+    match cluster.apply_text(text, "request body", is_json) {
+        Ok(applied) => {
+            let applied: Vec<_> = applied.iter().map(summary).collect();
+            HttpResponse::Ok().json(json!({ "applied": applied }))
+        }
+        Err(error) => cluster_error(&error),
+    }
+}
+
+/// `DELETE /api/v1/objects/{kind}/{namespace}/{name}`: deletes one object of the embedded
+/// cluster; `kind` is matched without case and may be plural; the namespace is ignored for
+/// cluster-scoped kinds.
+async fn delete_object(
+    cluster: web::Data<EmbeddedCluster>,
+    path: web::Path<(String, String, String)>,
+) -> HttpResponse {
+    let (kind, namespace, name) = path.into_inner();
+    let Some(resolved) = cluster.resolve_kind(&kind) else {
+        return cluster_error(&ClusterError::NotFound {
+            kind,
+            key: format!("{namespace}/{name}"),
+        });
+    };
+    match cluster.delete(&resolved, Some(&namespace), &name) {
+        Ok(deleted) => HttpResponse::Ok().json(json!({ "deleted": summary(&deleted) })),
+        Err(error) => cluster_error(&error),
     }
 }

@@ -194,6 +194,8 @@ pub struct CloudModules {
     pub cloud_hub: CloudHubConfig,
     /// `modules.edgeController`.
     pub edge_controller: Enable,
+    /// `modules.deviceController`.
+    pub device_controller: Enable,
 }
 
 /// `modules.<name>.enable` for modules with no other settings yet.

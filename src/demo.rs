@@ -1,5 +1,6 @@
 //! `edgehive demo`: a cloud on the embedded cluster and N edges in one process, each edge
-//! given a Pod; done when every edge has stored its Pod in SQLite and the cloud has its ACK.
+//! given a Pod that uses one shared ConfigMap; done when every edge has stored its Pod and the
+//! ConfigMap in SQLite and the cloud has their ACKs.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -33,6 +34,8 @@ pub struct Delivered {
     pub resource_version: String,
     /// The edge's SQLite file.
     pub database: PathBuf,
+    /// The resourceVersion of the ConfigMap the Pod uses, as stored on the edge.
+    pub config_resource_version: String,
 }
 
 /// Runs the demo, printing progress to stdout; returns what was delivered.
@@ -73,6 +76,11 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
         );
         edges.push(edge);
     }
+    let config = cloud.cluster().apply(demo_config())?;
+    println!(
+        "cloud: created configmap default/{CONFIG_NAME} (resourceVersion {}), used by every demo pod",
+        config["metadata"]["resourceVersion"].as_str().unwrap_or("?")
+    );
     for edge in &edges {
         let pod = cloud.cluster().apply(demo_pod(edge.node_name()))?;
         println!(
@@ -90,7 +98,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
     cloud.stop().await;
     let delivered = result?;
     println!(
-        "{} pods stored on {} edges and ACKed",
+        "{} pods stored on {} edges and ACKed, each with the configmap it uses",
         delivered.len(),
         options.edges
     );
@@ -115,9 +123,14 @@ async fn wait_for_delivery(
             let Some(row) = edge.store().get(key.clone()).await? else {
                 continue;
             };
+            let config_key = format!("default/configmap/{CONFIG_NAME}");
+            let Some(config_row) = edge.store().get(config_key.clone()).await? else {
+                continue;
+            };
+            // Both the ConfigMap and the Pod ACKed.
             let acked = nodes
                 .iter()
-                .any(|info| info.node == node && info.acked > 0 && info.in_flight.is_none());
+                .any(|info| info.node == node && info.acked >= 2 && info.in_flight.is_none());
             if !acked {
                 continue;
             }
@@ -129,7 +142,15 @@ async fn wait_for_delivery(
                     .unwrap_or_default()
                     .to_owned(),
                 database: edge.store().path().to_owned(),
+                config_resource_version: config_row.value["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
             };
+            println!(
+                "{}: configmap {} stored (resourceVersion {}) because its pod uses it",
+                found.node, config_key, found.config_resource_version
+            );
             println!(
                 "{}: pod {} stored (resourceVersion {}) and ACKed to the cloud",
                 found.node, found.key, found.resource_version
@@ -169,6 +190,18 @@ fn edge_node(node: &str) -> Value {
     })
 }
 
+/// The ConfigMap every demo pod uses.
+const CONFIG_NAME: &str = "demo-config";
+
+fn demo_config() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": CONFIG_NAME, "namespace": "default" },
+        "data": { "greeting": "hello from the cloud" },
+    })
+}
+
 fn demo_pod(node: &str) -> Value {
     json!({
         "apiVersion": "v1",
@@ -176,7 +209,11 @@ fn demo_pod(node: &str) -> Value {
         "metadata": { "name": pod_name(node), "namespace": "default" },
         "spec": {
             "nodeName": node,
-            "containers": [{ "name": "web", "image": "nginx:1.27" }],
+            "containers": [{
+                "name": "web",
+                "image": "nginx:1.27",
+                "envFrom": [{ "configMapRef": { "name": CONFIG_NAME } }],
+            }],
         },
     })
 }

@@ -1,4 +1,4 @@
-//! `edgehive`: `cloud`, `edge`, `demo` and `version`.
+//! `edgehive`: `cloud`, `edge`, `demo`, `apply`, `delete` and `version`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,8 +49,53 @@ enum Command {
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
+    /// Create or replace objects in a running cloud's embedded cluster (YAML or JSON).
+    Apply {
+        /// The manifest file (`-` reads standard input).
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Delete one object from a running cloud's embedded cluster.
+    Delete {
+        /// The kind (`pod`, `ConfigMap`, `devices`, ...).
+        kind: String,
+        /// The object's name.
+        name: String,
+        /// The namespace (ignored for cluster-scoped kinds).
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Print the version.
     Version,
+}
+
+/// Where the cloud's admin endpoint is.
+#[derive(Debug, clap::Args)]
+struct AdminArgs {
+    /// `host:port` of the cloud's admin endpoint; default: the config's
+    /// `commonConfig.monitorServer.bindAddress`.
+    #[arg(long)]
+    admin: Option<String>,
+    /// cloud.yaml to read the admin address from (built-in defaults when absent).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+impl AdminArgs {
+    fn address(&self) -> anyhow::Result<String> {
+        if let Some(admin) = &self.admin {
+            return Ok(admin.clone());
+        }
+        let config = match &self.config {
+            Some(path) => CloudConfig::load(path)?,
+            None => CloudConfig::default(),
+        };
+        Ok(config.common_config.monitor_server.bind_address)
+    }
 }
 
 fn main() -> ExitCode {
@@ -117,6 +162,47 @@ fn run(command: Command) -> anyhow::Result<()> {
                 Ok(())
             })
         }
+        Command::Apply { file, admin } => {
+            let body = if file.as_os_str() == "-" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                    .context("cannot read standard input")?;
+                text
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?
+            };
+            let url = format!("http://{}/api/v1/apply", admin.address()?);
+            let answer = admin_request(awc::http::Method::POST, &url, body)?;
+            for object in answer["applied"].as_array().into_iter().flatten() {
+                println!(
+                    "{} {} applied (resourceVersion {})",
+                    object["kind"].as_str().unwrap_or("?"),
+                    object_name(object),
+                    object["resourceVersion"].as_str().unwrap_or("?")
+                );
+            }
+            Ok(())
+        }
+        Command::Delete {
+            kind,
+            name,
+            namespace,
+            admin,
+        } => {
+            let url = format!(
+                "http://{}/api/v1/objects/{kind}/{namespace}/{name}",
+                admin.address()?
+            );
+            let answer = admin_request(awc::http::Method::DELETE, &url, String::new())?;
+            let deleted = &answer["deleted"];
+            println!(
+                "{} {} deleted",
+                deleted["kind"].as_str().unwrap_or("?"),
+                object_name(deleted)
+            );
+            Ok(())
+        }
         Command::Demo {
             edges,
             timeout,
@@ -142,4 +228,46 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     }
     tracing::info!("signal received; stopping");
     Ok(())
+}
+
+/// `namespace/name`, or `name` for cluster-scoped objects.
+fn object_name(object: &serde_json::Value) -> String {
+    let name = object["name"].as_str().unwrap_or("?");
+    match object["namespace"].as_str() {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
+/// Sends one request to the cloud's admin endpoint; the JSON answer, or its error message.
+fn admin_request(
+    method: awc::http::Method,
+    url: &str,
+    body: String,
+) -> anyhow::Result<serde_json::Value> {
+    actix_rt::System::new().block_on(async {
+        let mut response = awc::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .finish()
+            .request(method, url)
+            .send_body(body)
+            .await
+            .map_err(|error| anyhow::anyhow!("cannot reach the cloud's admin endpoint at {url}: {error} (is `edgehive cloud` running? see --admin)"))?;
+        let bytes = response
+            .body()
+            .limit(16 * 1024 * 1024)
+            .await
+            .map_err(|error| anyhow::anyhow!("cannot read the answer from {url}: {error}"))?;
+        let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_else(
+            |_| serde_json::json!({"error": String::from_utf8_lossy(&bytes)}),
+        );
+        if !response.status().is_success() {
+            anyhow::bail!(
+                "the cloud refused it ({}): {}",
+                response.status(),
+                answer["error"].as_str().unwrap_or("no reason given")
+            );
+        }
+        Ok(answer)
+    })
 }

@@ -111,11 +111,12 @@ async fn pods_existing_before_start_are_sent_and_upstream_is_counted_as_unhandle
     assert_pod_insert(&insert, &pod);
     assert_eq!(insert.content["metadata"]["namespace"], "default");
 
+    // A kind EdgeController does not handle (rule status counters need the router).
     let status = Message::new(
         edgehive_protocols::ModuleName::Edged,
         edgehive_protocols::Group::Meta,
         Operation::Update,
-        "default/podstatus/before",
+        "default/rulestatus/before",
         json!({"status": {"phase": "Running"}}),
     );
     edge.send(&status).await;

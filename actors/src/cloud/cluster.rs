@@ -25,8 +25,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::broadcast;
+
+pub mod port;
+pub use port::{ClusterFuture, ClusterPort, SharedCluster, Watch};
 
 /// How many events a watcher may fall behind before it is told it lagged.
 ///
@@ -105,6 +108,31 @@ pub enum ClusterError {
         /// What is wrong with it.
         message: String,
     },
+    /// The delete's UID precondition does not match the stored object (409).
+    #[error("{kind} {key:?}: precondition failed: UID in precondition {given}, UID in object meta {current}")]
+    UidMismatch {
+        /// The object kind.
+        kind: String,
+        /// `namespace/name`, or `name` for cluster-scoped kinds.
+        key: String,
+        /// The UID the caller expected.
+        given: String,
+        /// The stored UID.
+        current: String,
+    },
+    /// The API server cannot be reached or failed (503); the text says why.
+    #[error("the Kubernetes API server is unavailable: {0}")]
+    Unavailable(String),
+    /// The API server refused the request for another reason; carries its status code.
+    #[error("{message}")]
+    Api {
+        /// The HTTP status code.
+        code: u16,
+        /// Kubernetes' `reason` (e.g. `Forbidden`).
+        reason: String,
+        /// Kubernetes' message.
+        message: String,
+    },
     /// A manifest file or folder could not be read (500).
     #[error("cannot read {path}: {message}")]
     Io {
@@ -120,10 +148,44 @@ impl ClusterError {
     pub fn status(&self) -> u16 {
         match self {
             ClusterError::NotFound { .. } => 404,
-            ClusterError::AlreadyExists { .. } | ClusterError::Conflict { .. } => 409,
+            ClusterError::AlreadyExists { .. }
+            | ClusterError::Conflict { .. }
+            | ClusterError::UidMismatch { .. } => 409,
             ClusterError::Invalid(_) | ClusterError::Manifest { .. } => 422,
             ClusterError::Io { .. } => 500,
+            ClusterError::Unavailable(_) => 503,
+            ClusterError::Api { code, .. } => *code,
         }
+    }
+
+    /// Kubernetes' `reason` for this error (`NotFound`, `AlreadyExists`, ...).
+    pub fn reason(&self) -> &str {
+        match self {
+            ClusterError::NotFound { .. } => "NotFound",
+            ClusterError::AlreadyExists { .. } => "AlreadyExists",
+            ClusterError::Conflict { .. } | ClusterError::UidMismatch { .. } => "Conflict",
+            ClusterError::Invalid(_) | ClusterError::Manifest { .. } => "Invalid",
+            ClusterError::Io { .. } => "InternalError",
+            ClusterError::Unavailable(_) => "ServiceUnavailable",
+            ClusterError::Api { reason, .. } => reason,
+        }
+    }
+
+    /// The error as client-go serialises a `StatusError`: `{"ErrStatus": {status, message,
+    /// reason, details {name, kind}, code}}`. This is what KubeEdge's cloud puts in a reply's
+    /// content (alone for queries, as `Err` of an ObjectResp otherwise), so edges that parse
+    /// replies see the shape they know.
+    pub fn to_status(&self, kind: &str, name: &str) -> Value {
+        json!({
+            "ErrStatus": {
+                "metadata": {},
+                "status": "Failure",
+                "message": self.to_string(),
+                "reason": self.reason(),
+                "details": {"name": name, "kind": kind},
+                "code": self.status(),
+            }
+        })
     }
 
     /// The human-readable reason (the `Display` text).
@@ -475,6 +537,113 @@ impl EmbeddedCluster {
         Ok(obj)
     }
 
+    /// Deletes the object only if its UID is `uid` (Kubernetes' delete precondition); 409 if
+    /// it is another object with the same name.
+    pub fn delete_if_uid(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        uid: &str,
+    ) -> Result<Value, ClusterError> {
+        let current = self
+            .get(kind, namespace, name)
+            .ok_or_else(|| ClusterError::NotFound {
+                kind: kind.to_owned(),
+                key: display_key(&namespace_for(kind, namespace), name),
+            })?;
+        let current_uid = current["metadata"]["uid"].as_str().unwrap_or_default();
+        if current_uid != uid {
+            return Err(ClusterError::UidMismatch {
+                kind: kind.to_owned(),
+                key: display_key(&namespace_for(kind, namespace), name),
+                given: uid.to_owned(),
+                current: current_uid.to_owned(),
+            });
+        }
+        self.delete(kind, namespace, name)
+    }
+
+    /// Replaces only the `status` of the stored object (the status subresource); metadata and
+    /// spec in `obj` are ignored. 404 if it does not exist.
+    pub fn update_status(&self, obj: Value) -> Result<Value, ClusterError> {
+        let mut obj = obj;
+        let id = identify(&mut obj)?;
+        let status = obj.get("status").cloned().unwrap_or(Value::Null);
+        self.modify(&id.kind, Some(&id.namespace), &id.name, |current| {
+            current["status"] = status;
+            Ok(())
+        })
+    }
+
+    /// Applies `patch` as a JSON merge patch (RFC 7386) to the stored object, or only to its
+    /// `status` when `status_only` (the status subresource: other fields of the patch are
+    /// ignored). Lists are replaced, not merged by key as a strategic merge patch would.
+    pub fn merge_patch(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        patch: &Value,
+        status_only: bool,
+    ) -> Result<Value, ClusterError> {
+        if !patch.is_object() {
+            return Err(ClusterError::Invalid(
+                "a patch must be a JSON object".into(),
+            ));
+        }
+        self.modify(kind, namespace, name, |current| {
+            if status_only {
+                if let Some(status) = patch.get("status") {
+                    merge(&mut current["status"], status);
+                }
+            } else {
+                let mut patch = patch.clone();
+                if let Some(metadata) = patch.get_mut("metadata").and_then(Value::as_object_mut) {
+                    // Identity is not patchable.
+                    for field in [
+                        "name",
+                        "namespace",
+                        "uid",
+                        "resourceVersion",
+                        "creationTimestamp",
+                    ] {
+                        metadata.remove(field);
+                    }
+                }
+                merge(current, &patch);
+            }
+            Ok(())
+        })
+    }
+
+    /// Changes the stored object in place with `change`, bumping its resourceVersion and
+    /// publishing `Modified`; 404 if it does not exist.
+    pub fn modify(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        change: impl FnOnce(&mut Value) -> Result<(), ClusterError>,
+    ) -> Result<Value, ClusterError> {
+        let namespace = namespace_for(kind, namespace);
+        let key = (kind.to_owned(), namespace.clone(), name.to_owned());
+        let mut inner = self.lock();
+        let Some(current) = inner.objects.get(&key) else {
+            return Err(ClusterError::NotFound {
+                kind: kind.to_owned(),
+                key: display_key(&namespace, name),
+            });
+        };
+        let mut obj = current.clone();
+        change(&mut obj)?;
+        let rv = inner.bump();
+        metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv));
+        inner.objects.insert(key, obj.clone());
+        inner.publish(kind, EventType::Modified, &obj);
+        Ok(obj)
+    }
+
     /// Every object of `kind` (by namespace, then name) and the list's resourceVersion.
     pub fn list(&self, kind: &str) -> (Vec<Value>, String) {
         let inner = self.lock();
@@ -524,33 +693,94 @@ impl EmbeddedCluster {
         let mut applied = 0;
         for path in files {
             let text = std::fs::read_to_string(&path).map_err(|err| io_error(&path, err))?;
-            let file = path.display().to_string();
-            let manifest_error = |document: usize, message: String| ClusterError::Manifest {
-                file: file.clone(),
-                document,
-                message,
-            };
             let is_json = path.extension().and_then(|e| e.to_str()) == Some("json");
-            let documents: Vec<Result<Value, String>> = if is_json {
-                vec![serde_json::from_str(&text).map_err(|err| err.to_string())]
-            } else {
-                serde_yaml_ng::Deserializer::from_str(&text)
-                    .map(|doc| Value::deserialize(doc).map_err(|err| err.to_string()))
-                    .collect()
-            };
-            for (index, document) in documents.into_iter().enumerate() {
-                let document = document.map_err(|message| manifest_error(index, message))?;
-                if document.is_null() {
-                    continue; // an empty document, e.g. a trailing `---`
-                }
-                for obj in expand_list(document) {
+            applied += self
+                .apply_text(&text, &path.display().to_string(), is_json)?
+                .len();
+        }
+        Ok(applied)
+    }
+
+    /// Applies every object in `text` (JSON when `is_json`, else YAML with several documents
+    /// and `kind: List` allowed); `source` names it in errors. Returns the applied objects.
+    ///
+    /// Every document is parsed before anything is applied, so a syntax error applies
+    /// nothing; a document the cluster refuses stops there (the ones before it stay).
+    pub fn apply_text(
+        &self,
+        text: &str,
+        source: &str,
+        is_json: bool,
+    ) -> Result<Vec<Value>, ClusterError> {
+        let manifest_error = |document: usize, message: String| ClusterError::Manifest {
+            file: source.to_owned(),
+            document,
+            message,
+        };
+        let documents: Vec<Result<Value, String>> = if is_json {
+            vec![serde_json::from_str(text).map_err(|err| err.to_string())]
+        } else {
+            serde_yaml_ng::Deserializer::from_str(text)
+                .map(|doc| Value::deserialize(doc).map_err(|err| err.to_string()))
+                .collect()
+        };
+        let mut parsed = Vec::new();
+        for (index, document) in documents.into_iter().enumerate() {
+            let document = document.map_err(|message| manifest_error(index, message))?;
+            if !document.is_null() {
+                parsed.push((index, document)); // null: an empty document, e.g. a trailing `---`
+            }
+        }
+        let mut applied = Vec::new();
+        for (index, document) in parsed {
+            for obj in expand_list(document) {
+                applied.push(
                     self.apply(obj)
-                        .map_err(|err| manifest_error(index, err.to_string()))?;
-                    applied += 1;
-                }
+                        .map_err(|err| manifest_error(index, err.to_string()))?,
+                );
             }
         }
         Ok(applied)
+    }
+
+    /// The kind stored under `name` compared without case, also as a plural (`pods`,
+    /// `configmaps`, `devicestatuses`), among the kinds the cluster holds or watches.
+    pub fn resolve_kind(&self, name: &str) -> Option<String> {
+        let wanted = name.to_ascii_lowercase();
+        let inner = self.lock();
+        let kinds = inner
+            .objects
+            .keys()
+            .map(|(kind, _, _)| kind.as_str())
+            .chain(inner.watchers.keys().map(String::as_str));
+        for kind in kinds {
+            let lower = kind.to_ascii_lowercase();
+            if wanted == lower || wanted == format!("{lower}s") || wanted == format!("{lower}es") {
+                return Some(kind.to_owned());
+            }
+        }
+        None
+    }
+}
+
+/// RFC 7386 JSON merge patch: objects merge recursively, `null` removes, anything else
+/// replaces.
+pub fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    if let Value::Object(map) = target {
+        for (key, value) in patch {
+            if value.is_null() {
+                map.remove(key);
+            } else {
+                merge(map.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
     }
 }
 

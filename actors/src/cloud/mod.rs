@@ -9,4 +9,5 @@
 
 pub mod cloudhub;
 pub mod cluster;
+pub mod devicecontroller;
 pub mod edgecontroller;

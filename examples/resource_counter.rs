@@ -126,6 +126,14 @@ async fn run() -> anyhow::Result<()> {
     })
     .await?;
 
+    // Create the pods once the edge has joined, so every change is a live event.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !edge.status().await?.connected {
+        if Instant::now() > deadline {
+            bail!("the edge did not connect to the cloud");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for name in ["a", "b"] {
         cloud.cluster().apply(json!({
             "apiVersion": "v1", "kind": "Pod",

@@ -106,6 +106,8 @@ async fn run() -> anyhow::Result<()> {
     cloud_config.modules.cloud_hub.websocket.address = "127.0.0.1".into();
     cloud_config.modules.cloud_hub.websocket.port = 0;
     cloud_config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
+    // Plain ws:// keeps the example about modules; `edgehive demo` shows the TLS join.
+    cloud_config.modules.cloud_hub.websocket.insecure_plaintext = true;
     let cloud = CloudProcess::start(&cloud_config, None).await?;
     cloud.cluster().apply(json!({
         "apiVersion": "v1", "kind": "Node",
@@ -117,12 +119,21 @@ async fn run() -> anyhow::Result<()> {
     edge_config.modules.edge_hub.websocket.server = cloud.websocket_addr().to_string();
     edge_config.database.data_source = dir.path().join("edge-x.db");
     edge_config.admin.bind_address = "127.0.0.1:0".into();
+    edge_config.modules.edge_hub.websocket.insecure_plaintext = true;
     let edge = EdgeProcess::start_with(&edge_config, |hive| {
         hive.start_module(ResourceCounterModule::new(hive))?;
         Ok(())
     })
     .await?;
 
+    // Create the pods once the edge has joined, so every change is a live event.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !edge.status().await?.connected {
+        if Instant::now() > deadline {
+            bail!("the edge did not connect to the cloud");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for name in ["a", "b"] {
         cloud.cluster().apply(json!({
             "apiVersion": "v1", "kind": "Pod",

@@ -1,5 +1,6 @@
-//! The cloud process: the embedded cluster, CloudHub with its WebSocket server,
-//! EdgeController and DeviceController, and the admin endpoint with the connected nodes.
+//! The cloud process: the embedded cluster, CloudHub with its WebSocket server (mutual TLS
+//! unless `insecurePlaintext`) and certificate server, EdgeController and DeviceController,
+//! and the admin endpoint with the connected nodes.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -8,8 +9,12 @@ use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
 use anyhow::Context as _;
+use edgehive_actors::cloud::cloudhub::auth::BindingView;
+use edgehive_actors::cloud::cloudhub::certserver::CertServer;
+use edgehive_actors::cloud::cloudhub::tls::CloudTls;
 use edgehive_actors::cloud::cloudhub::{
-    start_cloudhub, CloudHub, CloudHubServer, ListNodes, NodeInfo, CLOUDHUB_MODULE,
+    start_cloudhub_with, token, CloudHub, CloudHubSecurity, CloudHubServer, ListNodes, NodeInfo,
+    CLOUDHUB_MODULE,
 };
 use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster};
 use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
@@ -27,6 +32,9 @@ pub struct CloudProcess {
     cluster: EmbeddedCluster,
     hub: CloudHubServer,
     admin: AdminServer,
+    tls: Option<Arc<CloudTls>>,
+    cert_server: Option<CertServer>,
+    token_refresh: Duration,
 }
 
 impl CloudProcess {
@@ -41,9 +49,35 @@ impl CloudProcess {
             tracing::info!(objects = loaded, dir = %dir.display(), "manifests loaded");
         }
         let hive = Hive::new("cloud");
-        let hub = start_cloudhub(&hive, config.modules.cloud_hub.options())
+        let hub_config = &config.modules.cloud_hub;
+        let view: Arc<dyn BindingView> = Arc::new(cluster.clone());
+        let tls = if hub_config.websocket.insecure_plaintext {
+            tracing::warn!("modules.cloudHub.websocket.insecurePlaintext: edges connect over plain ws:// with no certificates");
+            None
+        } else {
+            let ips = hub_config.advertise_ips().map_err(|message| {
+                anyhow::anyhow!("modules.cloudHub.advertiseAddress: {message}")
+            })?;
+            let tls =
+                CloudTls::load_or_create(&hub_config.tls_files(), &ips, &hub_config.dns_names)
+                    .context("cannot set up the cloud's certificates")?;
+            Some(Arc::new(tls))
+        };
+        let security = CloudHubSecurity {
+            tls: tls.clone(),
+            authorize: hub_config.authorization.enable,
+            view: Some(view.clone()),
+        };
+        let hub = start_cloudhub_with(&hive, hub_config.options(), security)
             .await
             .context("cannot start cloudhub")?;
+        let cert_server = match &tls {
+            Some(tls) if hub_config.https.enable => Some(
+                CertServer::start(tls, &hub_config.cert_server_options(), Some(view))
+                    .context("cannot start the certificate server")?,
+            ),
+            _ => None,
+        };
         if config.modules.edge_controller.enable {
             hive.start_module(EdgeControllerModule::new(&hive, cluster.clone()))?;
         }
@@ -74,7 +108,30 @@ impl CloudProcess {
             cluster,
             hub,
             admin,
+            tls,
+            cert_server,
+            token_refresh: hub_config.token_refresh(),
         })
+    }
+
+    /// The current join token for edges (`None` on plain `ws://`, where none is needed).
+    pub fn join_token(&self) -> Option<String> {
+        let tls = self.tls.as_ref()?;
+        Some(token::join_token(
+            &tls.ca,
+            std::time::SystemTime::now(),
+            self.token_refresh,
+        ))
+    }
+
+    /// Where the certificate server listens, if it runs.
+    pub fn cert_server_addr(&self) -> Option<SocketAddr> {
+        self.cert_server.as_ref().map(CertServer::local_addr)
+    }
+
+    /// Whether the WebSocket port requires mutual TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The cluster the controllers read (the embedded one).
@@ -105,6 +162,9 @@ impl CloudProcess {
     /// Stops the WebSocket server, the modules and the admin endpoint.
     pub async fn stop(self) {
         self.hub.stop(false).await;
+        if let Some(cert_server) = &self.cert_server {
+            cert_server.stop().await;
+        }
         self.hive.shutdown();
         self.admin.stop().await;
     }

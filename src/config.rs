@@ -4,10 +4,14 @@
 //! unknown key is an error so a typo never silently falls back to a default. Every error names
 //! the file, the key and what was expected.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use edgehive_actors::cloud::cloudhub::certserver::CertServerOptions;
+use edgehive_actors::cloud::cloudhub::tls::CloudTlsFiles;
 use edgehive_actors::cloud::cloudhub::CloudHubOptions;
+use edgehive_actors::edge::certmanager::EdgeTlsOptions;
 use edgehive_actors::edge::edgehub::EdgeHubOptions;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -143,6 +147,17 @@ impl Validate for CloudConfig {
         positive("modules.cloudHub.keepaliveInterval", hub.keepalive_interval)?;
         positive("modules.cloudHub.nodeLimit", hub.node_limit as u64)?;
         positive("modules.cloudHub.maxFrameSize", hub.max_frame_size as u64)?;
+        positive(
+            "modules.cloudHub.edgeCertSigningDuration",
+            hub.edge_cert_signing_duration,
+        )?;
+        positive(
+            "modules.cloudHub.tokenRefreshDuration",
+            hub.token_refresh_duration,
+        )?;
+        if let Err(message) = hub.advertise_ips() {
+            return Err(("modules.cloudHub.advertiseAddress", message));
+        }
         if !self.kube_api_config.kube_config.is_empty() {
             return Err((
                 "kubeAPIConfig.kubeConfig",
@@ -223,7 +238,62 @@ pub struct CloudHubConfig {
     /// Largest frame accepted from an edge, in bytes (edgehive).
     pub max_frame_size: usize,
     /// The WebSocket listener.
-    pub websocket: Listener,
+    pub websocket: HubWebSocket,
+    /// The HTTPS certificate server edges bootstrap their certificates from.
+    pub https: Listener,
+    /// The CA certificate (PEM); created with the key on first start when both are missing.
+    #[serde(rename = "tlsCAFile")]
+    pub tls_ca_file: PathBuf,
+    /// The CA key (`EC PRIVATE KEY` PEM, mode 0600).
+    #[serde(rename = "tlsCAKeyFile")]
+    pub tls_ca_key_file: PathBuf,
+    /// CloudHub's server certificate (PEM); issued by the CA on first start when missing.
+    pub tls_cert_file: PathBuf,
+    /// Its key.
+    pub tls_private_key_file: PathBuf,
+    /// IP addresses edges reach the cloud at: SANs of a generated server certificate.
+    /// Empty: 127.0.0.1 plus the WebSocket address when it is a specific IP.
+    pub advertise_address: Vec<String>,
+    /// DNS names edges reach the cloud at: SANs of a generated server certificate.
+    pub dns_names: Vec<String>,
+    /// Days an issued edge certificate is valid.
+    pub edge_cert_signing_duration: u64,
+    /// Hours between join token rotations; a token is valid for one to two of these.
+    pub token_refresh_duration: u64,
+    /// Node identity checks on upstream messages.
+    pub authorization: Authorization,
+}
+
+/// `modules.cloudHub.authorization`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Authorization {
+    /// Refuse (with an `error` reply) upstream messages about objects not bound to the
+    /// sending node. On by default in edgehive (KubeEdge's default is off).
+    pub enable: bool,
+}
+
+impl Default for Authorization {
+    fn default() -> Self {
+        Authorization { enable: true }
+    }
+}
+
+/// `modules.cloudHub.websocket`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HubWebSocket {
+    /// Whether it listens.
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// The address to bind.
+    pub address: String,
+    /// The port; 0 picks a free one.
+    pub port: u16,
+    /// (edgehive) Serve plain `ws://` without TLS or node certificates. Only for local
+    /// development and tests: anyone who can reach the port can claim any node.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
 }
 
 impl Default for CloudHubConfig {
@@ -233,11 +303,26 @@ impl Default for CloudHubConfig {
             keepalive_interval: options.keepalive_interval.as_secs(),
             node_limit: options.node_limit,
             max_frame_size: options.max_frame_bytes,
-            websocket: Listener {
+            websocket: HubWebSocket {
                 enable: true,
                 address: options.address,
                 port: options.port,
+                insecure_plaintext: false,
             },
+            https: Listener {
+                enable: true,
+                address: "0.0.0.0".into(),
+                port: 10002,
+            },
+            tls_ca_file: "/etc/kubeedge/ca/rootCA.crt".into(),
+            tls_ca_key_file: "/etc/kubeedge/ca/rootCA.key".into(),
+            tls_cert_file: "/etc/kubeedge/certs/server.crt".into(),
+            tls_private_key_file: "/etc/kubeedge/certs/server.key".into(),
+            advertise_address: Vec::new(),
+            dns_names: Vec::new(),
+            edge_cert_signing_duration: 365,
+            token_refresh_duration: 12,
+            authorization: Authorization::default(),
         }
     }
 }
@@ -253,6 +338,50 @@ impl CloudHubConfig {
             max_frame_bytes: self.max_frame_size,
             ..CloudHubOptions::default()
         }
+    }
+
+    /// Where the CA and server certificate live.
+    pub fn tls_files(&self) -> CloudTlsFiles {
+        CloudTlsFiles {
+            ca_file: self.tls_ca_file.clone(),
+            ca_key_file: self.tls_ca_key_file.clone(),
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_private_key_file.clone(),
+        }
+    }
+
+    /// The server certificate's IP SANs (see [`CloudHubConfig::advertise_address`]).
+    pub fn advertise_ips(&self) -> Result<Vec<IpAddr>, String> {
+        let mut ips = Vec::new();
+        for text in &self.advertise_address {
+            let ip = text
+                .parse::<IpAddr>()
+                .map_err(|_| format!("expected IP addresses, found {text:?}"))?;
+            ips.push(ip);
+        }
+        if ips.is_empty() {
+            ips.push(IpAddr::from([127, 0, 0, 1]));
+            if let Ok(ip) = self.websocket.address.parse::<IpAddr>() {
+                if !ip.is_unspecified() && !ips.contains(&ip) {
+                    ips.push(ip);
+                }
+            }
+        }
+        Ok(ips)
+    }
+
+    /// The certificate server's options.
+    pub fn cert_server_options(&self) -> CertServerOptions {
+        CertServerOptions {
+            address: self.https.address.clone(),
+            port: self.https.port,
+            edge_cert_validity: Duration::from_secs(self.edge_cert_signing_duration * 24 * 3600),
+        }
+    }
+
+    /// How often the join token rotates.
+    pub fn token_refresh(&self) -> Duration {
+        Duration::from_secs(self.token_refresh_duration * 3600)
     }
 }
 
@@ -334,6 +463,14 @@ impl Validate for EdgeConfig {
             ));
         }
         positive("modules.edgeHub.heartbeat", self.modules.edge_hub.heartbeat)?;
+        positive(
+            "modules.edgeHub.messageQPS",
+            u64::from(self.modules.edge_hub.message_qps),
+        )?;
+        positive(
+            "modules.edgeHub.messageBurst",
+            u64::from(self.modules.edge_hub.message_burst),
+        )?;
         if self.modules.edge_hub.websocket.server.is_empty() {
             return Err((
                 "modules.edgeHub.websocket.server",
@@ -422,6 +559,22 @@ pub struct EdgeHubConfig {
     pub max_frame_size: usize,
     /// The WebSocket connection.
     pub websocket: EdgeWebSocket,
+    /// Sustained messages per second written to the cloud.
+    #[serde(rename = "messageQPS")]
+    pub message_qps: u32,
+    /// Messages that may be written at once after a quiet spell.
+    pub message_burst: u32,
+    /// The cloud CA (PEM); downloaded during bootstrap.
+    pub tls_ca_file: PathBuf,
+    /// This node's certificate (PEM); requested with the token when missing.
+    pub tls_cert_file: PathBuf,
+    /// Its key (`EC PRIVATE KEY` PEM, mode 0600).
+    pub tls_private_key_file: PathBuf,
+    /// The cloud's certificate server, `https://host:10002`.
+    pub http_server: String,
+    /// The join token (`edgehive token` on the cloud, or `keadm gettoken` on KubeEdge);
+    /// needed only while the node has no certificate.
+    pub token: String,
 }
 
 impl Default for EdgeHubConfig {
@@ -434,7 +587,15 @@ impl Default for EdgeHubConfig {
             websocket: EdgeWebSocket {
                 enable: true,
                 server: options.server,
+                insecure_plaintext: false,
             },
+            message_qps: options.message_qps,
+            message_burst: options.message_burst,
+            tls_ca_file: "/etc/kubeedge/ca/rootCA.crt".into(),
+            tls_cert_file: "/etc/kubeedge/certs/server.crt".into(),
+            tls_private_key_file: "/etc/kubeedge/certs/server.key".into(),
+            http_server: "https://127.0.0.1:10002".into(),
+            token: String::new(),
         }
     }
 }
@@ -448,6 +609,10 @@ pub struct EdgeWebSocket {
     pub enable: bool,
     /// `host:port` of the cloud's WebSocket listener.
     pub server: String,
+    /// (edgehive) Dial plain `ws://` with no certificate; the cloud must allow it too
+    /// (`modules.cloudHub.websocket.insecurePlaintext`). Only for local development and tests.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
 }
 
 impl EdgeConfig {
@@ -460,6 +625,15 @@ impl EdgeConfig {
             node_name: self.node_name().to_owned(),
             heartbeat: Duration::from_secs(hub.heartbeat),
             max_frame_bytes: hub.max_frame_size,
+            message_qps: hub.message_qps,
+            message_burst: hub.message_burst,
+            tls: (!hub.websocket.insecure_plaintext).then(|| EdgeTlsOptions {
+                ca_file: hub.tls_ca_file.clone(),
+                cert_file: hub.tls_cert_file.clone(),
+                key_file: hub.tls_private_key_file.clone(),
+                http_server: hub.http_server.clone(),
+                token: hub.token.clone(),
+            }),
             ..EdgeHubOptions::default()
         }
     }

@@ -1,8 +1,12 @@
 //! `edgehive demo`: a cloud on the embedded cluster and N edges in one process, each edge
 //! given a Pod that uses one shared ConfigMap; done when every edge has stored its Pod and the
 //! ConfigMap in SQLite and the cloud has their ACKs.
+//!
+//! It joins edges the real way: the cloud creates its CA in the data folder, each edge starts
+//! with only the join token, bootstraps its certificate from the certificate server and
+//! connects over mutual TLS.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -49,14 +53,15 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
         .clone()
         .unwrap_or_else(|| temp.path().to_owned());
 
-    let mut cloud_config = CloudConfig::default();
-    cloud_config.modules.cloud_hub.websocket.address = "127.0.0.1".into();
-    cloud_config.modules.cloud_hub.websocket.port = 0;
-    cloud_config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
+    let cloud_config = loopback_cloud_config(&data_dir.join("cloud"), true);
     let cloud = CloudProcess::start(&cloud_config, None).await?;
     println!(
-        "cloud: WebSocket on ws://{}, admin on http://{}",
+        "cloud: WebSocket on wss://{} (mutual TLS), certificates on https://{}, admin on http://{}",
         cloud.websocket_addr(),
+        cloud
+            .cert_server_addr()
+            .map(|addr| addr.to_string())
+            .unwrap_or_default(),
         cloud.admin_addr()
     );
 
@@ -64,11 +69,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
     for i in 1..=options.edges {
         let node = format!("edge-{i}");
         cloud.cluster().apply(edge_node(&node))?;
-        let mut config = EdgeConfig::default();
-        config.modules.edged.hostname_override = node.clone();
-        config.modules.edge_hub.websocket.server = cloud.websocket_addr().to_string();
-        config.database.data_source = data_dir.join(format!("{node}.db"));
-        config.admin.bind_address = "127.0.0.1:0".into();
+        let config = loopback_edge_config(&node, &cloud, &data_dir);
         let edge = EdgeProcess::start(&config).await?;
         println!(
             "{node}: started, store {}",
@@ -173,6 +174,45 @@ async fn wait_for_delivery(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(delivered.into_iter().flatten().collect())
+}
+
+/// A cloud on loopback with free ports, its CA and certificates under `dir`; with `tls`
+/// false it serves plain `ws://` (`insecurePlaintext`).
+pub fn loopback_cloud_config(dir: &Path, tls: bool) -> CloudConfig {
+    let mut config = CloudConfig::default();
+    let hub = &mut config.modules.cloud_hub;
+    hub.websocket.address = "127.0.0.1".into();
+    hub.websocket.port = 0;
+    hub.websocket.insecure_plaintext = !tls;
+    hub.https.address = "127.0.0.1".into();
+    hub.https.port = 0;
+    hub.tls_ca_file = dir.join("ca/rootCA.crt");
+    hub.tls_ca_key_file = dir.join("ca/rootCA.key");
+    hub.tls_cert_file = dir.join("certs/server.crt");
+    hub.tls_private_key_file = dir.join("certs/server.key");
+    config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
+    config
+}
+
+/// An edge for `cloud` on loopback, its store and certificates under `dir/{node}`. When the
+/// cloud uses TLS the edge gets only the join token and bootstraps its certificate.
+pub fn loopback_edge_config(node: &str, cloud: &CloudProcess, dir: &Path) -> EdgeConfig {
+    let mut config = EdgeConfig::default();
+    config.modules.edged.hostname_override = node.to_owned();
+    config.database.data_source = dir.join(format!("{node}.db"));
+    config.admin.bind_address = "127.0.0.1:0".into();
+    let hub = &mut config.modules.edge_hub;
+    hub.websocket.server = cloud.websocket_addr().to_string();
+    hub.websocket.insecure_plaintext = !cloud.uses_tls();
+    let certs = dir.join(node);
+    hub.tls_ca_file = certs.join("ca/rootCA.crt");
+    hub.tls_cert_file = certs.join("certs/server.crt");
+    hub.tls_private_key_file = certs.join("certs/server.key");
+    if let Some(addr) = cloud.cert_server_addr() {
+        hub.http_server = format!("https://{addr}");
+    }
+    hub.token = cloud.join_token().unwrap_or_default();
+    config
 }
 
 fn pod_name(node: &str) -> String {

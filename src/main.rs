@@ -1,4 +1,4 @@
-//! `edgehive`: `cloud`, `edge`, `demo`, `apply`, `delete` and `version`.
+//! `edgehive`: `cloud`, `edge`, `token`, `demo`, `apply`, `delete` and `version`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,6 +10,8 @@ use edgehive::cloud::CloudProcess;
 use edgehive::config::{CloudConfig, EdgeConfig};
 use edgehive::demo::{self, DemoOptions};
 use edgehive::edge::EdgeProcess;
+use edgehive_actors::cloud::cloudhub::certs::CertAuthority;
+use edgehive_actors::cloud::cloudhub::token;
 use tracing_subscriber::EnvFilter;
 
 /// KubeEdge's cloud-edge message routing as an actix actor system.
@@ -69,6 +71,13 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Print the current join token for edges, computed from the cloud's CA files (the cloud
+    /// need not be running; it creates the CA on its first start).
+    Token {
+        /// cloud.yaml (its tlsCAFile, tlsCAKeyFile and tokenRefreshDuration are read).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Print the version.
     Version,
 }
@@ -127,6 +136,20 @@ fn run(command: Command) -> anyhow::Result<()> {
             println!("wire: KubeEdge beehive JSON over WebSocket (as of KubeEdge v1.22)");
             Ok(())
         }
+        Command::Token { config } => {
+            let config = match config {
+                Some(path) => CloudConfig::load(&path)?,
+                None => CloudConfig::default(),
+            };
+            let hub = &config.modules.cloud_hub;
+            let ca = CertAuthority::load(&hub.tls_ca_file, &hub.tls_ca_key_file)
+                .context("cannot read the cloud CA (the cloud creates it on its first start)")?;
+            println!(
+                "{}",
+                token::join_token(&ca, std::time::SystemTime::now(), hub.token_refresh())
+            );
+            Ok(())
+        }
         Command::Cloud { config, manifests } => {
             let config = match config {
                 Some(path) => CloudConfig::load(&path)?,
@@ -135,9 +158,14 @@ fn run(command: Command) -> anyhow::Result<()> {
             actix_rt::System::new().block_on(async {
                 let cloud = CloudProcess::start(&config, manifests.as_deref()).await?;
                 println!(
-                    "edgehive cloud: WebSocket on {}, admin on http://{}",
+                    "edgehive cloud: WebSocket on {}, admin on http://{}{}",
                     cloud.websocket_addr(),
-                    cloud.admin_addr()
+                    cloud.admin_addr(),
+                    match cloud.cert_server_addr() {
+                        Some(addr) => format!(", certificates on https://{addr}"),
+                        None if cloud.uses_tls() => String::new(),
+                        None => " (insecure plain ws://)".to_owned(),
+                    }
                 );
                 wait_for_signal().await?;
                 cloud.stop().await;

@@ -120,7 +120,7 @@ fn cloud_and_edge_processes_deliver_a_manifest_pod_into_the_edge_database() {
     std::fs::write(
         &cloud_config,
         "commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
-         modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n",
+         modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n      insecurePlaintext: true\n",
     )
     .unwrap();
     let (cloud, banner) = spawn(&[
@@ -144,7 +144,7 @@ fn cloud_and_edge_processes_deliver_a_manifest_pod_into_the_edge_database() {
         &edge_config,
         format!(
             "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
-             modules:\n  edged:\n    hostnameOverride: proc-edge\n  edgeHub:\n    websocket:\n      server: {websocket}\n",
+             modules:\n  edged:\n    hostnameOverride: proc-edge\n  edgeHub:\n    websocket:\n      server: {websocket}\n      insecurePlaintext: true\n",
             db.display()
         ),
     )

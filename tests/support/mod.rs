@@ -12,18 +12,33 @@ use edgehive::edge::EdgeProcess;
 use edgehive_actors::hive::Hive;
 use serde_json::{json, Value};
 
+/// A cloud on plain `ws://` (explicitly insecure, as local development would run it).
 pub async fn start_cloud() -> CloudProcess {
     let mut config = CloudConfig::default();
     config.modules.cloud_hub.websocket.address = "127.0.0.1".into();
     config.modules.cloud_hub.websocket.port = 0;
+    config.modules.cloud_hub.websocket.insecure_plaintext = true;
     config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
     CloudProcess::start(&config, None).await.unwrap()
 }
 
+/// A cloud with mutual TLS and its certificate server; CA and certificates under `dir`.
+pub async fn start_tls_cloud(dir: &Path) -> CloudProcess {
+    let config = edgehive::demo::loopback_cloud_config(&dir.join("cloud"), true);
+    CloudProcess::start(&config, None).await.unwrap()
+}
+
+/// An edge config for `cloud`: with only the join token when the cloud uses TLS.
+pub fn tls_edge_config(node: &str, cloud: &CloudProcess, dir: &Path) -> EdgeConfig {
+    edgehive::demo::loopback_edge_config(node, cloud, dir)
+}
+
+/// An edge config for a plain `ws://` cloud at `cloud`.
 pub fn edge_config(node: &str, cloud: SocketAddr, dir: &Path) -> EdgeConfig {
     let mut config = EdgeConfig::default();
     config.modules.edged.hostname_override = node.into();
     config.modules.edge_hub.websocket.server = cloud.to_string();
+    config.modules.edge_hub.websocket.insecure_plaintext = true;
     config.database.data_source = dir.join(format!("{node}.db"));
     config.admin.bind_address = "127.0.0.1:0".into();
     config

@@ -7,6 +7,12 @@
 //!
 //! What must survive a restart of the actor (the outbox, pending cloud requests, counters)
 //! lives in [`EdgeHubModule`], so a restarted EdgeHub resends what was still queued.
+//!
+//! With [`EdgeHubOptions::tls`] set, the link is `wss://` with the node's client certificate,
+//! which [`certmanager`](super::certmanager) loads or bootstraps with the join token before the
+//! first dial; without it the link is plain `ws://` (explicitly insecure configs and tests).
+//! Module messages go up through a token bucket (`messageQPS`, `messageBurst`), as in
+//! KubeEdge; keepalives and ACK-less control frames are not throttled.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -24,6 +30,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::{oneshot, Notify};
 
+use super::certmanager::{ensure_identity, EdgeIdentity, EdgeTlsOptions};
 use super::deliver::send_with_retry;
 use crate::hive::{Envelope, Hive, Module};
 
@@ -68,6 +75,12 @@ pub struct EdgeHubOptions {
     /// How long a [`CloudRequest`] waits for the cloud's reply (metamanager's
     /// `remoteQueryTimeout`).
     pub request_timeout: Duration,
+    /// Mutual TLS and certificate bootstrap; `None` dials plain `ws://`.
+    pub tls: Option<EdgeTlsOptions>,
+    /// Sustained rate of messages written to the cloud (`messageQPS`).
+    pub message_qps: u32,
+    /// Messages that may be written at once after a quiet spell (`messageBurst`).
+    pub message_burst: u32,
 }
 
 impl Default for EdgeHubOptions {
@@ -82,6 +95,9 @@ impl Default for EdgeHubOptions {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             outbox_capacity: 1024,
             request_timeout: Duration::from_secs(60),
+            tls: None,
+            message_qps: 30,
+            message_burst: 60,
         }
     }
 }
@@ -96,11 +112,12 @@ fn default_node_name() -> String {
         .unwrap_or_else(|| "edge-node".to_owned())
 }
 
-/// The URL EdgeHub dials. CloudHub accepts any path; identity travels in headers. Plain `ws`
-/// for now; TLS will change only this function and the client's connector.
+/// The URL EdgeHub dials: `wss://` with TLS, `ws://` without. CloudHub accepts any path;
+/// identity travels in headers (and, with TLS, in the client certificate).
 pub fn events_url(options: &EdgeHubOptions) -> String {
+    let scheme = if options.tls.is_some() { "wss" } else { "ws" };
     format!(
-        "ws://{}/{}/{}/events",
+        "{scheme}://{}/{}/{}/events",
         options.server, options.project_id, options.node_name
     )
 }
@@ -221,6 +238,8 @@ struct Shared {
     pending: Mutex<HashMap<String, oneshot::Sender<Message>>>,
     metrics: HubMetrics,
     outbox_capacity: usize,
+    /// The node's TLS identity once loaded or bootstrapped.
+    identity: Mutex<Option<EdgeIdentity>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -338,6 +357,7 @@ impl Module for EdgeHubModule {
                     pending: Mutex::new(HashMap::new()),
                     metrics: HubMetrics::register(hive),
                     outbox_capacity: self.options.outbox_capacity,
+                    identity: Mutex::new(None),
                 })
             })
             .clone();
@@ -471,7 +491,29 @@ impl Link {
         String,
     > {
         let url = events_url(&self.options);
-        let request = awc::Client::new()
+        let client = match &self.options.tls {
+            None => awc::Client::new(),
+            Some(tls) => {
+                let cached = lock(&self.shared.identity).clone();
+                let identity = match cached {
+                    Some(identity) => identity,
+                    None => {
+                        let identity = ensure_identity(tls, &self.options.node_name)
+                            .await
+                            .map_err(|error| format!("certificate: {error}"))?;
+                        *lock(&self.shared.identity) = Some(identity.clone());
+                        identity
+                    }
+                };
+                let config = identity
+                    .client_config()
+                    .map_err(|error| format!("certificate: {error}"))?;
+                awc::Client::builder()
+                    .connector(awc::Connector::new().rustls_0_23(Arc::new(config)))
+                    .finish()
+            }
+        };
+        let request = client
             .ws(url.as_str())
             .max_frame_size(self.options.max_frame_bytes)
             .header("node_id", self.options.node_name.as_str())
@@ -501,7 +543,9 @@ impl Link {
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut partial: Option<Partial> = None;
+        let mut bucket = TokenBucket::new(self.options.message_qps, self.options.message_burst);
         loop {
+            let send_at = bucket.next_available();
             tokio::select! {
                 frame = socket.next() => match frame {
                     None => return "the cloud ended the stream".to_owned(),
@@ -520,7 +564,11 @@ impl Link {
                         return reason;
                     }
                 }
-                message = self.shared.next_outgoing() => {
+                message = async {
+                    tokio::time::sleep_until(send_at).await;
+                    self.shared.next_outgoing().await
+                } => {
+                    bucket.take();
                     if let Err(reason) = write(&mut socket, &message).await {
                         self.shared.requeue(message);
                         return reason;
@@ -699,6 +747,50 @@ where
     }
 }
 
+/// KubeEdge's upstream rate limit: `qps` tokens a second, at most `burst` saved up.
+#[derive(Debug)]
+struct TokenBucket {
+    tokens: f64,
+    burst: f64,
+    per_token: Duration,
+    last: tokio::time::Instant,
+}
+
+impl TokenBucket {
+    fn new(qps: u32, burst: u32) -> Self {
+        let burst = f64::from(burst.max(1));
+        TokenBucket {
+            tokens: burst,
+            burst,
+            per_token: Duration::from_secs_f64(1.0 / f64::from(qps.max(1))),
+            last: tokio::time::Instant::now(),
+        }
+    }
+
+    fn refill(&mut self) {
+        let now = tokio::time::Instant::now();
+        let earned = now.duration_since(self.last).as_secs_f64() / self.per_token.as_secs_f64();
+        self.tokens = (self.tokens + earned).min(self.burst);
+        self.last = now;
+    }
+
+    /// When the next token is there (now if one is).
+    fn next_available(&mut self) -> tokio::time::Instant {
+        self.refill();
+        if self.tokens >= 1.0 {
+            self.last
+        } else {
+            self.last + self.per_token.mul_f64(1.0 - self.tokens)
+        }
+    }
+
+    /// Spends a token (the caller waited for [`Self::next_available`]).
+    fn take(&mut self) {
+        self.refill();
+        self.tokens = (self.tokens - 1.0).max(0.0);
+    }
+}
+
 /// A delay in `[3/4 · backoff, backoff]`, never under `floor`, so many edges cut off together
 /// do not dial the cloud in lockstep.
 fn jitter(backoff: Duration, floor: Duration) -> Duration {
@@ -722,6 +814,23 @@ mod tests {
         assert_eq!(
             events_url(&options),
             "ws://10.0.0.1:10000/e632aba927ea4ac2b575ec1603d56f10/edge-1/events"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn bucket_allows_a_burst_then_the_sustained_rate() {
+        let mut bucket = TokenBucket::new(30, 60);
+        for _ in 0..60 {
+            assert!(bucket.next_available() <= tokio::time::Instant::now());
+            bucket.take();
+        }
+        // The 61st waits about 1/30 s.
+        let wait = bucket
+            .next_available()
+            .duration_since(tokio::time::Instant::now());
+        assert!(
+            wait > Duration::from_millis(25) && wait <= Duration::from_millis(34),
+            "{wait:?}"
         );
     }
 

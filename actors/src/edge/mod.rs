@@ -2,6 +2,7 @@
 //! stores what the cloud sends in the [`store`] (KubeEdge's SQLite `meta` table) and
 //! acknowledges it only once it is committed.
 
+pub mod certmanager;
 mod deliver;
 pub mod edgehub;
 pub mod metamanager;

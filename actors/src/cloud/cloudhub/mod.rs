@@ -9,13 +9,22 @@
 //!   message in flight per node, resent until ACKed), and dispatches upstream frames the way
 //!   KubeEdge's DispatchUpstream does.
 //!
-//! Start it with [`start_cloudhub`].
+//! - [`certs`], [`token`], [`tls`], [`certserver`]: the cloud CA, join tokens, mutual TLS and
+//!   the HTTPS certificate server edges bootstrap from; [`auth`]: which upstream messages a
+//!   node may send.
+//!
+//! Start it with [`start_cloudhub_with`] (or [`start_cloudhub`] for plain `ws://`).
 
+pub mod auth;
+pub mod certs;
+pub mod certserver;
 pub mod pool;
 pub mod server;
 pub mod session;
+pub mod tls;
+pub mod token;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -34,7 +43,7 @@ use serde::Serialize;
 
 use crate::hive::{Envelope, Hive, HiveError, Module};
 use pool::{Enqueued, NodePool, PoolLimits};
-pub use server::{start_cloudhub, CloudHubError, CloudHubServer};
+pub use server::{start_cloudhub, start_cloudhub_with, CloudHubError, CloudHubServer};
 pub use session::NodeSession;
 use session::{CloseSession, WriteFrame};
 
@@ -42,6 +51,29 @@ use session::{CloseSession, WriteFrame};
 pub const CLOUDHUB_MODULE: &str = "cloudhub";
 /// CloudHub's group.
 pub const CLOUDHUB_GROUP: &str = "cloudhub";
+
+/// How CloudHub authenticates nodes and scopes what they send. [`Default`] is plain `ws://`
+/// with no checks, which only tests and explicitly insecure configs use.
+#[derive(Clone, Default)]
+pub struct CloudHubSecurity {
+    /// Mutual TLS on the WebSocket port; `None` serves plain `ws://`.
+    pub tls: Option<Arc<tls::CloudTls>>,
+    /// Refuse upstream messages about objects not bound to the sending node (see [`auth`]).
+    pub authorize: bool,
+    /// The cluster, for the binding checks of [`auth`]; without it only what CloudHub has sent
+    /// to the node counts as bound.
+    pub view: Option<Arc<dyn auth::BindingView>>,
+}
+
+impl std::fmt::Debug for CloudHubSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudHubSecurity")
+            .field("tls", &self.tls.is_some())
+            .field("authorize", &self.authorize)
+            .field("view", &self.view.is_some())
+            .finish()
+    }
+}
 
 /// CloudHub's settings; [`Default`] is KubeEdge's cloudcore default.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +150,8 @@ pub struct CloudHubMetrics {
     pub refused: Counter,
     /// Messages dropped (pool overflow, stale, unroutable, ...), by reason.
     pub dropped: Family<ReasonLabels, Counter>,
+    /// Connections and messages refused for identity or authorization, by reason.
+    pub denied: Family<ReasonLabels, Counter>,
 }
 
 impl CloudHubMetrics {
@@ -163,6 +197,19 @@ impl CloudHubMetrics {
             "Messages CloudHub dropped, by reason",
             self.dropped.clone(),
         );
+        m.register(
+            "edgehive_cloudhub_denied",
+            "Connections and upstream messages refused for node identity or authorization, by reason",
+            self.denied.clone(),
+        );
+    }
+
+    pub(crate) fn deny(&self, reason: &str) {
+        self.denied
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     pub(crate) fn drop_reason(&self, reason: &str) {
@@ -192,6 +239,9 @@ struct NodeEntry {
     pool: NodePool,
     session: Option<SessionHandle>,
     last_keepalive: Option<SystemTime>,
+    /// Pods, configmaps and secrets sent to this node (`{ns}/{type}/{name}`), for [`auth`];
+    /// at most [`auth::MAX_BOUND_PER_NODE`], beyond which the cluster view decides.
+    bound: HashSet<String>,
 }
 
 /// State that outlives the [`CloudHub`] actor: pools and the sessions' addresses.
@@ -203,6 +253,7 @@ struct HubState {
 #[derive(Clone)]
 pub(crate) struct Shared {
     options: CloudHubOptions,
+    pub(crate) security: CloudHubSecurity,
     state: Arc<Mutex<HubState>>,
     pub(crate) metrics: CloudHubMetrics,
     pub(crate) next_session_id: Arc<AtomicU64>,
@@ -226,11 +277,21 @@ impl CloudHubModule {
     /// A recipe for `hive` with `options`; registers CloudHub's metrics with the hive (create
     /// one per hive).
     pub fn new(hive: &Hive, options: CloudHubOptions) -> Self {
+        Self::with_security(hive, options, CloudHubSecurity::default())
+    }
+
+    /// A recipe with `security` (mutual TLS, message scoping).
+    pub fn with_security(
+        hive: &Hive,
+        options: CloudHubOptions,
+        security: CloudHubSecurity,
+    ) -> Self {
         let metrics = CloudHubMetrics::default();
         metrics.register(hive);
         CloudHubModule {
             shared: Shared {
                 options,
+                security,
                 state: Arc::new(Mutex::new(HubState {
                     nodes: HashMap::new(),
                 })),
@@ -465,6 +526,7 @@ impl CloudHub {
                 pool: NodePool::new(self.shared.options.pool_limits()),
                 session: None,
                 last_keepalive: None,
+                bound: HashSet::new(),
             })
     }
 
@@ -473,6 +535,13 @@ impl CloudHub {
         let mut state = shared.lock();
         let entry = self.entry(&mut state, node);
         let resource = message.resource().to_owned();
+        if let Some(key) = auth::bound_key(&trim_for_edge(&resource)) {
+            if message.operation() == Some(&Operation::Delete) {
+                entry.bound.remove(&key);
+            } else if entry.bound.len() < auth::MAX_BOUND_PER_NODE {
+                entry.bound.insert(key);
+            }
+        }
         let outcome = entry.pool.enqueue(message);
         match outcome {
             Enqueued::Ack | Enqueued::Replaced | Enqueued::NoAck => {}
@@ -492,6 +561,17 @@ impl CloudHub {
                 tracing::debug!(%node, %resource, ?outcome, "message superseded");
                 self.shared.metrics.drop_reason("superseded");
             }
+        }
+        self.drive(node, entry, Instant::now());
+    }
+
+    /// Queues a reply that must not wait for (or need) an ACK, whatever its operation.
+    fn enqueue_noack(&self, node: &str, message: Message) {
+        let shared = self.shared.clone();
+        let mut state = shared.lock();
+        let entry = self.entry(&mut state, node);
+        if entry.pool.enqueue_noack(message) == Enqueued::NoAckOldestDropped {
+            self.shared.metrics.drop_reason("noack_queue_full");
         }
         self.drive(node, entry, Instant::now());
     }
@@ -522,6 +602,23 @@ impl CloudHub {
                 return;
             }
             _ => {}
+        }
+        if self.shared.security.authorize {
+            let verdict = {
+                let mut state = self.shared.lock();
+                let bound = &self.entry(&mut state, node).bound;
+                auth::authorize(node, &message, bound, self.shared.security.view.as_deref())
+            };
+            if let Err(reason) = verdict {
+                tracing::warn!(%node, id = message.id(), resource = message.resource(), %reason, "upstream message refused");
+                self.shared.metrics.deny("not_bound_to_node");
+                let mut reply = Message::error_to(&message, reason);
+                reply.route.source = Some(ModuleName::CloudHub);
+                reply.route.group = Some(Group::Resource);
+                reply.route.resource = prefix_for_cloud(node, message.resource());
+                self.enqueue_noack(node, reply);
+                return;
+            }
         }
         if message.resource() == "k8s/ca.crt" {
             // No cluster CA exists yet; KubeEdge answers "" in the same situation.

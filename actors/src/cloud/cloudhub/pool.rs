@@ -237,6 +237,19 @@ impl NodePool {
         outcome
     }
 
+    /// Queues `message` in the no-ACK lane whatever [`needs_ack`] says (CloudHub's own
+    /// replies, e.g. an `error` for a refused request).
+    pub fn enqueue_noack(&mut self, message: Message) -> Enqueued {
+        let mut outcome = Enqueued::NoAck;
+        if self.noack.len() >= self.limits.noack_capacity.max(1) {
+            self.noack.pop_front();
+            outcome = Enqueued::NoAckOldestDropped;
+            self.stats.dropped += 1;
+        }
+        self.noack.push_back(message);
+        outcome
+    }
+
     fn enqueue_inner(&mut self, message: Message) -> Enqueued {
         if !needs_ack(&message) {
             let mut outcome = Enqueued::NoAck;

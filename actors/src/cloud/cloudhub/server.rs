@@ -3,6 +3,10 @@
 //! A connection must carry `node_id` (non-empty, `[a-z0-9.-]`), `project_id` and
 //! `ConnectionUse: msg`. KubeEdge upgrades and then ignores a connection without them; we
 //! answer HTTP 400 with the reason instead, so a misconfigured edge learns why.
+//!
+//! With TLS (see [`super::tls`]) the edge must present a client certificate signed by the
+//! cloud CA whose CN is `system:node:{node_id}`; a certificate for another node (or none that
+//! names a node) is answered 403 and counted (`edgehive_cloudhub_denied_total`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -13,8 +17,10 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use actix_ws::{CloseCode, CloseReason};
 
 use super::session::{NodeSession, SessionConfig};
+use super::tls::{peer_node, record_peer_certificate};
 use super::{
-    Admission, CloudHub, CloudHubModule, CloudHubOptions, SessionOpened, Shared, CLOUDHUB_MODULE,
+    Admission, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, SessionOpened, Shared,
+    CLOUDHUB_MODULE,
 };
 use crate::hive::{Hive, HiveError};
 
@@ -31,6 +37,9 @@ pub enum CloudHubError {
     /// The CloudHub module could not be registered (e.g. started twice).
     #[error("cannot start the cloudhub module: {0}")]
     Module(#[from] HiveError),
+    /// TLS could not be configured from the cloud's certificates.
+    #[error(transparent)]
+    Tls(#[from] super::tls::TlsError),
     /// The WebSocket listener could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Bind {
@@ -61,7 +70,8 @@ impl CloudHubServer {
     }
 }
 
-/// Starts the CloudHub module in `hive` and its WebSocket server.
+/// Starts the CloudHub module in `hive` and its WebSocket server on plain `ws://`, with no
+/// node identity checks: for tests and local development (see [`start_cloudhub_with`]).
 ///
 /// Must be called inside a running actix system; the server runs on [`WORKERS`] worker
 /// threads and the module on the current arbiter.
@@ -69,8 +79,24 @@ pub async fn start_cloudhub(
     hive: &Hive,
     options: CloudHubOptions,
 ) -> Result<CloudHubServer, CloudHubError> {
-    let module = CloudHubModule::new(hive, options.clone());
+    start_cloudhub_with(hive, options, CloudHubSecurity::default()).await
+}
+
+/// Starts CloudHub with `security`: mutual TLS on the WebSocket port when it has a
+/// [`CloudTls`](super::tls::CloudTls), and upstream messages scoped to the sending node when
+/// `authorize` is set.
+pub async fn start_cloudhub_with(
+    hive: &Hive,
+    options: CloudHubOptions,
+    security: CloudHubSecurity,
+) -> Result<CloudHubServer, CloudHubError> {
+    let tls_config = match &security.tls {
+        Some(tls) => Some(tls.websocket_config()?),
+        None => None,
+    };
+    let module = CloudHubModule::with_security(hive, options.clone(), security);
     let shared = module.shared();
+    let context_tls = shared.security.tls.is_some();
     hive.start_module(module)?;
     let address = format!("{}:{}", options.address, options.port);
     let context = web::Data::new(ServerContext {
@@ -84,8 +110,12 @@ pub async fn start_cloudhub(
     })
     .workers(WORKERS)
     .disable_signals()
-    .bind((options.address.as_str(), options.port))
-    .map_err(|source| CloudHubError::Bind {
+    .on_connect(record_peer_certificate);
+    let bound = match tls_config {
+        Some(config) => server.bind_rustls_0_23((options.address.as_str(), options.port), config),
+        None => server.bind((options.address.as_str(), options.port)),
+    };
+    let server = bound.map_err(|source| CloudHubError::Bind {
         address: address.clone(),
         source,
     })?;
@@ -104,7 +134,7 @@ pub async fn start_cloudhub(
             tracing::error!(error = %err, "cloudhub WebSocket server failed");
         }
     });
-    tracing::info!(%local_addr, "cloudhub listening");
+    tracing::info!(%local_addr, tls = context_tls, "cloudhub listening");
     Ok(CloudHubServer { local_addr, handle })
 }
 
@@ -160,6 +190,28 @@ async fn connect(
                 .body(reason));
         }
     };
+    if context.shared.security.tls.is_some() {
+        let refusal = match peer_node(&req) {
+            Some(cert_node) if cert_node == node => None,
+            Some(cert_node) => Some((
+                "cert_mismatch",
+                format!(
+                    "node_id {node:?} does not match the client certificate's node {cert_node:?}"
+                ),
+            )),
+            None => Some((
+                "no_node_certificate",
+                "the client certificate does not name a node (CN system:node:{name})".to_owned(),
+            )),
+        };
+        if let Some((reason, text)) = refusal {
+            tracing::warn!(peer = ?req.peer_addr(), %node, %text, "edge connection refused");
+            context.shared.metrics.deny(reason);
+            return Ok(HttpResponse::Forbidden()
+                .content_type("text/plain; charset=utf-8")
+                .body(text));
+        }
+    }
     let hub = match context.hive.addr::<CloudHub>(CLOUDHUB_MODULE) {
         Ok(hub) => hub,
         Err(err) => {

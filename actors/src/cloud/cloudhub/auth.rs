@@ -1,0 +1,226 @@
+//! Which upstream messages a node may send: only about itself and the objects bound to it.
+//!
+//! The node is the one its client certificate names (checked against `node_id` when the
+//! connection opens). Rules, on the edge-form resource `{ns}/{type}/{name}`:
+//!
+//! | type | allowed when |
+//! | --- | --- |
+//! | `node`, `nodestatus`, `nodepatch`, `lease` | the name is the node's own |
+//! | `pod`, `podstatus`, `podpatch` | CloudHub has sent that pod to this node, or the cluster binds it to this node (`spec.nodeName`), or it is an `insert` whose content has `spec.nodeName` = the node (a static pod's mirror) |
+//! | `configmap`, `secret` | CloudHub has sent that object to this node, or a pod bound to this node references it (volumes, projected sources, env, envFrom, imagePullSecrets) |
+//!
+//! Other resources (events, service account tokens, `k8s/ca.crt`, device twin and membership
+//! messages, …) are not scoped by node here; KubeEdge's node authorizer defers most of them to
+//! the API server, which edgehive's embedded cluster does not have. Keepalives and responses
+//! (ACKs) are always allowed: an ACK only ever matches the node's own pool.
+
+use std::collections::HashSet;
+
+use edgehive_protocols::{EdgeResource, Message, Operation, ResourceType};
+use serde_json::Value;
+
+use crate::cloud::cluster::EmbeddedCluster;
+
+/// Most bound objects remembered per node; beyond it, new ones are not recorded and checks
+/// fall back to the cluster (nothing is refused because of the cap).
+pub const MAX_BOUND_PER_NODE: usize = 65_536;
+
+/// What CloudHub needs to know about the cluster to scope a node's messages.
+pub trait BindingView: Send + Sync + 'static {
+    /// The node pod `namespace/name` is bound to, if it exists and is scheduled.
+    fn pod_node(&self, namespace: &str, name: &str) -> Option<String>;
+    /// Whether a pod bound to `node` references the `configmap`/`secret` `namespace/name`.
+    fn referenced_on_node(&self, node: &str, kind: &str, namespace: &str, name: &str) -> bool;
+    /// Whether a Node object named `name` exists.
+    fn node_exists(&self, name: &str) -> bool;
+}
+
+impl BindingView for EmbeddedCluster {
+    fn pod_node(&self, namespace: &str, name: &str) -> Option<String> {
+        let pod = self.get("Pod", Some(namespace), name)?;
+        pod["spec"]["nodeName"].as_str().map(str::to_owned)
+    }
+
+    fn referenced_on_node(&self, node: &str, kind: &str, namespace: &str, name: &str) -> bool {
+        let (pods, _) = self.list("Pod");
+        pods.iter().any(|pod| {
+            pod["spec"]["nodeName"] == node
+                && pod["metadata"]["namespace"].as_str().unwrap_or("default") == namespace
+                && pod_references(pod, kind, name)
+        })
+    }
+
+    fn node_exists(&self, name: &str) -> bool {
+        self.get("Node", None, name).is_some()
+    }
+}
+
+/// Whether `pod` references the `configmap` or `secret` called `name`.
+pub fn pod_references(pod: &Value, kind: &str, name: &str) -> bool {
+    let spec = &pod["spec"];
+    let is = |value: &Value| value.as_str() == Some(name);
+    let items = |value: &Value| value.as_array().cloned().unwrap_or_default();
+    let volume_hit = items(&spec["volumes"]).iter().any(|volume| match kind {
+        "configmap" => {
+            is(&volume["configMap"]["name"])
+                || items(&volume["projected"]["sources"])
+                    .iter()
+                    .any(|source| is(&source["configMap"]["name"]))
+        }
+        "secret" => {
+            is(&volume["secret"]["secretName"])
+                || items(&volume["projected"]["sources"])
+                    .iter()
+                    .any(|source| is(&source["secret"]["name"]))
+        }
+        _ => false,
+    });
+    let containers = items(&spec["containers"])
+        .into_iter()
+        .chain(items(&spec["initContainers"]))
+        .chain(items(&spec["ephemeralContainers"]));
+    let container_hit = containers.into_iter().any(|container| {
+        let env_hit = items(&container["env"]).iter().any(|env| match kind {
+            "configmap" => is(&env["valueFrom"]["configMapKeyRef"]["name"]),
+            "secret" => is(&env["valueFrom"]["secretKeyRef"]["name"]),
+            _ => false,
+        });
+        let env_from_hit = items(&container["envFrom"]).iter().any(|from| match kind {
+            "configmap" => is(&from["configMapRef"]["name"]),
+            "secret" => is(&from["secretRef"]["name"]),
+            _ => false,
+        });
+        env_hit || env_from_hit
+    });
+    let pull_secret_hit = kind == "secret"
+        && items(&spec["imagePullSecrets"])
+            .iter()
+            .any(|secret| is(&secret["name"]));
+    volume_hit || container_hit || pull_secret_hit
+}
+
+/// The key CloudHub records for a downstream object bound to a node (`{ns}/{type}/{name}`),
+/// for the types whose upstream messages are scoped by it.
+pub fn bound_key(edge_resource: &str) -> Option<String> {
+    let parsed = EdgeResource::parse(edge_resource).ok()?;
+    let kind = match parsed.resource_type {
+        ResourceType::Pod => "pod",
+        ResourceType::ConfigMap => "configmap",
+        ResourceType::Secret => "secret",
+        _ => return None,
+    };
+    Some(format!("{}/{kind}/{}", parsed.namespace, parsed.name?))
+}
+
+/// Decides whether `node` may send `message` (resource in edge form); `Err` says why not.
+pub fn authorize(
+    node: &str,
+    message: &Message,
+    bound: &HashSet<String>,
+    view: Option<&dyn BindingView>,
+) -> Result<(), String> {
+    if matches!(
+        message.operation(),
+        Some(Operation::Keepalive | Operation::Response | Operation::Error)
+    ) {
+        return Ok(());
+    }
+    let Ok(resource) = EdgeResource::parse(message.resource()) else {
+        return Ok(());
+    };
+    let name = resource.name.as_deref().unwrap_or_default();
+    let ns = resource.namespace.as_str();
+    let denied = |what: &str| {
+        Err(format!(
+            "node {node} may not access {}: {what}",
+            message.resource()
+        ))
+    };
+    match resource.resource_type {
+        ResourceType::Node
+        | ResourceType::NodeStatus
+        | ResourceType::NodePatch
+        | ResourceType::Lease => {
+            if name == node {
+                Ok(())
+            } else {
+                denied("a node may only send messages about its own Node and Lease")
+            }
+        }
+        ResourceType::Pod | ResourceType::PodStatus | ResourceType::PodPatch => {
+            if name.is_empty() {
+                return denied("a pod message must name the pod");
+            }
+            let own_mirror = message.operation() == Some(&Operation::Insert)
+                && message.content["spec"]["nodeName"] == node;
+            let bound_here = bound.contains(&format!("{ns}/pod/{name}"))
+                || view.and_then(|view| view.pod_node(ns, name)).as_deref() == Some(node);
+            if own_mirror || bound_here {
+                Ok(())
+            } else {
+                denied("the pod is not bound to this node")
+            }
+        }
+        ResourceType::ConfigMap | ResourceType::Secret => {
+            let kind = resource.resource_type.as_str();
+            if name.is_empty() {
+                return denied("listing configmaps or secrets is not allowed");
+            }
+            let bound_here = bound.contains(&format!("{ns}/{kind}/{name}"))
+                || view.is_some_and(|view| view.referenced_on_node(node, kind, ns, name));
+            if bound_here {
+                Ok(())
+            } else {
+                denied("no pod on this node uses it")
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgehive_protocols::{Group, ModuleName};
+    use serde_json::json;
+
+    fn query(resource: &str) -> Message {
+        Message::new(
+            ModuleName::Edged,
+            Group::Meta,
+            Operation::Query,
+            resource,
+            Value::Null,
+        )
+    }
+
+    #[test]
+    fn nodes_see_only_their_own_objects() {
+        let cluster = EmbeddedCluster::new();
+        cluster
+            .create(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"nodeName": "edge-1", "containers": [{"name": "c", "image": "i",
+                    "envFrom": [{"secretRef": {"name": "db"}}]}],
+                    "volumes": [{"name": "v", "configMap": {"name": "conf"}}]}
+            }))
+            .unwrap();
+        let view: &dyn BindingView = &cluster;
+        let none = HashSet::new();
+        let ok = |node: &str, resource: &str| authorize(node, &query(resource), &none, Some(view));
+        assert!(ok("edge-1", "default/node/edge-1").is_ok());
+        assert!(ok("edge-1", "kube-node-lease/lease/edge-1").is_ok());
+        assert!(ok("edge-1", "default/node/edge-2").is_err());
+        assert!(ok("edge-1", "default/podstatus/web").is_ok());
+        assert!(ok("edge-2", "default/podstatus/web").is_err());
+        assert!(ok("edge-1", "default/secret/db").is_ok());
+        assert!(ok("edge-1", "default/configmap/conf").is_ok());
+        assert!(ok("edge-2", "default/secret/db").is_err());
+        assert!(ok("edge-1", "default/secret/other").is_err());
+        assert!(ok("edge-1", "default/secret").is_err());
+        assert!(ok("edge-2", "k8s/ca.crt").is_ok());
+        let sent: HashSet<String> = ["default/secret/pushed".to_owned()].into();
+        assert!(authorize("edge-2", &query("default/secret/pushed"), &sent, None).is_ok());
+    }
+}

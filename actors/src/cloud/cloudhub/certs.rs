@@ -1,0 +1,624 @@
+//! Certificates and keys the way KubeEdge lays them out: an ECDSA P-256 CA ("KubeEdge"), a
+//! server certificate for CloudHub signed by it, and edge client certificates issued from a
+//! CSR (CN `system:node:{node}`, O `system:nodes`).
+//!
+//! Keys are written as SEC1 `EC PRIVATE KEY` PEM with mode 0600, as cloudcore and edgecore do,
+//! so files move between edgehive and KubeEdge in both directions. The CA key's SEC1 DER is
+//! also the HMAC key of join tokens (see [`super::token`]), so it is kept byte for byte as Go's
+//! `x509.MarshalECPrivateKey` writes it. The edge's certificate manager uses the same helpers.
+
+use std::fs;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, DnValue, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+    SerialNumber, PKCS_ECDSA_P256_SHA256,
+};
+use rustls::pki_types::{CertificateDer, CertificateSigningRequestDer, PrivatePkcs8KeyDer};
+
+/// Organization of edge node certificates.
+pub const NODE_ORGANIZATION: &str = "system:nodes";
+/// Prefix of an edge node certificate's common name; the node name follows.
+pub const NODE_CN_PREFIX: &str = "system:node:";
+/// Common name and organization of the CA and the server certificate (as in cloudcore).
+const KUBEEDGE: &str = "KubeEdge";
+/// Lifetime of the CA and server certificates (cloudcore: about 100 years).
+const LONG_LIVED: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Why a certificate or key could not be made, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+    /// A file holds no usable PEM of the expected kind.
+    #[error("{path}: {message}")]
+    BadFile {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
+    },
+    /// Only one of a certificate/key pair exists.
+    #[error("{present} exists but {missing} does not; provide both or neither")]
+    HalfPair {
+        /// The file that exists.
+        present: PathBuf,
+        /// The file that is missing.
+        missing: PathBuf,
+    },
+    /// A key is not an ECDSA P-256 key in SEC1 or PKCS#8 form.
+    #[error("not an ECDSA P-256 private key: {0}")]
+    BadKey(String),
+    /// rcgen refused to build or sign a certificate.
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+}
+
+/// Why an edge's certificate signing request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CsrError {
+    /// The body is not a DER CSR with a valid signature.
+    #[error("invalid certificate signing request: {0}")]
+    Invalid(String),
+    /// The CSR's subject does not name the node it is requested for.
+    #[error("certificate signing request subject must be O={NODE_ORGANIZATION}, CN={NODE_CN_PREFIX}{node}")]
+    WrongSubject {
+        /// The node from the `NodeName` header.
+        node: String,
+    },
+}
+
+/// A cloud CA: its certificate and the key that signs server and edge certificates.
+pub struct CertAuthority {
+    cert_der: Vec<u8>,
+    key_sec1: Vec<u8>,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for CertAuthority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("CertAuthority")
+            .field("sha256", &self.hash_hex())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CertAuthority {
+    /// A new CA: P-256 key, CN `KubeEdge`, valid for about 100 years.
+    pub fn generate() -> Result<Self, CertError> {
+        let key = generate_key()?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = name(&[(DnType::CommonName, KUBEEDGE)]);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+            KeyUsagePurpose::KeyCertSign,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        set_validity(&mut params, LONG_LIVED);
+        params.serial_number = Some(random_serial());
+        let cert = params.self_signed(&key)?;
+        Self::from_parts(cert.der().to_vec(), key)
+    }
+
+    /// A CA from its certificate (DER) and key.
+    pub fn from_parts(cert_der: Vec<u8>, key: KeyPair) -> Result<Self, CertError> {
+        let key_sec1 = sec1_from_pkcs8(key.serialized_der())?;
+        let issuer = Issuer::from_ca_cert_der(&CertificateDer::from(cert_der.as_slice()), key)?;
+        Ok(CertAuthority {
+            cert_der,
+            key_sec1,
+            issuer,
+        })
+    }
+
+    /// Reads the CA from PEM files (certificate; key as `EC PRIVATE KEY` or `PRIVATE KEY`).
+    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Self, CertError> {
+        let cert_der = read_pem(cert_file, "CERTIFICATE")?;
+        let key = read_key(key_file)?;
+        Self::from_parts(cert_der, key)
+    }
+
+    /// Loads the CA from `cert_file`/`key_file`, or generates one and writes both there (key
+    /// with mode 0600) when neither exists. Returns the CA and whether it was created.
+    pub fn load_or_create(cert_file: &Path, key_file: &Path) -> Result<(Self, bool), CertError> {
+        match (cert_file.exists(), key_file.exists()) {
+            (true, true) => Ok((Self::load(cert_file, key_file)?, false)),
+            (false, false) => {
+                let ca = Self::generate()?;
+                write_file(
+                    cert_file,
+                    pem_encode("CERTIFICATE", &ca.cert_der).as_bytes(),
+                    false,
+                )?;
+                write_file(key_file, ca.key_pem().as_bytes(), true)?;
+                Ok((ca, true))
+            }
+            (true, false) => Err(CertError::HalfPair {
+                present: cert_file.to_owned(),
+                missing: key_file.to_owned(),
+            }),
+            (false, true) => Err(CertError::HalfPair {
+                present: key_file.to_owned(),
+                missing: cert_file.to_owned(),
+            }),
+        }
+    }
+
+    /// The CA certificate, DER (what `GET /ca.crt` serves).
+    pub fn cert_der(&self) -> &[u8] {
+        &self.cert_der
+    }
+
+    /// The CA certificate, PEM.
+    pub fn cert_pem(&self) -> String {
+        pem_encode("CERTIFICATE", &self.cert_der)
+    }
+
+    /// The CA key as SEC1 DER, exactly as Go's `x509.MarshalECPrivateKey` writes it: the HMAC
+    /// key of join tokens.
+    pub fn key_sec1_der(&self) -> &[u8] {
+        &self.key_sec1
+    }
+
+    fn key_pem(&self) -> String {
+        pem_encode("EC PRIVATE KEY", &self.key_sec1)
+    }
+
+    /// Lowercase hex SHA-256 of the CA certificate's DER: the first part of a join token.
+    pub fn hash_hex(&self) -> String {
+        sha256_hex(&self.cert_der)
+    }
+
+    /// A server certificate for CloudHub (CN/O `KubeEdge`, ServerAuth, ~100 years) with
+    /// `addresses` and `dns_names` as SANs; returns the certificate DER and its new key.
+    pub fn issue_server_cert(
+        &self,
+        addresses: &[IpAddr],
+        dns_names: &[String],
+    ) -> Result<(Vec<u8>, KeyPair), CertError> {
+        let key = generate_key()?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = name(&[
+            (DnType::OrganizationName, KUBEEDGE),
+            (DnType::CommonName, KUBEEDGE),
+        ]);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        for address in addresses {
+            params.subject_alt_names.push(SanType::IpAddress(*address));
+        }
+        for dns in dns_names.iter().filter(|dns| !dns.is_empty()) {
+            let dns = dns
+                .as_str()
+                .try_into()
+                .map_err(|_| CertError::BadKey(format!("invalid DNS name {dns:?}")))?;
+            params.subject_alt_names.push(SanType::DnsName(dns));
+        }
+        set_validity(&mut params, LONG_LIVED);
+        params.serial_number = Some(random_serial());
+        params.use_authority_key_identifier_extension = true;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.der().to_vec(), key))
+    }
+
+    /// Issues an edge client certificate from a DER CSR, as cloudhub's `/edge.crt` does: the
+    /// subject must be O=`system:nodes`, CN=`system:node:{node}`; the certificate copies the
+    /// subject, SANs and public key, has KeyUsage DigitalSignature|KeyEncipherment,
+    /// ExtKeyUsage ClientAuth, a random serial and lives `validity`.
+    pub fn sign_node_csr(
+        &self,
+        csr_der: &[u8],
+        node: &str,
+        validity: Duration,
+    ) -> Result<Vec<u8>, CsrError> {
+        let csr =
+            CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
+                .map_err(|error| CsrError::Invalid(error.to_string()))?;
+        let subject = &csr.params.distinguished_name;
+        let cn = dn_text(subject.get(&DnType::CommonName));
+        let org = dn_text(subject.get(&DnType::OrganizationName));
+        if cn.as_deref() != Some(&format!("{NODE_CN_PREFIX}{node}"))
+            || org.as_deref() != Some(NODE_ORGANIZATION)
+        {
+            return Err(CsrError::WrongSubject {
+                node: node.to_owned(),
+            });
+        }
+        let mut params = CertificateParams::default();
+        params.distinguished_name = name(&[
+            (DnType::OrganizationName, NODE_ORGANIZATION),
+            (DnType::CommonName, &format!("{NODE_CN_PREFIX}{node}")),
+        ]);
+        params.subject_alt_names = csr.params.subject_alt_names.clone();
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        set_validity(&mut params, validity);
+        params.serial_number = Some(random_serial());
+        params.use_authority_key_identifier_extension = true;
+        let signed = CertificateSigningRequestParams {
+            params,
+            public_key: csr.public_key,
+        }
+        .signed_by(&self.issuer)
+        .map_err(|error| CsrError::Invalid(error.to_string()))?;
+        Ok(signed.der().to_vec())
+    }
+}
+
+/// Loads CloudHub's server certificate and key from PEM files, or issues them from `ca` with
+/// the given SANs and writes them there (key 0600) when neither exists.
+pub fn load_or_create_server_cert(
+    ca: &CertAuthority,
+    cert_file: &Path,
+    key_file: &Path,
+    addresses: &[IpAddr],
+    dns_names: &[String],
+) -> Result<(Vec<u8>, KeyPair), CertError> {
+    match (cert_file.exists(), key_file.exists()) {
+        (true, true) => Ok((read_pem(cert_file, "CERTIFICATE")?, read_key(key_file)?)),
+        (false, false) => {
+            let (cert, key) = ca.issue_server_cert(addresses, dns_names)?;
+            write_file(
+                cert_file,
+                pem_encode("CERTIFICATE", &cert).as_bytes(),
+                false,
+            )?;
+            write_file(key_file, key_to_sec1_pem(&key)?.as_bytes(), true)?;
+            Ok((cert, key))
+        }
+        (true, false) => Err(CertError::HalfPair {
+            present: cert_file.to_owned(),
+            missing: key_file.to_owned(),
+        }),
+        (false, true) => Err(CertError::HalfPair {
+            present: key_file.to_owned(),
+            missing: cert_file.to_owned(),
+        }),
+    }
+}
+
+/// A CSR for node `node`, as edgecore's certmanager builds it (C=CN, ST=Zhejiang,
+/// L=Hangzhou, O=system:nodes, CN=system:node:{node}); returns its DER.
+pub fn node_csr(key: &KeyPair, node: &str) -> Result<Vec<u8>, CertError> {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name(&[
+        (DnType::CountryName, "CN"),
+        (DnType::StateOrProvinceName, "Zhejiang"),
+        (DnType::LocalityName, "Hangzhou"),
+        (DnType::OrganizationName, NODE_ORGANIZATION),
+        (DnType::CommonName, &format!("{NODE_CN_PREFIX}{node}")),
+    ]);
+    Ok(params.serialize_request(key)?.der().to_vec())
+}
+
+/// A fresh ECDSA P-256 key.
+pub fn generate_key() -> Result<KeyPair, CertError> {
+    Ok(KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?)
+}
+
+/// The key as `EC PRIVATE KEY` (SEC1) PEM, the form KubeEdge writes.
+pub fn key_to_sec1_pem(key: &KeyPair) -> Result<String, CertError> {
+    Ok(pem_encode(
+        "EC PRIVATE KEY",
+        &sec1_from_pkcs8(key.serialized_der())?,
+    ))
+}
+
+/// Reads a P-256 key from a PEM file holding `EC PRIVATE KEY` (SEC1) or `PRIVATE KEY` (PKCS#8).
+pub fn read_key(path: &Path) -> Result<KeyPair, CertError> {
+    let text = read_text(path)?;
+    key_from_pem(&text).map_err(|error| CertError::BadFile {
+        path: path.to_owned(),
+        message: error.to_string(),
+    })
+}
+
+/// Parses a P-256 key from `EC PRIVATE KEY` (SEC1) or `PRIVATE KEY` (PKCS#8) PEM.
+pub fn key_from_pem(text: &str) -> Result<KeyPair, CertError> {
+    let block = pem::parse(text).map_err(|error| CertError::BadKey(error.to_string()))?;
+    let pkcs8 = match block.tag() {
+        "EC PRIVATE KEY" => pkcs8_from_sec1(block.contents())?,
+        "PRIVATE KEY" => block.contents().to_vec(),
+        other => return Err(CertError::BadKey(format!("unexpected PEM block {other:?}"))),
+    };
+    KeyPair::from_pkcs8_der_and_sign_algo(&PrivatePkcs8KeyDer::from(pkcs8), &PKCS_ECDSA_P256_SHA256)
+        .map_err(|error| CertError::BadKey(error.to_string()))
+}
+
+/// The DER of the first PEM block tagged `tag` in `path`.
+pub fn read_pem(path: &Path, tag: &str) -> Result<Vec<u8>, CertError> {
+    let text = read_text(path)?;
+    let blocks = pem::parse_many(&text).map_err(|error| CertError::BadFile {
+        path: path.to_owned(),
+        message: error.to_string(),
+    })?;
+    blocks
+        .into_iter()
+        .find(|block| block.tag() == tag)
+        .map(|block| block.into_contents())
+        .ok_or_else(|| CertError::BadFile {
+            path: path.to_owned(),
+            message: format!("no {tag} PEM block"),
+        })
+}
+
+fn read_text(path: &Path) -> Result<String, CertError> {
+    fs::read_to_string(path).map_err(|source| CertError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// PEM text of `der` under `tag`.
+pub fn pem_encode(tag: &str, der: &[u8]) -> String {
+    pem::encode_config(
+        &pem::Pem::new(tag, der.to_vec()),
+        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+    )
+}
+
+/// Writes `contents` to `path` (creating its folder), replacing it atomically; `private`
+/// files get mode 0600 from the start, so a key is never readable by others, even briefly.
+pub fn write_file(path: &Path, contents: &[u8], private: bool) -> Result<(), CertError> {
+    let io = |source| CertError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(io)?;
+    }
+    let temp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(if private { 0o600 } else { 0o644 });
+    }
+    let mut file = options.open(&temp).map_err(io)?;
+    file.write_all(contents).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    drop(file);
+    fs::rename(&temp, path).map_err(io)
+}
+
+/// The common name of a DER certificate.
+pub fn cert_common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_owned();
+    Some(cn)
+}
+
+/// The node a client certificate names (`system:node:{node}` CN), if any.
+pub fn node_of_cert(der: &[u8]) -> Option<String> {
+    cert_common_name(der)?
+        .strip_prefix(NODE_CN_PREFIX)
+        .filter(|node| !node.is_empty())
+        .map(str::to_owned)
+}
+
+/// Lowercase hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn name(parts: &[(DnType, &str)]) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    for (kind, value) in parts {
+        dn.push(kind.clone(), *value);
+    }
+    dn
+}
+
+fn dn_text(value: Option<&DnValue>) -> Option<String> {
+    match value? {
+        DnValue::Utf8String(s) => Some(s.clone()),
+        DnValue::PrintableString(s) => Some(s.as_str().to_owned()),
+        DnValue::Ia5String(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+fn set_validity(params: &mut CertificateParams, lifetime: Duration) {
+    let now = time::OffsetDateTime::now_utc();
+    // A minute of slack for peers whose clocks run a little behind.
+    params.not_before = now - time::Duration::minutes(1);
+    params.not_after = now + time::Duration::seconds(lifetime.as_secs() as i64);
+}
+
+fn random_serial() -> SerialNumber {
+    let mut bytes = uuid::Uuid::new_v4().as_bytes()[..8].to_vec();
+    // Positive and non-zero in DER.
+    bytes[0] = (bytes[0] & 0x7f) | 0x01;
+    SerialNumber::from_slice(&bytes)
+}
+
+// --- SEC1 <-> PKCS#8 for P-256 (ring only reads and writes PKCS#8) ---
+
+/// DER of the P-256 curve OID (1.2.840.10045.3.1.7), tag included.
+const P256_OID: [u8; 10] = [0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+/// DER of the id-ecPublicKey OID (1.2.840.10045.2.1), tag included.
+const EC_PUBLIC_KEY_OID: [u8; 9] = [0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
+
+fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let len = content.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else if len < 0x100 {
+        out.extend([0x81, len as u8]);
+    } else {
+        out.extend([0x82, (len >> 8) as u8, len as u8]);
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+/// Splits one TLV off `input`: (tag, content, rest).
+fn read_tlv(input: &[u8]) -> Result<(u8, &[u8], &[u8]), CertError> {
+    let bad = || CertError::BadKey("malformed DER".into());
+    let (&tag, rest) = input.split_first().ok_or_else(bad)?;
+    let (&first, rest) = rest.split_first().ok_or_else(bad)?;
+    let (len, rest) = match first {
+        n if n < 0x80 => (n as usize, rest),
+        0x81 => {
+            let (&n, rest) = rest.split_first().ok_or_else(bad)?;
+            (n as usize, rest)
+        }
+        0x82 => {
+            if rest.len() < 2 {
+                return Err(bad());
+            }
+            (((rest[0] as usize) << 8) | rest[1] as usize, &rest[2..])
+        }
+        _ => return Err(bad()),
+    };
+    if rest.len() < len {
+        return Err(bad());
+    }
+    Ok((tag, &rest[..len], &rest[len..]))
+}
+
+/// Private scalar and uncompressed public point of a SEC1 `ECPrivateKey`.
+fn parse_sec1(der: &[u8]) -> Result<(Vec<u8>, Vec<u8>), CertError> {
+    let (tag, body, _) = read_tlv(der)?;
+    if tag != 0x30 {
+        return Err(CertError::BadKey("SEC1 key is not a SEQUENCE".into()));
+    }
+    let (_, version, rest) = read_tlv(body)?;
+    if version != [1] {
+        return Err(CertError::BadKey("unsupported SEC1 version".into()));
+    }
+    let (_, private, mut rest) = read_tlv(rest)?;
+    let mut public = None;
+    while !rest.is_empty() {
+        let (tag, content, next) = read_tlv(rest)?;
+        match tag {
+            0xa0 if content != P256_OID => {
+                return Err(CertError::BadKey("the key is not on curve P-256".into()))
+            }
+            0xa1 => {
+                let (_, bits, _) = read_tlv(content)?;
+                public = bits.strip_prefix(&[0]).map(<[u8]>::to_vec);
+            }
+            _ => {}
+        }
+        rest = next;
+    }
+    let public = public.ok_or_else(|| {
+        CertError::BadKey("SEC1 key without its public key is not supported".into())
+    })?;
+    // Go pads the scalar to the curve size; so do we.
+    let mut scalar = vec![0u8; 32usize.saturating_sub(private.len())];
+    scalar.extend_from_slice(private);
+    Ok((scalar, public))
+}
+
+/// SEC1 DER as Go's `x509.MarshalECPrivateKey` writes it (with curve and public key).
+fn sec1(private: &[u8], public: &[u8]) -> Vec<u8> {
+    let mut body = tlv(0x02, &[1]);
+    body.extend(tlv(0x04, private));
+    body.extend(tlv(0xa0, &P256_OID));
+    let mut bits = vec![0u8];
+    bits.extend_from_slice(public);
+    body.extend(tlv(0xa1, &tlv(0x03, &bits)));
+    tlv(0x30, &body)
+}
+
+/// Converts a P-256 PKCS#8 key (ring's form) to Go-style SEC1 DER.
+pub fn sec1_from_pkcs8(pkcs8: &[u8]) -> Result<Vec<u8>, CertError> {
+    let (_, body, _) = read_tlv(pkcs8)?;
+    let (_, _version, rest) = read_tlv(body)?;
+    let (_, algorithm, rest) = read_tlv(rest)?;
+    if !algorithm.starts_with(&EC_PUBLIC_KEY_OID) || !algorithm.ends_with(&P256_OID) {
+        return Err(CertError::BadKey("PKCS#8 key is not ECDSA P-256".into()));
+    }
+    let (_, inner, _) = read_tlv(rest)?;
+    let (private, public) = parse_sec1(inner)?;
+    Ok(sec1(&private, &public))
+}
+
+/// Converts a SEC1 P-256 key to PKCS#8 (the form ring loads).
+pub fn pkcs8_from_sec1(der: &[u8]) -> Result<Vec<u8>, CertError> {
+    let (private, public) = parse_sec1(der)?;
+    let mut inner = tlv(0x02, &[1]);
+    inner.extend(tlv(0x04, &private));
+    let mut bits = vec![0u8];
+    bits.extend_from_slice(&public);
+    inner.extend(tlv(0xa1, &tlv(0x03, &bits)));
+    let mut algorithm = EC_PUBLIC_KEY_OID.to_vec();
+    algorithm.extend_from_slice(&P256_OID);
+    let mut body = tlv(0x02, &[0]);
+    body.extend(tlv(0x30, &algorithm));
+    body.extend(tlv(0x04, &tlv(0x30, &inner)));
+    Ok(tlv(0x30, &body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sec1_round_trips_through_pkcs8() {
+        let key = generate_key().unwrap();
+        let sec1 = sec1_from_pkcs8(key.serialized_der()).unwrap();
+        let back = key_from_pem(&pem_encode("EC PRIVATE KEY", &sec1)).unwrap();
+        assert_eq!(back.public_key_raw(), key.public_key_raw());
+        assert_eq!(sec1_from_pkcs8(back.serialized_der()).unwrap(), sec1);
+        // Go's layout: version 1, 32-byte scalar, [0] curve, [1] public key.
+        assert_eq!(&sec1[..7], &[0x30, 0x77, 0x02, 0x01, 0x01, 0x04, 0x20]);
+    }
+
+    #[test]
+    fn node_csr_is_signed_only_for_its_own_node() {
+        let ca = CertAuthority::generate().unwrap();
+        let key = generate_key().unwrap();
+        let csr = node_csr(&key, "edge-1").unwrap();
+        let cert = ca
+            .sign_node_csr(&csr, "edge-1", Duration::from_secs(3600))
+            .unwrap();
+        assert_eq!(node_of_cert(&cert).as_deref(), Some("edge-1"));
+        assert_eq!(
+            ca.sign_node_csr(&csr, "edge-2", Duration::from_secs(3600)),
+            Err(CsrError::WrongSubject {
+                node: "edge-2".into()
+            })
+        );
+        assert!(matches!(
+            ca.sign_node_csr(b"junk", "edge-1", Duration::from_secs(3600)),
+            Err(CsrError::Invalid(_))
+        ));
+    }
+}

@@ -1,0 +1,198 @@
+//! CloudHub's HTTPS certificate server (KubeEdge's port 10002), with KubeEdge's answers:
+//!
+//! - `GET /ca.crt` → 200, the CA certificate as DER.
+//! - `GET /edge.crt` with a DER CSR as body, `NodeName: {node}` and `Authorization: Bearer
+//!   {jwt}` (or a client certificate for that node, to renew) → 200, the signed certificate as
+//!   DER; 401 text when the token or certificate does not authenticate the node, 400 text for
+//!   a bad CSR.
+//! - `GET /node/{name}` → 200 `Node founded` (sic, as cloudcore) / 404 `Node not found`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use actix_web::dev::ServerHandle;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+
+use super::auth::BindingView;
+use super::certs::CertAuthority;
+use super::tls::{peer_node, record_peer_certificate, CloudTls};
+use super::token::verify_jwt;
+
+/// Largest CSR body accepted (a P-256 CSR is about 300 bytes).
+const MAX_CSR_BYTES: usize = 16 * 1024;
+
+/// Why the certificate server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CertServerError {
+    /// TLS could not be configured.
+    #[error(transparent)]
+    Tls(#[from] super::tls::TlsError),
+    /// The listener could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// `address:port` as configured.
+        address: String,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+}
+
+/// Settings of the certificate server.
+#[derive(Debug, Clone)]
+pub struct CertServerOptions {
+    /// Address to listen on.
+    pub address: String,
+    /// Port; 0 picks a free one (KubeEdge: 10002).
+    pub port: u16,
+    /// Lifetime of issued edge certificates (`edgeCertSigningDuration`, days in the config).
+    pub edge_cert_validity: Duration,
+}
+
+struct Context {
+    ca: Arc<CertAuthority>,
+    validity: Duration,
+    view: Option<Arc<dyn BindingView>>,
+}
+
+/// A running certificate server.
+#[derive(Debug)]
+pub struct CertServer {
+    local_addr: SocketAddr,
+    handle: ServerHandle,
+}
+
+impl CertServer {
+    /// Starts the server on the current actix system.
+    pub fn start(
+        tls: &CloudTls,
+        options: &CertServerOptions,
+        view: Option<Arc<dyn BindingView>>,
+    ) -> Result<CertServer, CertServerError> {
+        let config = tls.https_config()?;
+        let context = web::Data::new(Context {
+            ca: tls.ca.clone(),
+            validity: options.edge_cert_validity,
+            view,
+        });
+        let address = format!("{}:{}", options.address, options.port);
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(context.clone())
+                .app_data(web::PayloadConfig::new(MAX_CSR_BYTES))
+                .route("/ca.crt", web::get().to(ca_crt))
+                .route("/edge.crt", web::get().to(edge_crt))
+                .route("/node/{name}", web::get().to(node))
+        })
+        .workers(1)
+        .disable_signals()
+        .on_connect(record_peer_certificate)
+        .bind_rustls_0_23((options.address.as_str(), options.port), config)
+        .map_err(|source| CertServerError::Bind {
+            address: address.clone(),
+            source,
+        })?;
+        let local_addr =
+            server
+                .addrs()
+                .into_iter()
+                .next()
+                .ok_or_else(|| CertServerError::Bind {
+                    address,
+                    source: std::io::Error::other("no address bound"),
+                })?;
+        let server = server.run();
+        let handle = server.handle();
+        actix::spawn(async move {
+            if let Err(error) = server.await {
+                tracing::error!(%error, "certificate server failed");
+            }
+        });
+        tracing::info!(%local_addr, "certificate server listening");
+        Ok(CertServer { local_addr, handle })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops the server.
+    pub async fn stop(&self) {
+        self.handle.stop(false).await;
+    }
+}
+
+fn text(status: actix_web::http::StatusCode, body: String) -> HttpResponse {
+    HttpResponse::build(status)
+        .content_type("text/plain; charset=utf-8")
+        .body(body)
+}
+
+async fn ca_crt(context: web::Data<Context>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .body(context.ca.cert_der().to_vec())
+}
+
+async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context>) -> HttpResponse {
+    use actix_web::http::StatusCode;
+    let node = req
+        .headers()
+        .get("NodeName")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    if node.is_empty() {
+        return text(StatusCode::BAD_REQUEST, "missing NodeName header".into());
+    }
+    // Renewal: a client certificate for this very node needs no token.
+    let by_cert = peer_node(&req).is_some_and(|cert_node| cert_node == node);
+    if !by_cert {
+        let bearer = req
+            .headers()
+            .get("Authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if bearer.is_empty() {
+            tracing::warn!(%node, "certificate request without token or client certificate");
+            return text(
+                StatusCode::UNAUTHORIZED,
+                "token validation failure, err: token is missing".into(),
+            );
+        }
+        if let Err(error) = verify_jwt(bearer, context.ca.key_sec1_der(), SystemTime::now()) {
+            tracing::warn!(%node, %error, "certificate request with a bad token");
+            return text(
+                StatusCode::UNAUTHORIZED,
+                format!("token validation failure, err: {error}"),
+            );
+        }
+    }
+    match context.ca.sign_node_csr(&body, &node, context.validity) {
+        Ok(cert) => {
+            tracing::info!(%node, renewal = by_cert, "edge certificate issued");
+            HttpResponse::Ok()
+                .content_type("application/octet-stream")
+                .body(cert)
+        }
+        Err(error @ super::certs::CsrError::WrongSubject { .. }) => {
+            text(StatusCode::UNAUTHORIZED, error.to_string())
+        }
+        Err(error) => text(StatusCode::BAD_REQUEST, error.to_string()),
+    }
+}
+
+async fn node(path: web::Path<String>, context: web::Data<Context>) -> HttpResponse {
+    use actix_web::http::StatusCode;
+    let exists = context
+        .view
+        .as_ref()
+        .is_some_and(|view| view.node_exists(&path));
+    if exists {
+        text(StatusCode::OK, "Node founded".into())
+    } else {
+        text(StatusCode::NOT_FOUND, "Node not found".into())
+    }
+}

@@ -44,7 +44,10 @@ impl EdgeProcess {
         let store = MetaStore::open(&config.database.data_source)
             .with_context(|| format!("edge {node_name}: cannot open the store"))?;
         if config.modules.meta_manager.enable {
-            hive.start_module(MetaManagerModule::new(store.clone()))?;
+            hive.start_module(
+                MetaManagerModule::new(store.clone())
+                    .with_remote_query_timeout(config.remote_query_timeout()),
+            )?;
         }
         if config.modules.edge_hub.websocket.enable {
             hive.start_module(EdgeHubModule::new(config.edge_hub_options()))?;

@@ -5,4 +5,5 @@
 mod deliver;
 pub mod edgehub;
 pub mod metamanager;
+pub mod remote;
 pub mod store;

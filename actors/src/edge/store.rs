@@ -125,7 +125,6 @@ enum Command {
         uid: Option<String>,
         reply: Reply<bool>,
     },
-    #[allow(dead_code)]
     Exec(Job),
     Get {
         key: String,
@@ -262,7 +261,6 @@ impl MetaStore {
 
     /// Runs `job` on the store thread, in order with every other command (one writer for the
     /// whole file). `action` names the work in an error.
-    #[allow(dead_code)] // used by the device tables (next change)
     pub(crate) async fn exec<T, F>(&self, action: String, job: F) -> Result<T, StoreError>
     where
         T: Send + 'static,

@@ -436,6 +436,11 @@ impl EdgeConfig {
         load(path)
     }
 
+    /// `modules.metaManager.remoteQueryTimeout`.
+    pub fn remote_query_timeout(&self) -> Duration {
+        Duration::from_secs(self.modules.meta_manager.remote_query_timeout)
+    }
+
     /// The node name: `modules.edged.hostnameOverride`, as in EdgeCore.
     pub fn node_name(&self) -> &str {
         &self.modules.edged.hostname_override
@@ -470,6 +475,10 @@ impl Validate for EdgeConfig {
         positive(
             "modules.edgeHub.messageBurst",
             u64::from(self.modules.edge_hub.message_burst),
+        )?;
+        positive(
+            "modules.metaManager.remoteQueryTimeout",
+            self.modules.meta_manager.remote_query_timeout,
         )?;
         if self.modules.edge_hub.websocket.server.is_empty() {
             return Err((
@@ -523,9 +532,31 @@ pub struct EdgeModules {
     /// `modules.edgeHub`.
     pub edge_hub: EdgeHubConfig,
     /// `modules.metaManager`.
-    pub meta_manager: Enable,
+    pub meta_manager: MetaManagerConfig,
+    /// `modules.deviceTwin`: device membership, twins and the devices API.
+    pub device_twin: Enable,
     /// `modules.edged`: only the node name is read; edgehive runs no kubelet.
     pub edged: Edged,
+}
+
+/// `modules.metaManager`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MetaManagerConfig {
+    /// Whether MetaManager (and the SQLite store it writes) runs.
+    pub enable: bool,
+    /// Seconds a remote query (configmap, secret, ...) waits for the cloud before the stored
+    /// copy is served.
+    pub remote_query_timeout: u64,
+}
+
+impl Default for MetaManagerConfig {
+    fn default() -> Self {
+        MetaManagerConfig {
+            enable: true,
+            remote_query_timeout: 60,
+        }
+    }
 }
 
 /// `modules.edged`.
@@ -634,6 +665,8 @@ impl EdgeConfig {
                 http_server: hub.http_server.clone(),
                 token: hub.token.clone(),
             }),
+            // A cloud reply later than this goes to MetaManager, which stores and ACKs it.
+            request_timeout: self.remote_query_timeout(),
             ..EdgeHubOptions::default()
         }
     }

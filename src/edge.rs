@@ -1,18 +1,34 @@
-//! The edge process: EdgeHub and MetaManager on one hive, the SQLite store, and the admin
-//! endpoint with the stored metadata.
+//! The edge process: EdgeHub, MetaManager and DeviceTwin on one hive, the SQLite store, and
+//! the admin endpoint with the edge's local API:
+//!
+//! | route | what |
+//! | --- | --- |
+//! | `GET /api/v1/meta?type=pod` | stored objects (`items`: key, resource_type, value) |
+//! | `GET /api/v1/meta?type=pod&watch=true` | newline-delimited JSON events: ADDED for each stored object, then ADDED/MODIFIED/DELETED as the store commits; a watcher that falls behind gets an ERROR line and the stream ends |
+//! | `GET /api/v1/meta/{ns}/{type}/{name}` | one stored object |
+//! | `GET /api/v1/devices`, `GET /api/v1/devices/{ns}/{name}` | devices with their twins |
+//! | `PUT /api/v1/devices/{ns}/{name}/twins/{property}` | a mapper reports a value (body: the value) |
+//! | `PUT /api/v1/devices/{ns}/{name}/state` | a mapper reports the device state (body: the state) |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::web::Bytes;
 use actix_web::{web, HttpResponse};
 use anyhow::Context as _;
+use edgehive_actors::edge::devicetwin::{
+    DeviceTwin, DeviceTwinModule, ReportState, ReportTwin, TwinError,
+};
 use edgehive_actors::edge::edgehub::{
     self, EdgeHub, EdgeHubModule, EdgeHubStatus, GetEdgeHubStatus,
 };
 use edgehive_actors::edge::metamanager::MetaManagerModule;
 use edgehive_actors::edge::store::MetaStore;
+use edgehive_actors::edge::twin_store::TwinStore;
+use edgehive_actors::edge::watch::watch_lines;
 use edgehive_actors::hive::Hive;
+use futures_util::StreamExt as _;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -23,6 +39,9 @@ use crate::config::EdgeConfig;
 #[derive(Debug)]
 pub struct EdgeProcess {
     hive: Hive,
+    /// Set when the process stops, so open watch streams end instead of holding the admin
+    /// endpoint's graceful shutdown.
+    stopping: tokio::sync::watch::Sender<bool>,
     store: MetaStore,
     admin: AdminServer,
     node_name: String,
@@ -44,12 +63,25 @@ impl EdgeProcess {
         let store = MetaStore::open(&config.database.data_source)
             .with_context(|| format!("edge {node_name}: cannot open the store"))?;
         if config.modules.meta_manager.enable {
-            hive.start_module(MetaManagerModule::new(store.clone()))?;
+            hive.start_module(
+                MetaManagerModule::new(store.clone())
+                    .with_remote_query_timeout(config.remote_query_timeout()),
+            )?;
         }
+        let twins = if config.modules.device_twin.enable {
+            let twins = TwinStore::open(store.clone())
+                .await
+                .with_context(|| format!("edge {node_name}: cannot create the device tables"))?;
+            hive.start_module(DeviceTwinModule::new(twins.clone(), node_name.clone()))?;
+            Some(twins)
+        } else {
+            None
+        };
         if config.modules.edge_hub.websocket.enable {
             hive.start_module(EdgeHubModule::new(config.edge_hub_options()))?;
         }
         plug(&hive)?;
+        let (stopping, stop_signal) = tokio::sync::watch::channel(false);
         let routes_store = store.clone();
         let routes_hive = hive.clone();
         let admin = AdminServer::start(
@@ -59,14 +91,31 @@ impl EdgeProcess {
                 routes
                     .app_data(web::Data::new(routes_store.clone()))
                     .app_data(web::Data::new(routes_hive.clone()))
+                    .app_data(web::Data::new(stop_signal.clone()))
                     .route("/api/v1/meta", web::get().to(list_meta))
                     .route("/api/v1/meta/{ns}/{type}/{name}", web::get().to(get_meta))
                     .route("/api/v1/edgehub", web::get().to(edgehub_status));
+                if let Some(twins) = &twins {
+                    routes
+                        .app_data(web::Data::new(twins.clone()))
+                        .app_data(web::PayloadConfig::new(MAX_REPORT_BYTES))
+                        .route("/api/v1/devices", web::get().to(list_devices))
+                        .route("/api/v1/devices/{ns}/{name}", web::get().to(get_device))
+                        .route(
+                            "/api/v1/devices/{ns}/{name}/twins/{property}",
+                            web::put().to(report_twin),
+                        )
+                        .route(
+                            "/api/v1/devices/{ns}/{name}/state",
+                            web::put().to(report_state),
+                        );
+                }
             }),
         )?;
         tracing::info!(node = %node_name, admin = %admin.addr(), "edge started");
         Ok(EdgeProcess {
             hive,
+            stopping,
             store,
             admin,
             node_name,
@@ -100,6 +149,7 @@ impl EdgeProcess {
 
     /// Stops the modules (closing the connection to the cloud) and the admin endpoint.
     pub async fn stop(self) {
+        let _ = self.stopping.send(true);
         self.hive.shutdown();
         self.admin.stop().await;
     }
@@ -118,13 +168,34 @@ async fn hub_status(hive: &Hive) -> Result<EdgeHubStatus, edgehive_actors::hive:
 struct MetaQuery {
     #[serde(rename = "type")]
     resource_type: Option<String>,
+    #[serde(default)]
+    watch: bool,
 }
 
-/// `GET /api/v1/meta[?type=pod]`: the stored objects.
-async fn list_meta(store: web::Data<MetaStore>, query: web::Query<MetaQuery>) -> HttpResponse {
-    match store.list(query.into_inner().resource_type).await {
-        Ok(rows) => HttpResponse::Ok().json(json!({ "items": rows })),
-        Err(error) => HttpResponse::InternalServerError().body(format!("store: {error}\n")),
+/// `GET /api/v1/meta[?type=pod][&watch=true]`: the stored objects, or a watch stream.
+async fn list_meta(
+    store: web::Data<MetaStore>,
+    stop_signal: web::Data<tokio::sync::watch::Receiver<bool>>,
+    query: web::Query<MetaQuery>,
+) -> HttpResponse {
+    let MetaQuery {
+        resource_type,
+        watch,
+    } = query.into_inner();
+    // Subscribed before listing, so no change falls between the list and the stream.
+    let changes = watch.then(|| store.subscribe());
+    match (store.list(resource_type.clone()).await, changes) {
+        (Ok(rows), None) => HttpResponse::Ok().json(json!({ "items": rows })),
+        (Ok(rows), Some(changes)) => {
+            let mut stop_signal = stop_signal.get_ref().clone();
+            let stopped = async move {
+                let _ = stop_signal.wait_for(|stopping| *stopping).await;
+            };
+            HttpResponse::Ok()
+                .content_type("application/x-ndjson")
+                .streaming(watch_lines(rows, changes, resource_type).take_until(stopped))
+        }
+        (Err(error), _) => HttpResponse::InternalServerError().body(format!("store: {error}\n")),
     }
 }
 
@@ -148,4 +219,117 @@ async fn edgehub_status(hive: web::Data<Hive>) -> HttpResponse {
         Ok(status) => HttpResponse::Ok().json(status),
         Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
     }
+}
+
+/// Largest body a mapper may PUT.
+const MAX_REPORT_BYTES: usize = 64 * 1024;
+
+/// `GET /api/v1/devices`: every device on this edge with its twins.
+async fn list_devices(twins: web::Data<TwinStore>) -> HttpResponse {
+    match twins.list().await {
+        Ok(devices) => HttpResponse::Ok().json(json!({ "items": devices })),
+        Err(error) => HttpResponse::InternalServerError().body(format!("store: {error}\n")),
+    }
+}
+
+/// `GET /api/v1/devices/{ns}/{name}`.
+async fn get_device(
+    twins: web::Data<TwinStore>,
+    path: web::Path<(String, String)>,
+) -> HttpResponse {
+    let (namespace, name) = path.into_inner();
+    let id = format!("{namespace}/{name}");
+    match twins.get(id.clone()).await {
+        Ok(Some(device)) => HttpResponse::Ok().json(device),
+        Ok(None) => HttpResponse::NotFound().body(format!("device {id} is not on this edge\n")),
+        Err(error) => HttpResponse::InternalServerError().body(format!("store: {error}\n")),
+    }
+}
+
+/// A reported value: the body as text, or a JSON string. Empty or not UTF-8 is refused.
+fn report_value(body: &Bytes) -> Result<String, String> {
+    let text = std::str::from_utf8(body)
+        .map_err(|_| "the body must be UTF-8 text: the value".to_owned())?
+        .trim();
+    let value = if text.starts_with('"') {
+        serde_json::from_str::<String>(text).map_err(|error| {
+            format!("the body starts with a quote but is not a JSON string: {error}")
+        })?
+    } else {
+        text.to_owned()
+    };
+    if value.is_empty() {
+        return Err("the body must be the value; it is empty".to_owned());
+    }
+    Ok(value)
+}
+
+fn twin_response(
+    outcome: Result<
+        Result<edgehive_protocols::Message, TwinError>,
+        edgehive_actors::hive::HiveError,
+    >,
+) -> HttpResponse {
+    match outcome {
+        Ok(Ok(sent)) => HttpResponse::Ok().json(json!({
+            "sent": { "msg_id": sent.id(), "resource": sent.resource(), "content": sent.content },
+        })),
+        Ok(Err(error @ (TwinError::UnknownDevice(_) | TwinError::UnknownProperty(..)))) => {
+            HttpResponse::NotFound().body(format!("{error}\n"))
+        }
+        Ok(Err(error)) => HttpResponse::InternalServerError().body(format!("{error}\n")),
+        Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
+    }
+}
+
+/// `PUT /api/v1/devices/{ns}/{name}/twins/{property}`: a mapper reports a reading; it is
+/// stored and sent to the cloud as `twin/edge_updated` until confirmed.
+async fn report_twin(
+    hive: web::Data<Hive>,
+    path: web::Path<(String, String, String)>,
+    body: Bytes,
+) -> HttpResponse {
+    let (namespace, name, property) = path.into_inner();
+    let value = match report_value(&body) {
+        Ok(value) => value,
+        Err(problem) => return HttpResponse::BadRequest().body(format!("{problem}\n")),
+    };
+    let report = ReportTwin {
+        id: format!("{namespace}/{name}"),
+        property,
+        value,
+    };
+    twin_response(
+        hive.call::<DeviceTwin, _>(
+            edgehive_actors::edge::devicetwin::MODULE_NAME,
+            report,
+            Duration::from_secs(10),
+        )
+        .await,
+    )
+}
+
+/// `PUT /api/v1/devices/{ns}/{name}/state`: a mapper reports the device state.
+async fn report_state(
+    hive: web::Data<Hive>,
+    path: web::Path<(String, String)>,
+    body: Bytes,
+) -> HttpResponse {
+    let (namespace, name) = path.into_inner();
+    let state = match report_value(&body) {
+        Ok(state) => state,
+        Err(problem) => return HttpResponse::BadRequest().body(format!("{problem}\n")),
+    };
+    let report = ReportState {
+        id: format!("{namespace}/{name}"),
+        state,
+    };
+    twin_response(
+        hive.call::<DeviceTwin, _>(
+            edgehive_actors::edge::devicetwin::MODULE_NAME,
+            report,
+            Duration::from_secs(10),
+        )
+        .await,
+    )
 }

@@ -2,10 +2,16 @@
 //!
 //! Objects pushed by the cloud are written to SQLite and only then acknowledged, so an ACK
 //! the cloud sees means the object survives an edge restart. Local modules query the same
-//! table, which keeps cloud data readable while the edge is offline.
+//! table, which keeps cloud data readable while the edge is offline. Queries for the types in
+//! [`REMOTE_TYPES`](super::remote::REMOTE_TYPES) go to the cloud while connected (the answer
+//! is stored, then the cloud's reply is acknowledged) and fall back to the stored copy when
+//! disconnected or when the cloud does not answer within `remoteQueryTimeout`.
+//! Device and DeviceModel objects are stored, then handed to the `twin` group; the ACK waits
+//! for twin to commit them too.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use actix::{Actor, Context, Handler, ResponseFuture};
 use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
@@ -13,6 +19,8 @@ use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 
 use super::deliver::send_with_retry;
+use super::edgehub::{CloudRequest, EdgeHub};
+use super::remote::{is_remote_type, read_reply, ReplyContent};
 use super::store::{MetaStore, StoreError, Upsert};
 use crate::hive::{Envelope, Hive, Module};
 
@@ -22,6 +30,13 @@ pub const MODULE_NAME: &str = "metamanager";
 pub const GROUP: &str = "meta";
 /// The module ACKs are sent to (edgehub).
 const HUB_MODULE: &str = "websocket";
+/// The group Device and DeviceModel objects are handed to (DeviceTwin).
+const TWIN_GROUP: &str = "twin";
+/// KubeEdge's default `remoteQueryTimeout`.
+pub const DEFAULT_REMOTE_QUERY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long twin may take to commit a device object before the ACK is withheld (the cloud
+/// then resends it, and the second delivery is idempotent).
+const TWIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The counters MetaManager adds to `/metrics`; registered once per process.
 #[derive(Debug, Clone, Default)]
@@ -31,6 +46,8 @@ struct MetaMetrics {
     deletes: Counter,
     store_errors: Counter,
     ignored: Counter,
+    remote_queries: Counter,
+    remote_fallbacks: Counter,
 }
 
 impl MetaMetrics {
@@ -62,6 +79,16 @@ impl MetaMetrics {
             "Messages MetaManager does not handle",
             metrics.ignored.clone(),
         );
+        registry.register(
+            "edgehive_metamanager_remote_queries",
+            "Queries answered by the cloud",
+            metrics.remote_queries.clone(),
+        );
+        registry.register(
+            "edgehive_metamanager_remote_fallbacks",
+            "Remote queries answered from the store because the cloud did not answer in time",
+            metrics.remote_fallbacks.clone(),
+        );
         metrics
     }
 }
@@ -72,17 +99,27 @@ impl MetaMetrics {
 pub struct MetaManagerModule {
     store: MetaStore,
     connected: Arc<AtomicBool>,
+    remote_query_timeout: Duration,
     metrics: OnceLock<MetaMetrics>,
 }
 
 impl MetaManagerModule {
-    /// A MetaManager over `store`, starting as "cloud disconnected".
+    /// A MetaManager over `store`, starting as "cloud disconnected", with KubeEdge's default
+    /// `remoteQueryTimeout` of 60 s.
     pub fn new(store: MetaStore) -> Self {
         MetaManagerModule {
             store,
             connected: Arc::new(AtomicBool::new(false)),
+            remote_query_timeout: DEFAULT_REMOTE_QUERY_TIMEOUT,
             metrics: OnceLock::new(),
         }
+    }
+
+    /// Sets `modules.metaManager.remoteQueryTimeout`: how long a remote query waits for the
+    /// cloud before the stored copy is served instead.
+    pub fn with_remote_query_timeout(mut self, timeout: Duration) -> Self {
+        self.remote_query_timeout = timeout;
+        self
     }
 
     /// The flag edgehub's `node/connection` broadcasts keep up to date.
@@ -104,13 +141,16 @@ impl Module for MetaManagerModule {
 
     fn create(&self, hive: &Hive) -> MetaManager {
         MetaManager {
-            hive: hive.clone(),
-            store: self.store.clone(),
-            connected: self.connected.clone(),
-            metrics: self
-                .metrics
-                .get_or_init(|| MetaMetrics::register(hive))
-                .clone(),
+            ctx: Ctx {
+                hive: hive.clone(),
+                store: self.store.clone(),
+                connected: self.connected.clone(),
+                remote_query_timeout: self.remote_query_timeout,
+                metrics: self
+                    .metrics
+                    .get_or_init(|| MetaMetrics::register(hive))
+                    .clone(),
+            },
         }
     }
 }
@@ -118,28 +158,69 @@ impl Module for MetaManagerModule {
 /// The MetaManager actor; see the [module docs](self).
 #[derive(Debug)]
 pub struct MetaManager {
-    hive: Hive,
-    store: MetaStore,
-    connected: Arc<AtomicBool>,
-    metrics: MetaMetrics,
+    ctx: Ctx,
 }
 
 impl Actor for MetaManager {
     type Context = Context<Self>;
 }
 
+/// What every operation needs; cloned into the handler's futures.
+#[derive(Debug, Clone)]
+struct Ctx {
+    hive: Hive,
+    store: MetaStore,
+    connected: Arc<AtomicBool>,
+    remote_query_timeout: Duration,
+    metrics: MetaMetrics,
+}
+
+/// Where a message's object lives in the `meta` table.
+#[derive(Debug, Clone)]
+struct Target {
+    /// `{ns}/{type}/{name}`, or `{ns}/{type}` for a list.
+    key: String,
+    /// The type token (`pod`, `configmap`, `k8s/ca.crt`, ...).
+    kind: String,
+    /// Whether the resource names one object.
+    named: bool,
+}
+
 /// What a message asks MetaManager to do.
 enum Action {
     /// A cloud push to store and ACK.
-    Write { key: String, kind: ResourceType },
+    Write(Target),
     /// A cloud delete to apply and ACK.
-    Delete { key: String, kind: ResourceType },
-    /// A local query answered from the database.
-    Query { resource: EdgeResource },
+    Delete(Target),
+    /// A query: from the cloud when `remote` and connected, else from the database.
+    Query { target: Target, remote: bool },
+    /// A cloud reply nobody waits for any more (e.g. after a remote query timed out).
+    LateReply(Target),
+    /// A local module's write that the cloud must see (update, patch), stored first.
+    LocalWrite(Target),
+    /// A local module's message that only the cloud handles (event, pod delete, insert).
+    Forward,
     /// An edgehub connection broadcast.
     Connection,
     /// Not ours; the reason is logged.
     Ignore(&'static str),
+}
+
+fn target_of(resource: &str) -> Result<Target, &'static str> {
+    if resource == ResourceType::K8sCaCrt.as_str() {
+        return Ok(Target {
+            key: resource.to_owned(),
+            kind: resource.to_owned(),
+            named: true,
+        });
+    }
+    let parsed =
+        EdgeResource::parse(resource).map_err(|_| "resource is not {namespace}/{type}[/{name}]")?;
+    Ok(Target {
+        key: parsed.key(),
+        kind: parsed.resource_type.as_str().to_owned(),
+        named: parsed.name.is_some(),
+    })
 }
 
 fn classify(msg: &Message) -> Action {
@@ -149,105 +230,97 @@ fn classify(msg: &Message) -> Action {
     if *operation == Operation::Connect && msg.resource() == ResourceType::NodeConnection.as_str() {
         return Action::Connection;
     }
-    let resource = match EdgeResource::parse(msg.resource()) {
-        Ok(resource) => resource,
-        Err(_) => return Action::Ignore("resource is not {namespace}/{type}[/{name}]"),
+    let target = match target_of(msg.resource()) {
+        Ok(target) => target,
+        Err(reason) => return Action::Ignore(reason),
     };
-    let from_cloud = msg.group() == Some(&Group::Resource);
+    let from_cloud = matches!(msg.group(), Some(Group::Resource) | Some(Group::Func));
+    let is_event = target.kind == ResourceType::Event.as_str();
     match operation {
-        Operation::Query => Action::Query { resource },
-        Operation::Insert | Operation::Update | Operation::Delete if !from_cloud => {
-            Action::Ignore("write not from the cloud (group is not resource)")
+        Operation::Query => {
+            let remote = is_remote_type(&target.kind);
+            Action::Query { target, remote }
         }
-        Operation::Insert | Operation::Update | Operation::Delete if resource.name.is_none() => {
-            Action::Ignore("cloud write without an object name")
+        Operation::Response if from_cloud && target.named => Action::LateReply(target),
+        Operation::Insert | Operation::Update | Operation::Delete | Operation::Patch
+            if !target.named =>
+        {
+            Action::Ignore("write without an object name")
         }
-        Operation::Insert | Operation::Update => Action::Write {
-            key: resource.key(),
-            kind: resource.resource_type,
-        },
-        Operation::Delete => Action::Delete {
-            key: resource.key(),
-            kind: resource.resource_type,
-        },
+        Operation::Insert | Operation::Update if from_cloud => Action::Write(target),
+        Operation::Delete if from_cloud => Action::Delete(target),
+        _ if from_cloud => Action::Ignore("operation not handled"),
+        Operation::Insert | Operation::Update | Operation::Patch if is_event => Action::Forward,
+        Operation::Update | Operation::Patch => Action::LocalWrite(target),
+        Operation::Insert | Operation::Delete => Action::Forward,
         _ => Action::Ignore("operation not handled"),
     }
+}
+
+/// Device objects go on to DeviceTwin after they are stored.
+fn is_device_object(msg: &Message, kind: &str) -> bool {
+    msg.source() == Some(&ModuleName::DeviceController)
+        && (kind == ResourceType::Device.as_str() || kind == ResourceType::DeviceModel.as_str())
 }
 
 impl Handler<Envelope> for MetaManager {
     type Result = ResponseFuture<Option<Message>>;
 
     /// Store calls are issued in mailbox order: each future reaches the store's FIFO channel
-    /// on its first poll, and the arbiter polls new futures in spawn order.
+    /// on its first poll, and the arbiter polls new futures in spawn order. Futures run
+    /// concurrently, so a remote query waiting for the cloud blocks nothing else.
     fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Self::Result {
+        let ctx = self.ctx.clone();
         let msg = envelope.message();
         match classify(msg) {
-            Action::Write { key, kind } => {
-                let value = msg.content_json().unwrap_or_else(|_| msg.content.clone());
-                let store = self.store.clone();
-                let (hive, metrics) = (self.hive.clone(), self.metrics.clone());
-                Box::pin(async move {
-                    let msg = envelope.message();
-                    let stored = store.upsert(key.clone(), kind.as_str().to_owned(), value);
-                    match stored.await {
-                        Ok(Upsert::Written) => {
-                            metrics.written.inc();
-                        }
-                        Ok(Upsert::Stale { stored_rv }) => {
-                            metrics.stale.inc();
-                            tracing::debug!(key, stored_rv, "kept newer stored object");
-                        }
-                        Err(error) => {
-                            store_failed(&metrics, &key, &error);
-                            return None;
-                        }
-                    };
-                    ack(&hive, msg).await;
-                    None
-                })
-            }
-            Action::Delete { key, kind } => {
-                let store = self.store.clone();
-                let (hive, metrics) = (self.hive.clone(), self.metrics.clone());
-                Box::pin(async move {
-                    let deleted = if kind == ResourceType::Pod {
-                        store.delete_pod(key.clone()).await
-                    } else {
-                        store.delete(key.clone()).await
-                    };
-                    match deleted {
-                        Ok(_) => {
-                            metrics.deletes.inc();
-                        }
-                        Err(error) => {
-                            store_failed(&metrics, &key, &error);
-                            return None;
-                        }
+            Action::Write(target) => Box::pin(async move {
+                ctx.write(envelope.message(), target).await;
+                None
+            }),
+            Action::Delete(target) => Box::pin(async move {
+                ctx.delete(envelope.message(), target).await;
+                None
+            }),
+            Action::Query { target, remote } => Box::pin(async move {
+                let msg = envelope.message();
+                if remote && ctx.connected.load(Ordering::Relaxed) {
+                    if let Some(reply) = ctx.remote(msg, &target).await {
+                        return Some(reply);
                     }
-                    ack(&hive, envelope.message()).await;
-                    None
-                })
+                    ctx.metrics.remote_fallbacks.inc();
+                }
+                Some(ctx.query(msg, &target).await)
+            }),
+            Action::LateReply(target) => Box::pin(async move {
+                ctx.late_reply(envelope.message(), &target).await;
+                None
+            }),
+            Action::LocalWrite(target) => {
+                Box::pin(async move { Some(ctx.local_write(envelope.message(), &target).await) })
             }
-            Action::Query { resource } => {
-                let store = self.store.clone();
-                let metrics = self.metrics.clone();
-                Box::pin(async move {
-                    Some(query(&store, &metrics, envelope.message(), resource).await)
-                })
-            }
+            Action::Forward => Box::pin(async move {
+                let msg = envelope.message();
+                if !ctx.connected.load(Ordering::Relaxed) {
+                    return Some(error_reply(msg, "connection lost"));
+                }
+                ctx.to_cloud(msg).await;
+                None
+            }),
             Action::Connection => {
                 match msg.content_str() {
-                    Some("cloud_connected") => self.connected.store(true, Ordering::Relaxed),
-                    Some("cloud_disconnected") => self.connected.store(false, Ordering::Relaxed),
+                    Some("cloud_connected") => self.ctx.connected.store(true, Ordering::Relaxed),
+                    Some("cloud_disconnected") => {
+                        self.ctx.connected.store(false, Ordering::Relaxed)
+                    }
                     other => {
-                        self.metrics.ignored.inc();
+                        self.ctx.metrics.ignored.inc();
                         tracing::debug!(content = ?other, "unknown node/connection content");
                     }
                 }
                 Box::pin(async { None })
             }
             Action::Ignore(reason) => {
-                self.metrics.ignored.inc();
+                self.ctx.metrics.ignored.inc();
                 tracing::debug!(
                     id = msg.id(),
                     operation = ?msg.operation().map(Operation::as_str),
@@ -261,55 +334,245 @@ impl Handler<Envelope> for MetaManager {
     }
 }
 
-fn store_failed(metrics: &MetaMetrics, key: &str, error: &StoreError) {
-    metrics.store_errors.inc();
-    tracing::error!(key, %error, "edge database write failed; not acknowledged, the cloud will resend");
-}
+impl Ctx {
+    /// Stores a cloud push, hands device objects to twin, then ACKs. Nothing is ACKed unless
+    /// everything was committed; the cloud then resends and the retry is idempotent.
+    async fn write(&self, msg: &Message, target: Target) {
+        let value = msg.content_json().unwrap_or_else(|_| msg.content.clone());
+        let stored = self
+            .store
+            .upsert(target.key.clone(), target.kind.clone(), value)
+            .await;
+        match stored {
+            Ok(Upsert::Written) => {
+                self.metrics.written.inc();
+            }
+            Ok(Upsert::Stale { stored_rv }) => {
+                self.metrics.stale.inc();
+                tracing::debug!(key = target.key, stored_rv, "kept newer stored object");
+            }
+            Err(error) => return self.store_failed(&target.key, &error),
+        }
+        if is_device_object(msg, &target.kind) && !self.to_twin(msg).await {
+            return;
+        }
+        self.ack(msg).await;
+    }
 
-/// Acknowledges a stored cloud message through edgehub. If edgehub cannot take it, the ACK
-/// is lost and the cloud resends the object, whose second write is idempotent.
-async fn ack(hive: &Hive, msg: &Message) {
-    let reply = Message::response_to(msg, json!("OK"));
-    if let Err(error) = send_with_retry(hive, HUB_MODULE, &reply).await {
-        tracing::warn!(id = msg.id(), resource = msg.resource(), %error, "ACK not handed to edgehub");
+    /// Applies a cloud delete; a pod is only deleted if the stored one has the UID the cloud
+    /// names, so a late delete of an old pod cannot remove its same-named successor.
+    async fn delete(&self, msg: &Message, target: Target) {
+        let deleted = if target.kind == ResourceType::Pod.as_str() {
+            self.store
+                .delete_pod_with_uid(target.key.clone(), pod_uid(msg))
+                .await
+        } else {
+            self.store.delete(target.key.clone()).await
+        };
+        match deleted {
+            Ok(_) => {
+                self.metrics.deletes.inc();
+            }
+            Err(error) => return self.store_failed(&target.key, &error),
+        }
+        if is_device_object(msg, &target.kind) && !self.to_twin(msg).await {
+            return;
+        }
+        self.ack(msg).await;
+    }
+
+    /// Hands a device object to the twin group and waits for it to be committed there.
+    /// `true` when done or when no twin runs (the object is stored; nothing else to do).
+    async fn to_twin(&self, msg: &Message) -> bool {
+        let Some(twin) = self.hive.group_members(TWIN_GROUP).into_iter().next() else {
+            return true;
+        };
+        match self.hive.request(&twin, msg.clone(), TWIN_TIMEOUT).await {
+            Ok(reply) if reply.operation() != Some(&Operation::Error) => true,
+            Ok(reply) => {
+                tracing::warn!(resource = msg.resource(), error = %reply.content, "twin refused a device object; not acknowledged");
+                false
+            }
+            Err(error) => {
+                tracing::warn!(resource = msg.resource(), %error, "twin did not take a device object; not acknowledged");
+                false
+            }
+        }
+    }
+
+    fn store_failed(&self, key: &str, error: &StoreError) {
+        self.metrics.store_errors.inc();
+        tracing::error!(key, %error, "edge database write failed; not acknowledged, the cloud will resend");
+    }
+
+    /// Acknowledges a stored cloud message through edgehub. If edgehub cannot take it, the
+    /// ACK is lost and the cloud resends the object, whose second write is idempotent.
+    async fn ack(&self, msg: &Message) {
+        let mut reply = Message::response_to(msg, json!("OK"));
+        // A real v1.22 edge ACKs device and devicemodel inserts and deletes as source "meta",
+        // group "twin" (golden frames); updates keep the request's route.
+        let kind = target_of(msg.resource()).map(|target| target.kind);
+        if matches!(msg.operation(), Some(Operation::Insert | Operation::Delete))
+            && kind.is_ok_and(|kind| is_device_object(msg, &kind))
+        {
+            reply.route.source = Some(ModuleName::Meta);
+            reply.route.group = Some(Group::Twin);
+        }
+        self.to_cloud(&reply).await;
+    }
+
+    async fn to_cloud(&self, msg: &Message) {
+        if let Err(error) = send_with_retry(&self.hive, HUB_MODULE, msg).await {
+            tracing::warn!(id = msg.id(), resource = msg.resource(), %error, "message not handed to edgehub");
+        }
+    }
+
+    /// Asks the cloud; stores what it answers; ACKs the answer; returns it re-parented to the
+    /// original request. `None` when the cloud did not answer in time (the caller serves the
+    /// stored copy).
+    async fn remote(&self, msg: &Message, target: &Target) -> Option<Message> {
+        let mut ask = msg.clone();
+        ask.header.id = uuid::Uuid::new_v4().to_string();
+        ask.header.parent_id.clear();
+        ask.header.timestamp = Message::keepalive().header.timestamp;
+        let timeout = self.remote_query_timeout;
+        let call = self
+            .hive
+            .call::<EdgeHub, _>(HUB_MODULE, CloudRequest(ask), timeout);
+        let reply = match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(Ok(reply))) => reply,
+            Ok(Ok(Err(error))) => {
+                tracing::info!(resource = msg.resource(), %error, "remote query failed; serving the stored copy");
+                return None;
+            }
+            Ok(Err(error)) => {
+                tracing::info!(resource = msg.resource(), %error, "edgehub unavailable; serving the stored copy");
+                return None;
+            }
+            Err(_) => {
+                tracing::info!(
+                    resource = msg.resource(),
+                    ?timeout,
+                    "no cloud answer in time; serving the stored copy"
+                );
+                return None;
+            }
+        };
+        self.metrics.remote_queries.inc();
+        self.store_reply(&reply, target).await;
+        // The cloud resends ACK-required replies (configmap, secret) until acknowledged.
+        self.to_cloud(&Message::response_to(&reply, json!("OK")))
+            .await;
+        let mut answer = reply;
+        answer.header.parent_id = msg.id().to_owned();
+        Some(answer)
+    }
+
+    /// Stores the object a cloud reply carries, if any, under the query's key.
+    async fn store_reply(&self, reply: &Message, target: &Target) {
+        if !target.named {
+            return;
+        }
+        if let ReplyContent::Object(value) = read_reply(reply, &target.kind) {
+            match self
+                .store
+                .upsert(target.key.clone(), target.kind.clone(), value)
+                .await
+            {
+                Ok(Upsert::Written) => {
+                    self.metrics.written.inc();
+                }
+                Ok(Upsert::Stale { .. }) => {
+                    self.metrics.stale.inc();
+                }
+                Err(error) => {
+                    self.metrics.store_errors.inc();
+                    tracing::error!(key = target.key, %error, "could not store a remote query answer");
+                }
+            }
+        }
+    }
+
+    /// A reply that arrived after its requester gave up: still worth storing, and the cloud
+    /// still wants its ACK (a plain `"OK"` needs none).
+    async fn late_reply(&self, msg: &Message, target: &Target) {
+        if msg.content_str() == Some("OK") {
+            return;
+        }
+        self.store_reply(msg, target).await;
+        self.to_cloud(&Message::response_to(msg, json!("OK"))).await;
+    }
+
+    /// A local module's update or patch: stored, then sent to the cloud; without a connection
+    /// the caller is told at once (KubeEdge's "connection lost").
+    async fn local_write(&self, msg: &Message, target: &Target) -> Message {
+        let value = msg.content_json().unwrap_or_else(|_| msg.content.clone());
+        if let Err(error) = self
+            .store
+            .upsert(target.key.clone(), target.kind.clone(), value)
+            .await
+        {
+            self.metrics.store_errors.inc();
+            return error_reply(msg, &error.to_string());
+        }
+        if msg.operation() == Some(&Operation::Patch) && !self.connected.load(Ordering::Relaxed) {
+            return error_reply(msg, "connection lost");
+        }
+        self.to_cloud(msg).await;
+        let mut reply = Message::response_to(msg, json!("OK"));
+        reply.route.source = Some(ModuleName::MetaManager);
+        reply
+    }
+
+    /// Answers a query from the database: KubeEdge's reply content is a JSON array of the
+    /// stored objects, each as a JSON string. A list is by type only (KubeEdge ignores the
+    /// namespace).
+    async fn query(&self, msg: &Message, target: &Target) -> Message {
+        let rows = if target.named {
+            self.store
+                .get(target.key.clone())
+                .await
+                .map(|row| row.into_iter().collect::<Vec<_>>())
+        } else {
+            self.store.list(Some(target.kind.clone())).await
+        };
+        match rows {
+            Ok(rows) => {
+                let values: Vec<Value> = rows
+                    .iter()
+                    .map(|row| Value::String(row.value.to_string()))
+                    .collect();
+                let mut reply = Message::response_to(msg, Value::Array(values));
+                reply.route.source = Some(ModuleName::MetaManager);
+                reply
+            }
+            Err(error) => {
+                self.metrics.store_errors.inc();
+                tracing::error!(resource = msg.resource(), %error, "edge database query failed");
+                error_reply(msg, &error.to_string())
+            }
+        }
     }
 }
 
-/// Answers a query from the database: KubeEdge's reply content is a JSON array of the stored
-/// objects, each as a JSON string.
-async fn query(
-    store: &MetaStore,
-    metrics: &MetaMetrics,
-    msg: &Message,
-    resource: EdgeResource,
-) -> Message {
-    let rows = match &resource.name {
-        Some(_) => store
-            .get(resource.key())
-            .await
-            .map(|row| row.into_iter().collect::<Vec<_>>()),
-        None => {
-            store
-                .list(Some(resource.resource_type.as_str().to_owned()))
-                .await
-        }
-    };
-    match rows {
-        Ok(rows) => {
-            let values: Vec<Value> = rows
-                .iter()
-                .map(|row| Value::String(row.value.to_string()))
-                .collect();
-            let mut reply = Message::response_to(msg, Value::Array(values));
-            reply.route.source = Some(ModuleName::MetaManager);
-            reply
-        }
-        Err(error) => {
-            metrics.store_errors.inc();
-            tracing::error!(resource = msg.resource(), %error, "edge database query failed");
-            let mut reply = Message::error_to(msg, error.to_string());
-            reply.route.source = Some(ModuleName::MetaManager);
-            reply
-        }
+/// KubeEdge's error reply: operation `error`, source `metamanager`, the request's group.
+fn error_reply(msg: &Message, text: &str) -> Message {
+    let mut reply = Message::error_to(msg, text);
+    reply.route.source = Some(ModuleName::MetaManager);
+    reply.route.group = msg.group().cloned();
+    reply
+}
+
+/// The UID a pod delete names: `metadata.uid` of the object, or the content itself when it is
+/// a bare UID string.
+fn pod_uid(msg: &Message) -> Option<String> {
+    match &msg.content {
+        Value::String(text) if !text.is_empty() && !text.starts_with('{') => Some(text.clone()),
+        _ => msg
+            .content_json()
+            .ok()?
+            .pointer("/metadata/uid")?
+            .as_str()
+            .map(str::to_owned),
     }
 }

@@ -1,9 +1,14 @@
 //! Edge-side modules: [`edgehub`] keeps the WebSocket link to the cloud, [`metamanager`]
 //! stores what the cloud sends in the [`store`] (KubeEdge's SQLite `meta` table) and
-//! acknowledges it only once it is committed.
+//! acknowledges it only once it is committed, [`devicetwin`] keeps devices and their twins in
+//! [`twin_store`], and [`watch`] turns the store's changes into a watch stream.
 
 pub mod certmanager;
 mod deliver;
+pub mod devicetwin;
 pub mod edgehub;
 pub mod metamanager;
+pub mod remote;
 pub mod store;
+pub mod twin_store;
+pub mod watch;

@@ -13,11 +13,16 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 /// How many commands may wait for the store thread. Overflow policy: senders wait
 /// (`send().await`) for room, so the store applies back-pressure and never drops a write.
 pub const STORE_QUEUE_CAPACITY: usize = 1024;
+
+/// How many committed changes a watcher may fall behind by. Overflow policy: the store never
+/// waits for a watcher; one that falls further behind loses its place (it sees
+/// `RecvError::Lagged`) and must re-list, so writes are never blocked by a slow reader.
+pub const WATCH_CAPACITY: usize = 256;
 
 /// How long SQLite waits for a lock held by another connection (an operator's `sqlite3`, a
 /// test reading the file) before failing a statement.
@@ -80,7 +85,32 @@ pub struct MetaRow {
     pub value: Value,
 }
 
+/// What happened to a row; the names are Kubernetes watch event types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum ChangeKind {
+    /// The key was not stored before.
+    Added,
+    /// The key's value was replaced.
+    Modified,
+    /// The key was removed; the event carries the last stored value.
+    Deleted,
+}
+
+/// A committed change to the `meta` table, broadcast to watchers after the commit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoreEvent {
+    /// ADDED, MODIFIED or DELETED.
+    #[serde(rename = "type")]
+    pub kind: ChangeKind,
+    /// The row as written (or, for a delete, as it was).
+    pub object: MetaRow,
+}
+
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// Work run on the store thread with its connection (used by the device tables).
+type Job = Box<dyn FnOnce(&Connection) + Send>;
 
 enum Command {
     Upsert {
@@ -91,8 +121,11 @@ enum Command {
     },
     Delete {
         keys: Vec<String>,
+        /// Delete the first key only if its stored value holds this pod UID.
+        uid: Option<String>,
         reply: Reply<bool>,
     },
+    Exec(Job),
     Get {
         key: String,
         reply: Reply<Option<MetaRow>>,
@@ -109,6 +142,7 @@ enum Command {
 pub struct MetaStore {
     commands: mpsc::Sender<Command>,
     path: Arc<PathBuf>,
+    changes: broadcast::Sender<StoreEvent>,
 }
 
 impl MetaStore {
@@ -144,21 +178,32 @@ impl MetaStore {
             .map_err(sqlite("create table meta"))?;
 
         let (commands, receiver) = mpsc::channel(STORE_QUEUE_CAPACITY);
+        let (changes, _) = broadcast::channel(WATCH_CAPACITY);
         let path = Arc::new(path.to_owned());
         let worker = Worker {
             conn,
             path: path.clone(),
+            changes: changes.clone(),
         };
         std::thread::Builder::new()
             .name("edgehive-metastore".to_owned())
             .spawn(move || worker.run(receiver))
             .map_err(StoreError::Thread)?;
-        Ok(MetaStore { commands, path })
+        Ok(MetaStore {
+            commands,
+            path,
+            changes,
+        })
     }
 
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Committed changes from now on (see [`WATCH_CAPACITY`] for a watcher that falls behind).
+    pub fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
+        self.changes.subscribe()
     }
 
     /// Stores `value` under `key` unless the stored object is newer.
@@ -185,6 +230,7 @@ impl MetaStore {
     pub async fn delete(&self, key: String) -> Result<bool, StoreError> {
         self.call(|reply| Command::Delete {
             keys: vec![key],
+            uid: None,
             reply,
         })
         .await
@@ -193,11 +239,45 @@ impl MetaStore {
     /// Deletes the pod row `key` (`{ns}/pod/{name}`) and its `{ns}/podpatch/{name}` row in one
     /// transaction; `true` if the pod row existed.
     pub async fn delete_pod(&self, key: String) -> Result<bool, StoreError> {
+        self.delete_pod_with_uid(key, None).await
+    }
+
+    /// Like [`MetaStore::delete_pod`], but when `uid` is given only a stored pod whose value
+    /// holds that UID is deleted (KubeEdge's rule): a delete for an old pod must not remove a
+    /// new pod of the same name. If another pod is stored, nothing is deleted and the result
+    /// is `false`; the `podpatch` row goes with the pod row (or alone when no pod is stored).
+    pub async fn delete_pod_with_uid(
+        &self,
+        key: String,
+        uid: Option<String>,
+    ) -> Result<bool, StoreError> {
         let mut keys = vec![key];
         if let Some(patch) = podpatch_key(&keys[0]) {
             keys.push(patch);
         }
-        self.call(|reply| Command::Delete { keys, reply }).await
+        self.call(|reply| Command::Delete { keys, uid, reply })
+            .await
+    }
+
+    /// Runs `job` on the store thread, in order with every other command (one writer for the
+    /// whole file). `action` names the work in an error.
+    pub(crate) async fn exec<T, F>(&self, action: String, job: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let path = self.path.to_path_buf();
+        self.call(move |reply| {
+            Command::Exec(Box::new(move |conn: &Connection| {
+                let result = job(conn).map_err(|source| StoreError::Sqlite {
+                    path,
+                    action,
+                    source,
+                });
+                let _ = reply.send(result);
+            }))
+        })
+        .await
     }
 
     /// The row `key`, if any.
@@ -235,6 +315,15 @@ fn podpatch_key(pod_key: &str) -> Option<String> {
     }
 }
 
+/// Whether a stored pod is the one with `uid`. KubeEdge matches the UID anywhere in the stored
+/// text; we compare `metadata.uid`, falling back to the text for values that are not objects.
+fn holds_uid(value: &Value, uid: &str) -> bool {
+    match value.pointer("/metadata/uid") {
+        Some(Value::String(stored)) => stored == uid,
+        _ => value.to_string().contains(uid),
+    }
+}
+
 /// `metadata.resourceVersion` as a number; Kubernetes writes it as a decimal string.
 fn resource_version(value: &Value) -> Option<u64> {
     match value.pointer("/metadata/resourceVersion")? {
@@ -247,6 +336,7 @@ fn resource_version(value: &Value) -> Option<u64> {
 struct Worker {
     conn: Connection,
     path: Arc<PathBuf>,
+    changes: broadcast::Sender<StoreEvent>,
 }
 
 impl Worker {
@@ -262,9 +352,10 @@ impl Worker {
                 } => {
                     let _ = reply.send(self.upsert(&key, &resource_type, &value));
                 }
-                Command::Delete { keys, reply } => {
-                    let _ = reply.send(self.delete(&keys));
+                Command::Delete { keys, uid, reply } => {
+                    let _ = reply.send(self.delete(&keys, uid.as_deref()));
                 }
+                Command::Exec(job) => job(&self.conn),
                 Command::Get { key, reply } => {
                     let _ = reply.send(self.get(&key));
                 }
@@ -294,14 +385,16 @@ impl Worker {
             // Only this thread uses the connection and transactions never nest.
             .unchecked_transaction()
             .map_err(self.error(format!("begin upsert of {key}")))?;
+        let stored: Option<Option<String>> = tx
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |row| {
+                row.get(0)
+            })
+            .optional()
+            .map_err(self.error(format!("read {key}")))?;
+        let existed = stored.is_some();
         if let Some(new_rv) = resource_version(value) {
-            let stored: Option<String> = tx
-                .query_row("SELECT value FROM meta WHERE key = ?1", [key], |row| {
-                    row.get(0)
-                })
-                .optional()
-                .map_err(self.error(format!("read {key}")))?;
             let stored_rv = stored
+                .flatten()
                 .and_then(|text| serde_json::from_str::<Value>(&text).ok())
                 .as_ref()
                 .and_then(resource_version);
@@ -316,27 +409,63 @@ impl Worker {
         .map_err(self.error(format!("write {key}")))?;
         tx.commit()
             .map_err(self.error(format!("commit write of {key}")))?;
+        self.publish(
+            if existed {
+                ChangeKind::Modified
+            } else {
+                ChangeKind::Added
+            },
+            MetaRow {
+                key: key.to_owned(),
+                resource_type: resource_type.to_owned(),
+                value: value.clone(),
+            },
+        );
         Ok(Upsert::Written)
     }
 
-    fn delete(&self, keys: &[String]) -> Result<bool, StoreError> {
+    fn publish(&self, kind: ChangeKind, object: MetaRow) {
+        // No watcher is not an error; a lagging one is cut off by the channel itself.
+        let _ = self.changes.send(StoreEvent { kind, object });
+    }
+
+    fn delete(&self, keys: &[String], uid: Option<&str>) -> Result<bool, StoreError> {
         let first = keys.first().cloned().unwrap_or_default();
         let tx = self
             .conn
             // Only this thread uses the connection and transactions never nest.
             .unchecked_transaction()
             .map_err(self.error(format!("begin delete of {first}")))?;
-        let mut existed = false;
+        let mut removed = Vec::new();
         for (index, key) in keys.iter().enumerate() {
-            let deleted = tx
-                .execute("DELETE FROM meta WHERE key = ?1", [key])
-                .map_err(self.error(format!("delete {key}")))?;
+            let stored = tx
+                .query_row(
+                    "SELECT key, type, value FROM meta WHERE key = ?1",
+                    [key],
+                    row_of,
+                )
+                .optional()
+                .map_err(self.error(format!("read {key}")))?;
             if index == 0 {
-                existed = deleted > 0;
+                if let (Some(uid), Some(row)) = (uid, &stored) {
+                    if !holds_uid(&row.value, uid) {
+                        // Another pod of the same name: keep it and its patch.
+                        return Ok(false);
+                    }
+                }
+            }
+            if let Some(row) = stored {
+                tx.execute("DELETE FROM meta WHERE key = ?1", [key])
+                    .map_err(self.error(format!("delete {key}")))?;
+                removed.push(row);
             }
         }
+        let existed = removed.first().is_some_and(|row| row.key == first);
         tx.commit()
             .map_err(self.error(format!("commit delete of {first}")))?;
+        for row in removed {
+            self.publish(ChangeKind::Deleted, row);
+        }
         Ok(existed)
     }
 

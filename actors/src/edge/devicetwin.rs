@@ -1,0 +1,571 @@
+//! DeviceTwin (module `twin`, group `twin`): the edge's devices and their twins.
+//!
+//! - Membership updates from the cloud (group `twin`, resource `membership`) add and remove
+//!   devices; Device objects arrive through MetaManager, which stores them in `meta` and asks
+//!   twin to commit them to the device tables before it ACKs. The desired value of each twin
+//!   is the Device's `spec.properties[].desired.value`.
+//! - A mapper's reading ([`ReportTwin`]) or device state ([`ReportState`]) is stored, then
+//!   sent up as `device/{ns}/{name}/twin/edge_updated` or `.../state/update` (source `twin`,
+//!   group `resource`, operation `update`). Each upload stays in the confirm list until a
+//!   cloud message whose `parent_msg_id` is its id arrives, and is resent after every
+//!   reconnect and every [`RESEND_INTERVAL`] while connected.
+//! - After each connect, twin asks for `membership/detail` (operation `get`) as a real edge
+//!   does, reusing the same message while it is unanswered.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use actix::{Actor, AsyncContext, Context, Handler, ResponseFuture};
+use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use serde_json::{json, Value};
+
+use super::deliver::send_with_retry;
+use super::store::StoreError;
+use super::twin_store::{DeviceSpec, TwinStore};
+use crate::hive::{Envelope, Hive, Module};
+
+/// beehive name of the module.
+pub const MODULE_NAME: &str = "twin";
+/// beehive group of the module.
+pub const GROUP: &str = "twin";
+/// Uploads awaiting the cloud's confirmation, at most. Overflow policy: the oldest is dropped
+/// (and counted): a newer reading of the same device supersedes it in the cloud anyway.
+pub const MAX_UNCONFIRMED: usize = 1024;
+/// How often unconfirmed uploads are resent while connected (KubeEdge: after 60 s idle).
+pub const RESEND_INTERVAL: Duration = Duration::from_secs(60);
+const HUB_MODULE: &str = "websocket";
+
+/// Why a report was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TwinError {
+    /// No device with that id is on this edge.
+    #[error("device {0} is not on this edge")]
+    UnknownDevice(String),
+    /// The device has no twin for that property.
+    #[error("device {0} has no property {1}")]
+    UnknownProperty(String, String),
+    /// The edge database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A mapper reports the value it read for one property of a device.
+#[derive(Debug)]
+pub struct ReportTwin {
+    /// `{namespace}/{name}`.
+    pub id: String,
+    /// The property (twin) name.
+    pub property: String,
+    /// The value as text, as twins carry it.
+    pub value: String,
+}
+
+impl actix::Message for ReportTwin {
+    type Result = Result<Message, TwinError>;
+}
+
+/// A mapper reports a device's state (`online`, `offline`, ...).
+#[derive(Debug)]
+pub struct ReportState {
+    /// `{namespace}/{name}`.
+    pub id: String,
+    /// The state.
+    pub state: String,
+}
+
+impl actix::Message for ReportState {
+    type Result = Result<Message, TwinError>;
+}
+
+#[derive(Debug, Clone, Default)]
+struct TwinMetrics {
+    uploads: Counter,
+    resends: Counter,
+    confirmed: Counter,
+    dropped: Counter,
+    unconfirmed: Gauge,
+}
+
+impl TwinMetrics {
+    fn register(hive: &Hive) -> TwinMetrics {
+        let metrics = TwinMetrics::default();
+        let registry = hive.metrics();
+        registry.register(
+            "edgehive_twin_uploads",
+            "Twin and state reports sent to the cloud (first sends)",
+            metrics.uploads.clone(),
+        );
+        registry.register(
+            "edgehive_twin_resends",
+            "Unconfirmed uploads sent again",
+            metrics.resends.clone(),
+        );
+        registry.register(
+            "edgehive_twin_confirmed",
+            "Uploads the cloud confirmed",
+            metrics.confirmed.clone(),
+        );
+        registry.register(
+            "edgehive_twin_unconfirmed_dropped",
+            "Unconfirmed uploads dropped because the confirm list was full (oldest first)",
+            metrics.dropped.clone(),
+        );
+        registry.register(
+            "edgehive_twin_unconfirmed",
+            "Uploads waiting for the cloud's confirmation",
+            metrics.unconfirmed.clone(),
+        );
+        metrics
+    }
+}
+
+/// Uploads waiting for confirmation, oldest first.
+#[derive(Debug, Default)]
+struct Unconfirmed {
+    order: VecDeque<String>,
+    messages: HashMap<String, Message>,
+    /// The pending `membership/detail` request's id, if any.
+    detail: Option<String>,
+}
+
+impl Unconfirmed {
+    fn insert(&mut self, message: Message, metrics: &TwinMetrics) {
+        while self.order.len() >= MAX_UNCONFIRMED {
+            if let Some(oldest) = self.order.pop_front() {
+                self.messages.remove(&oldest);
+                metrics.dropped.inc();
+            }
+        }
+        self.order.push_back(message.id().to_owned());
+        self.messages.insert(message.id().to_owned(), message);
+        metrics.unconfirmed.set(self.order.len() as i64);
+    }
+
+    fn confirm(&mut self, id: &str, metrics: &TwinMetrics) -> Option<Message> {
+        let message = self.messages.remove(id)?;
+        self.order.retain(|pending| pending != id);
+        if self.detail.as_deref() == Some(id) {
+            self.detail = None;
+        }
+        metrics.unconfirmed.set(self.order.len() as i64);
+        Some(message)
+    }
+
+    fn all(&self) -> Vec<Message> {
+        self.order
+            .iter()
+            .filter_map(|id| self.messages.get(id).cloned())
+            .collect()
+    }
+}
+
+/// State that outlives a restart of the actor.
+#[derive(Debug)]
+struct Shared {
+    store: TwinStore,
+    node_name: String,
+    connected: AtomicBool,
+    unconfirmed: Mutex<Unconfirmed>,
+    metrics: TwinMetrics,
+}
+
+impl Shared {
+    fn unconfirmed(&self) -> MutexGuard<'_, Unconfirmed> {
+        // Critical sections only move map entries; a panic cannot leave them torn.
+        self.unconfirmed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The DeviceTwin recipe.
+#[derive(Debug)]
+pub struct DeviceTwinModule {
+    store: TwinStore,
+    node_name: String,
+    shared: OnceLock<Arc<Shared>>,
+}
+
+impl DeviceTwinModule {
+    /// DeviceTwin for node `node_name` over the device tables in `store`.
+    pub fn new(store: TwinStore, node_name: impl Into<String>) -> Self {
+        DeviceTwinModule {
+            store,
+            node_name: node_name.into(),
+            shared: OnceLock::new(),
+        }
+    }
+}
+
+impl Module for DeviceTwinModule {
+    type Actor = DeviceTwin;
+
+    fn name(&self) -> &str {
+        MODULE_NAME
+    }
+
+    fn group(&self) -> &str {
+        GROUP
+    }
+
+    fn create(&self, hive: &Hive) -> DeviceTwin {
+        let shared = self
+            .shared
+            .get_or_init(|| {
+                Arc::new(Shared {
+                    store: self.store.clone(),
+                    node_name: self.node_name.clone(),
+                    connected: AtomicBool::new(false),
+                    unconfirmed: Mutex::new(Unconfirmed::default()),
+                    metrics: TwinMetrics::register(hive),
+                })
+            })
+            .clone();
+        DeviceTwin {
+            hive: hive.clone(),
+            shared,
+        }
+    }
+}
+
+/// The DeviceTwin actor; see the [module docs](self).
+#[derive(Debug)]
+pub struct DeviceTwin {
+    hive: Hive,
+    shared: Arc<Shared>,
+}
+
+impl Actor for DeviceTwin {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(RESEND_INTERVAL, |twin, ctx| {
+            let (hive, shared) = (twin.hive.clone(), twin.shared.clone());
+            ctx.spawn(actix::fut::wrap_future(async move {
+                resend_all(&hive, &shared).await;
+            }));
+        });
+    }
+}
+
+impl Handler<Envelope> for DeviceTwin {
+    type Result = ResponseFuture<Option<Message>>;
+
+    fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Self::Result {
+        let (hive, shared) = (self.hive.clone(), self.shared.clone());
+        Box::pin(async move { on_message(&hive, &shared, envelope.message()).await })
+    }
+}
+
+impl Handler<ReportTwin> for DeviceTwin {
+    type Result = ResponseFuture<Result<Message, TwinError>>;
+
+    fn handle(&mut self, report: ReportTwin, _: &mut Context<Self>) -> Self::Result {
+        let (hive, shared) = (self.hive.clone(), self.shared.clone());
+        Box::pin(async move {
+            let reported = shared
+                .store
+                .set_actual(report.id.clone(), report.property.clone(), report.value)
+                .await?;
+            let Some(reported) = reported else {
+                return Err(match shared.store.get(report.id.clone()).await? {
+                    None => TwinError::UnknownDevice(report.id),
+                    Some(_) => TwinError::UnknownProperty(report.id, report.property),
+                });
+            };
+            let content = json!({
+                "event_id": uuid::Uuid::new_v4().to_string(),
+                "timestamp": now_ms(),
+                "twin": { reported.property: reported.twin },
+            });
+            let message = Message::new(
+                ModuleName::Twin,
+                Group::Resource,
+                Operation::Update,
+                format!("device/{}/twin/edge_updated", report.id),
+                content,
+            );
+            upload(&hive, &shared, message.clone()).await;
+            Ok(message)
+        })
+    }
+}
+
+impl Handler<ReportState> for DeviceTwin {
+    type Result = ResponseFuture<Result<Message, TwinError>>;
+
+    fn handle(&mut self, report: ReportState, _: &mut Context<Self>) -> Self::Result {
+        let (hive, shared) = (self.hive.clone(), self.shared.clone());
+        Box::pin(async move {
+            let now = now_rfc3339();
+            if !shared
+                .store
+                .set_state(report.id.clone(), report.state.clone(), now.clone())
+                .await?
+            {
+                return Err(TwinError::UnknownDevice(report.id));
+            }
+            let name = report.id.rsplit('/').next().unwrap_or_default();
+            // KubeEdge sends this payload as a JSON document inside a string.
+            let content = json!({
+                "event_id": uuid::Uuid::new_v4().to_string(),
+                "timestamp": now_ms(),
+                "device": {"name": name, "state": report.state, "lastOnlineTime": now},
+            })
+            .to_string();
+            let message = Message::new(
+                ModuleName::Twin,
+                Group::Resource,
+                Operation::Update,
+                format!("device/{}/state/update", report.id),
+                Value::String(content),
+            );
+            upload(&hive, &shared, message.clone()).await;
+            Ok(message)
+        })
+    }
+}
+
+/// Remembers `message` until confirmed and sends it now if connected (else at reconnect).
+async fn upload(hive: &Hive, shared: &Shared, message: Message) {
+    shared
+        .unconfirmed()
+        .insert(message.clone(), &shared.metrics);
+    shared.metrics.uploads.inc();
+    if shared.connected.load(Ordering::Relaxed) {
+        to_cloud(hive, &message).await;
+    }
+}
+
+async fn to_cloud(hive: &Hive, message: &Message) {
+    if let Err(error) = send_with_retry(hive, HUB_MODULE, message).await {
+        // Still unconfirmed, so it goes again after the next connect or interval.
+        tracing::warn!(id = message.id(), resource = message.resource(), %error, "twin upload not handed to edgehub");
+    }
+}
+
+async fn resend_all(hive: &Hive, shared: &Shared) {
+    if !shared.connected.load(Ordering::Relaxed) {
+        return;
+    }
+    let pending = shared.unconfirmed().all();
+    for message in pending {
+        shared.metrics.resends.inc();
+        to_cloud(hive, &message).await;
+    }
+}
+
+/// The `membership/detail` request a real edge sends after connecting.
+fn membership_detail(node_name: &str) -> Message {
+    let timestamp = now_ms();
+    let content = json!({
+        "event_type": "group_membership_event",
+        "event_id": uuid::Uuid::new_v4().to_string(),
+        "group_id": node_name,
+        "operation": "detail",
+        "timestamp": timestamp,
+    })
+    .to_string();
+    Message::new(
+        ModuleName::Twin,
+        Group::Resource,
+        Operation::Get,
+        ResourceType::MembershipDetail.as_str(),
+        Value::String(content),
+    )
+}
+
+async fn on_connected(hive: &Hive, shared: &Shared) {
+    shared.connected.store(true, Ordering::Relaxed);
+    let has_detail = shared.unconfirmed().detail.is_some();
+    if !has_detail {
+        let detail = membership_detail(&shared.node_name);
+        let mut unconfirmed = shared.unconfirmed();
+        unconfirmed.detail = Some(detail.id().to_owned());
+        unconfirmed.insert(detail, &shared.metrics);
+    }
+    resend_all(hive, shared).await;
+}
+
+async fn on_message(hive: &Hive, shared: &Shared, msg: &Message) -> Option<Message> {
+    let operation = msg.operation()?;
+    if *operation == Operation::Connect && msg.resource() == ResourceType::NodeConnection.as_str() {
+        match msg.content_str() {
+            Some("cloud_connected") => on_connected(hive, shared).await,
+            Some("cloud_disconnected") => shared.connected.store(false, Ordering::Relaxed),
+            _ => {}
+        }
+        return None;
+    }
+    if let Some(parent) = msg.parent_id() {
+        let confirmed = shared.unconfirmed().confirm(parent, &shared.metrics);
+        if let Some(request) = confirmed {
+            shared.metrics.confirmed.inc();
+            if request.resource() == ResourceType::MembershipDetail.as_str() {
+                apply_detail(shared, msg).await;
+            }
+            return None;
+        }
+    }
+    if msg.resource() == ResourceType::Membership.as_str() && *operation == Operation::Update {
+        apply_membership(shared, msg).await;
+        return None;
+    }
+    if let Ok(resource) = EdgeResource::parse(msg.resource()) {
+        let is_device = resource.resource_type == ResourceType::Device;
+        let is_model = resource.resource_type == ResourceType::DeviceModel;
+        if is_device || is_model {
+            // From MetaManager, which waits for this reply before it ACKs.
+            let outcome = if is_device {
+                apply_device_object(shared, msg, &resource).await
+            } else {
+                Ok(())
+            };
+            return Some(match outcome {
+                Ok(()) => Message::response_to(msg, json!("OK")),
+                Err(error) => {
+                    let mut reply = Message::error_to(msg, error.to_string());
+                    reply.route.source = Some(ModuleName::Twin);
+                    reply
+                }
+            });
+        }
+    }
+    tracing::debug!(
+        id = msg.id(),
+        resource = msg.resource(),
+        "twin ignores message"
+    );
+    None
+}
+
+async fn apply_membership(shared: &Shared, msg: &Message) {
+    let Ok(content) = msg.content_json() else {
+        tracing::warn!(id = msg.id(), "membership update is not JSON; ignored");
+        return;
+    };
+    let list = |key: &str| -> Vec<Value> {
+        content
+            .get(key)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let added: Vec<DeviceSpec> = list("added_devices")
+        .iter()
+        .filter_map(DeviceSpec::from_membership)
+        .collect();
+    let removed: Vec<String> = list("removed_devices")
+        .iter()
+        .filter_map(|device| device.get("id")?.as_str().map(str::to_owned))
+        .collect();
+    if let Err(error) = shared.store.upsert_devices(added).await {
+        tracing::error!(%error, "could not store added devices");
+    }
+    if let Err(error) = shared.store.remove_devices(removed).await {
+        tracing::error!(%error, "could not remove devices");
+    }
+}
+
+/// A cloud answer to `membership/detail` with a `devices` list is the full device set.
+async fn apply_detail(shared: &Shared, msg: &Message) {
+    let Some(devices) = msg
+        .content_json()
+        .ok()
+        .and_then(|content| content.get("devices").and_then(Value::as_array).cloned())
+    else {
+        return;
+    };
+    let devices = devices
+        .iter()
+        .filter_map(DeviceSpec::from_membership)
+        .collect();
+    if let Err(error) = shared.store.replace_devices(devices).await {
+        tracing::error!(%error, "could not store the membership detail");
+    }
+}
+
+async fn apply_device_object(
+    shared: &Shared,
+    msg: &Message,
+    resource: &EdgeResource,
+) -> Result<(), StoreError> {
+    let id = format!(
+        "{}/{}",
+        resource.namespace,
+        resource.name.as_deref().unwrap_or_default()
+    );
+    if msg.operation() == Some(&Operation::Delete) {
+        return shared.store.remove_devices(vec![id]).await;
+    }
+    let content = msg.content_json().unwrap_or_else(|_| msg.content.clone());
+    match DeviceSpec::from_object(&content) {
+        Some(device) => shared.store.upsert_devices(vec![device]).await,
+        None => {
+            tracing::warn!(
+                id,
+                "Device object without metadata.name; only stored in meta"
+            );
+            Ok(())
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The current UTC time as RFC 3339 (seconds), without a date-time dependency.
+fn now_rfc3339() -> String {
+    let secs = now_ms() / 1000;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detail_request_matches_a_real_edge() {
+        let detail = membership_detail("edge-3");
+        assert_eq!(detail.source(), Some(&ModuleName::Twin));
+        assert_eq!(detail.group(), Some(&Group::Resource));
+        assert_eq!(detail.operation(), Some(&Operation::Get));
+        assert_eq!(detail.resource(), "membership/detail");
+        let content = detail.content_json().unwrap();
+        assert_eq!(content["event_type"], "group_membership_event");
+        assert_eq!(content["group_id"], "edge-3");
+        assert_eq!(content["operation"], "detail");
+        assert!(detail.content.is_string(), "sent as a JSON string");
+    }
+
+    #[test]
+    fn rfc3339_has_the_right_shape() {
+        let now = now_rfc3339();
+        assert_eq!(now.len(), 20, "{now}");
+        assert!(now.starts_with("20") && now.ends_with('Z'), "{now}");
+    }
+}

@@ -92,18 +92,117 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
         );
     }
 
-    let result = wait_for_delivery(&cloud, &edges, options.timeout).await;
+    let result = match wait_for_delivery(&cloud, &edges, options.timeout).await {
+        Ok(delivered) => device_round_trip(&cloud, &edges[0], options.timeout)
+            .await
+            .map(|()| delivered),
+        Err(error) => Err(error),
+    };
     for edge in edges {
         edge.stop().await;
     }
     cloud.stop().await;
     let delivered = result?;
     println!(
-        "{} pods stored on {} edges and ACKed, each with the configmap it uses",
+        "{} pods stored on {} edges and ACKed, each with the configmap it uses; \
+         the device's twin report reached the cloud",
         delivered.len(),
         options.edges
     );
     Ok(delivered)
+}
+
+/// A Device for `edge`'s node goes down to its DeviceTwin; a mapper reports a value through
+/// the edge's local API, as a real mapper would, and it lands in the cloud's DeviceStatus.
+async fn device_round_trip(
+    cloud: &CloudProcess,
+    edge: &EdgeProcess,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let node = edge.node_name();
+    cloud.cluster().apply(json!({
+        "apiVersion": "devices.kubeedge.io/v1beta1", "kind": "DeviceModel",
+        "metadata": {"name": "demo-thermometer-model", "namespace": "default"},
+        "spec": {"properties": [{"name": "temperature", "type": "INT"}]},
+    }))?;
+    cloud.cluster().apply(json!({
+        "apiVersion": "devices.kubeedge.io/v1beta1", "kind": "Device",
+        "metadata": {"name": DEVICE_NAME, "namespace": "default"},
+        "spec": {"deviceModelRef": {"name": "demo-thermometer-model"}, "nodeName": node,
+                 "properties": [{"name": "temperature", "desired": {"value": "20"}}]},
+    }))?;
+    println!("cloud: created device default/{DEVICE_NAME} for {node} (desired temperature 20)");
+
+    let admin = edge.admin_addr();
+    let device_path = format!("/api/v1/devices/default/{DEVICE_NAME}");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (status, body) = http(awc::http::Method::GET, admin, &device_path, "").await?;
+        if status == 200 && body.contains("temperature") {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {timeout:?}: device {DEVICE_NAME} never reached {node}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("{node}: device default/{DEVICE_NAME} stored by DeviceTwin, shown on http://{admin}{device_path}");
+
+    let (status, body) = http(
+        awc::http::Method::PUT,
+        admin,
+        &format!("{device_path}/twins/temperature"),
+        "21",
+    )
+    .await?;
+    if !(200..300).contains(&status) {
+        bail!("the edge refused the twin report: {status} {body}");
+    }
+    println!("{node}: a mapper reported temperature 21 through the edge API");
+    loop {
+        let reported = cloud
+            .cluster()
+            .get("DeviceStatus", Some("default"), DEVICE_NAME)
+            .and_then(|status| {
+                status["status"]["twins"]
+                    .as_array()?
+                    .iter()
+                    .find(|twin| twin["propertyName"] == "temperature")
+                    .map(|twin| twin["reported"]["value"].clone())
+            });
+        if reported == Some(json!("21")) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {timeout:?}: the twin report never reached the cloud");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("cloud: DeviceStatus default/{DEVICE_NAME} now reports temperature 21");
+    Ok(())
+}
+
+/// One request to an admin endpoint on loopback: status and body.
+async fn http(
+    method: awc::http::Method,
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
+    let url = format!("http://{addr}{path}");
+    let mut response = awc::Client::new()
+        .request(method, &url)
+        .send_body(body.to_owned())
+        .await
+        .map_err(|error| anyhow::anyhow!("{url}: {error}"))?;
+    let body = response
+        .body()
+        .await
+        .map_err(|error| anyhow::anyhow!("{url}: {error}"))?;
+    Ok((
+        response.status().as_u16(),
+        String::from_utf8_lossy(&body).into_owned(),
+    ))
 }
 
 async fn wait_for_delivery(
@@ -214,6 +313,9 @@ pub fn loopback_edge_config(node: &str, cloud: &CloudProcess, dir: &Path) -> Edg
     hub.token = cloud.join_token().unwrap_or_default();
     config
 }
+
+/// The Device the demo gives the first edge.
+const DEVICE_NAME: &str = "demo-thermometer";
 
 fn pod_name(node: &str) -> String {
     format!("demo-{node}")

@@ -30,6 +30,10 @@ fn demo_delivers_a_pod_to_every_edge_and_exits_zero() {
         stdout.contains("3 pods stored on 3 edges and ACKed"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("cloud: DeviceStatus default/demo-thermometer now reports temperature 21"),
+        "the twin report reaches the cloud:\n{stdout}"
+    );
 }
 
 #[test]

@@ -3,54 +3,17 @@
 //! its local API still lists every object; when the cloud comes back the edge reconnects and
 //! receives a new pod.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod support;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::process::{banner_field, spawn, Process};
 
-const BIN: &str = env!("CARGO_BIN_EXE_edgehive");
 const WITHIN: Duration = Duration::from_secs(20);
-
-/// Kills the child (SIGKILL) when dropped, so a failing test leaves nothing running.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `edgehive` and returns it with its banner (first stdout line).
-fn spawn(args: &[&str]) -> (Process, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let process = Process(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    assert!(
-        !line.is_empty(),
-        "edgehive {args:?} exited without a banner"
-    );
-    (process, line)
-}
-
-fn after<'a>(banner: &'a str, marker: &str, end: char) -> &'a str {
-    banner
-        .split(marker)
-        .nth(1)
-        .and_then(|rest| rest.split(end).next())
-        .unwrap_or_else(|| panic!("no {marker:?} in banner {banner:?}"))
-        .trim()
-}
 
 /// A plain HTTP/1.0 GET on loopback: status and body.
 fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
@@ -127,13 +90,13 @@ fn start_cloud(dir: &Path, port: u16) -> (Process, String) {
         "--manifests",
         manifests.to_str().unwrap(),
     ]);
-    let websocket = after(&banner, "WebSocket on ", ',').to_owned();
+    let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
     (cloud, websocket)
 }
 
 fn start_edge(config: &Path) -> (Process, String) {
     let (edge, banner) = spawn(&["edge", "--config", config.to_str().unwrap()]);
-    let admin = after(&banner, "admin on http://", '\n').to_owned();
+    let admin = banner_field(&banner, "admin on http://", '\n').to_owned();
     (edge, admin)
 }
 

@@ -4,33 +4,12 @@
 //! Run: `cargo test --release --test edge_rss -- --ignored --nocapture`. Figures go to
 //! BENCHMARKS.md ("## Edge").
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::time::{Duration, Instant};
+use support::process::{banner_field, spawn};
 
-const BIN: &str = env!("CARGO_BIN_EXE_edgehive");
 const PODS: usize = 100;
-
-struct Process(Child);
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(args: &[&str]) -> (Process, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    (Process(child), line)
-}
 
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -81,12 +60,7 @@ fn edge_rss_idle_with_100_pods() {
         "--manifests",
         manifests.to_str().unwrap(),
     ]);
-    let websocket = banner
-        .split("WebSocket on ")
-        .nth(1)
-        .and_then(|rest| rest.split(',').next())
-        .unwrap()
-        .to_owned();
+    let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
     let db = dir.path().join("edge.db");
     let edge_config = dir.path().join("edge.yaml");
     std::fs::write(
@@ -112,7 +86,7 @@ fn edge_rss_idle_with_100_pods() {
     std::thread::sleep(Duration::from_secs(5));
     println!(
         "{PODS} pods stored in {delivered:?}; edge VmRSS {} KiB idle; cloud VmRSS {} KiB",
-        rss_kib(edge.0.id()),
-        rss_kib(cloud.0.id())
+        rss_kib(edge.id()),
+        rss_kib(cloud.id())
     );
 }

@@ -3,11 +3,10 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use support::process::{banner_field, spawn, BIN};
 
-const BIN: &str = env!("CARGO_BIN_EXE_edgehive");
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 fn run(args: &[&str]) -> std::process::Output {
     Command::new(BIN).args(args).output().unwrap()
@@ -65,49 +64,6 @@ fn version_prints_the_version() {
         .starts_with(&format!("edgehive {}", env!("CARGO_PKG_VERSION"))));
 }
 
-/// Kills the child if the test fails half-way.
-struct Process(Child);
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Process {
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.0.id().to_string();
-        assert!(Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "process ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-/// Starts `edgehive` and returns it with its first stdout line (the addresses it listens on).
-fn spawn(args: &[&str]) -> (Process, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let process = Process(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    (process, line)
-}
-
 #[test]
 fn cloud_and_edge_processes_deliver_a_manifest_pod_into_the_edge_database() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,12 +91,7 @@ fn cloud_and_edge_processes_deliver_a_manifest_pod_into_the_edge_database() {
         manifests.to_str().unwrap(),
     ]);
     // "edgehive cloud: WebSocket on 127.0.0.1:PORT, admin on http://..."
-    let websocket = banner
-        .split("WebSocket on ")
-        .nth(1)
-        .and_then(|rest| rest.split(',').next())
-        .unwrap_or_else(|| panic!("unexpected banner {banner:?}"))
-        .to_owned();
+    let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
 
     let db = dir.path().join("edge.db");
     let edge_config = dir.path().join("edge.yaml");

@@ -2,6 +2,8 @@
 //! ports and temporary SQLite files.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};

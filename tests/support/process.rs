@@ -1,0 +1,74 @@
+//! The `edgehive` binary as a child process: started, its banner read, stopped.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_edgehive");
+
+/// A running `edgehive`; killed (SIGKILL) when dropped, so a failing test leaves nothing behind.
+pub struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Process {
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Sends SIGTERM and waits (10 s at most) for the exit status.
+    pub fn terminate(mut self) -> ExitStatus {
+        let pid = self.0.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "process ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Starts `edgehive ARGS` and returns it with its banner (the first stdout line, which says
+/// where it listens).
+pub fn spawn(args: &[&str]) -> (Process, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let process = Process(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert!(
+        !line.is_empty(),
+        "edgehive {args:?} exited without a banner"
+    );
+    (process, line)
+}
+
+/// The text in `banner` between `marker` and the next `end`, e.g. the WebSocket address in
+/// "edgehive cloud: WebSocket on 127.0.0.1:PORT, admin on …".
+pub fn banner_field<'a>(banner: &'a str, marker: &str, end: char) -> &'a str {
+    banner
+        .split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split(end).next())
+        .unwrap_or_else(|| panic!("no {marker:?} in banner {banner:?}"))
+        .trim()
+}

@@ -107,7 +107,10 @@ async fn run() -> anyhow::Result<()> {
     cloud_config.modules.cloud_hub.websocket.port = 0;
     cloud_config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
     let cloud = CloudProcess::start(&cloud_config, None).await?;
-    cloud.cluster().apply(json!({
+    let cluster = cloud
+        .cluster()
+        .context("no kubeAPIConfig: the embedded cluster")?;
+    cluster.apply(json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "edge-x", "labels": {"node-role.kubernetes.io/edge": ""}},
     }))?;
@@ -124,7 +127,7 @@ async fn run() -> anyhow::Result<()> {
     .await?;
 
     for name in ["a", "b"] {
-        cloud.cluster().apply(json!({
+        cluster.apply(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default"},
             "spec": {"nodeName": "edge-x", "containers": [{"name": "c", "image": "busybox"}]},
@@ -134,7 +137,7 @@ async fn run() -> anyhow::Result<()> {
     // Delete only after both inserts arrived: a delete of a pod still queued for the edge
     // replaces its pending insert in CloudHub's pool, and the edge would never see the insert.
     wait_for_count(&metrics_url, "pod", "insert", 2).await?;
-    cloud.cluster().delete("Pod", Some("default"), "a")?;
+    cluster.delete("Pod", Some("default"), "a")?;
     let lines = wait_for_count(&metrics_url, "pod", "delete", 1).await?;
     for line in lines {
         println!("{line}");

@@ -1,5 +1,6 @@
-//! The cloud process: the embedded cluster, CloudHub with its WebSocket server,
-//! EdgeController and DeviceController, and the admin endpoint with the connected nodes.
+//! The cloud process: the cluster (embedded, or a Kubernetes API server when
+//! `kubeAPIConfig` says so), CloudHub with its WebSocket server, EdgeController and
+//! DeviceController, and the admin endpoint with the connected nodes.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -11,7 +12,8 @@ use anyhow::Context as _;
 use edgehive_actors::cloud::cloudhub::{
     start_cloudhub, CloudHub, CloudHubServer, ListNodes, NodeInfo, CLOUDHUB_MODULE,
 };
-use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster};
+use edgehive_actors::cloud::cluster::kube::{KubeCluster, DEVICE_KINDS};
+use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster, SharedCluster};
 use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
 use edgehive_actors::cloud::edgecontroller::EdgeControllerModule;
 use edgehive_actors::hive::{Hive, HiveError};
@@ -21,25 +23,64 @@ use crate::admin::AdminServer;
 use crate::config::CloudConfig;
 
 /// A running cloud process.
-#[derive(Debug)]
 pub struct CloudProcess {
     hive: Hive,
-    cluster: EmbeddedCluster,
+    /// The embedded cluster, when the controllers run on it.
+    embedded: Option<EmbeddedCluster>,
+    /// What the controllers read and write.
+    cluster: SharedCluster,
     hub: CloudHubServer,
     admin: AdminServer,
 }
 
+impl std::fmt::Debug for CloudProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudProcess")
+            .field("cluster", &self.cluster.adapter())
+            .field("hub", &self.hub)
+            .field("admin", &self.admin)
+            .finish_non_exhaustive()
+    }
+}
+
 impl CloudProcess {
-    /// Starts the cloud described by `config` on the embedded cluster, seeded from the
-    /// manifests in `manifests` if given; must run inside an actix system.
+    /// Starts the cloud described by `config`: on the Kubernetes API server its
+    /// `kubeAPIConfig` names, or else on the embedded cluster seeded from the manifests in
+    /// `manifests` if given; must run inside an actix system.
+    ///
+    /// Fails before anything listens if the API server is unreachable or lacks a CRD the
+    /// enabled controllers need; the error says which and how to install it.
     pub async fn start(config: &CloudConfig, manifests: Option<&Path>) -> anyhow::Result<Self> {
-        let cluster = EmbeddedCluster::new();
-        if let Some(dir) = manifests {
-            let loaded = cluster
-                .load_manifests(dir)
-                .with_context(|| format!("cannot load manifests from {}", dir.display()))?;
-            tracing::info!(objects = loaded, dir = %dir.display(), "manifests loaded");
-        }
+        let (embedded, cluster): (Option<EmbeddedCluster>, SharedCluster) =
+            match config.kube_api_config.kube_options() {
+                Some(options) => {
+                    if manifests.is_some() {
+                        anyhow::bail!(
+                            "--manifests seeds the embedded cluster, but kubeAPIConfig points at a \
+                             Kubernetes API server: apply them with kubectl instead"
+                        );
+                    }
+                    let required = if config.modules.device_controller.enable {
+                        DEVICE_KINDS
+                    } else {
+                        &[]
+                    };
+                    let kube = KubeCluster::connect(&options, required)
+                        .await
+                        .context("cannot start on the Kubernetes API server")?;
+                    (None, std::sync::Arc::new(kube))
+                }
+                None => {
+                    let cluster = EmbeddedCluster::new();
+                    if let Some(dir) = manifests {
+                        let loaded = cluster.load_manifests(dir).with_context(|| {
+                            format!("cannot load manifests from {}", dir.display())
+                        })?;
+                        tracing::info!(objects = loaded, dir = %dir.display(), "manifests loaded");
+                    }
+                    (Some(cluster.clone()), std::sync::Arc::new(cluster))
+                }
+            };
         let hive = Hive::new("cloud");
         let hub = start_cloudhub(&hive, config.modules.cloud_hub.options())
             .await
@@ -51,34 +92,50 @@ impl CloudProcess {
             hive.start_module(DeviceControllerModule::new(&hive, cluster.clone()))?;
         }
         let routes_hive = hive.clone();
-        let routes_cluster = cluster.clone();
+        let routes_cluster = embedded.clone();
         let admin = AdminServer::start(
             &config.common_config.monitor_server.bind_address,
             hive.clone(),
             Arc::new(move |routes: &mut web::ServiceConfig| {
                 routes
                     .app_data(web::Data::new(routes_hive.clone()))
-                    .app_data(web::Data::new(routes_cluster.clone()))
-                    .app_data(web::PayloadConfig::new(MAX_APPLY_BYTES))
-                    .route("/api/v1/nodes", web::get().to(list_nodes))
-                    .route("/api/v1/apply", web::post().to(apply))
-                    .route(
-                        "/api/v1/objects/{kind}/{namespace}/{name}",
-                        web::delete().to(delete_object),
-                    );
+                    .route("/api/v1/nodes", web::get().to(list_nodes));
+                match &routes_cluster {
+                    Some(cluster) => routes
+                        .app_data(web::Data::new(cluster.clone()))
+                        .app_data(web::PayloadConfig::new(MAX_APPLY_BYTES))
+                        .route("/api/v1/apply", web::post().to(apply))
+                        .route(
+                            "/api/v1/objects/{kind}/{namespace}/{name}",
+                            web::delete().to(delete_object),
+                        ),
+                    None => routes
+                        .route("/api/v1/apply", web::post().to(use_kubectl))
+                        .route(
+                            "/api/v1/objects/{kind}/{namespace}/{name}",
+                            web::delete().to(use_kubectl),
+                        ),
+                };
             }),
         )?;
-        tracing::info!(websocket = %hub.local_addr(), admin = %admin.addr(), "cloud started");
+        tracing::info!(websocket = %hub.local_addr(), admin = %admin.addr(), cluster = cluster.adapter(), "cloud started");
         Ok(CloudProcess {
             hive,
+            embedded,
             cluster,
             hub,
             admin,
         })
     }
 
-    /// The cluster the controllers read (the embedded one).
-    pub fn cluster(&self) -> &EmbeddedCluster {
+    /// The embedded cluster the controllers read; `None` when they run on a Kubernetes API
+    /// server (use [`Self::shared_cluster`] for either).
+    pub fn cluster(&self) -> Option<&EmbeddedCluster> {
+        self.embedded.as_ref()
+    }
+
+    /// The cluster the controllers read and write, whichever adapter it is.
+    pub fn shared_cluster(&self) -> &SharedCluster {
         &self.cluster
     }
 
@@ -156,6 +213,14 @@ async fn apply(cluster: web::Data<EmbeddedCluster>, body: web::Bytes) -> HttpRes
         }
         Err(error) => cluster_error(&error),
     }
+}
+
+/// `POST /api/v1/apply` and `DELETE /api/v1/objects/...` when the cloud runs on a Kubernetes
+/// API server: the cluster is changed with kubectl there, not through edgehive.
+async fn use_kubectl() -> HttpResponse {
+    HttpResponse::Conflict().json(json!({
+        "error": "the cloud runs on a Kubernetes API server (kubeAPIConfig); change objects with kubectl"
+    }))
 }
 
 /// `DELETE /api/v1/objects/{kind}/{namespace}/{name}`: deletes one object of the embedded

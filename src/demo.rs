@@ -54,6 +54,10 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
     cloud_config.modules.cloud_hub.websocket.port = 0;
     cloud_config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
     let cloud = CloudProcess::start(&cloud_config, None).await?;
+    let cluster = cloud
+        .cluster()
+        .context("the demo runs on the embedded cluster")?
+        .clone();
     println!(
         "cloud: WebSocket on ws://{}, admin on http://{}",
         cloud.websocket_addr(),
@@ -63,7 +67,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
     let mut edges = Vec::new();
     for i in 1..=options.edges {
         let node = format!("edge-{i}");
-        cloud.cluster().apply(edge_node(&node))?;
+        cluster.apply(edge_node(&node))?;
         let mut config = EdgeConfig::default();
         config.modules.edged.hostname_override = node.clone();
         config.modules.edge_hub.websocket.server = cloud.websocket_addr().to_string();
@@ -76,13 +80,13 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
         );
         edges.push(edge);
     }
-    let config = cloud.cluster().apply(demo_config())?;
+    let config = cluster.apply(demo_config())?;
     println!(
         "cloud: created configmap default/{CONFIG_NAME} (resourceVersion {}), used by every demo pod",
         config["metadata"]["resourceVersion"].as_str().unwrap_or("?")
     );
     for edge in &edges {
-        let pod = cloud.cluster().apply(demo_pod(edge.node_name()))?;
+        let pod = cluster.apply(demo_pod(edge.node_name()))?;
         println!(
             "cloud: created pod default/{} for {} (resourceVersion {})",
             pod_name(edge.node_name()),

@@ -35,6 +35,7 @@ fn preserved_object(_: &mut SchemaGenerator) -> Schema {
     group = "devices.kubeedge.io",
     version = "v1beta1",
     kind = "Device",
+    doc = "A device instance, served by the edge node in spec.nodeName",
     namespaced,
     status = "DeviceReportStatus",
     derive = "PartialEq",
@@ -169,6 +170,7 @@ pub struct DeviceReportStatus {
     group = "devices.kubeedge.io",
     version = "v1beta1",
     kind = "DeviceModel",
+    doc = "A device model: the properties and protocol its devices share",
     namespaced,
     derive = "PartialEq",
     derive = "Default"
@@ -218,6 +220,7 @@ pub struct ModelProperty {
     group = "devices.kubeedge.io",
     version = "v1beta1",
     kind = "DeviceStatus",
+    doc = "The reported twins and state of the Device with the same name",
     namespaced,
     status = "DeviceStatusStatus",
     derive = "PartialEq",
@@ -266,6 +269,7 @@ pub struct Twin {
     group = "reliablesyncs.kubeedge.io",
     version = "v1alpha1",
     kind = "ObjectSync",
+    doc = "Which namespaced object an edge node has persisted, at which resourceVersion",
     namespaced,
     status = "ObjectSyncStatus",
     derive = "PartialEq",
@@ -301,6 +305,7 @@ pub struct ObjectSyncSpec {
     group = "reliablesyncs.kubeedge.io",
     version = "v1alpha1",
     kind = "ClusterObjectSync",
+    doc = "Which cluster-scoped object an edge node has persisted, at which resourceVersion",
     status = "ObjectSyncStatus",
     derive = "PartialEq",
     derive = "Default"
@@ -352,7 +357,21 @@ pub fn crd_manifests() -> Vec<(&'static str, CustomResourceDefinition)> {
         }
         crd
     };
-    vec![
+    // KubeEdge's CRDs accept objects without a spec (cloudcore creates DeviceStatuses with
+    // none): drop the derive's top-level `required: [spec]`.
+    let spec_optional = |mut crd: CustomResourceDefinition| {
+        for version in &mut crd.spec.versions {
+            if let Some(schema) = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+            {
+                schema.required = None;
+            }
+        }
+        crd
+    };
+    let crds = vec![
         (
             "devices_v1beta1_device.yaml",
             without_status_subresource(Device::crd()),
@@ -364,7 +383,10 @@ pub fn crd_manifests() -> Vec<(&'static str, CustomResourceDefinition)> {
         ),
         ("objectsync_v1alpha1.yaml", ObjectSync::crd()),
         ("cluster_objectsync_v1alpha1.yaml", ClusterObjectSync::crd()),
-    ]
+    ];
+    crds.into_iter()
+        .map(|(file, crd)| (file, spec_optional(crd)))
+        .collect()
 }
 
 /// A CRD as the YAML committed in `config/crds/`, with a header saying where it comes from.

@@ -204,6 +204,12 @@ impl std::fmt::Debug for KubeCluster {
     }
 }
 
+impl From<KubeCluster> for super::SharedCluster {
+    fn from(cluster: KubeCluster) -> Self {
+        std::sync::Arc::new(cluster)
+    }
+}
+
 fn unknown_kind(kind: &str) -> ClusterError {
     ClusterError::Invalid(format!(
         "kind {kind} is not one the kube adapter knows ({})",

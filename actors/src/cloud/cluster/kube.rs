@@ -247,8 +247,24 @@ pub fn cluster_error(kind: &str, key: &str, error: kube::Error) -> ClusterError 
             reason: "InternalError".into(),
             message: format!("cannot decode the API server's answer: {err}"),
         },
-        other => ClusterError::Unavailable(other.to_string()),
+        other => ClusterError::Unavailable(with_sources(&other)),
     }
+}
+
+/// `error` with its sources ("client error (Connect): tcp connect error: Connection refused"),
+/// since kube's own text often stops before the reason.
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// The object as the port hands it out: JSON with `apiVersion` and `kind` first (list items
@@ -340,7 +356,7 @@ impl KubeCluster {
                     error: cluster_error("version", "", kube::Error::Api(status)),
                 })
             }
-            Err(err) => return Err(unreachable(err.to_string())),
+            Err(err) => return Err(unreachable(with_sources(&err))),
         }
         // One discovery request per group/version; the served plurals answer for its kinds.
         let mut served: std::collections::HashMap<String, Vec<String>> = Default::default();
@@ -374,7 +390,7 @@ impl KubeCluster {
                             error: cluster_error(kind, "", kube::Error::Api(status)),
                         })
                     }
-                    Err(err) => return Err(unreachable(err.to_string())),
+                    Err(err) => return Err(unreachable(with_sources(&err))),
                 };
                 served.insert(api_version.clone(), plurals);
             }

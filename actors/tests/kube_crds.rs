@@ -149,3 +149,37 @@ fn crds_keep_kubeedge_field_names_and_unknown_fields() {
         .get("objectResourceVersion")
         .is_some());
 }
+
+#[test]
+fn a_kubeedge_device_reads_into_the_typed_device_and_back() {
+    use edgehive_actors::cloud::cluster::crds::Device;
+    let manifest = serde_json::json!({
+        "apiVersion": "devices.kubeedge.io/v1beta1", "kind": "Device",
+        "metadata": {"name": "thermo-1", "namespace": "default"},
+        "spec": {
+            "deviceModelRef": {"name": "thermo-model"},
+            "nodeName": "edge-1",
+            "protocol": {"protocolName": "modbus", "configData": {"port": "/dev/ttyS0"}},
+            "properties": [{
+                "name": "temperature",
+                "desired": {"value": "20", "metadata": {"type": "int"}},
+                "visitors": {"protocolName": "modbus", "configData": {"register": "HoldingRegister"}},
+                "reportCycle": 10000, "collectCycle": 5000, "reportToCloud": true,
+                "pushMethod": {"mqtt": {"address": "tcp://127.0.0.1:1883", "topic": "t", "qos": 0}}
+            }],
+            "methods": [{"name": "setTemp", "propertyNames": ["temperature"]}],
+            "stateReport": {"reportToCloud": true, "reportCycle": 60000}
+        }
+    });
+    let device: Device = serde_json::from_value(manifest.clone()).unwrap();
+    assert_eq!(device.spec.node_name.as_deref(), Some("edge-1"));
+    assert_eq!(
+        device.spec.properties[0].desired.as_ref().unwrap().value,
+        "20"
+    );
+    let back = serde_json::to_value(&device).unwrap();
+    assert_eq!(
+        back["spec"], manifest["spec"],
+        "every KubeEdge field survives"
+    );
+}

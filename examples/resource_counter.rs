@@ -109,7 +109,10 @@ async fn run() -> anyhow::Result<()> {
     // Plain ws:// keeps the example about modules; `edgehive demo` shows the TLS join.
     cloud_config.modules.cloud_hub.websocket.insecure_plaintext = true;
     let cloud = CloudProcess::start(&cloud_config, None).await?;
-    cloud.cluster().apply(json!({
+    let cluster = cloud
+        .cluster()
+        .context("no kubeAPIConfig: the embedded cluster")?;
+    cluster.apply(json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "edge-x", "labels": {"node-role.kubernetes.io/edge": ""}},
     }))?;
@@ -135,7 +138,7 @@ async fn run() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for name in ["a", "b"] {
-        cloud.cluster().apply(json!({
+        cluster.apply(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default"},
             "spec": {"nodeName": "edge-x", "containers": [{"name": "c", "image": "busybox"}]},
@@ -145,7 +148,7 @@ async fn run() -> anyhow::Result<()> {
     // Delete only after both inserts arrived: a delete of a pod still queued for the edge
     // replaces its pending insert in CloudHub's pool, and the edge would never see the insert.
     wait_for_count(&metrics_url, "pod", "insert", 2).await?;
-    cloud.cluster().delete("Pod", Some("default"), "a")?;
+    cluster.delete("Pod", Some("default"), "a")?;
     let lines = wait_for_count(&metrics_url, "pod", "delete", 1).await?;
     for line in lines {
         println!("{line}");

@@ -1,6 +1,7 @@
-//! The cloud process: the embedded cluster, CloudHub with its WebSocket server (mutual TLS
-//! unless `insecurePlaintext`) and certificate server, EdgeController and DeviceController,
-//! and the admin endpoint with the connected nodes.
+//! The cloud process: the cluster (embedded, or a Kubernetes API server when
+//! `kubeAPIConfig` says so), CloudHub with its WebSocket server (mutual TLS unless
+//! `insecurePlaintext`) and certificate server, EdgeController and DeviceController, and the
+//! admin endpoint with the connected nodes.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -11,12 +12,14 @@ use actix_web::{web, HttpResponse};
 use anyhow::Context as _;
 use edgehive_actors::cloud::cloudhub::auth::BindingView;
 use edgehive_actors::cloud::cloudhub::certserver::CertServer;
+use edgehive_actors::cloud::cloudhub::mirror::BindingMirror;
 use edgehive_actors::cloud::cloudhub::tls::CloudTls;
 use edgehive_actors::cloud::cloudhub::{
     start_cloudhub_with, token, CloudHub, CloudHubSecurity, CloudHubServer, ListNodes, NodeInfo,
     CLOUDHUB_MODULE,
 };
-use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster};
+use edgehive_actors::cloud::cluster::kube::{KubeCluster, DEVICE_KINDS};
+use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster, SharedCluster};
 use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
 use edgehive_actors::cloud::edgecontroller::EdgeControllerModule;
 use edgehive_actors::hive::{Hive, HiveError};
@@ -26,10 +29,12 @@ use crate::admin::AdminServer;
 use crate::config::CloudConfig;
 
 /// A running cloud process.
-#[derive(Debug)]
 pub struct CloudProcess {
     hive: Hive,
-    cluster: EmbeddedCluster,
+    /// The embedded cluster, when the controllers run on it.
+    embedded: Option<EmbeddedCluster>,
+    /// What the controllers read and write.
+    cluster: SharedCluster,
     hub: CloudHubServer,
     admin: AdminServer,
     tls: Option<Arc<CloudTls>>,
@@ -37,20 +42,62 @@ pub struct CloudProcess {
     token_refresh: Duration,
 }
 
+impl std::fmt::Debug for CloudProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudProcess")
+            .field("cluster", &self.cluster.adapter())
+            .field("hub", &self.hub)
+            .field("admin", &self.admin)
+            .finish_non_exhaustive()
+    }
+}
+
 impl CloudProcess {
-    /// Starts the cloud described by `config` on the embedded cluster, seeded from the
-    /// manifests in `manifests` if given; must run inside an actix system.
+    /// Starts the cloud described by `config`: on the Kubernetes API server its
+    /// `kubeAPIConfig` names, or else on the embedded cluster seeded from the manifests in
+    /// `manifests` if given; must run inside an actix system.
+    ///
+    /// Fails before anything listens if the API server is unreachable or lacks a CRD the
+    /// enabled controllers need; the error says which and how to install it.
     pub async fn start(config: &CloudConfig, manifests: Option<&Path>) -> anyhow::Result<Self> {
-        let cluster = EmbeddedCluster::new();
-        if let Some(dir) = manifests {
-            let loaded = cluster
-                .load_manifests(dir)
-                .with_context(|| format!("cannot load manifests from {}", dir.display()))?;
-            tracing::info!(objects = loaded, dir = %dir.display(), "manifests loaded");
-        }
+        let (embedded, cluster): (Option<EmbeddedCluster>, SharedCluster) =
+            match config.kube_api_config.kube_options() {
+                Some(options) => {
+                    if manifests.is_some() {
+                        anyhow::bail!(
+                            "--manifests seeds the embedded cluster, but kubeAPIConfig points at a \
+                             Kubernetes API server: apply them with kubectl instead"
+                        );
+                    }
+                    let required = if config.modules.device_controller.enable {
+                        DEVICE_KINDS
+                    } else {
+                        &[]
+                    };
+                    let kube = KubeCluster::connect(&options, required)
+                        .await
+                        .context("cannot start on the Kubernetes API server")?;
+                    (None, std::sync::Arc::new(kube))
+                }
+                None => {
+                    let cluster = EmbeddedCluster::new();
+                    if let Some(dir) = manifests {
+                        let loaded = cluster.load_manifests(dir).with_context(|| {
+                            format!("cannot load manifests from {}", dir.display())
+                        })?;
+                        tracing::info!(objects = loaded, dir = %dir.display(), "manifests loaded");
+                    }
+                    (Some(cluster.clone()), std::sync::Arc::new(cluster))
+                }
+            };
         let hive = Hive::new("cloud");
         let hub_config = &config.modules.cloud_hub;
-        let view: Arc<dyn BindingView> = Arc::new(cluster.clone());
+        // The embedded cluster answers authorization checks directly and exactly; a real API
+        // server is read asynchronously, so CloudHub gets a mirror of its pod bindings.
+        let view: Arc<dyn BindingView> = match &embedded {
+            Some(embedded) => Arc::new(embedded.clone()),
+            None => Arc::new(BindingMirror::start(cluster.clone())),
+        };
         let tls = if hub_config.websocket.insecure_plaintext {
             tracing::warn!("modules.cloudHub.websocket.insecurePlaintext: edges connect over plain ws:// with no certificates");
             None
@@ -85,26 +132,36 @@ impl CloudProcess {
             hive.start_module(DeviceControllerModule::new(&hive, cluster.clone()))?;
         }
         let routes_hive = hive.clone();
-        let routes_cluster = cluster.clone();
+        let routes_cluster = embedded.clone();
         let admin = AdminServer::start(
             &config.common_config.monitor_server.bind_address,
             hive.clone(),
             Arc::new(move |routes: &mut web::ServiceConfig| {
                 routes
                     .app_data(web::Data::new(routes_hive.clone()))
-                    .app_data(web::Data::new(routes_cluster.clone()))
-                    .app_data(web::PayloadConfig::new(MAX_APPLY_BYTES))
-                    .route("/api/v1/nodes", web::get().to(list_nodes))
-                    .route("/api/v1/apply", web::post().to(apply))
-                    .route(
-                        "/api/v1/objects/{kind}/{namespace}/{name}",
-                        web::delete().to(delete_object),
-                    );
+                    .route("/api/v1/nodes", web::get().to(list_nodes));
+                match &routes_cluster {
+                    Some(cluster) => routes
+                        .app_data(web::Data::new(cluster.clone()))
+                        .app_data(web::PayloadConfig::new(MAX_APPLY_BYTES))
+                        .route("/api/v1/apply", web::post().to(apply))
+                        .route(
+                            "/api/v1/objects/{kind}/{namespace}/{name}",
+                            web::delete().to(delete_object),
+                        ),
+                    None => routes
+                        .route("/api/v1/apply", web::post().to(use_kubectl))
+                        .route(
+                            "/api/v1/objects/{kind}/{namespace}/{name}",
+                            web::delete().to(use_kubectl),
+                        ),
+                };
             }),
         )?;
-        tracing::info!(websocket = %hub.local_addr(), admin = %admin.addr(), "cloud started");
+        tracing::info!(websocket = %hub.local_addr(), admin = %admin.addr(), cluster = cluster.adapter(), "cloud started");
         Ok(CloudProcess {
             hive,
+            embedded,
             cluster,
             hub,
             admin,
@@ -134,8 +191,14 @@ impl CloudProcess {
         self.tls.is_some()
     }
 
-    /// The cluster the controllers read (the embedded one).
-    pub fn cluster(&self) -> &EmbeddedCluster {
+    /// The embedded cluster the controllers read; `None` when they run on a Kubernetes API
+    /// server (use [`Self::shared_cluster`] for either).
+    pub fn cluster(&self) -> Option<&EmbeddedCluster> {
+        self.embedded.as_ref()
+    }
+
+    /// The cluster the controllers read and write, whichever adapter it is.
+    pub fn shared_cluster(&self) -> &SharedCluster {
         &self.cluster
     }
 
@@ -216,6 +279,14 @@ async fn apply(cluster: web::Data<EmbeddedCluster>, body: web::Bytes) -> HttpRes
         }
         Err(error) => cluster_error(&error),
     }
+}
+
+/// `POST /api/v1/apply` and `DELETE /api/v1/objects/...` when the cloud runs on a Kubernetes
+/// API server: the cluster is changed with kubectl there, not through edgehive.
+async fn use_kubectl() -> HttpResponse {
+    HttpResponse::Conflict().json(json!({
+        "error": "the cloud runs on a Kubernetes API server (kubeAPIConfig); change objects with kubectl"
+    }))
 }
 
 /// `DELETE /api/v1/objects/{kind}/{namespace}/{name}`: deletes one object of the embedded

@@ -11,6 +11,7 @@ use std::time::Duration;
 use edgehive_actors::cloud::cloudhub::certserver::CertServerOptions;
 use edgehive_actors::cloud::cloudhub::tls::CloudTlsFiles;
 use edgehive_actors::cloud::cloudhub::CloudHubOptions;
+use edgehive_actors::cloud::cluster::kube::KubeOptions;
 use edgehive_actors::edge::certmanager::EdgeTlsOptions;
 use edgehive_actors::edge::edgehub::EdgeHubOptions;
 use serde::de::DeserializeOwned;
@@ -158,14 +159,39 @@ impl Validate for CloudConfig {
         if let Err(message) = hub.advertise_ips() {
             return Err(("modules.cloudHub.advertiseAddress", message));
         }
-        if !self.kube_api_config.kube_config.is_empty() {
+        self.kube_api_config.validate()
+    }
+}
+
+impl KubeApiConfig {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !KUBE_CONTENT_TYPES.contains(&self.content_type.as_str()) {
             return Err((
-                "kubeAPIConfig.kubeConfig",
-                "a real API server is not supported yet; leave it empty to use the embedded cluster"
-                    .into(),
+                "kubeAPIConfig.contentType",
+                format!("expected one of {}", KUBE_CONTENT_TYPES.join(", ")),
             ));
         }
+        if !self.qps.is_finite() || self.qps <= 0.0 {
+            return Err((
+                "kubeAPIConfig.qps",
+                "expected a number greater than 0".into(),
+            ));
+        }
+        positive("kubeAPIConfig.burst", u64::from(self.burst))?;
         Ok(())
+    }
+
+    /// Where the cluster is: `None` for the embedded cluster (both `kubeConfig` and `master`
+    /// empty), else the kube adapter's options (`kubeConfig` empty: the pod's in-cluster
+    /// service account, at `master`).
+    pub fn kube_options(&self) -> Option<KubeOptions> {
+        if self.kube_config.is_empty() && self.master.is_empty() {
+            return None;
+        }
+        Some(KubeOptions {
+            kube_config: (!self.kube_config.is_empty()).then(|| self.kube_config.clone().into()),
+            master: self.master.clone(),
+        })
     }
 }
 
@@ -193,12 +219,41 @@ impl Default for MonitorServer {
     }
 }
 
-/// `kubeAPIConfig`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+/// The content types `kubeAPIConfig.contentType` accepts (KubeEdge's); edgehive speaks JSON
+/// to the API server whichever is set.
+pub const KUBE_CONTENT_TYPES: &[&str] =
+    &["application/vnd.kubernetes.protobuf", "application/json"];
+
+/// `kubeAPIConfig`: KubeEdge's keys. Both `kubeConfig` and `master` empty: the embedded
+/// in-memory cluster.
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct KubeApiConfig {
-    /// Path of a kubeconfig; empty means the embedded in-memory cluster.
+    /// The API server URL; overrides the kubeconfig's. Alone (no kubeConfig): the pod's
+    /// in-cluster service account is used against it.
+    pub master: String,
+    /// Path of a kubeconfig.
     pub kube_config: String,
+    /// Accepted for KubeEdge compatibility; edgehive sends JSON either way.
+    pub content_type: String,
+    /// Accepted for KubeEdge compatibility; kube-rs has no client-side rate limiter, so it is
+    /// not enforced.
+    pub qps: f32,
+    /// Accepted for KubeEdge compatibility; not enforced (see `qps`).
+    pub burst: u32,
+}
+
+impl Default for KubeApiConfig {
+    fn default() -> Self {
+        // KubeEdge's defaults (5 x and 10 x the default node limit of 500).
+        KubeApiConfig {
+            master: String::new(),
+            kube_config: String::new(),
+            content_type: KUBE_CONTENT_TYPES[0].into(),
+            qps: 2500.0,
+            burst: 5000,
+        }
+    }
 }
 
 /// `modules` of the cloud.
@@ -752,6 +807,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("modules.edged.hostnameOverride"), "{error}");
+    }
+
+    #[test]
+    fn kube_api_config_selects_the_cluster() {
+        let embedded = cloud("").unwrap();
+        assert_eq!(embedded.kube_api_config.kube_options(), None);
+        let kube = cloud(
+            "kubeAPIConfig:\n  kubeConfig: /etc/kube/admin.conf\n  master: https://10.0.0.1:6443\n  qps: 50\n  burst: 100\n  contentType: application/json\n",
+        )
+        .unwrap();
+        assert_eq!(
+            kube.kube_api_config.kube_options(),
+            Some(KubeOptions {
+                kube_config: Some("/etc/kube/admin.conf".into()),
+                master: "https://10.0.0.1:6443".into(),
+            })
+        );
+        let in_cluster = cloud("kubeAPIConfig:\n  master: https://kubernetes.default.svc\n")
+            .unwrap()
+            .kube_api_config
+            .kube_options()
+            .unwrap();
+        assert_eq!(in_cluster.kube_config, None);
+        let error = cloud("kubeAPIConfig:\n  contentType: text/plain\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("kubeAPIConfig.contentType"), "{error}");
     }
 
     #[test]

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
+use edgehive_actors::cloud::cluster::EmbeddedCluster;
+
 use crate::cloud::CloudProcess;
 use crate::config::{CloudConfig, EdgeConfig};
 use crate::edge::EdgeProcess;
@@ -55,6 +57,10 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
 
     let cloud_config = loopback_cloud_config(&data_dir.join("cloud"), true);
     let cloud = CloudProcess::start(&cloud_config, None).await?;
+    let cluster = cloud
+        .cluster()
+        .context("the demo runs on the embedded cluster")?
+        .clone();
     println!(
         "cloud: WebSocket on wss://{} (mutual TLS), certificates on https://{}, admin on http://{}",
         cloud.websocket_addr(),
@@ -68,7 +74,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
     let mut edges = Vec::new();
     for i in 1..=options.edges {
         let node = format!("edge-{i}");
-        cloud.cluster().apply(edge_node(&node))?;
+        cluster.apply(edge_node(&node))?;
         let config = loopback_edge_config(&node, &cloud, &data_dir);
         let edge = EdgeProcess::start(&config).await?;
         println!(
@@ -77,13 +83,13 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
         );
         edges.push(edge);
     }
-    let config = cloud.cluster().apply(demo_config())?;
+    let config = cluster.apply(demo_config())?;
     println!(
         "cloud: created configmap default/{CONFIG_NAME} (resourceVersion {}), used by every demo pod",
         config["metadata"]["resourceVersion"].as_str().unwrap_or("?")
     );
     for edge in &edges {
-        let pod = cloud.cluster().apply(demo_pod(edge.node_name()))?;
+        let pod = cluster.apply(demo_pod(edge.node_name()))?;
         println!(
             "cloud: created pod default/{} for {} (resourceVersion {})",
             pod_name(edge.node_name()),
@@ -93,7 +99,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
     }
 
     let result = match wait_for_delivery(&cloud, &edges, options.timeout).await {
-        Ok(delivered) => device_round_trip(&cloud, &edges[0], options.timeout)
+        Ok(delivered) => device_round_trip(&cluster, &edges[0], options.timeout)
             .await
             .map(|()| delivered),
         Err(error) => Err(error),
@@ -115,17 +121,17 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Delivered>> {
 /// A Device for `edge`'s node goes down to its DeviceTwin; a mapper reports a value through
 /// the edge's local API, as a real mapper would, and it lands in the cloud's DeviceStatus.
 async fn device_round_trip(
-    cloud: &CloudProcess,
+    cluster: &EmbeddedCluster,
     edge: &EdgeProcess,
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let node = edge.node_name();
-    cloud.cluster().apply(json!({
+    cluster.apply(json!({
         "apiVersion": "devices.kubeedge.io/v1beta1", "kind": "DeviceModel",
         "metadata": {"name": "demo-thermometer-model", "namespace": "default"},
         "spec": {"properties": [{"name": "temperature", "type": "INT"}]},
     }))?;
-    cloud.cluster().apply(json!({
+    cluster.apply(json!({
         "apiVersion": "devices.kubeedge.io/v1beta1", "kind": "Device",
         "metadata": {"name": DEVICE_NAME, "namespace": "default"},
         "spec": {"deviceModelRef": {"name": "demo-thermometer-model"}, "nodeName": node,
@@ -160,8 +166,7 @@ async fn device_round_trip(
     }
     println!("{node}: a mapper reported temperature 21 through the edge API");
     loop {
-        let reported = cloud
-            .cluster()
+        let reported = cluster
             .get("DeviceStatus", Some("default"), DEVICE_NAME)
             .and_then(|status| {
                 status["status"]["twins"]

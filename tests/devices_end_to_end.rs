@@ -24,7 +24,7 @@ async fn http_put(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, S
 async fn a_device_reaches_the_edge_api_and_a_mapper_report_reaches_the_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = start_cloud().await;
-    let cluster = cloud.cluster().clone();
+    let cluster = cloud.cluster().unwrap().clone();
     cluster.apply(edge_node("edge-d")).unwrap();
     let edge = start_edge("edge-d", &cloud, dir.path()).await;
     cluster

@@ -17,7 +17,7 @@ use support::*;
 async fn pods_reach_each_edges_sqlite_file_and_deletes_remove_them() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = start_cloud().await;
-    let cluster = cloud.cluster().clone();
+    let cluster = cloud.cluster().unwrap().clone();
     let mut edges = Vec::new();
     for node in ["edge-a", "edge-b"] {
         cluster.apply(edge_node(node)).unwrap();
@@ -70,9 +70,13 @@ async fn pods_reach_each_edges_sqlite_file_and_deletes_remove_them() {
 async fn edge_reconnects_and_receives_a_pod_created_while_it_was_away() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = start_cloud().await;
-    cloud.cluster().apply(edge_node("edge-r")).unwrap();
+    cloud.cluster().unwrap().apply(edge_node("edge-r")).unwrap();
     let edge = start_edge("edge-r", &cloud, dir.path()).await;
-    cloud.cluster().apply(pod("before", "edge-r")).unwrap();
+    cloud
+        .cluster()
+        .unwrap()
+        .apply(pod("before", "edge-r"))
+        .unwrap();
     let db = dir.path().join("edge-r.db");
     eventually("first pod stored", WITHIN, || async {
         sqlite_row(&db, "default/pod/before")
@@ -92,7 +96,11 @@ async fn edge_reconnects_and_receives_a_pod_created_while_it_was_away() {
         .await
         .unwrap();
     assert!(cut, "the node was connected");
-    cloud.cluster().apply(pod("while-away", "edge-r")).unwrap();
+    cloud
+        .cluster()
+        .unwrap()
+        .apply(pod("while-away", "edge-r"))
+        .unwrap();
 
     eventually("pod created while away stored", WITHIN, || async {
         sqlite_row(&db, "default/pod/while-away")
@@ -147,7 +155,7 @@ fn module<'a>(modules: &'a Value, name: &str) -> &'a Value {
 async fn a_panicking_module_is_restarted_counted_and_the_edge_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = start_cloud().await;
-    cloud.cluster().apply(edge_node("edge-p")).unwrap();
+    cloud.cluster().unwrap().apply(edge_node("edge-p")).unwrap();
     let edge = start_edge_with("edge-p", &cloud, dir.path(), |hive| {
         hive.start_module(FragileModule)?;
         Ok(())
@@ -190,7 +198,11 @@ async fn a_panicking_module_is_restarted_counted_and_the_edge_keeps_serving() {
         .await
         .unwrap();
     assert_eq!(reply.content_str(), Some("OK"));
-    cloud.cluster().apply(pod("after-panic", "edge-p")).unwrap();
+    cloud
+        .cluster()
+        .unwrap()
+        .apply(pod("after-panic", "edge-p"))
+        .unwrap();
     let db = dir.path().join("edge-p.db");
     eventually("pod delivered after the panic", WITHIN, || async {
         sqlite_row(&db, "default/pod/after-panic")
@@ -222,8 +234,8 @@ async fn a_panicking_module_is_restarted_counted_and_the_edge_keeps_serving() {
 #[actix_rt::test]
 async fn malformed_frames_are_counted_and_the_session_keeps_working() {
     let cloud = start_cloud().await;
-    cloud.cluster().apply(edge_node("raw-1")).unwrap();
-    cloud.cluster().apply(pod("p", "raw-1")).unwrap();
+    cloud.cluster().unwrap().apply(edge_node("raw-1")).unwrap();
+    cloud.cluster().unwrap().apply(pod("p", "raw-1")).unwrap();
 
     let (_, mut socket) = awc::Client::new()
         .ws(format!(
@@ -286,9 +298,13 @@ async fn malformed_frames_are_counted_and_the_session_keeps_working() {
 async fn admin_endpoints_report_health_modules_nodes_and_stored_metadata() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = start_cloud().await;
-    cloud.cluster().apply(edge_node("edge-m")).unwrap();
+    cloud.cluster().unwrap().apply(edge_node("edge-m")).unwrap();
     let edge = start_edge("edge-m", &cloud, dir.path()).await;
-    cloud.cluster().apply(pod("shown", "edge-m")).unwrap();
+    cloud
+        .cluster()
+        .unwrap()
+        .apply(pod("shown", "edge-m"))
+        .unwrap();
     let db = dir.path().join("edge-m.db");
     eventually("pod stored", WITHIN, || async {
         sqlite_row(&db, "default/pod/shown")

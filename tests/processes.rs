@@ -57,6 +57,43 @@ fn a_bad_config_fails_naming_file_key_and_expectation() {
 }
 
 #[test]
+fn a_cloud_pointed_at_an_unreachable_api_server_exits_saying_so() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener); // nothing listens there now
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+             clusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\n\
+             contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
+             users:\n- name: u\n  user:\n    token: t\n"
+        ),
+    )
+    .unwrap();
+    let config = dir.path().join("cloud.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kubeAPIConfig:\n  kubeConfig: {}\ncommonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\nmodules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let output = run(&["cloud", "--config", config.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot start on the Kubernetes API server")
+            && stderr.contains(&format!("127.0.0.1:{port}"))
+            && stderr.contains("unreachable"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn version_prints_the_version() {
     let output = run(&["version"]);
     assert!(output.status.success());

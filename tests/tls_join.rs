@@ -127,13 +127,17 @@ async fn an_edge_with_only_a_token_bootstraps_its_certificate_and_receives_a_pod
     let cloud = start_tls_cloud(dir.path()).await;
     let token = cloud.join_token().unwrap();
     assert_eq!(token.split('.').count(), 4, "{token}");
-    cloud.cluster().apply(edge_node("edge-t")).unwrap();
+    cloud.cluster().unwrap().apply(edge_node("edge-t")).unwrap();
 
     let config = tls_edge_config("edge-t", &cloud, dir.path());
     let hub = config.modules.edge_hub.clone();
     assert!(!hub.tls_cert_file.exists(), "starts with only the token");
     let edge = EdgeProcess::start(&config).await.unwrap();
-    cloud.cluster().apply(pod("over-tls", "edge-t")).unwrap();
+    cloud
+        .cluster()
+        .unwrap()
+        .apply(pod("over-tls", "edge-t"))
+        .unwrap();
     let db = config.database.data_source.clone();
     let stored = eventually("pod stored over mutual TLS", WITHIN, || async {
         sqlite_row(&db, "default/pod/over-tls")
@@ -173,6 +177,7 @@ async fn an_edge_with_only_a_token_bootstraps_its_certificate_and_receives_a_pod
     let edge = EdgeProcess::start(&again).await.unwrap();
     cloud
         .cluster()
+        .unwrap()
         .apply(pod("after-restart", "edge-t"))
         .unwrap();
     eventually(
@@ -267,11 +272,11 @@ async fn a_node_cannot_fetch_another_nodes_secret() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = start_tls_cloud(dir.path()).await;
     for node in ["edge-a", "edge-b"] {
-        cloud.cluster().apply(edge_node(node)).unwrap();
+        cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
     }
     let mut pod_b = pod("uses-db", "edge-b");
     pod_b["spec"]["volumes"] = json!([{ "name": "db", "secret": { "secretName": "db-b" } }]);
-    cloud.cluster().apply(pod_b).unwrap();
+    cloud.cluster().unwrap().apply(pod_b).unwrap();
     let ca = cloud_ca(dir.path());
     let mut socket = dial(&cloud, ca.cert_der(), &node_cert(&ca, "edge-a"), "edge-a")
         .await
@@ -306,7 +311,7 @@ async fn a_node_cannot_fetch_another_nodes_secret() {
 async fn the_certificate_server_answers_like_cloudcore() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = start_tls_cloud(dir.path()).await;
-    cloud.cluster().apply(edge_node("edge-2")).unwrap();
+    cloud.cluster().unwrap().apply(edge_node("edge-2")).unwrap();
     let golden = golden_exchanges();
     let ca = cloud_ca(dir.path());
     let base = format!("https://{}", cloud.cert_server_addr().unwrap());

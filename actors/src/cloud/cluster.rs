@@ -28,6 +28,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::broadcast;
 
+pub mod crds;
+pub mod kube;
 pub mod port;
 pub use port::{ClusterFuture, ClusterPort, SharedCluster, Watch};
 

@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod certs;
 pub mod certserver;
+pub mod mirror;
 pub mod pool;
 pub mod server;
 pub mod session;

@@ -1,0 +1,258 @@
+//! [`BindingMirror`]: which pods sit on which node, kept in memory from any cluster port, so
+//! CloudHub's synchronous authorization checks ([`BindingView`]) work on clusters that can
+//! only be read asynchronously (the `kube` adapter). The embedded cluster answers directly and
+//! needs no mirror.
+//!
+//! The mirror is eventually consistent: it lists Pods and Nodes, then follows their watches,
+//! and lists again after a lagged watch. A check that lands between a change in the cluster
+//! and its watch event sees the previous state; CloudHub also admits objects it has itself
+//! sent to the node, so a freshly delivered pod is never refused because of that lag.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use super::auth::{pod_references, BindingView};
+use crate::cloud::cluster::{EventType, SharedCluster, WatchError, WatchEvent};
+
+/// First wait before listing again after a failed list; doubled up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(200);
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Default)]
+struct Bindings {
+    /// `(namespace, name)` → the parts of the pod's spec the checks read.
+    pods: HashMap<(String, String), Value>,
+    nodes: HashSet<String>,
+}
+
+/// A local copy of the cluster's Pod bindings and Node names; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct BindingMirror {
+    bindings: Arc<RwLock<Bindings>>,
+}
+
+impl BindingMirror {
+    /// Starts following `cluster`'s Pods and Nodes on the current arbiter. The followers end
+    /// when the last clone of the mirror is dropped.
+    pub fn start(cluster: SharedCluster) -> Self {
+        let mirror = BindingMirror {
+            bindings: Arc::default(),
+        };
+        for kind in ["Pod", "Node"] {
+            actix::spawn(follow(
+                cluster.clone(),
+                kind,
+                Arc::downgrade(&mirror.bindings),
+            ));
+        }
+        mirror
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Bindings> {
+        // Every write replaces whole entries, so a panic cannot leave one half-written.
+        self.bindings
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl BindingView for BindingMirror {
+    fn pod_node(&self, namespace: &str, name: &str) -> Option<String> {
+        let bindings = self.read();
+        let pod = bindings
+            .pods
+            .get(&(namespace.to_owned(), name.to_owned()))?;
+        pod["spec"]["nodeName"].as_str().map(str::to_owned)
+    }
+
+    fn referenced_on_node(&self, node: &str, kind: &str, namespace: &str, name: &str) -> bool {
+        self.read().pods.iter().any(|((pod_namespace, _), pod)| {
+            pod_namespace == namespace
+                && pod["spec"]["nodeName"] == node
+                && pod_references(pod, kind, name)
+        })
+    }
+
+    fn node_exists(&self, name: &str) -> bool {
+        self.read().nodes.contains(name)
+    }
+}
+
+/// Lists `kind`, then applies its watch events, for as long as the mirror lives.
+async fn follow(cluster: SharedCluster, kind: &'static str, bindings: Weak<RwLock<Bindings>>) {
+    let mut retry = FIRST_RETRY;
+    'subscribe: loop {
+        // Subscribe before listing, so no change falls between the list and the watch.
+        let mut watch = cluster.watch(kind);
+        loop {
+            match cluster.list(kind).await {
+                Ok((objects, _)) => {
+                    let Some(bindings) = bindings.upgrade() else {
+                        return;
+                    };
+                    replace_all(&bindings, kind, &objects);
+                    retry = FIRST_RETRY;
+                }
+                Err(error) => {
+                    tracing::warn!(kind, %error, ?retry, "binding mirror: list failed; retrying");
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(MAX_RETRY);
+                    continue 'subscribe;
+                }
+            }
+            loop {
+                let event = watch.next().await;
+                let Some(bindings) = bindings.upgrade() else {
+                    return;
+                };
+                match event {
+                    Some(Ok(event)) => apply(&bindings, kind, &event),
+                    // Events were lost: list again and keep reading the same watch.
+                    Some(Err(WatchError::Lagged { .. })) => break,
+                    Some(Err(WatchError::Closed)) | None => {
+                        tokio::time::sleep(retry).await;
+                        continue 'subscribe;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn write(bindings: &RwLock<Bindings>) -> std::sync::RwLockWriteGuard<'_, Bindings> {
+    bindings
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn replace_all(bindings: &RwLock<Bindings>, kind: &str, objects: &[Value]) {
+    let mut bindings = write(bindings);
+    match kind {
+        "Pod" => {
+            bindings.pods = objects
+                .iter()
+                .filter_map(|pod| Some((pod_key(pod)?, pruned(pod))))
+                .collect();
+        }
+        _ => {
+            bindings.nodes = objects
+                .iter()
+                .filter_map(|node| node["metadata"]["name"].as_str().map(str::to_owned))
+                .collect();
+        }
+    }
+}
+
+fn apply(bindings: &RwLock<Bindings>, kind: &str, event: &WatchEvent) {
+    let mut bindings = write(bindings);
+    let deleted = matches!(event.event_type, EventType::Deleted);
+    match kind {
+        "Pod" => {
+            let Some(key) = pod_key(&event.object) else {
+                return;
+            };
+            if deleted {
+                bindings.pods.remove(&key);
+            } else {
+                bindings.pods.insert(key, pruned(&event.object));
+            }
+        }
+        _ => {
+            let Some(name) = event.object["metadata"]["name"].as_str() else {
+                return;
+            };
+            if deleted {
+                bindings.nodes.remove(name);
+            } else {
+                bindings.nodes.insert(name.to_owned());
+            }
+        }
+    }
+}
+
+fn pod_key(pod: &Value) -> Option<(String, String)> {
+    let name = pod["metadata"]["name"].as_str()?;
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+    Some((namespace.to_owned(), name.to_owned()))
+}
+
+/// Only what the checks read: the node and the spec fields that reference configmaps and
+/// secrets (a pod's full spec and status would multiply the mirror's memory).
+fn pruned(pod: &Value) -> Value {
+    let spec = &pod["spec"];
+    let containers = |field: &str| -> Value {
+        spec[field]
+            .as_array()
+            .map(|containers| {
+                containers
+                    .iter()
+                    .map(|container| json!({"env": container["env"], "envFrom": container["envFrom"]}))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    json!({"spec": {
+        "nodeName": spec["nodeName"],
+        "volumes": spec["volumes"],
+        "imagePullSecrets": spec["imagePullSecrets"],
+        "containers": containers("containers"),
+        "initContainers": containers("initContainers"),
+        "ephemeralContainers": containers("ephemeralContainers"),
+    }})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::cluster::EmbeddedCluster;
+
+    fn pod(name: &str, node: &str, config: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x",
+                "envFrom": [{"configMapRef": {"name": config}}]}]}})
+    }
+
+    async fn eventually(what: &str, check: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !check() {
+            assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The mirror agrees with the cluster it follows: existing objects, then watched changes.
+    #[actix_rt::test]
+    async fn mirror_follows_pods_and_nodes_through_the_port() {
+        let cluster = EmbeddedCluster::new();
+        cluster.apply(pod("before", "edge-a", "cfg-a")).unwrap();
+        cluster
+            .apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "edge-a"}}))
+            .unwrap();
+        let mirror = BindingMirror::start(Arc::new(cluster.clone()));
+        eventually("listed objects", || {
+            mirror.pod_node("default", "before").as_deref() == Some("edge-a")
+                && mirror.node_exists("edge-a")
+        })
+        .await;
+        assert!(mirror.referenced_on_node("edge-a", "configmap", "default", "cfg-a"));
+        assert!(!mirror.referenced_on_node("edge-b", "configmap", "default", "cfg-a"));
+        assert!(!mirror.referenced_on_node("edge-a", "secret", "default", "cfg-a"));
+
+        cluster.apply(pod("after", "edge-b", "cfg-b")).unwrap();
+        eventually("watched add", || {
+            mirror.referenced_on_node("edge-b", "configmap", "default", "cfg-b")
+        })
+        .await;
+        cluster.delete("Pod", Some("default"), "before").unwrap();
+        eventually("watched delete", || {
+            mirror.pod_node("default", "before").is_none()
+        })
+        .await;
+        assert!(!mirror.node_exists("edge-z"));
+    }
+}

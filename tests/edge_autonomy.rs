@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::process::{banner_field, spawn, Process};
+use support::process::{banner_field, plain_cloud_yaml, plain_edge_yaml, spawn, Process};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
@@ -74,14 +74,7 @@ fn write_manifests(dir: &Path, node: &str, pods: &[&str]) {
 
 fn start_cloud(dir: &Path, port: u16) -> (Process, String) {
     let config = dir.join("cloud.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
-             modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: {port}\n      insecurePlaintext: true\n"
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, plain_cloud_yaml(port)).unwrap();
     let manifests = dir.join("manifests");
     let (cloud, banner) = spawn(&[
         "cloud",
@@ -116,11 +109,7 @@ fn edge_serves_everything_after_losing_the_cloud_and_a_kill_9_then_resumes() {
     let edge_config = dir.path().join("edge.yaml");
     std::fs::write(
         &edge_config,
-        format!(
-            "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
-             modules:\n  edged:\n    hostnameOverride: {node}\n  edgeHub:\n    heartbeat: 1\n    websocket:\n      server: {websocket}\n      insecurePlaintext: true\n",
-            dir.path().join("edge.db").display()
-        ),
+        plain_edge_yaml(node, &websocket, &dir.path().join("edge.db"), 1),
     )
     .unwrap();
     let (edge, admin) = start_edge(&edge_config);

@@ -7,7 +7,7 @@
 mod support;
 
 use std::time::{Duration, Instant};
-use support::process::{banner_field, spawn};
+use support::process::{banner_field, plain_cloud_yaml, plain_edge_yaml, spawn};
 
 const PODS: usize = 100;
 
@@ -47,12 +47,7 @@ fn edge_rss_idle_with_100_pods() {
     }
     std::fs::write(manifests.join("pods.yaml"), text).unwrap();
     let cloud_config = dir.path().join("cloud.yaml");
-    std::fs::write(
-        &cloud_config,
-        "commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
-         modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n      insecurePlaintext: true\n",
-    )
-    .unwrap();
+    std::fs::write(&cloud_config, plain_cloud_yaml(0)).unwrap();
     let (cloud, banner) = spawn(&[
         "cloud",
         "--config",
@@ -65,11 +60,7 @@ fn edge_rss_idle_with_100_pods() {
     let edge_config = dir.path().join("edge.yaml");
     std::fs::write(
         &edge_config,
-        format!(
-            "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
-             modules:\n  edged:\n    hostnameOverride: rss-edge\n  edgeHub:\n    websocket:\n      server: {websocket}\n      insecurePlaintext: true\n",
-            db.display()
-        ),
+        plain_edge_yaml("rss-edge", &websocket, &db, 15),
     )
     .unwrap();
     let (edge, _) = spawn(&["edge", "--config", edge_config.to_str().unwrap()]);

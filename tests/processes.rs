@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::process::{banner_field, spawn, BIN};
+use support::process::{banner_field, plain_cloud_yaml, plain_edge_yaml, spawn, BIN};
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -114,12 +114,7 @@ fn cloud_and_edge_processes_deliver_a_manifest_pod_into_the_edge_database() {
     )
     .unwrap();
     let cloud_config = dir.path().join("cloud.yaml");
-    std::fs::write(
-        &cloud_config,
-        "commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
-         modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n      insecurePlaintext: true\n",
-    )
-    .unwrap();
+    std::fs::write(&cloud_config, plain_cloud_yaml(0)).unwrap();
     let (cloud, banner) = spawn(&[
         "cloud",
         "--config",
@@ -134,11 +129,7 @@ fn cloud_and_edge_processes_deliver_a_manifest_pod_into_the_edge_database() {
     let edge_config = dir.path().join("edge.yaml");
     std::fs::write(
         &edge_config,
-        format!(
-            "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
-             modules:\n  edged:\n    hostnameOverride: proc-edge\n  edgeHub:\n    websocket:\n      server: {websocket}\n      insecurePlaintext: true\n",
-            db.display()
-        ),
+        plain_edge_yaml("proc-edge", &websocket, &db, 15),
     )
     .unwrap();
     let (edge, _) = spawn(&["edge", "--config", edge_config.to_str().unwrap()]);

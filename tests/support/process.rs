@@ -72,3 +72,27 @@ pub fn banner_field<'a>(banner: &'a str, marker: &str, end: char) -> &'a str {
         .unwrap_or_else(|| panic!("no {marker:?} in banner {banner:?}"))
         .trim()
 }
+
+/// `cloud.yaml` for a cloud on loopback over plain `ws://` (explicitly insecure), WebSocket on
+/// `port` (0: a free one) and the admin endpoint on a free port.
+pub fn plain_cloud_yaml(port: u16) -> String {
+    format!(
+        "commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+         modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: {port}\n      insecurePlaintext: true\n"
+    )
+}
+
+/// `edge.yaml` for edge `node` of the plain-`ws://` cloud at `websocket`, storing in `db`,
+/// sending a keepalive every `heartbeat` seconds, admin endpoint on a free port.
+pub fn plain_edge_yaml(
+    node: &str,
+    websocket: &str,
+    db: &std::path::Path,
+    heartbeat: u64,
+) -> String {
+    format!(
+        "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
+         modules:\n  edged:\n    hostnameOverride: {node}\n  edgeHub:\n    heartbeat: {heartbeat}\n    websocket:\n      server: {websocket}\n      insecurePlaintext: true\n",
+        db.display()
+    )
+}

@@ -5,133 +5,29 @@
 use std::path::Path;
 use std::time::Duration;
 
-use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+mod edge_support;
+
+use edge_support::{send_frame, CloudEvent, FakeCloud, WAIT};
 use edgehive_actors::edge::edgehub::{
     CloudRequest, EdgeHub, EdgeHubModule, EdgeHubOptions, GetEdgeHubStatus, DEFAULT_PROJECT_ID,
 };
 use edgehive_actors::edge::metamanager::MetaManagerModule;
 use edgehive_actors::edge::store::MetaStore;
 use edgehive_actors::hive::Hive;
-use edgehive_protocols::{codec, Group, Message, ModuleName, Operation};
+use edgehive_protocols::{Group, Message, ModuleName, Operation};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
-const WAIT: Duration = Duration::from_secs(10);
-
-/// What the fake cloud saw.
-enum CloudEvent {
-    Connected {
-        path: String,
-        node_id: Option<String>,
-        project_id: Option<String>,
-        connection_use: Option<String>,
-        session: actix_ws::Session,
-    },
-    Frame(String),
-    Closed,
-}
-
-async fn events(
-    req: HttpRequest,
-    body: web::Payload,
-    events: web::Data<mpsc::Sender<CloudEvent>>,
-) -> Result<HttpResponse, actix_web::Error> {
-    let header = |name: &str| {
-        req.headers()
-            .get(name)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned)
-    };
-    let (response, session, mut stream) = actix_ws::handle(&req, body)?;
-    let events = events.get_ref().clone();
-    let _ = events
-        .send(CloudEvent::Connected {
-            path: req.path().to_owned(),
-            node_id: header("node_id"),
-            project_id: header("project_id"),
-            connection_use: header("ConnectionUse"),
-            session,
-        })
-        .await;
-    actix_web::rt::spawn(async move {
-        while let Some(Ok(message)) = stream.recv().await {
-            match message {
-                actix_ws::Message::Text(text) => {
-                    let _ = events.send(CloudEvent::Frame(text.to_string())).await;
-                }
-                actix_ws::Message::Close(_) => break,
-                _ => {}
-            }
-        }
-        let _ = events.send(CloudEvent::Closed).await;
-    });
-    Ok(response)
-}
-
-/// Starts the fake cloud on an ephemeral loopback port.
-fn start_cloud() -> (
-    std::net::SocketAddr,
-    actix_web::dev::ServerHandle,
-    mpsc::Receiver<CloudEvent>,
-) {
-    let (sender, receiver) = mpsc::channel(256);
-    let data = web::Data::new(sender);
-    let server = HttpServer::new(move || {
-        App::new()
-            .app_data(data.clone())
-            .default_service(web::to(events))
-    })
-    .workers(1)
-    .bind(("127.0.0.1", 0))
-    .unwrap();
-    let addr = server.addrs()[0];
-    let server = server.run();
-    let handle = server.handle();
-    actix_web::rt::spawn(server);
-    (addr, handle, receiver)
-}
-
-async fn next_event(events: &mut mpsc::Receiver<CloudEvent>) -> CloudEvent {
-    tokio::time::timeout(WAIT, events.recv())
-        .await
-        .expect("the fake cloud saw nothing within the deadline")
-        .expect("the fake cloud's event channel closed")
-}
-
-/// The next frame the edge wrote, decoded; keepalives are skipped unless `keepalives`.
-async fn next_frame(events: &mut mpsc::Receiver<CloudEvent>, keepalives: bool) -> Message {
-    loop {
-        match next_event(events).await {
-            CloudEvent::Frame(text) => {
-                assert!(text.ends_with('\n'), "frames end with Go's newline");
-                let message = codec::decode(text.as_bytes()).unwrap();
-                if keepalives || message.operation() != Some(&Operation::Keepalive) {
-                    return message;
-                }
-            }
-            CloudEvent::Connected { .. } => panic!("unexpected reconnect"),
-            CloudEvent::Closed => panic!("the edge closed the connection"),
-        }
-    }
-}
-
-async fn accept(events: &mut mpsc::Receiver<CloudEvent>) -> actix_ws::Session {
-    match next_event(events).await {
-        CloudEvent::Connected {
-            path,
-            node_id,
-            project_id,
-            connection_use,
-            session,
-        } => {
-            assert_eq!(path, format!("/{DEFAULT_PROJECT_ID}/edge-1/events"));
-            assert_eq!(node_id.as_deref(), Some("edge-1"));
-            assert_eq!(project_id.as_deref(), Some(DEFAULT_PROJECT_ID));
-            assert_eq!(connection_use.as_deref(), Some("msg"));
-            session
-        }
-        _ => panic!("expected a connection"),
-    }
+/// Waits for the edge to connect and checks it identified itself as KubeEdge's edgehub does.
+async fn accept(cloud: &mut FakeCloud) -> actix_ws::Session {
+    let connection = cloud.accept_connection().await;
+    assert_eq!(
+        connection.path,
+        format!("/{DEFAULT_PROJECT_ID}/edge-1/events")
+    );
+    assert_eq!(connection.node_id.as_deref(), Some("edge-1"));
+    assert_eq!(connection.project_id.as_deref(), Some(DEFAULT_PROJECT_ID));
+    assert_eq!(connection.connection_use.as_deref(), Some("msg"));
+    connection.session
 }
 
 fn pod(rv: &str) -> Value {
@@ -166,12 +62,8 @@ fn row_in_file(path: &Path, key: &str) -> Option<(String, Value)> {
     .map(|(kind, value)| (kind, serde_json::from_str(&value).unwrap()))
 }
 
-async fn send_frame(session: &mut actix_ws::Session, message: &Message) {
-    session.text(codec::encode(message)).await.unwrap();
-}
-
-async fn expect_ack(events: &mut mpsc::Receiver<CloudEvent>, of: &Message) {
-    let ack = next_frame(events, false).await;
+async fn expect_ack(cloud: &mut FakeCloud, of: &Message) {
+    let ack = cloud.next_frame().await;
     assert_eq!(ack.operation(), Some(&Operation::Response), "{ack:?}");
     assert_eq!(ack.parent_id(), Some(of.id()));
     assert_eq!(ack.content, json!("OK"));
@@ -188,13 +80,13 @@ async fn status(hive: &Hive) -> edgehive_actors::edge::edgehub::EdgeHubStatus {
 async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("edgecore.db");
-    let (addr, server, mut events) = start_cloud();
+    let mut cloud = FakeCloud::start();
 
     let hive = Hive::new("edge");
     hive.start_module(MetaManagerModule::new(MetaStore::open(&db).unwrap()))
         .unwrap();
     hive.start_module(EdgeHubModule::new(EdgeHubOptions {
-        server: addr.to_string(),
+        server: cloud.addr.to_string(),
         node_name: "edge-1".into(),
         reconnect_min: Duration::from_millis(300),
         reconnect_max: Duration::from_secs(1),
@@ -203,8 +95,8 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
     .unwrap();
 
     // Headers and path checked in accept(); the edge speaks first, with a keepalive.
-    let mut session = accept(&mut events).await;
-    let first = next_frame(&mut events, true).await;
+    let mut session = accept(&mut cloud).await;
+    let first = cloud.next_frame_or_keepalive().await;
     assert_eq!(first.operation(), Some(&Operation::Keepalive));
     assert_eq!(first.content, json!("ping"));
 
@@ -213,7 +105,7 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
 
     let insert = push(Operation::Insert, "5");
     send_frame(&mut session, &insert).await;
-    expect_ack(&mut events, &insert).await;
+    expect_ack(&mut cloud, &insert).await;
     // The ACK means "committed": the row is in the file the moment the ACK arrives.
     let (kind, value) = row_in_file(&db, "default/pod/p1").expect("row stored before the ACK");
     assert_eq!(kind, "pod");
@@ -222,7 +114,7 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
     // An older version is acknowledged (so the cloud stops resending) but not stored.
     let stale = push(Operation::Update, "3");
     send_frame(&mut session, &stale).await;
-    expect_ack(&mut events, &stale).await;
+    expect_ack(&mut cloud, &stale).await;
     assert_eq!(row_in_file(&db, "default/pod/p1").unwrap().1, pod("5"));
 
     // Local modules read what the cloud sent: KubeEdge's array of JSON strings.
@@ -245,7 +137,7 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
 
     let delete = push(Operation::Delete, "6");
     send_frame(&mut session, &delete).await;
-    expect_ack(&mut events, &delete).await;
+    expect_ack(&mut cloud, &delete).await;
     assert_eq!(row_in_file(&db, "default/pod/p1"), None);
 
     // A request to the cloud gets the cloud's reply to it.
@@ -258,7 +150,7 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
     );
     let ask = hive.call::<EdgeHub, _>("websocket", CloudRequest(remote.clone()), WAIT);
     let answer = async {
-        let seen = next_frame(&mut events, false).await;
+        let seen = cloud.next_frame().await;
         assert_eq!(seen.id(), remote.id());
         let reply = Message::response_to(&seen, json!({"data": {"k": "v"}}));
         send_frame(&mut session, &reply).await;
@@ -289,10 +181,10 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
     session.close(None).await.unwrap();
     // Wait for the old connection to be gone so its events cannot mix with the new one's.
     loop {
-        match next_event(&mut events).await {
+        match cloud.next_event().await {
             CloudEvent::Closed => break,
             CloudEvent::Frame(_) => continue,
-            CloudEvent::Connected { .. } => panic!("reconnected before the old socket closed"),
+            CloudEvent::Connected(_) => panic!("reconnected before the old socket closed"),
         }
     }
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -314,10 +206,10 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
     hive.send("websocket", upload.clone()).unwrap();
 
     // ... and is delivered after the reconnect, right after the first keepalive.
-    let _session = accept(&mut events).await;
-    let first = next_frame(&mut events, true).await;
+    let _session = accept(&mut cloud).await;
+    let first = cloud.next_frame_or_keepalive().await;
     assert_eq!(first.operation(), Some(&Operation::Keepalive));
-    let delivered = next_frame(&mut events, false).await;
+    let delivered = cloud.next_frame().await;
     assert_eq!(delivered, upload);
 
     let after = status(&hive).await;
@@ -327,7 +219,7 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
     assert!(after.last_error.is_some());
 
     hive.shutdown();
-    server.stop(false).await;
+    cloud.stop().await;
 }
 
 /// Polls the metrics text until it contains `line`.
@@ -346,17 +238,17 @@ async fn wait_for_metric(hive: &Hive, line: &str) {
 async fn a_failed_write_is_not_acknowledged_and_the_resend_is() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("edgecore.db");
-    let (addr, server, mut events) = start_cloud();
+    let mut cloud = FakeCloud::start();
     let hive = Hive::new("edge");
     hive.start_module(MetaManagerModule::new(MetaStore::open(&db).unwrap()))
         .unwrap();
     hive.start_module(EdgeHubModule::new(EdgeHubOptions {
-        server: addr.to_string(),
+        server: cloud.addr.to_string(),
         node_name: "edge-1".into(),
         ..EdgeHubOptions::default()
     }))
     .unwrap();
-    let mut session = accept(&mut events).await;
+    let mut session = accept(&mut cloud).await;
 
     // Someone breaks the database under the edge: the write fails.
     let other = rusqlite::Connection::open(&db).unwrap();
@@ -385,7 +277,7 @@ async fn a_failed_write_is_not_acknowledged_and_the_resend_is() {
     // Exactly one ACK for the pod arrives before the marker's ACK: none for the failed try.
     let mut pod_acks = 0;
     loop {
-        let ack = next_frame(&mut events, false).await;
+        let ack = cloud.next_frame().await;
         if ack.parent_id() == Some(marker.id()) {
             break;
         }
@@ -396,5 +288,5 @@ async fn a_failed_write_is_not_acknowledged_and_the_resend_is() {
     assert_eq!(row_in_file(&db, "default/pod/p1").unwrap().1, pod("5"));
 
     hive.shutdown();
-    server.stop(false).await;
+    cloud.stop().await;
 }

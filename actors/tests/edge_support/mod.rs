@@ -20,9 +20,21 @@ pub const WAIT: Duration = Duration::from_secs(10);
 
 /// What the fake cloud saw.
 pub enum CloudEvent {
-    Connected(actix_ws::Session),
+    Connected(Connection),
     Frame(String),
     Closed,
+}
+
+/// An edge's WebSocket handshake as the fake cloud received it.
+pub struct Connection {
+    /// The request path (`/{projectID}/{node}/events` from a KubeEdge-style edge).
+    pub path: String,
+    /// The identity headers KubeEdge's cloudhub reads.
+    pub node_id: Option<String>,
+    pub project_id: Option<String>,
+    pub connection_use: Option<String>,
+    /// The cloud's side of the socket.
+    pub session: actix_ws::Session,
 }
 
 async fn events(
@@ -30,9 +42,22 @@ async fn events(
     body: web::Payload,
     events: web::Data<mpsc::Sender<CloudEvent>>,
 ) -> Result<HttpResponse, actix_web::Error> {
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
     let (response, session, mut stream) = actix_ws::handle(&req, body)?;
     let events = events.get_ref().clone();
-    let _ = events.send(CloudEvent::Connected(session)).await;
+    let connection = Connection {
+        path: req.path().to_owned(),
+        node_id: header("node_id"),
+        project_id: header("project_id"),
+        connection_use: header("ConnectionUse"),
+        session,
+    };
+    let _ = events.send(CloudEvent::Connected(connection)).await;
     actix_web::rt::spawn(async move {
         while let Some(Ok(message)) = stream.recv().await {
             match message {
@@ -92,9 +117,14 @@ impl FakeCloud {
 
     /// Waits for the edge to connect.
     pub async fn accept(&mut self) -> actix_ws::Session {
+        self.accept_connection().await.session
+    }
+
+    /// Waits for the edge to connect; with the path and headers it connected with.
+    pub async fn accept_connection(&mut self) -> Connection {
         loop {
             match self.next_event().await {
-                CloudEvent::Connected(session) => return session,
+                CloudEvent::Connected(connection) => return connection,
                 CloudEvent::Frame(_) | CloudEvent::Closed => continue,
             }
         }
@@ -102,11 +132,21 @@ impl FakeCloud {
 
     /// The next frame the edge wrote, decoded; keepalives are skipped.
     pub async fn next_frame(&mut self) -> Message {
+        self.next_frame_where_keepalives(false).await
+    }
+
+    /// The next frame the edge wrote, decoded, keepalives included.
+    pub async fn next_frame_or_keepalive(&mut self) -> Message {
+        self.next_frame_where_keepalives(true).await
+    }
+
+    async fn next_frame_where_keepalives(&mut self, keepalives: bool) -> Message {
         loop {
             match self.next_event().await {
                 CloudEvent::Frame(text) => {
+                    assert!(text.ends_with('\n'), "frames end with Go's newline");
                     let message = codec::decode(text.as_bytes()).unwrap();
-                    if message.operation() != Some(&Operation::Keepalive) {
+                    if keepalives || message.operation() != Some(&Operation::Keepalive) {
                         return message;
                     }
                 }

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::process::{banner_field, plain_cloud_yaml, plain_edge_yaml, spawn, Process};
+use support::process::{banner_field, plain_edge_yaml, spawn, spawn_plain_cloud, Process};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
@@ -73,18 +73,7 @@ fn write_manifests(dir: &Path, node: &str, pods: &[&str]) {
 }
 
 fn start_cloud(dir: &Path, port: u16) -> (Process, String) {
-    let config = dir.join("cloud.yaml");
-    std::fs::write(&config, plain_cloud_yaml(port)).unwrap();
-    let manifests = dir.join("manifests");
-    let (cloud, banner) = spawn(&[
-        "cloud",
-        "--config",
-        config.to_str().unwrap(),
-        "--manifests",
-        manifests.to_str().unwrap(),
-    ]);
-    let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
-    (cloud, websocket)
+    spawn_plain_cloud(dir, &dir.join("manifests"), port)
 }
 
 fn start_edge(config: &Path) -> (Process, String) {

@@ -7,7 +7,7 @@
 mod support;
 
 use std::time::{Duration, Instant};
-use support::process::{banner_field, plain_cloud_yaml, plain_edge_yaml, spawn};
+use support::process::{plain_edge_yaml, spawn, spawn_plain_cloud};
 
 const PODS: usize = 100;
 
@@ -46,16 +46,7 @@ fn edge_rss_idle_with_100_pods() {
         ));
     }
     std::fs::write(manifests.join("pods.yaml"), text).unwrap();
-    let cloud_config = dir.path().join("cloud.yaml");
-    std::fs::write(&cloud_config, plain_cloud_yaml(0)).unwrap();
-    let (cloud, banner) = spawn(&[
-        "cloud",
-        "--config",
-        cloud_config.to_str().unwrap(),
-        "--manifests",
-        manifests.to_str().unwrap(),
-    ]);
-    let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
+    let (cloud, websocket) = spawn_plain_cloud(dir.path(), &manifests, 0);
     let db = dir.path().join("edge.db");
     let edge_config = dir.path().join("edge.yaml");
     std::fs::write(

@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::process::{banner_field, plain_cloud_yaml, plain_edge_yaml, spawn, BIN};
+use support::process::{plain_edge_yaml, spawn, spawn_plain_cloud, BIN};
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -113,17 +113,7 @@ fn cloud_and_edge_processes_deliver_a_manifest_pod_into_the_edge_database() {
          spec:\n  nodeName: proc-edge\n  containers:\n  - name: web\n    image: nginx:1.27\n",
     )
     .unwrap();
-    let cloud_config = dir.path().join("cloud.yaml");
-    std::fs::write(&cloud_config, plain_cloud_yaml(0)).unwrap();
-    let (cloud, banner) = spawn(&[
-        "cloud",
-        "--config",
-        cloud_config.to_str().unwrap(),
-        "--manifests",
-        manifests.to_str().unwrap(),
-    ]);
-    // "edgehive cloud: WebSocket on 127.0.0.1:PORT, admin on http://..."
-    let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
+    let (cloud, websocket) = spawn_plain_cloud(dir.path(), &manifests, 0);
 
     let db = dir.path().join("edge.db");
     let edge_config = dir.path().join("edge.yaml");

@@ -96,3 +96,24 @@ pub fn plain_edge_yaml(
         db.display()
     )
 }
+
+/// Starts a plain-`ws://` cloud process (config written to `dir/cloud.yaml`, WebSocket on
+/// `port`, 0 for a free one) seeded from the manifests in `manifests`; returns it with the
+/// `host:port` edges connect to.
+pub fn spawn_plain_cloud(
+    dir: &std::path::Path,
+    manifests: &std::path::Path,
+    port: u16,
+) -> (Process, String) {
+    let config = dir.join("cloud.yaml");
+    std::fs::write(&config, plain_cloud_yaml(port)).unwrap();
+    let (cloud, banner) = spawn(&[
+        "cloud",
+        "--config",
+        config.to_str().unwrap(),
+        "--manifests",
+        manifests.to_str().unwrap(),
+    ]);
+    let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
+    (cloud, websocket)
+}

@@ -13,9 +13,8 @@ use anyhow::Context as _;
 use edgehive_actors::cloud::cloudhub::auth::BindingView;
 use edgehive_actors::cloud::cloudhub::certserver::CertServer;
 use edgehive_actors::cloud::cloudhub::mirror::BindingMirror;
-use edgehive_actors::cloud::cloudhub::tls::CloudTls;
 use edgehive_actors::cloud::cloudhub::{
-    start_cloudhub_with, token, CloudHub, CloudHubSecurity, CloudHubServer, ListNodes, NodeInfo,
+    start_cloudhub_with, CloudHub, CloudHubSecurity, CloudHubServer, ListNodes, NodeInfo,
     CLOUDHUB_MODULE,
 };
 use edgehive_actors::cloud::cluster::kube::{KubeCluster, DEVICE_KINDS};
@@ -23,6 +22,8 @@ use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster, SharedClust
 use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
 use edgehive_actors::cloud::edgecontroller::EdgeControllerModule;
 use edgehive_actors::hive::{Hive, HiveError};
+use edgehive_actors::identity::tls::CloudTls;
+use edgehive_actors::identity::token;
 use serde_json::json;
 
 use crate::admin::AdminServer;

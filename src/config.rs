@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use edgehive_actors::cloud::cloudhub::certserver::CertServerOptions;
-use edgehive_actors::cloud::cloudhub::tls::CloudTlsFiles;
 use edgehive_actors::cloud::cloudhub::CloudHubOptions;
 use edgehive_actors::cloud::cluster::kube::KubeOptions;
 use edgehive_actors::edge::certmanager::EdgeTlsOptions;
 use edgehive_actors::edge::edgehub::EdgeHubOptions;
+use edgehive_actors::identity::tls::CloudTlsFiles;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 

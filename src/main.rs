@@ -10,8 +10,8 @@ use edgehive::cloud::CloudProcess;
 use edgehive::config::{CloudConfig, EdgeConfig};
 use edgehive::demo::{self, DemoOptions};
 use edgehive::edge::EdgeProcess;
-use edgehive_actors::cloud::cloudhub::certs::CertAuthority;
-use edgehive_actors::cloud::cloudhub::token;
+use edgehive_actors::identity::certs::CertAuthority;
+use edgehive_actors::identity::token;
 use tracing_subscriber::EnvFilter;
 
 /// KubeEdge's cloud-edge message routing as an actix actor system.

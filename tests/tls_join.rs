@@ -11,8 +11,8 @@ use std::time::Duration;
 use awc::ws::Frame;
 use edgehive::cloud::CloudProcess;
 use edgehive::edge::EdgeProcess;
-use edgehive_actors::cloud::cloudhub::certs::{self, CertAuthority};
-use edgehive_actors::cloud::cloudhub::tls;
+use edgehive_actors::identity::certs::{self, CertAuthority};
+use edgehive_actors::identity::tls;
 use edgehive_protocols::{codec, Group, Message, ModuleName, Operation};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -196,7 +196,7 @@ async fn a_bad_token_gets_no_certificate_and_no_connection() {
     let cloud = start_tls_cloud(dir.path()).await;
     // Right CA hash, but a JWT signed with another key.
     let other = CertAuthority::generate().unwrap();
-    let forged = edgehive_actors::cloud::cloudhub::token::jwt(other.key_sec1_der(), u64::MAX / 2);
+    let forged = edgehive_actors::identity::token::jwt(other.key_sec1_der(), u64::MAX / 2);
     let mut config = tls_edge_config("edge-bad", &cloud, dir.path());
     config.modules.edge_hub.token = format!("{}.{forged}", cloud_ca(dir.path()).hash_hex());
     let cert_file = config.modules.edge_hub.tls_cert_file.clone();

@@ -3,8 +3,8 @@
 use std::process::Command;
 use std::time::SystemTime;
 
-use edgehive_actors::cloud::cloudhub::certs::CertAuthority;
-use edgehive_actors::cloud::cloudhub::token::{check_ca_hash, verify_jwt};
+use edgehive_actors::identity::certs::CertAuthority;
+use edgehive_actors::identity::token::{check_ca_hash, verify_jwt};
 
 fn token(config: &std::path::Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_edgehive"))

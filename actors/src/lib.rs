@@ -4,8 +4,13 @@
 //!   and group, bounded sends, requests whose reply is the handler's return value, group
 //!   broadcast, supervision with restart and metrics.
 //! - [`cloud`]: CloudHub, EdgeController and the cluster they read.
-//! - [`edge`]: EdgeHub and MetaManager.
+//! - [`edge`]: EdgeHub, MetaManager and DeviceTwin.
+//! - [`identity`]: the CA, certificates, join tokens and TLS configurations both sides use.
+//!
+//! `cloud` and `edge` are siblings over `hive`, `identity` and the protocol crate: neither
+//! imports the other.
 
 pub mod cloud;
 pub mod edge;
 pub mod hive;
+pub mod identity;

@@ -26,6 +26,7 @@
 pub mod codec;
 pub mod message;
 pub mod names;
+pub mod object;
 pub mod resource;
 
 pub use codec::{decode, decode_with_limit, encode, DecodeError, DEFAULT_MAX_FRAME_BYTES};

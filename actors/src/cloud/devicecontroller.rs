@@ -29,15 +29,15 @@ use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-use super::cloudhub::pool::is_newer;
 use super::cluster::{ClusterError, EventType, SharedCluster, WatchError, WatchEvent};
-use super::edgecontroller::outbox::{offer, Outbox};
+use super::edgecontroller::outbox::{offer_message, Outbox};
 use crate::hive::{Envelope, Hive, Module};
+use edgehive_protocols::object::is_newer;
 
 /// The module name.
-pub const DEVICECONTROLLER_MODULE: &str = "devicecontroller";
+pub const DEVICECONTROLLER_MODULE: &str = super::contract::route::DEVICECONTROLLER;
 /// The module group (CloudHub sends devicetwin's messages here).
-pub const DEVICECONTROLLER_GROUP: &str = "devicecontroller";
+pub const DEVICECONTROLLER_GROUP: &str = super::contract::route::DEVICECONTROLLER;
 /// The devices API version.
 pub const DEVICES_API_VERSION: &str = "devices.kubeedge.io/v1beta1";
 /// Twin reports written at once (KubeEdge's updateDeviceStatusWorkers).
@@ -558,7 +558,7 @@ impl Handler<Envelope> for DeviceController {
                     reply.route.source = Some(ModuleName::DeviceController);
                     reply.route.group = Some(Group::Twin);
                     reply.route.resource = format!("node/{node}/twin");
-                    if offer(&hive, &metrics.sent, reply).is_some() {
+                    if offer_message(&hive, &metrics.sent, &reply).is_err() {
                         metrics.overflow.inc();
                     }
                 }
@@ -590,7 +590,7 @@ impl DeviceController {
         reply.route.source = Some(ModuleName::DeviceController);
         reply.route.group = Some(Group::Twin);
         reply.route.resource = format!("node/{node}/membership/detail");
-        if offer(&self.hive, &self.metrics.sent, reply).is_some() {
+        if offer_message(&self.hive, &self.metrics.sent, &reply).is_err() {
             self.metrics.overflow.inc();
         }
     }

@@ -9,5 +9,6 @@
 
 pub mod cloudhub;
 pub mod cluster;
+pub mod contract;
 pub mod devicecontroller;
 pub mod edgecontroller;

@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use rcgen::KeyPair;
 
-use crate::cloud::cloudhub::certs::{self, CertError};
-use crate::cloud::cloudhub::tls::{self, TlsError};
-use crate::cloud::cloudhub::token::{check_ca_hash, TokenError};
+use crate::identity::certs::{self, CertError};
+use crate::identity::tls::{self, TlsError};
+use crate::identity::token::{check_ca_hash, TokenError};
 
 /// Most bytes accepted from the certificate server in one answer.
 const MAX_ANSWER_BYTES: usize = 64 * 1024;

@@ -52,11 +52,15 @@ mod error;
 mod metrics;
 mod module;
 mod registry;
-mod supervisor;
+pub mod supervisor;
 
 pub use edgehive_protocols::Message;
 pub use envelope::Envelope;
 pub use error::HiveError;
 pub use metrics::{HiveMetrics, ModuleLabels};
 pub use module::{Module, DEFAULT_MAILBOX_CAPACITY};
-pub use registry::{GroupDelivery, Hive, ModuleInfo, ModuleState, DEFAULT_REQUEST_TIMEOUT};
+pub use registry::{
+    ChildInfo, ChildrenView, GroupDelivery, Hive, ModuleInfo, ModuleState, Refused, Tally,
+    DEFAULT_REQUEST_TIMEOUT,
+};
+pub use supervisor::{supervise, Recipe};

@@ -63,6 +63,57 @@ pub struct ModuleInfo {
     pub mailbox_depth: i64,
     /// Its mailbox capacity.
     pub mailbox_capacity: usize,
+    /// The actors it supervises (CloudHub: one per edge node), if it has any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<ChildInfo>,
+}
+
+/// An actor supervised by a module (or by another child), as the admin endpoint shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildInfo {
+    /// Its name under its parent (a node name, a connection's id).
+    pub name: String,
+    /// What it is (`node`, `connection`, …).
+    pub kind: String,
+    /// Running or restarting.
+    pub state: ModuleState,
+    /// Restarts after a panic or a stop.
+    pub restarts: u64,
+    /// Messages its handlers finished with.
+    pub messages_handled: u64,
+    /// Messages waiting in its mailbox.
+    pub mailbox_depth: i64,
+    /// The actors it supervises in turn.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<ChildInfo>,
+}
+
+/// How a module reports the actors it supervises (see [`Hive::set_children`]).
+pub type ChildrenView = Arc<dyn Fn() -> Vec<ChildInfo> + Send + Sync>;
+
+/// A module's handle onto its own counters, for typed messages sent with [`Hive::tell`]:
+/// the hive counts them routed and queued, the handler calls [`Tally::handled`].
+/// ([`Hive::call`] needs no help: the reply says the handler is done.)
+#[derive(Clone, Debug)]
+pub struct Tally {
+    stats: Arc<ModuleStats>,
+}
+
+impl Tally {
+    /// One typed message handled.
+    pub fn handled(&self) {
+        self.stats.handled();
+    }
+}
+
+/// A typed message [`Hive::tell`] could not deliver, given back with the reason.
+#[derive(Debug)]
+pub struct Refused<M> {
+    /// Why.
+    pub error: HiveError,
+    /// The message, untouched.
+    pub message: M,
 }
 
 /// How a group broadcast went.
@@ -84,6 +135,7 @@ struct Entry {
     /// the hive holds the bound itself: an envelope keeps its permit until handled.
     slots: Arc<Semaphore>,
     capacity: usize,
+    children: Option<ChildrenView>,
 }
 
 type Target = (Recipient<Envelope>, Arc<ModuleStats>, Arc<Semaphore>);
@@ -142,13 +194,25 @@ impl Hive {
     /// Must be called from inside a running actix system.
     pub fn start_module<M: Module>(&self, module: M) -> Result<Addr<M::Actor>, HiveError> {
         let name = module.name().to_owned();
+        if self.read_modules().contains_key(&name) {
+            return Err(HiveError::AlreadyRegistered(name));
+        }
         let stats = Arc::new(self.inner.metrics.module_stats(&name, module.group()));
         let capacity = module.mailbox_capacity();
+        // The first actor is built here, outside the registry's lock: a module's `create` may
+        // look up other modules.
+        let addr = supervisor::supervise(
+            self,
+            supervisor::ModuleRecipe {
+                hive: self.clone(),
+                module: Arc::new(module),
+                stats: stats.clone(),
+            },
+        );
         let mut modules = self.write_modules();
         if modules.contains_key(&name) {
             return Err(HiveError::AlreadyRegistered(name));
         }
-        let (addr, watch) = supervisor::start(self.clone(), Arc::new(module), stats.clone());
         modules.insert(
             name,
             Entry {
@@ -157,10 +221,9 @@ impl Hive {
                 stats,
                 slots: Arc::new(Semaphore::new(capacity)),
                 capacity,
+                children: None,
             },
         );
-        drop(modules);
-        watch.spawn();
         Ok(addr)
     }
 
@@ -297,14 +360,27 @@ impl Hive {
         M: actix::Message + Send + 'static,
         M::Result: Send,
     {
-        let addr = self.addr::<A>(name)?;
+        let (addr, stats) = self.typed_target::<A>(name)?;
+        // Counted like an envelope: queued until the reply is back (the handler is done then),
+        // or until the caller gives up.
+        stats.enqueued();
+        stats.delivered();
         match tokio::time::timeout(timeout, addr.send(message)).await {
-            Ok(Ok(result)) => Ok(result),
-            Ok(Err(MailboxError::Closed)) => Err(HiveError::ModuleDown(name.to_owned())),
-            Ok(Err(MailboxError::Timeout)) | Err(_) => Err(HiveError::Timeout {
-                module: name.to_owned(),
-                timeout,
-            }),
+            Ok(Ok(result)) => {
+                stats.handled();
+                Ok(result)
+            }
+            Ok(Err(MailboxError::Closed)) => {
+                stats.rejected();
+                Err(HiveError::ModuleDown(name.to_owned()))
+            }
+            Ok(Err(MailboxError::Timeout)) | Err(_) => {
+                stats.rejected();
+                Err(HiveError::Timeout {
+                    module: name.to_owned(),
+                    timeout,
+                })
+            }
         }
     }
 
@@ -359,8 +435,82 @@ impl Hive {
                 messages_dropped: entry.stats.dropped.get(),
                 mailbox_depth: entry.stats.depth.get(),
                 mailbox_capacity: entry.capacity,
+                children: entry
+                    .children
+                    .as_ref()
+                    .map(|view| view())
+                    .unwrap_or_default(),
             })
             .collect()
+    }
+
+    /// Lets module `name` show the actors it supervises under it in [`Hive::modules`].
+    pub fn set_children(&self, name: &str, view: ChildrenView) -> Result<(), HiveError> {
+        let mut modules = self.write_modules();
+        let entry = modules
+            .get_mut(name)
+            .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?;
+        entry.children = Some(view);
+        Ok(())
+    }
+
+    /// Module `name`'s counters, for the handlers of its typed messages.
+    pub fn tally(&self, name: &str) -> Result<Tally, HiveError> {
+        let modules = self.read_modules();
+        let entry = modules
+            .get(name)
+            .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?;
+        Ok(Tally {
+            stats: entry.stats.clone(),
+        })
+    }
+
+    /// Sends a typed message to module `name` without waiting: refused at once when actix's
+    /// mailbox of the module is full ([`HiveError::MailboxFull`], the message is given back
+    /// inside [`Refused`]) or the module is down. Counted as routed; the module's handler
+    /// counts it handled through its [`Tally`].
+    pub fn tell<A, M>(&self, name: &str, message: M) -> Result<(), Refused<M>>
+    where
+        A: Actor + Handler<M>,
+        A::Context: ToEnvelope<A, M>,
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+    {
+        let (addr, stats) = match self.typed_target::<A>(name) {
+            Ok(target) => target,
+            Err(error) => return Err(Refused { error, message }),
+        };
+        match addr.try_send(message) {
+            Ok(()) => {
+                stats.enqueued();
+                stats.delivered();
+                Ok(())
+            }
+            Err(actix::prelude::SendError::Full(message)) => {
+                stats.dropped.inc();
+                Err(Refused {
+                    error: HiveError::MailboxFull(name.to_owned()),
+                    message,
+                })
+            }
+            Err(actix::prelude::SendError::Closed(message)) => Err(Refused {
+                error: HiveError::ModuleDown(name.to_owned()),
+                message,
+            }),
+        }
+    }
+
+    fn typed_target<A: Actor>(&self, name: &str) -> Result<(Addr<A>, Arc<ModuleStats>), HiveError> {
+        let modules = self.read_modules();
+        let entry = modules
+            .get(name)
+            .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?;
+        let addr = entry
+            .addr
+            .downcast_ref::<Addr<A>>()
+            .cloned()
+            .ok_or_else(|| HiveError::WrongType(name.to_owned()))?;
+        Ok((addr, entry.stats.clone()))
     }
 
     fn target(&self, name: &str) -> Result<Target, HiveError> {

@@ -1,16 +1,21 @@
-//! Restarting modules that stop or panic.
+//! Restarting actors that stop or panic: modules, and the children a module supervises (for
+//! example CloudHub's per-node actors).
 //!
 //! actix's own `Supervisor` restarts actors that stop but not ones that panic: a panic ends
-//! the actor's task and drops its context. So each module instance gets a *life guard*: a
+//! the actor's task and drops its context. So each supervised instance gets a *life guard*: a
 //! oneshot sender parked in a never-ending future spawned into the actor's context. Whatever
 //! ends the actor (stop or panic), its context and with it the guard is dropped, the watcher
-//! wakes, and starts a fresh actor from the module's recipe after a backoff. The same future
-//! ends, and stops its actor, when the hive shuts down.
+//! wakes, and starts a fresh actor from the [`Recipe`] after a backoff. The same future ends,
+//! and stops its actor, when the hive shuts down.
+//!
+//! A watcher is one parked future per supervised actor: it costs memory, never CPU, until
+//! its actor dies.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorContext, ActorFutureExt, Addr, ArbiterHandle, AsyncContext};
+use actix::{Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context};
 use tokio::sync::oneshot;
 
 use super::metrics::ModuleStats;
@@ -20,56 +25,78 @@ use super::{Hive, Module, ModuleState};
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest restart delay.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// A module that ran this long before failing starts again from the first delay.
+/// An actor that ran this long before failing starts again from the first delay.
 const STABLE_AFTER: Duration = Duration::from_secs(10);
 
-/// The watcher of one module, to be spawned once the module is registered.
-pub(super) struct Watch<M: Module> {
-    hive: Hive,
-    module: Arc<M>,
-    stats: Arc<ModuleStats>,
-    arbiter: ArbiterHandle,
-    died: oneshot::Receiver<()>,
+/// How a supervised actor is built, and what its supervisor does when it fails.
+///
+/// State that must outlive a failure belongs to the recipe (or to something it holds), never
+/// to the actor: [`Recipe::create`] is called again after every failure.
+pub trait Recipe: 'static {
+    /// The supervised actor.
+    type Actor: Actor<Context = Context<Self::Actor>>;
+
+    /// A fresh actor, on the supervisor's arbiter.
+    fn create(&mut self) -> Self::Actor;
+
+    /// Its mailbox capacity (actix's; the hive's own bounds are kept by the senders).
+    fn mailbox_capacity(&self) -> usize {
+        super::DEFAULT_MAILBOX_CAPACITY
+    }
+
+    /// The actor failed; a new one starts after `delay`.
+    fn failed(&mut self, delay: Duration) {
+        let _ = delay;
+    }
+
+    /// A new actor replaced the failed one.
+    fn restarted(&mut self, addr: &Addr<Self::Actor>) {
+        let _ = addr;
+    }
+
+    /// The actor stopped for good (the hive shuts down, or [`Recipe::retired`] said so).
+    fn stopped(&mut self) {}
+
+    /// Whether a failed actor should stay down (checked before each restart).
+    fn retired(&self) -> bool {
+        false
+    }
 }
 
-/// Starts the first instance of `module` on the current arbiter.
-pub(super) fn start<M: Module>(
-    hive: Hive,
-    module: Arc<M>,
-    stats: Arc<ModuleStats>,
-) -> (Addr<M::Actor>, Watch<M>) {
-    let arbiter = actix::Arbiter::current();
-    let (addr, died) = spawn_instance(&hive, &module, &arbiter);
-    let watch = Watch {
-        hive,
-        module,
-        stats,
-        arbiter,
-        died,
-    };
-    (addr, watch)
+/// Starts the actor of `recipe` on the current arbiter and supervises it until `hive` shuts
+/// down (or the recipe retires). Must be called inside a running actix system.
+pub fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
+    let (addr, died) = spawn_instance(hive, &mut recipe);
+    actix::spawn(watch(hive.clone(), recipe, died));
+    addr
 }
 
-fn spawn_instance<M: Module>(
+fn spawn_instance<R: Recipe>(
     hive: &Hive,
-    module: &Arc<M>,
-    arbiter: &ArbiterHandle,
-) -> (Addr<M::Actor>, oneshot::Receiver<()>) {
+    recipe: &mut R,
+) -> (Addr<R::Actor>, oneshot::Receiver<()>) {
     let (guard, died) = oneshot::channel::<()>();
-    let recipe = module.clone();
-    let hive = hive.clone();
-    let capacity = module.mailbox_capacity();
     let stopped = hive.stopped();
-    let addr = M::Actor::start_in_arbiter(arbiter, move |ctx| {
+    let capacity = recipe.mailbox_capacity();
+    let actor = recipe.create();
+    let addr = R::Actor::create(move |ctx| {
         ctx.set_mailbox_capacity(capacity);
-        let life = actix::fut::wrap_future::<_, M::Actor>(async move {
-            let _guard = guard;
-            stopped.await
-        });
-        ctx.spawn(life.map(|(), _actor, ctx| ctx.stop()));
-        recipe.create(&hive)
+        ctx.spawn(life_guard::<R::Actor>(guard, stopped));
+        actor
     });
     (addr, died)
+}
+
+/// The future that holds the guard and stops its actor when the hive shuts down.
+fn life_guard<A: Actor<Context = Context<A>>>(
+    guard: oneshot::Sender<()>,
+    stopped: impl Future<Output = ()> + 'static,
+) -> impl actix::ActorFuture<A, Output = ()> {
+    actix::fut::wrap_future::<_, A>(async move {
+        let _guard = guard;
+        stopped.await
+    })
+    .map(|(), _actor, ctx: &mut Context<A>| ctx.stop())
 }
 
 fn backoff(consecutive_failures: u32) -> Duration {
@@ -78,44 +105,69 @@ fn backoff(consecutive_failures: u32) -> Duration {
         .min(MAX_BACKOFF)
 }
 
-impl<M: Module> Watch<M> {
-    pub(super) fn spawn(self) {
-        actix::spawn(self.run());
+async fn watch<R: Recipe>(hive: Hive, mut recipe: R, mut died: oneshot::Receiver<()>) {
+    let mut failures = 0u32;
+    loop {
+        let started = Instant::now();
+        // Err means the guard was dropped: the instance is gone, whatever the reason.
+        let _ = (&mut died).await;
+        if hive.is_shutting_down() || recipe.retired() {
+            recipe.stopped();
+            return;
+        }
+        if started.elapsed() >= STABLE_AFTER {
+            failures = 0;
+        }
+        let delay = backoff(failures);
+        failures = failures.saturating_add(1);
+        recipe.failed(delay);
+        tokio::time::sleep(delay).await;
+        if hive.is_shutting_down() || recipe.retired() {
+            recipe.stopped();
+            return;
+        }
+        let (addr, next) = spawn_instance(&hive, &mut recipe);
+        recipe.restarted(&addr);
+        died = next;
+    }
+}
+
+/// The recipe the hive supervises a registered [`Module`] with.
+pub(super) struct ModuleRecipe<M: Module> {
+    pub(super) hive: Hive,
+    pub(super) module: Arc<M>,
+    pub(super) stats: Arc<ModuleStats>,
+}
+
+impl<M: Module> Recipe for ModuleRecipe<M> {
+    type Actor = M::Actor;
+
+    fn create(&mut self) -> M::Actor {
+        self.module.create(&self.hive)
     }
 
-    async fn run(mut self) {
-        let mut failures = 0u32;
-        loop {
-            let started = Instant::now();
-            // Err means the guard was dropped: the instance is gone, whatever the reason.
-            let _ = (&mut self.died).await;
-            if self.hive.is_shutting_down() {
-                self.stats.set_state(ModuleState::Stopped);
-                return;
-            }
-            if started.elapsed() >= STABLE_AFTER {
-                failures = 0;
-            }
-            let delay = backoff(failures);
-            failures = failures.saturating_add(1);
-            self.stats.restarts.inc();
-            self.stats.set_state(ModuleState::Restarting);
-            tracing::warn!(
-                module = %self.stats.name,
-                restarts = self.stats.restarts.get(),
-                ?delay,
-                "module stopped or panicked; restarting"
-            );
-            tokio::time::sleep(delay).await;
-            if self.hive.is_shutting_down() {
-                self.stats.set_state(ModuleState::Stopped);
-                return;
-            }
-            let (addr, died) = spawn_instance(&self.hive, &self.module, &self.arbiter);
-            self.hive.replace_addr(&self.stats.name, addr);
-            self.died = died;
-            self.stats.set_state(ModuleState::Running);
-        }
+    fn mailbox_capacity(&self) -> usize {
+        self.module.mailbox_capacity()
+    }
+
+    fn failed(&mut self, delay: Duration) {
+        self.stats.restarts.inc();
+        self.stats.set_state(ModuleState::Restarting);
+        tracing::warn!(
+            module = %self.stats.name,
+            restarts = self.stats.restarts.get(),
+            ?delay,
+            "module stopped or panicked; restarting"
+        );
+    }
+
+    fn restarted(&mut self, addr: &Addr<M::Actor>) {
+        self.hive.replace_addr(&self.stats.name, addr.clone());
+        self.stats.set_state(ModuleState::Running);
+    }
+
+    fn stopped(&mut self) {
+        self.stats.set_state(ModuleState::Stopped);
     }
 }
 

@@ -15,9 +15,9 @@ use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 
 use super::auth::BindingView;
-use super::certs::CertAuthority;
-use super::tls::{peer_node, record_peer_certificate, CloudTls};
-use super::token::verify_jwt;
+use crate::identity::certs::CertAuthority;
+use crate::identity::tls::{peer_node, record_peer_certificate, CloudTls};
+use crate::identity::token::verify_jwt;
 
 /// Largest CSR body accepted (a P-256 CSR is about 300 bytes).
 const MAX_CSR_BYTES: usize = 16 * 1024;
@@ -27,7 +27,7 @@ const MAX_CSR_BYTES: usize = 16 * 1024;
 pub enum CertServerError {
     /// TLS could not be configured.
     #[error(transparent)]
-    Tls(#[from] super::tls::TlsError),
+    Tls(#[from] crate::identity::tls::TlsError),
     /// The listener could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Bind {
@@ -177,7 +177,7 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
                 .content_type("application/octet-stream")
                 .body(cert)
         }
-        Err(error @ super::certs::CsrError::WrongSubject { .. }) => {
+        Err(error @ crate::identity::certs::CsrError::WrongSubject { .. }) => {
             text(StatusCode::UNAUTHORIZED, error.to_string())
         }
         Err(error) => text(StatusCode::BAD_REQUEST, error.to_string()),

@@ -1,123 +1,32 @@
 //! A node's message pool: what CloudHub still has to deliver to one edge node.
 //!
 //! Unlike KubeEdge, whose pool lives and dies with a connection (messages queued while the
-//! node is offline are lost there and only ObjectSync resends repair it), the pool is owned
-//! outside the session: it survives disconnects, reconnects and CloudHub restarts.
+//! node is offline are lost there and only ObjectSync resends repair it), the pool belongs to
+//! the node's recipe: it survives disconnects, reconnects and restarts of the node's actor.
 //!
-//! Two lanes, chosen by [`needs_ack`] (KubeEdge's DispatchDownstream rules):
+//! Two lanes, chosen by [`needs_ack`] (KubeEdge's DispatchDownstream rules) when the
+//! [`NodeMessage`] was built:
 //! - the ACK lane: one entry per object (keyed by `content.metadata.uid`, else the resource
 //!   string), newer resourceVersions replace older pending ones, sent one at a time and
 //!   resent until the edge ACKs;
 //! - the no-ACK lane: a bounded FIFO written once.
 //!
+//! Entries are `Arc<NodeMessage>`: the frame was encoded once for every node that gets it,
+//! and a resend writes the same bytes.
+//!
 //! The pool also remembers the resourceVersion each object was last ACKed at (what KubeEdge
 //! keeps in ObjectSync), so an object the edge already has is not sent again.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
+pub use crate::cloud::contract::{ack_key, needs_ack};
+use crate::cloud::contract::{Lane, NodeMessage};
+use edgehive_protocols::object::is_newer;
 
 /// Longest wait before a message that was never ACKed is tried again.
 pub const MAX_REQUEUE_BACKOFF: Duration = Duration::from_secs(60);
-
-/// Whether `message` goes to the ACK lane (`true`) or is written once without ACK (`false`).
-///
-/// No ACK, as in KubeEdge's cloudhub, if any of: the resource mentions `podlist`,
-/// `membership`, `twin/cloud_updated`, `serviceaccounttoken` or `k8s/ca.crt`; the operation is
-/// a CSI volume operation or `applicationResponse`; the group is `user`; the source is
-/// `taskmanager` or `nodeupgradejobcontroller`; it is a `response` whose content is the string
-/// `"OK"`; or the source is `edgecontroller` and the resource type is node (unless the
-/// operation is update), lease, nodepatch, podpatch, podstatus, certificatesigningrequest, or
-/// pod with operation `response`. (KubeEdge also treats a response carrying a Go error as
-/// no-ACK; a Go error has no wire form we can recognise, so such replies take the ACK lane.)
-pub fn needs_ack(message: &Message) -> bool {
-    const NO_ACK_RESOURCES: [&str; 5] = [
-        "podlist",
-        "membership",
-        "twin/cloud_updated",
-        "serviceaccounttoken",
-        "k8s/ca.crt",
-    ];
-    let resource = message.resource();
-    if NO_ACK_RESOURCES.iter().any(|part| resource.contains(part)) {
-        return false;
-    }
-    let operation = message.operation();
-    if matches!(
-        operation,
-        Some(
-            Operation::CreateVolume
-                | Operation::DeleteVolume
-                | Operation::ControllerPublishVolume
-                | Operation::ControllerUnpublishVolume
-                | Operation::ApplicationResponse
-        )
-    ) {
-        return false;
-    }
-    if message.group() == Some(&Group::User) {
-        return false;
-    }
-    if let Some(source) = message.source() {
-        if matches!(source, ModuleName::TaskManager)
-            || source.as_str() == "nodeupgradejobcontroller"
-        {
-            return false;
-        }
-    }
-    let is_response = operation == Some(&Operation::Response);
-    if is_response && message.content_str() == Some("OK") {
-        return false;
-    }
-    if message.source() == Some(&ModuleName::EdgeController) {
-        if let Ok(parsed) = CloudResource::parse(resource) {
-            let no_ack = match parsed.resource_type {
-                ResourceType::Node => operation != Some(&Operation::Update),
-                ResourceType::Lease
-                | ResourceType::NodePatch
-                | ResourceType::PodPatch
-                | ResourceType::PodStatus
-                | ResourceType::CertificateSigningRequest => true,
-                ResourceType::Pod => is_response,
-                _ => false,
-            };
-            if no_ack {
-                return false;
-            }
-        }
-    }
-    true
-}
-
-/// Whether resourceVersion `new` is newer than `old`, comparing them as unsigned integers.
-///
-/// A version that is not a number is never newer (and never makes anything panic).
-pub fn is_newer(new: &str, old: &str) -> bool {
-    match (new.parse::<u64>(), old.parse::<u64>()) {
-        (Ok(new), Ok(old)) => new > old,
-        _ => false,
-    }
-}
-
-/// The ACK-lane key of a message: the object's UID, or the resource string when the content
-/// has none (responses, device messages).
-pub fn ack_key(message: &Message) -> String {
-    message.content["metadata"]["uid"]
-        .as_str()
-        .filter(|uid| !uid.is_empty())
-        .map(str::to_owned)
-        .unwrap_or_else(|| message.resource().to_owned())
-}
-
-fn is_delete_op(message: &Message) -> bool {
-    message.operation() == Some(&Operation::Delete)
-}
-
-/// Deleting objects may travel without a resourceVersion (SyncController's deletes do).
-fn is_deleting(message: &Message) -> bool {
-    is_delete_op(message) || !message.content["metadata"]["deletionTimestamp"].is_null()
-}
 
 /// How big a pool may grow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,7 +75,7 @@ impl Enqueued {
 
 #[derive(Debug, Clone)]
 struct Pending {
-    message: Message,
+    message: Arc<NodeMessage>,
     not_before: Option<Instant>,
     failures: u32,
 }
@@ -174,10 +83,8 @@ struct Pending {
 /// The ACK-lane message currently on the wire, waiting for its ACK.
 #[derive(Debug, Clone)]
 pub struct InFlight {
-    /// Its ACK-lane key.
-    pub key: String,
-    /// The message exactly as written (resent with the same msg_id).
-    pub message: Message,
+    /// The message exactly as written (resent with the same msg_id and bytes).
+    pub message: Arc<NodeMessage>,
     /// How often it was written on the current session.
     pub sends: u32,
     /// When it is due again (resend or give up).
@@ -209,7 +116,7 @@ pub struct NodePool {
     /// Object key -> resourceVersion the edge ACKed last (grows with the objects on the
     /// node; deletes remove their entry).
     acked: HashMap<String, String>,
-    noack: VecDeque<Message>,
+    noack: VecDeque<Arc<NodeMessage>>,
     /// Delivery counters.
     pub stats: PoolStats,
 }
@@ -229,67 +136,57 @@ impl NodePool {
     }
 
     /// Queues `message` according to the rules in the module docs.
-    pub fn enqueue(&mut self, message: Message) -> Enqueued {
-        let outcome = self.enqueue_inner(message);
+    pub fn enqueue(&mut self, message: Arc<NodeMessage>) -> Enqueued {
+        let outcome = match message.lane() {
+            Lane::NoAck => self.push_noack(message),
+            Lane::Ack => self.enqueue_ack(message),
+        };
         if !outcome.is_queued() || outcome == Enqueued::NoAckOldestDropped {
             self.stats.dropped += 1;
         }
         outcome
     }
 
-    /// Queues `message` in the no-ACK lane whatever [`needs_ack`] says (CloudHub's own
-    /// replies, e.g. an `error` for a refused request).
-    pub fn enqueue_noack(&mut self, message: Message) -> Enqueued {
+    fn push_noack(&mut self, message: Arc<NodeMessage>) -> Enqueued {
         let mut outcome = Enqueued::NoAck;
         if self.noack.len() >= self.limits.noack_capacity.max(1) {
             self.noack.pop_front();
             outcome = Enqueued::NoAckOldestDropped;
-            self.stats.dropped += 1;
         }
         self.noack.push_back(message);
         outcome
     }
 
-    fn enqueue_inner(&mut self, message: Message) -> Enqueued {
-        if !needs_ack(&message) {
-            let mut outcome = Enqueued::NoAck;
-            if self.noack.len() >= self.limits.noack_capacity.max(1) {
-                self.noack.pop_front();
-                outcome = Enqueued::NoAckOldestDropped;
-            }
-            self.noack.push_back(message);
-            return outcome;
-        }
-        let delete = is_delete_op(&message);
-        let exempt = is_deleting(&message) || message.is_response();
-        let rv = message.resource_version().unwrap_or_default().to_owned();
+    fn enqueue_ack(&mut self, message: Arc<NodeMessage>) -> Enqueued {
+        let exempt = message.is_deleting() || message.is_response();
+        let rv = message.resource_version().unwrap_or_default();
         if rv.is_empty() && !exempt {
             return Enqueued::NoResourceVersion;
         }
-        let key = ack_key(&message);
+        let key = message.key();
         if let Some(flight) = &self.in_flight {
-            if flight.key == key {
-                if is_delete_op(&flight.message) {
+            if flight.message.key() == key {
+                if flight.message.is_delete() {
                     return Enqueued::DeletePending;
                 }
-                if !exempt && !is_newer(&rv, flight.message.resource_version().unwrap_or("")) {
+                if !exempt && !is_newer(rv, flight.message.resource_version().unwrap_or("")) {
                     return Enqueued::Stale;
                 }
             }
         }
-        if let Some(pending) = self.pending.get_mut(&key) {
-            if is_delete_op(&pending.message) {
+        if let Some(pending) = self.pending.get_mut(key) {
+            if pending.message.is_delete() {
                 return Enqueued::DeletePending;
             }
-            if !exempt && !is_newer(&rv, pending.message.resource_version().unwrap_or("")) {
+            if !exempt && !is_newer(rv, pending.message.resource_version().unwrap_or("")) {
                 return Enqueued::Stale;
             }
             pending.message = message;
             return Enqueued::Replaced;
         }
-        if !exempt && !delete {
-            if let Some(acked) = self.acked.get(&key) {
-                if !is_newer(&rv, acked) {
+        if !exempt && !message.is_delete() {
+            if let Some(acked) = self.acked.get(key) {
+                if !is_newer(rv, acked) {
                     return Enqueued::AlreadyAcked;
                 }
             }
@@ -297,6 +194,7 @@ impl NodePool {
         if self.pending.len() >= self.limits.ack_capacity.max(1) {
             return Enqueued::AckQueueFull;
         }
+        let key = key.to_owned();
         self.pending.insert(
             key.clone(),
             Pending {
@@ -311,12 +209,12 @@ impl NodePool {
 
     /// The oldest no-ACK message, left in place until [`NodePool::pop_noack`] confirms it
     /// was handed to the session.
-    pub fn front_noack(&self) -> Option<&Message> {
+    pub fn front_noack(&self) -> Option<&Arc<NodeMessage>> {
         self.noack.front()
     }
 
     /// Removes the oldest no-ACK message after it was written.
-    pub fn pop_noack(&mut self) -> Option<Message> {
+    pub fn pop_noack(&mut self) -> Option<Arc<NodeMessage>> {
         let message = self.noack.pop_front();
         if message.is_some() {
             self.stats.sent += 1;
@@ -337,7 +235,7 @@ impl NodePool {
         now: Instant,
         retry: Duration,
         max_sends: u32,
-    ) -> Option<Message> {
+    ) -> Option<Arc<NodeMessage>> {
         loop {
             match &mut self.in_flight {
                 Some(flight) if now < flight.due => return None,
@@ -360,6 +258,24 @@ impl NodePool {
         }
     }
 
+    /// When the ACK lane next has something to do on its own (a resend, a give-up, a backoff
+    /// that ends); `None` when only a new message or an ACK can make it act.
+    pub fn next_due(&self) -> Option<Instant> {
+        if let Some(flight) = &self.in_flight {
+            return Some(flight.due);
+        }
+        self.order
+            .iter()
+            .filter_map(|key| self.pending.get(key))
+            .map(|pending| pending.not_before)
+            .min_by(|a, b| match (a, b) {
+                (None, _) => std::cmp::Ordering::Less,
+                (_, None) => std::cmp::Ordering::Greater,
+                (Some(a), Some(b)) => a.cmp(b),
+            })
+            .map(|not_before| not_before.unwrap_or_else(Instant::now))
+    }
+
     /// Makes the in-flight message due at once with a fresh send budget (a new session).
     pub fn restart_in_flight(&mut self, now: Instant) {
         if let Some(flight) = &mut self.in_flight {
@@ -370,7 +286,7 @@ impl NodePool {
 
     /// The edge ACKed `parent_id`. Returns the message it ACKed if that is the one in flight
     /// (anything else is ignored, as KubeEdge does).
-    pub fn ack(&mut self, parent_id: &str) -> Option<Message> {
+    pub fn ack(&mut self, parent_id: &str) -> Option<Arc<NodeMessage>> {
         let matches = self
             .in_flight
             .as_ref()
@@ -380,15 +296,13 @@ impl NodePool {
         }
         let flight = self.in_flight.take()?;
         self.stats.acked += 1;
-        if is_delete_op(&flight.message) {
-            self.acked.remove(&flight.key);
+        let key = flight.message.key();
+        if flight.message.is_delete() {
+            self.acked.remove(key);
         } else if let Some(rv) = flight.message.resource_version() {
-            let newer = self
-                .acked
-                .get(&flight.key)
-                .is_none_or(|old| is_newer(rv, old));
+            let newer = self.acked.get(key).is_none_or(|old| is_newer(rv, old));
             if newer {
-                self.acked.insert(flight.key.clone(), rv.to_owned());
+                self.acked.insert(key.to_owned(), rv.to_owned());
             }
         }
         Some(flight.message)
@@ -438,7 +352,7 @@ impl NodePool {
                 continue;
             };
             let message = pending.message;
-            if !is_deleting(&message) && !message.is_response() {
+            if !message.is_deleting() && !message.is_response() {
                 if let (Some(rv), Some(acked)) = (message.resource_version(), self.acked.get(&key))
                 {
                     if !is_newer(rv, acked) {
@@ -448,7 +362,6 @@ impl NodePool {
                 }
             }
             self.in_flight = Some(InFlight {
-                key,
                 message,
                 sends: 0,
                 due: now,
@@ -467,7 +380,8 @@ impl NodePool {
         let factor = 2u32.saturating_pow(failures.min(16));
         let backoff = retry.saturating_mul(factor).min(MAX_REQUEUE_BACKOFF);
         let not_before = Some(now + backoff);
-        match self.pending.get_mut(&flight.key) {
+        let key = flight.message.key().to_owned();
+        match self.pending.get_mut(&key) {
             // A newer message for the object arrived meanwhile; it inherits the backoff.
             Some(newer) => {
                 newer.not_before = not_before;
@@ -475,14 +389,14 @@ impl NodePool {
             }
             None => {
                 self.pending.insert(
-                    flight.key.clone(),
+                    key.clone(),
                     Pending {
                         message: flight.message,
                         not_before,
                         failures,
                     },
                 );
-                self.order.push_back(flight.key);
+                self.order.push_back(key);
             }
         }
     }
@@ -491,6 +405,7 @@ impl NodePool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use edgehive_protocols::{trim_for_edge, Group, Message, ModuleName, Operation};
     use serde_json::json;
 
     const LIMITS: PoolLimits = PoolLimits {
@@ -499,7 +414,7 @@ mod tests {
     };
     const RETRY: Duration = Duration::from_millis(100);
 
-    fn pod(uid: &str, rv: &str, op: Operation) -> Message {
+    fn msg(uid: &str, rv: &str, op: Operation) -> Message {
         let msg = Message::new(
             ModuleName::EdgeController,
             Group::Resource,
@@ -514,16 +429,20 @@ mod tests {
         }
     }
 
-    fn written(action: Option<Message>) -> Message {
+    fn pod(uid: &str, rv: &str, op: Operation) -> Arc<NodeMessage> {
+        NodeMessage::new(&msg(uid, rv, op))
+    }
+
+    fn written(action: Option<Arc<NodeMessage>>) -> Arc<NodeMessage> {
         action.expect("expected a write")
     }
 
     #[test]
     fn ack_rules_follow_kubeedge() {
-        assert!(needs_ack(&pod("a", "1", Operation::Insert)));
-        let ok = Message::response_to(&pod("a", "1", Operation::Insert), json!("OK"));
+        assert!(needs_ack(&msg("a", "1", Operation::Insert)));
+        let ok = Message::response_to(&msg("a", "1", Operation::Insert), json!("OK"));
         assert!(!needs_ack(&ok));
-        let reply = Message::response_to(&pod("a", "1", Operation::Query), json!({"x": 1}));
+        let reply = Message::response_to(&msg("a", "1", Operation::Query), json!({"x": 1}));
         assert!(!needs_ack(&reply), "edgecontroller pod+response is no-ACK");
         let ca = Message::new(
             ModuleName::CloudHub,
@@ -674,11 +593,17 @@ mod tests {
             pool.enqueue(pod("a", "2", Operation::Update)),
             Enqueued::Replaced
         );
-        let ok = |n: &str| Message::response_to(&pod(n, "1", Operation::Insert), json!("OK"));
-        assert_eq!(pool.enqueue(ok("1")), Enqueued::NoAck);
-        assert_eq!(pool.enqueue(ok("2")), Enqueued::NoAck);
-        assert_eq!(pool.enqueue(ok("3")), Enqueued::NoAckOldestDropped);
-        assert_eq!(pool.front_noack().unwrap().resource(), ok("2").resource());
+        let ok = |n: &str| Message::response_to(&msg(n, "1", Operation::Insert), json!("OK"));
+        assert_eq!(pool.enqueue(NodeMessage::new(&ok("1"))), Enqueued::NoAck);
+        assert_eq!(pool.enqueue(NodeMessage::new(&ok("2"))), Enqueued::NoAck);
+        assert_eq!(
+            pool.enqueue(NodeMessage::new(&ok("3"))),
+            Enqueued::NoAckOldestDropped
+        );
+        assert_eq!(
+            pool.front_noack().unwrap().resource(),
+            trim_for_edge(ok("2").resource())
+        );
         assert_eq!(pool.noack_len(), 2);
         assert_eq!(pool.stats.dropped, 2);
     }

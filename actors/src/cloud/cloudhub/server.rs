@@ -10,6 +10,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
@@ -17,12 +18,11 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use actix_ws::{CloseCode, CloseReason};
 
 use super::session::{NodeSession, SessionConfig};
-use super::tls::{peer_node, record_peer_certificate};
 use super::{
-    Admission, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, SessionOpened, Shared,
-    CLOUDHUB_MODULE,
+    Admit, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, Shared, CLOUDHUB_MODULE,
 };
 use crate::hive::{Hive, HiveError};
+use crate::identity::tls::{peer_node, record_peer_certificate};
 
 /// Worker threads of the WebSocket server.
 const WORKERS: usize = 2;
@@ -39,7 +39,7 @@ pub enum CloudHubError {
     Module(#[from] HiveError),
     /// TLS could not be configured from the cloud's certificates.
     #[error(transparent)]
-    Tls(#[from] super::tls::TlsError),
+    Tls(#[from] crate::identity::tls::TlsError),
     /// The WebSocket listener could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Bind {
@@ -83,7 +83,7 @@ pub async fn start_cloudhub(
 }
 
 /// Starts CloudHub with `security`: mutual TLS on the WebSocket port when it has a
-/// [`CloudTls`](super::tls::CloudTls), and upstream messages scoped to the sending node when
+/// [`CloudTls`](crate::identity::tls::CloudTls), and upstream messages scoped to the sending node when
 /// `authorize` is set.
 pub async fn start_cloudhub_with(
     hive: &Hive,
@@ -96,8 +96,10 @@ pub async fn start_cloudhub_with(
     };
     let module = CloudHubModule::with_security(hive, options.clone(), security);
     let shared = module.shared();
-    let context_tls = shared.security.tls.is_some();
+    let context_tls = shared.hub.security.tls.is_some();
     hive.start_module(module)?;
+    let tree = shared.clone();
+    hive.set_children(CLOUDHUB_MODULE, Arc::new(move || tree.children()))?;
     let address = format!("{}:{}", options.address, options.port);
     let context = web::Data::new(ServerContext {
         hive: hive.clone(),
@@ -190,7 +192,8 @@ async fn connect(
                 .body(reason));
         }
     };
-    if context.shared.security.tls.is_some() {
+    let hub_context = &context.shared.hub;
+    if hub_context.security.tls.is_some() {
         let refusal = match peer_node(&req) {
             Some(cert_node) if cert_node == node => None,
             Some(cert_node) => Some((
@@ -206,7 +209,7 @@ async fn connect(
         };
         if let Some((reason, text)) = refusal {
             tracing::warn!(peer = ?req.peer_addr(), %node, %text, "edge connection refused");
-            context.shared.metrics.deny(reason);
+            hub_context.metrics.deny(reason);
             return Ok(HttpResponse::Forbidden()
                 .content_type("text/plain; charset=utf-8")
                 .body(text));
@@ -221,48 +224,47 @@ async fn connect(
         }
     };
     let (response, ws, stream) = actix_ws::handle(&req, body)?;
-    let options = &context.shared.options;
+    let options = &hub_context.options;
     let session_id = context
         .shared
         .next_session_id
         .fetch_add(1, Ordering::Relaxed);
-    let config = SessionConfig {
-        keepalive_interval: options.keepalive_interval,
-        max_frame_bytes: options.max_frame_bytes,
-    };
-    // The client cannot send frames before it has this response, so the session is admitted
-    // before anything it sends reaches CloudHub.
-    let addr = NodeSession::start(
-        node.clone(),
-        session_id,
-        context.hive.clone(),
-        config,
-        context.shared.metrics.clone(),
-        ws,
-        stream,
-    );
-    let opened = SessionOpened {
+    let admit = Admit {
         node: node.clone(),
         session_id,
-        addr: addr.clone(),
     };
-    let refusal = match tokio::time::timeout(ADMISSION_TIMEOUT, hub.send(opened)).await {
-        Ok(Ok(Admission::Accepted)) => None,
-        Ok(Ok(Admission::NodeLimitReached)) => Some(CloseReason {
+    // The client cannot send frames before it has this response, so the session is attached
+    // to its node before anything it sends arrives.
+    let refusal = match tokio::time::timeout(ADMISSION_TIMEOUT, hub.send(admit)).await {
+        Ok(Ok(Some(cell))) => {
+            let config = SessionConfig {
+                keepalive_interval: options.keepalive_interval,
+                max_frame_bytes: options.max_frame_bytes,
+            };
+            let (addr, stats) = NodeSession::start(
+                cell.clone(),
+                hub_context.clone(),
+                session_id,
+                config,
+                ws,
+                stream,
+            );
+            cell.attach(session_id, addr, stats);
+            return Ok(response);
+        }
+        Ok(Ok(None)) => CloseReason {
             code: CloseCode::Policy,
             description: Some("node limit reached".into()),
-        }),
-        Ok(Err(_)) | Err(_) => Some(CloseReason {
+        },
+        Ok(Err(_)) | Err(_) => CloseReason {
             code: CloseCode::Again,
             description: Some("cloudhub unavailable".into()),
-        }),
+        },
     };
-    if let Some(reason) = refusal {
-        // A single control message for a session nobody else knows about yet.
-        addr.do_send(super::session::CloseSession {
-            code: reason.code,
-            reason: reason.description.unwrap_or_default(),
-        });
-    }
+    // No session: the close frame is all this connection gets.
+    actix::spawn(async move {
+        let _stream = stream;
+        let _ = ws.close(Some(refusal)).await;
+    });
     Ok(response)
 }

@@ -1,33 +1,40 @@
 //! One edge node's WebSocket connection as an actor.
 //!
 //! The session reads frames (text or binary, fragmented messages reassembled up to
-//! `max_frame_bytes`), decodes them and hands valid messages to [`CloudHub`]. Bad frames are
-//! logged and counted and the connection stays up; an oversized frame closes it with a Size
-//! close frame, so a peer cannot make the cloud buffer more than that. Writes go through a
-//! writer task in order. No keepalive for `keepalive_interval` closes the connection.
+//! `max_frame_bytes`), decodes them and hands valid messages to its node's actor (see
+//! [`super::node`]). Bad frames are logged and counted and the connection stays up; an
+//! oversized frame closes it with a Size close frame, so a peer cannot make the cloud buffer
+//! more than that. Writes go through a writer task in order.
+//!
+//! Keepalives stay here: the session notes the time in the node's cell and moves its own
+//! deadline; no keepalive for `keepalive_interval` closes the connection. So a healthy idle
+//! connection makes no actor but its own session do anything, and no timer fires for it.
 
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use actix_ws::{AggregatedMessage, CloseCode, CloseReason, ProtocolError};
+use bytestring::ByteString;
 use edgehive_protocols::{decode_with_limit, DecodeError, Message, Operation};
 use tokio::sync::mpsc;
 
-use super::{CloudHub, CloudHubMetrics, SessionClosed, Upstream, CLOUDHUB_MODULE};
-use crate::hive::Hive;
+use super::metrics::CloudHubMetrics;
+use super::node::{ConnectionStats, FromEdgeRefused, HubContext, NodeCell};
 
 /// Frames waiting for the socket. Overflow policy: when the peer does not read and this many
 /// frames are queued, the connection is closed (its ACK-lane message is resent on the next
 /// connection; the frame that did not fit is counted as dropped `slow_peer`).
 pub const WRITE_QUEUE_CAPACITY: usize = 256;
 
-/// Mailbox of a session actor; CloudHub keeps what does not fit in the node's pool.
+/// Mailbox of a session actor; the node keeps what does not fit in its pool.
 const SESSION_MAILBOX_CAPACITY: usize = 64;
 
-/// A frame for the edge (already encoded).
+/// A frame for the edge, encoded once (shared with every other node that gets it).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct WriteFrame(pub String);
+pub struct WriteFrame(pub ByteString);
 
 /// Closes the connection with a close frame.
 #[derive(Debug, Message)]
@@ -40,7 +47,7 @@ pub struct CloseSession {
 }
 
 enum Outgoing {
-    Text(String),
+    Text(ByteString),
     Pong(actix_web::web::Bytes),
     Close(CloseReason),
 }
@@ -54,27 +61,27 @@ pub(crate) struct SessionConfig {
 
 /// The actor of one edge connection; see the [module docs](self).
 pub struct NodeSession {
-    node: String,
+    cell: Arc<NodeCell>,
+    hub: Arc<HubContext>,
     session_id: u64,
-    hive: Hive,
     config: SessionConfig,
-    metrics: CloudHubMetrics,
+    stats: Arc<ConnectionStats>,
     writer: mpsc::Sender<Outgoing>,
-    last_keepalive: Instant,
+    /// Closes the connection unless a keepalive moves it.
+    deadline: Option<SpawnHandle>,
     closing: bool,
 }
 
 impl NodeSession {
-    /// Starts the session actor for an upgraded connection on the current arbiter.
+    /// Starts the session actor for an admitted connection on the current arbiter.
     pub(crate) fn start(
-        node: String,
+        cell: Arc<NodeCell>,
+        hub: Arc<HubContext>,
         session_id: u64,
-        hive: Hive,
         config: SessionConfig,
-        metrics: CloudHubMetrics,
         ws: actix_ws::Session,
         stream: actix_ws::MessageStream,
-    ) -> Addr<NodeSession> {
+    ) -> (Addr<NodeSession>, Arc<ConnectionStats>) {
         let (writer, queue) = mpsc::channel(WRITE_QUEUE_CAPACITY);
         // The writer lives outside the actor so a close frame queued just before the actor
         // stops is still written.
@@ -83,20 +90,39 @@ impl NodeSession {
             .max_frame_size(config.max_frame_bytes)
             .aggregate_continuations()
             .max_continuation_size(config.max_frame_bytes);
-        NodeSession::create(move |ctx| {
+        let stats = Arc::new(ConnectionStats::default());
+        let session_stats = stats.clone();
+        let addr = NodeSession::create(move |ctx| {
             ctx.set_mailbox_capacity(SESSION_MAILBOX_CAPACITY);
             ctx.add_stream(stream);
             NodeSession {
-                node,
+                cell,
+                hub,
                 session_id,
-                hive,
                 config,
-                metrics,
+                stats: session_stats,
                 writer,
-                last_keepalive: Instant::now(),
+                deadline: None,
                 closing: false,
             }
-        })
+        });
+        (addr, stats)
+    }
+
+    fn metrics(&self) -> &CloudHubMetrics {
+        &self.hub.metrics
+    }
+
+    /// (Re)starts the keepalive deadline: one timer, moved by each keepalive.
+    fn arm_deadline(&mut self, ctx: &mut Context<Self>) {
+        if let Some(handle) = self.deadline.take() {
+            ctx.cancel_future(handle);
+        }
+        self.deadline = Some(ctx.run_later(self.config.keepalive_interval, |session, ctx| {
+            session.deadline = None;
+            tracing::warn!(node = %session.cell.name(), session = session.session_id, "no keepalive in time; closing the session");
+            session.close(ctx, CloseCode::Away, "keepalive timeout");
+        }));
     }
 
     fn close(&mut self, ctx: &mut Context<Self>, code: CloseCode, reason: &str) {
@@ -113,7 +139,8 @@ impl NodeSession {
     }
 
     fn handle_frame(&mut self, frame: &[u8], ctx: &mut Context<Self>) {
-        self.metrics.frames_in.inc();
+        self.metrics().frames_in.inc();
+        self.stats.frames_in.fetch_add(1, Ordering::Relaxed);
         let message = match decode_with_limit(frame, self.config.max_frame_bytes) {
             Ok(message) => message,
             Err(err) => {
@@ -130,7 +157,7 @@ impl NodeSession {
             None => {
                 if message.id().is_empty() && message.resource().is_empty() {
                     // edgecore's goodbye frame on SIGTERM; the close follows.
-                    tracing::debug!(node = %self.node, "edge said goodbye");
+                    tracing::debug!(node = %self.cell.name(), "edge said goodbye");
                 } else {
                     self.malformed("no_operation", "frame has no route.operation");
                 }
@@ -141,50 +168,43 @@ impl NodeSession {
                 self.malformed("unknown_operation", &detail);
                 return;
             }
-            Some(Operation::Keepalive) => self.last_keepalive = Instant::now(),
+            Some(Operation::Keepalive) => {
+                self.cell.keepalive();
+                self.arm_deadline(ctx);
+                return;
+            }
             Some(_) => {}
         }
         self.forward(message, ctx);
     }
 
     fn malformed(&self, reason: &str, detail: &str) {
-        tracing::warn!(node = %self.node, session = self.session_id, reason, detail, "malformed frame ignored");
-        self.metrics.malformed(reason);
+        tracing::warn!(node = %self.cell.name(), session = self.session_id, reason, detail, "malformed frame ignored");
+        self.metrics().malformed(reason);
     }
 
     fn forward(&mut self, message: Message, ctx: &mut Context<Self>) {
-        let upstream = Upstream {
-            node: self.node.clone(),
-            session_id: self.session_id,
-            message,
-        };
-        let hub = match self.hive.addr::<CloudHub>(CLOUDHUB_MODULE) {
-            Ok(hub) => hub,
-            Err(err) => {
-                tracing::warn!(node = %self.node, error = %err, "cloudhub unavailable; upstream frame dropped");
-                self.metrics.drop_reason("hub_unavailable");
-                return;
-            }
-        };
-        match hub.try_send(upstream) {
+        match self.cell.forward_from_edge(message) {
             Ok(()) => {}
-            // Backpressure: stop reading this connection until CloudHub has room.
-            Err(SendError::Full(upstream)) => {
-                let node = self.node.clone();
-                let metrics = self.metrics.clone();
+            // Backpressure: stop reading this connection until the node's actor has room.
+            Err(FromEdgeRefused::Full(node, message)) => {
+                let cell = self.cell.clone();
+                let metrics = self.metrics().clone();
                 ctx.wait(
                     async move {
-                        if hub.send(upstream).await.is_err() {
-                            tracing::warn!(%node, "cloudhub stopped; upstream frame dropped");
-                            metrics.drop_reason("hub_unavailable");
+                        if node.send(*message).await.is_ok() {
+                            cell.queued_one();
+                        } else {
+                            tracing::warn!(node = %cell.name(), "node actor restarting; upstream frame dropped");
+                            metrics.drop_reason("node_restarting");
                         }
                     }
                     .into_actor(self),
                 );
             }
-            Err(SendError::Closed(_)) => {
-                tracing::warn!(node = %self.node, "cloudhub restarting; upstream frame dropped");
-                self.metrics.drop_reason("hub_unavailable");
+            Err(FromEdgeRefused::Down) => {
+                tracing::warn!(node = %self.cell.name(), "node actor restarting; upstream frame dropped");
+                self.metrics().drop_reason("node_restarting");
             }
         }
     }
@@ -212,26 +232,11 @@ impl Actor for NodeSession {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let check = (self.config.keepalive_interval / 4)
-            .clamp(Duration::from_millis(10), Duration::from_secs(1));
-        ctx.run_interval(check, |session, ctx| {
-            if session.last_keepalive.elapsed() > session.config.keepalive_interval {
-                tracing::warn!(node = %session.node, session = session.session_id, "no keepalive in time; closing the session");
-                session.close(ctx, CloseCode::Away, "keepalive timeout");
-            }
-        });
+        self.arm_deadline(ctx);
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
-        let closed = SessionClosed {
-            node: self.node.clone(),
-            session_id: self.session_id,
-        };
-        // If this is lost (CloudHub full or restarting), CloudHub's tick notices the dead
-        // address and marks the node disconnected.
-        if let Ok(hub) = self.hive.addr::<CloudHub>(CLOUDHUB_MODULE) {
-            let _ = hub.try_send(closed);
-        }
+        self.cell.session_ended(self.session_id, &self.hub);
     }
 }
 
@@ -248,14 +253,14 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for NodeSession {
             }
             Ok(AggregatedMessage::Pong(_)) => {}
             Ok(AggregatedMessage::Close(reason)) => {
-                tracing::info!(node = %self.node, ?reason, "edge closed the connection");
+                tracing::info!(node = %self.cell.name(), ?reason, "edge closed the connection");
                 self.close(ctx, CloseCode::Normal, "bye");
             }
             Err(err) => {
                 let too_large = matches!(err, ProtocolError::Overflow)
                     || matches!(&err, ProtocolError::Io(io) if io.to_string().contains("maximum continuation size"));
                 if too_large {
-                    self.metrics.frames_in.inc();
+                    self.metrics().frames_in.inc();
                     self.malformed("too_large", &err.to_string());
                     let reason = format!("frame exceeds {} bytes", self.config.max_frame_bytes);
                     self.close(ctx, CloseCode::Size, &reason);
@@ -263,11 +268,11 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for NodeSession {
                     // The peer vanished without a close frame: what flaky edge links (and
                     // edgecore itself on restart) do all the time, so not a warning.
                     // There is nobody to send a close frame to.
-                    tracing::info!(node = %self.node, error = %err, "connection lost");
+                    tracing::info!(node = %self.cell.name(), error = %err, "connection lost");
                     self.closing = true;
                     ctx.stop();
                 } else {
-                    tracing::warn!(node = %self.node, error = %err, "WebSocket protocol error; closing");
+                    tracing::warn!(node = %self.cell.name(), error = %err, "WebSocket protocol error; closing");
                     self.close(ctx, CloseCode::Protocol, "protocol error");
                 }
             }
@@ -275,7 +280,7 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for NodeSession {
     }
 
     fn finished(&mut self, ctx: &mut Context<Self>) {
-        tracing::debug!(node = %self.node, session = self.session_id, "connection ended");
+        tracing::debug!(node = %self.cell.name(), session = self.session_id, "connection ended");
         ctx.stop();
     }
 }
@@ -289,8 +294,8 @@ impl Handler<WriteFrame> for NodeSession {
         }
         if let Err(mpsc::error::TrySendError::Full(_)) = self.writer.try_send(Outgoing::Text(frame))
         {
-            tracing::warn!(node = %self.node, "edge is not reading its frames; closing the session");
-            self.metrics.drop_reason("slow_peer");
+            tracing::warn!(node = %self.cell.name(), "edge is not reading its frames; closing the session");
+            self.metrics().drop_reason("slow_peer");
             self.close(ctx, CloseCode::Again, "not reading");
         }
     }

@@ -26,8 +26,8 @@ use serde_json::Value;
 use super::location::{LocationCache, ObjectRef, RefKind};
 use super::outbox::Outbox;
 use super::EDGE_NODE_LABEL;
-use crate::cloud::cloudhub::pool::is_newer;
 use crate::cloud::cluster::{EventType, SharedCluster, Watch, WatchError, WatchEvent};
+use edgehive_protocols::object::is_newer;
 
 /// How often buffered messages are offered to CloudHub again.
 const RETRY_INTERVAL: Duration = Duration::from_millis(100);

@@ -29,13 +29,13 @@ use tokio::sync::Semaphore;
 use crate::cloud::cluster::SharedCluster;
 use crate::hive::{Envelope, Hive, Module};
 use downstream::Watcher;
-use outbox::{offer, Outbox};
+use outbox::{offer_message, Outbox};
 pub use upstream::{EdgeRequest, ParseError, Request, RequestKind};
 
 /// The module name.
-pub const EDGECONTROLLER_MODULE: &str = "edgecontroller";
+pub const EDGECONTROLLER_MODULE: &str = crate::cloud::contract::route::EDGECONTROLLER;
 /// The module group.
-pub const EDGECONTROLLER_GROUP: &str = "edgecontroller";
+pub const EDGECONTROLLER_GROUP: &str = crate::cloud::contract::route::EDGECONTROLLER;
 /// The label that marks a Node as an edge node.
 pub const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
 pub use outbox::BUFFER_CAPACITY;
@@ -195,10 +195,10 @@ impl Actor for EdgeController {
 
 impl EdgeController {
     fn send(&self, message: Message) {
-        if let Some(lost) = offer(&self.hive, &self.metrics.sent, message) {
+        if offer_message(&self.hive, &self.metrics.sent, &message).is_err() {
             // A reply is not kept: the edge's request times out and is asked again.
             tracing::warn!(
-                resource = lost.resource(),
+                resource = message.resource(),
                 "cloudhub unavailable; reply dropped"
             );
             self.metrics.overflow.inc();
@@ -274,7 +274,7 @@ impl Handler<EdgeRequest> for EdgeController {
             }
             metrics.request(kind, if failed { "error" } else { "ok" });
             for message in outcome.reply.into_iter().chain(outcome.extra) {
-                if offer(&hive, &metrics.sent, message).is_some() {
+                if offer_message(&hive, &metrics.sent, &message).is_err() {
                     tracing::warn!(%resource, "cloudhub unavailable; reply dropped");
                     metrics.overflow.inc();
                 }

@@ -1,12 +1,14 @@
 //! The way cloud controllers hand messages to CloudHub without losing them when CloudHub's
-//! mailbox is full or it is restarting.
+//! mailbox is full or it is restarting. What travels is the contract's [`ToNodes`]: a
+//! message encoded once, with the nodes that get it.
 
 use std::collections::VecDeque;
 
 use edgehive_protocols::Message;
 use prometheus_client::metrics::counter::Counter;
 
-use crate::cloud::cloudhub::{CloudHub, DisconnectNode, Downstream, CLOUDHUB_MODULE};
+use crate::cloud::cloudhub::CloudHub;
+use crate::cloud::contract::{route, DisconnectNode, ToNodes};
 use crate::hive::Hive;
 
 /// Messages kept while CloudHub is full or restarting. Overflow policy: the oldest message
@@ -17,7 +19,7 @@ pub const BUFFER_CAPACITY: usize = 1024;
 #[derive(Debug)]
 pub struct Outbox {
     hive: Hive,
-    buffer: VecDeque<Message>,
+    buffer: VecDeque<ToNodes>,
     sent: Counter,
     overflow: Counter,
 }
@@ -38,8 +40,20 @@ impl Outbox {
         self.buffer.is_empty()
     }
 
-    /// Sends `message` now, or keeps it (behind anything already kept, to keep the order).
+    /// Sends `message` (resource in cloud form, naming its node) now, or keeps it (behind
+    /// anything already kept, to keep the order).
     pub fn send(&mut self, message: Message) {
+        match ToNodes::from_message(&message) {
+            Some(to_nodes) => self.send_to(to_nodes),
+            None => tracing::warn!(
+                resource = message.resource(),
+                "message names no node; dropped"
+            ),
+        }
+    }
+
+    /// Sends `to_nodes` now, or keeps it (behind anything already kept, to keep the order).
+    pub fn send_to(&mut self, message: ToNodes) {
         if self.buffer.is_empty() {
             if let Some(message) = offer(&self.hive, &self.sent, message) {
                 self.keep(message);
@@ -57,23 +71,23 @@ impl Outbox {
             tracing::warn!(%node, "cloudhub busy; node deleted but its session stays open until it reconnects");
             return;
         }
-        if let Ok(hub) = self.hive.addr::<CloudHub>(CLOUDHUB_MODULE) {
-            if hub
-                .try_send(DisconnectNode {
-                    node: node.to_owned(),
-                })
-                .is_err()
-            {
-                tracing::warn!(%node, "cloudhub busy; could not close the deleted node's session");
-            }
+        let disconnect = DisconnectNode {
+            node: node.to_owned(),
+        };
+        if self
+            .hive
+            .tell::<CloudHub, _>(route::CLOUDHUB, disconnect)
+            .is_err()
+        {
+            tracing::warn!(%node, "cloudhub busy; could not close the deleted node's session");
         }
     }
 
-    fn keep(&mut self, message: Message) {
+    fn keep(&mut self, message: ToNodes) {
         if self.buffer.len() >= BUFFER_CAPACITY {
             if let Some(lost) = self.buffer.pop_front() {
                 tracing::warn!(
-                    resource = lost.resource(),
+                    resource = lost.message.resource(),
                     "cloudhub unavailable and buffer full; oldest message dropped"
                 );
                 self.overflow.inc();
@@ -94,15 +108,21 @@ impl Outbox {
 }
 
 /// Hands `message` to CloudHub; gives it back if CloudHub is full or not running.
-pub fn offer(hive: &Hive, sent: &Counter, message: Message) -> Option<Message> {
-    let Ok(hub) = hive.addr::<CloudHub>(CLOUDHUB_MODULE) else {
-        return Some(message);
-    };
-    match hub.try_send(Downstream(message)) {
+pub fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
+    match hive.tell::<CloudHub, _>(route::CLOUDHUB, message) {
         Ok(()) => {
             sent.inc();
             None
         }
-        Err(err) => Some(err.into_inner().0),
+        Err(refused) => Some(refused.message),
+    }
+}
+
+/// [`offer`] for a message whose cloud-form resource names its node; `Err` gives back what
+/// CloudHub did not take, `Ok(false)` means the message named no node.
+pub fn offer_message(hive: &Hive, sent: &Counter, message: &Message) -> Result<bool, ToNodes> {
+    match ToNodes::from_message(message) {
+        Some(to_nodes) => offer(hive, sent, to_nodes).map_or(Ok(true), Err),
+        None => Ok(false),
     }
 }

@@ -1,0 +1,64 @@
+//! Where a node's upstream messages go: KubeEdge's DispatchUpstream, after authorization.
+//!
+//! Only CloudHub reads the beehive `Message` of an edge request; it hands the request to the
+//! module that owns it, addressed through the cloud's routing table
+//! ([`crate::cloud::contract::route`]), and answers a few requests itself.
+
+use std::sync::Arc;
+
+use edgehive_protocols::{prefix_for_cloud, Group, Message, ModuleName};
+
+use super::node::HubContext;
+use crate::cloud::contract::{route, NodeMessage};
+use crate::hive::HiveError;
+
+/// Routes `message` from `node` (resource in edge form) to its owner. Returns the reply when
+/// CloudHub answers the request itself.
+pub(crate) fn upstream(
+    hub: &HubContext,
+    node: &str,
+    mut message: Message,
+) -> Option<Arc<NodeMessage>> {
+    if message.resource() == "k8s/ca.crt" {
+        // No cluster CA exists yet; KubeEdge answers "" in the same situation.
+        let mut reply = Message::response_to(&message, serde_json::Value::String(String::new()));
+        reply.route.source = Some(ModuleName::CloudHub);
+        reply.route.group = Some(Group::Resource);
+        reply.route.resource = prefix_for_cloud(node, "k8s/ca.crt");
+        return Some(NodeMessage::new(&reply));
+    }
+    message.route.resource = prefix_for_cloud(node, message.resource());
+    let Some(destination) = route::upstream_destination(&message) else {
+        tracing::debug!(%node, source = ?message.source(), "upstream message claims a cloud source; dropped");
+        hub.metrics.drop_reason("cloud_source");
+        return None;
+    };
+    let result = match destination {
+        route::Destination::Module(name) => hub.hive.send(name, message).map(|()| None),
+        route::Destination::Group(group) => hub.hive.send_to_group(group, message).map(Some),
+    };
+    let failure = match result {
+        Ok(Some(delivery)) => delivery.failed.into_iter().next().map(|(_, err)| err),
+        Ok(None) => None,
+        Err(err) => Some(err),
+    };
+    if let Some(err) = failure {
+        tracing::warn!(%node, error = %err, "upstream message not delivered");
+        let reason = match err {
+            HiveError::UnknownGroup(_) | HiveError::UnknownModule(_) => "no_route",
+            _ => "route_unavailable",
+        };
+        hub.metrics.drop_reason(reason);
+    }
+    None
+}
+
+/// CloudHub's `error` reply to a refused request, in the no-ACK lane, routed (source
+/// `cloudhub`, group `resource`) so a real edge hands it to the waiting request.
+pub(crate) fn refusal(node: &str, request: &Message, reason: String) -> Arc<NodeMessage> {
+    let mut reply = Message::error_to(request, reason);
+    reply.route.source = Some(ModuleName::CloudHub);
+    reply.route.group = Some(Group::Resource);
+    reply.route.resource = prefix_for_cloud(node, request.resource());
+    NodeMessage::no_ack(&reply)
+}

@@ -1,0 +1,120 @@
+//! CloudHub's metrics: one set per hive, shared by the hub, the node actors and the sessions.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::hive::Hive;
+
+/// Label set of CloudHub's reason-labelled counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Why the frame or message was counted.
+    pub reason: String,
+}
+
+/// CloudHub's metrics; registered once per hive by [`CloudHubModule::new`].
+#[derive(Debug, Clone, Default)]
+pub struct CloudHubMetrics {
+    /// Nodes with an open session.
+    pub connected_nodes: Gauge,
+    /// Frames received from edges (valid or not).
+    pub frames_in: Counter,
+    /// Frames written to edges.
+    pub frames_out: Counter,
+    /// ACKs matched to an in-flight message.
+    pub acks: Counter,
+    /// Resends of unACKed messages.
+    pub resends: Counter,
+    /// Frames that were not valid messages, by reason.
+    pub malformed: Family<ReasonLabels, Counter>,
+    /// Connections refused because the node limit was reached.
+    pub refused: Counter,
+    /// Per-node actors restarted after a panic or a stop.
+    pub node_restarts: Counter,
+    /// Messages dropped (pool overflow, stale, unroutable, ...), by reason.
+    pub dropped: Family<ReasonLabels, Counter>,
+    /// Connections and messages refused for identity or authorization, by reason.
+    pub denied: Family<ReasonLabels, Counter>,
+}
+
+impl CloudHubMetrics {
+    pub(crate) fn register(&self, hive: &Hive) {
+        let m = hive.metrics();
+        m.register(
+            "edgehive_cloudhub_node_restarts",
+            "Times a node's actor was started again after it panicked or stopped (its pool kept)",
+            self.node_restarts.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_connected_nodes",
+            "Edge nodes with an open WebSocket session",
+            self.connected_nodes.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_frames_received",
+            "WebSocket frames received from edges",
+            self.frames_in.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_frames_sent",
+            "WebSocket frames written to edges",
+            self.frames_out.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_acks",
+            "Edge ACKs matched to an in-flight message",
+            self.acks.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_resends",
+            "Resends of messages the edge did not ACK in time",
+            self.resends.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_malformed_frames",
+            "Frames from edges that were not valid messages",
+            self.malformed.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_nodes_refused",
+            "Connections refused because the node limit was reached",
+            self.refused.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_dropped_messages",
+            "Messages CloudHub dropped, by reason",
+            self.dropped.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_denied",
+            "Connections and upstream messages refused for node identity or authorization, by reason",
+            self.denied.clone(),
+        );
+    }
+
+    pub(crate) fn deny(&self, reason: &str) {
+        self.denied
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn drop_reason(&self, reason: &str) {
+        self.dropped
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn malformed(&self, reason: &str) {
+        self.malformed
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+}

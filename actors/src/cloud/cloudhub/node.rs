@@ -1,0 +1,724 @@
+//! One actor per edge node: it owns the node's message pool, its retry deadline and its
+//! current connection, and is driven only by events.
+//!
+//! ```text
+//! CloudHub ──ToNodes──▶ NodeCell (pool, connection; outlives actor and connections)
+//!                          │ wake (coalesced: at most one Drive waits in the mailbox)
+//!                          ▼
+//!                       NodeActor ──WriteFrame──▶ NodeSession ──▶ WebSocket
+//!                          ▲
+//!      NodeSession ──FromEdge (ACKs, requests)
+//! ```
+//!
+//! The [`NodeCell`] is the recipe's state: the pool, the bound objects and the connection
+//! handle live there, so a panicking node actor is restarted (by its [`NodeRecipe`], under
+//! CloudHub) with everything it had queued. The actor itself holds only its deadline timer.
+//!
+//! Events: a message queued for the node, an ACK or request from the edge, a connection
+//! opening or closing, or its own deadline (the in-flight message's resend, or a backoff
+//! ending). Keepalives never reach the node actor: the session notes them itself, so an idle
+//! connected node makes no actor handle anything.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix::prelude::*;
+use actix_ws::CloseCode;
+use edgehive_protocols::{Message, Operation};
+
+use super::metrics::CloudHubMetrics;
+use super::options::{CloudHubOptions, CloudHubSecurity};
+use super::pool::{Enqueued, NodePool};
+use super::session::{CloseSession, NodeSession, WriteFrame};
+use super::{auth, dispatch};
+use crate::cloud::contract::NodeMessage;
+use crate::hive::{ChildInfo, Hive, ModuleState, Recipe};
+
+/// Mailbox of a node actor. Senders never overrun it: wakes are coalesced, connection
+/// events are one per connection, and sessions wait for room before forwarding more frames.
+pub const NODE_MAILBOX_CAPACITY: usize = 64;
+
+/// How soon a node tries again when its session's mailbox was full.
+const SESSION_FULL_RETRY: Duration = Duration::from_millis(10);
+
+/// What every node actor shares with CloudHub.
+pub(crate) struct HubContext {
+    pub(crate) hive: Hive,
+    pub(crate) options: CloudHubOptions,
+    pub(crate) security: CloudHubSecurity,
+    pub(crate) metrics: CloudHubMetrics,
+    /// Nodes with an admitted connection (see [`NodeCell::admit`]).
+    pub(crate) connected: AtomicUsize,
+}
+
+impl HubContext {
+    fn connected_changed(&self, delta: isize) {
+        let now = if delta > 0 {
+            self.connected.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.connected
+                .fetch_sub(1, Ordering::Relaxed)
+                .saturating_sub(1)
+        };
+        self.metrics.connected_nodes.set(now as i64);
+    }
+}
+
+/// Counters of one connection, shared by its session and its node.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectionStats {
+    /// Frames received on it.
+    pub(crate) frames_in: AtomicU64,
+    /// Frames written to it.
+    pub(crate) frames_out: AtomicU64,
+}
+
+/// The node's current connection.
+struct Connection {
+    id: u64,
+    addr: Addr<NodeSession>,
+    since: SystemTime,
+    stats: Arc<ConnectionStats>,
+}
+
+struct NodeState {
+    pool: NodePool,
+    connection: Option<Connection>,
+    /// Pods, configmaps and secrets sent to this node (`{ns}/{type}/{name}`), for [`auth`];
+    /// at most [`auth::MAX_BOUND_PER_NODE`], beyond which the cluster view decides.
+    bound: HashSet<String>,
+}
+
+/// Everything a node has that outlives its actor and its connections.
+pub(crate) struct NodeCell {
+    name: String,
+    state: Mutex<NodeState>,
+    addr: Mutex<Option<Addr<NodeActor>>>,
+    /// A `Drive` is waiting in the mailbox (so another wake adds nothing).
+    wake_pending: AtomicBool,
+    /// The admitted connection's id; 0 when none.
+    admitted: AtomicU64,
+    running: AtomicBool,
+    restarts: AtomicU64,
+    handled: AtomicU64,
+    depth: AtomicI64,
+    /// Unix ms of the last keepalive on the current connection; 0 when none yet.
+    last_keepalive_ms: AtomicU64,
+}
+
+/// One node as the admin endpoint shows it.
+#[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeInfo {
+    /// Node name.
+    pub node: String,
+    /// Whether a session is open.
+    pub connected: bool,
+    /// When the current session opened (Unix ms).
+    pub connected_since: Option<u64>,
+    /// When its last keepalive arrived (Unix ms).
+    pub last_keepalive: Option<u64>,
+    /// Objects waiting in the ACK lane.
+    pub ack_queue: usize,
+    /// Messages waiting in the no-ACK lane.
+    pub no_ack_queue: usize,
+    /// msg_id of the message waiting for its ACK.
+    pub in_flight: Option<String>,
+    /// Objects with a recorded ACKed resourceVersion.
+    pub acked_objects: usize,
+    /// Frames written.
+    pub sent: u64,
+    /// ACKs received.
+    pub acked: u64,
+    /// Resends.
+    pub resends: u64,
+    /// Restarts of the node's actor.
+    pub restarts: u64,
+}
+
+pub(crate) fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl NodeCell {
+    pub(crate) fn new(name: &str, hub: &HubContext) -> Arc<Self> {
+        Arc::new(NodeCell {
+            name: name.to_owned(),
+            state: Mutex::new(NodeState {
+                pool: NodePool::new(hub.options.pool_limits()),
+                connection: None,
+                bound: HashSet::new(),
+            }),
+            addr: Mutex::new(None),
+            wake_pending: AtomicBool::new(false),
+            admitted: AtomicU64::new(0),
+            running: AtomicBool::new(true),
+            restarts: AtomicU64::new(0),
+            handled: AtomicU64::new(0),
+            depth: AtomicI64::new(0),
+            last_keepalive_ms: AtomicU64::new(0),
+        })
+    }
+
+    /// The node's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn lock(&self) -> MutexGuard<'_, NodeState> {
+        // Every critical section finishes its update of the pool or the connection before
+        // anything can panic, so a poisoned lock holds consistent state.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn addr(&self) -> Option<Addr<NodeActor>> {
+        self.addr
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_addr(&self, addr: Addr<NodeActor>) {
+        *self
+            .addr
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(addr);
+    }
+
+    /// Posts a control message; these are few (one per connection event, one coalesced wake)
+    /// so they may pass a full mailbox. Lost only while the actor restarts, and the restarted
+    /// actor drives the node from its cell anyway.
+    fn post<M>(&self, message: M)
+    where
+        M: actix::Message<Result = ()> + Send + 'static,
+        NodeActor: Handler<M>,
+    {
+        let Some(addr) = self.addr() else { return };
+        match addr.try_send(message) {
+            Ok(()) => {
+                self.depth.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(SendError::Full(message)) => {
+                self.depth.fetch_add(1, Ordering::Relaxed);
+                addr.do_send(message);
+            }
+            Err(SendError::Closed(_)) => {}
+        }
+    }
+
+    /// Asks the node's actor to write what is ready; at most one such request waits.
+    pub(crate) fn wake(&self) {
+        if !self.wake_pending.swap(true, Ordering::AcqRel) {
+            self.post(Drive);
+        }
+    }
+
+    /// Queues `message` for the node and wakes its actor if it can be sent now.
+    pub(crate) fn enqueue(&self, message: Arc<NodeMessage>, hub: &HubContext) {
+        let outcome = {
+            let mut state = self.lock();
+            if let Some(key) = auth::bound_key(message.resource()) {
+                if message.is_delete() {
+                    state.bound.remove(&key);
+                } else if state.bound.len() < auth::MAX_BOUND_PER_NODE {
+                    state.bound.insert(key);
+                }
+            }
+            state.pool.enqueue(message.clone())
+        };
+        let node = &self.name;
+        let resource = message.resource();
+        match outcome {
+            Enqueued::Ack | Enqueued::Replaced | Enqueued::NoAck => {}
+            Enqueued::NoAckOldestDropped => {
+                tracing::warn!(%node, "no-ACK queue full; dropped its oldest message");
+                hub.metrics.drop_reason("noack_queue_full");
+            }
+            Enqueued::AckQueueFull => {
+                tracing::warn!(%node, %resource, "ACK queue full; message refused");
+                hub.metrics.drop_reason("ack_queue_full");
+            }
+            Enqueued::NoResourceVersion => {
+                tracing::warn!(%node, %resource, "message without resourceversion dropped");
+                hub.metrics.drop_reason("no_resource_version");
+            }
+            Enqueued::Stale | Enqueued::DeletePending | Enqueued::AlreadyAcked => {
+                tracing::debug!(%node, %resource, ?outcome, "message superseded");
+                hub.metrics.drop_reason("superseded");
+            }
+        }
+        if outcome.is_queued() && self.admitted.load(Ordering::Acquire) != 0 {
+            self.wake();
+        }
+    }
+
+    /// Admits connection `id` as the node's current one, unless `limit` other nodes are
+    /// connected. A replaced connection is closed by the node actor when `id` attaches.
+    pub(crate) fn admit(&self, id: u64, hub: &HubContext, limit: usize) -> bool {
+        let previous = self.admitted.load(Ordering::Acquire);
+        if previous == 0 {
+            if hub.connected.load(Ordering::Relaxed) >= limit {
+                return false;
+            }
+            hub.connected_changed(1);
+        }
+        self.admitted.store(id, Ordering::Release);
+        true
+    }
+
+    /// Hands the admitted connection to the node's actor.
+    pub(crate) fn attach(&self, id: u64, addr: Addr<NodeSession>, stats: Arc<ConnectionStats>) {
+        self.post(Attach { id, addr, stats });
+    }
+
+    /// The session `id` ended (closed by either side, or its actor stopped).
+    pub(crate) fn session_ended(&self, id: u64, hub: &HubContext) {
+        if self
+            .admitted
+            .compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            hub.connected_changed(-1);
+            self.last_keepalive_ms.store(0, Ordering::Relaxed);
+        }
+        self.post(Detach { id });
+    }
+
+    /// Closes the node's connection, if it has one; says whether it had.
+    pub(crate) fn disconnect(&self, reason: &str) -> bool {
+        if self.admitted.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        self.post(Disconnect {
+            reason: reason.to_owned(),
+        });
+        true
+    }
+
+    /// Notes a keepalive from the edge (the session calls this; no actor is involved).
+    pub(crate) fn keepalive(&self) {
+        self.last_keepalive_ms
+            .store(unix_ms(SystemTime::now()), Ordering::Relaxed);
+    }
+
+    /// Forwards a frame from the edge to the node's actor; gives it back when the mailbox is
+    /// full (the session then waits for room) or the actor is restarting.
+    pub(crate) fn forward_from_edge(&self, message: Message) -> Result<(), FromEdgeRefused> {
+        let Some(addr) = self.addr() else {
+            return Err(FromEdgeRefused::Down);
+        };
+        match addr.try_send(FromEdge(message)) {
+            Ok(()) => {
+                self.depth.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(SendError::Full(message)) => Err(FromEdgeRefused::Full(addr, Box::new(message))),
+            Err(SendError::Closed(_)) => Err(FromEdgeRefused::Down),
+        }
+    }
+
+    /// Counts a frame a session forwarded with a waiting send.
+    pub(crate) fn queued_one(&self) {
+        self.depth.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Panics the node's actor on purpose (supervision drills and tests).
+    pub(crate) fn crash(&self) {
+        self.post(Crash);
+    }
+
+    pub(crate) fn info(&self) -> NodeInfo {
+        let state = self.lock();
+        let keepalive = self.last_keepalive_ms.load(Ordering::Relaxed);
+        NodeInfo {
+            node: self.name.clone(),
+            connected: state.connection.is_some(),
+            connected_since: state.connection.as_ref().map(|c| unix_ms(c.since)),
+            last_keepalive: (keepalive != 0).then_some(keepalive),
+            ack_queue: state.pool.ack_len(),
+            no_ack_queue: state.pool.noack_len(),
+            in_flight: state
+                .pool
+                .in_flight()
+                .map(|flight| flight.message.id().to_owned()),
+            acked_objects: state.pool.acked_objects(),
+            sent: state.pool.stats.sent,
+            acked: state.pool.stats.acked,
+            resends: state.pool.stats.resends,
+            restarts: self.restarts.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn child_info(&self) -> ChildInfo {
+        let state = self.lock();
+        let connection = state.connection.as_ref().map(|c| ChildInfo {
+            name: format!("connection-{}", c.id),
+            kind: "connection".into(),
+            state: ModuleState::Running,
+            restarts: 0,
+            messages_handled: c.stats.frames_in.load(Ordering::Relaxed),
+            mailbox_depth: 0,
+            children: Vec::new(),
+        });
+        ChildInfo {
+            name: self.name.clone(),
+            kind: "node".into(),
+            state: if self.running.load(Ordering::Relaxed) {
+                ModuleState::Running
+            } else {
+                ModuleState::Restarting
+            },
+            restarts: self.restarts.load(Ordering::Relaxed),
+            messages_handled: self.handled.load(Ordering::Relaxed),
+            mailbox_depth: self.depth.load(Ordering::Relaxed).max(0),
+            children: connection.into_iter().collect(),
+        }
+    }
+}
+
+/// Why [`NodeCell::forward_from_edge`] did not take a frame.
+pub(crate) enum FromEdgeRefused {
+    /// The mailbox is full: wait for room on this address.
+    Full(Addr<NodeActor>, Box<FromEdge>),
+    /// The actor is restarting.
+    Down,
+}
+
+/// Write what is ready.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Drive;
+
+/// The admitted connection, for the node to write to.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Attach {
+    id: u64,
+    addr: Addr<NodeSession>,
+    stats: Arc<ConnectionStats>,
+}
+
+/// Connection `id` is gone.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Detach {
+    id: u64,
+}
+
+/// Close the connection.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Disconnect {
+    reason: String,
+}
+
+/// A frame from the edge (resource in edge form): an ACK, an error, or a request.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct FromEdge(pub(crate) Message);
+
+/// Panic, for supervision drills.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Crash;
+
+/// How CloudHub starts, and restarts, a node's actor.
+pub(crate) struct NodeRecipe {
+    pub(crate) cell: Arc<NodeCell>,
+    pub(crate) hub: Arc<HubContext>,
+}
+
+impl Recipe for NodeRecipe {
+    type Actor = NodeActor;
+
+    fn create(&mut self) -> NodeActor {
+        NodeActor {
+            cell: self.cell.clone(),
+            hub: self.hub.clone(),
+            timer: None,
+        }
+    }
+
+    fn mailbox_capacity(&self) -> usize {
+        NODE_MAILBOX_CAPACITY
+    }
+
+    fn failed(&mut self, delay: Duration) {
+        let restarts = self.cell.restarts.fetch_add(1, Ordering::Relaxed) + 1;
+        self.cell.running.store(false, Ordering::Relaxed);
+        self.hub.metrics.node_restarts.inc();
+        tracing::warn!(node = %self.cell.name, restarts, ?delay, "node actor stopped or panicked; restarting with its pool");
+    }
+
+    fn restarted(&mut self, addr: &Addr<NodeActor>) {
+        // What waited in the dead mailbox is gone: the new actor drives from the cell.
+        self.cell.depth.store(0, Ordering::Relaxed);
+        self.cell.wake_pending.store(false, Ordering::Release);
+        self.cell.set_addr(addr.clone());
+        self.cell.running.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The actor of one edge node; see the [module docs](self).
+pub struct NodeActor {
+    cell: Arc<NodeCell>,
+    hub: Arc<HubContext>,
+    /// The pending deadline and its timer.
+    timer: Option<(Instant, SpawnHandle)>,
+}
+
+impl Actor for NodeActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // A restarted actor picks up where the failed one stopped.
+        self.drive(ctx);
+    }
+}
+
+impl NodeActor {
+    fn handled(&self) {
+        self.cell.handled.fetch_add(1, Ordering::Relaxed);
+        self.cell.depth.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Writes what the pool has ready and sets the deadline for what is due later.
+    fn drive(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let options = &self.hub.options;
+        let metrics = &self.hub.metrics;
+        let mut state = self.cell.lock();
+        let mut due = None;
+        let mut lost = false;
+        if let Some(connection) = &state.connection {
+            let addr = connection.addr.clone();
+            let stats = connection.stats.clone();
+            let write = |frame: &NodeMessage| addr.try_send(WriteFrame(frame.frame().clone()));
+            while let Some(message) = state.pool.front_noack() {
+                match write(message) {
+                    Ok(()) => {
+                        state.pool.pop_noack();
+                        metrics.frames_out.inc();
+                        stats.frames_out.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // The session's mailbox is full: the rest waits a moment in the pool.
+                    Err(SendError::Full(_)) => {
+                        due = Some(now + SESSION_FULL_RETRY);
+                        break;
+                    }
+                    Err(SendError::Closed(_)) => {
+                        lost = true;
+                        break;
+                    }
+                }
+            }
+            if !lost {
+                let resends_before = state.pool.stats.resends;
+                let polled = state.pool.poll_ack_lane(
+                    now,
+                    options.ack_retry_interval,
+                    options.ack_max_sends,
+                );
+                metrics
+                    .resends
+                    .inc_by(state.pool.stats.resends - resends_before);
+                if let Some(message) = polled {
+                    tracing::debug!(node = %self.cell.name, msg_id = message.id(), resource = message.resource(), "writing ACK-lane message");
+                    // A lost write is repaired by the resend deadline, so Full is no error.
+                    match write(&message) {
+                        Ok(()) => {
+                            metrics.frames_out.inc();
+                            stats.frames_out.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(SendError::Full(_)) => {}
+                        Err(SendError::Closed(_)) => lost = true,
+                    }
+                }
+                let pool_due = state.pool.next_due();
+                due = match (due, pool_due) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+        }
+        if lost {
+            tracing::debug!(node = %self.cell.name, "session actor gone; node disconnected");
+            state.connection = None;
+            due = None;
+        }
+        drop(state);
+        self.arm(due, ctx);
+    }
+
+    /// Keeps exactly one timer, for `due`; none when nothing is due.
+    fn arm(&mut self, due: Option<Instant>, ctx: &mut Context<Self>) {
+        if self.timer.as_ref().map(|(at, _)| *at) == due {
+            return;
+        }
+        if let Some((_, handle)) = self.timer.take() {
+            ctx.cancel_future(handle);
+        }
+        if let Some(at) = due {
+            let delay = at.saturating_duration_since(Instant::now());
+            let handle = ctx.run_later(delay, |node, ctx| {
+                node.timer = None;
+                node.drive(ctx);
+            });
+            self.timer = Some((at, handle));
+        }
+    }
+
+    fn on_edge_message(&mut self, message: Message, ctx: &mut Context<Self>) {
+        let node = self.cell.name.as_str();
+        match message.operation() {
+            Some(Operation::Response) => {
+                let parent = message.parent_id().unwrap_or_default();
+                let acked = self.cell.lock().pool.ack(parent);
+                if acked.is_some() {
+                    self.hub.metrics.acks.inc();
+                    self.drive(ctx);
+                } else {
+                    tracing::debug!(%node, %parent, "response matches no in-flight message; ignored");
+                }
+            }
+            Some(Operation::Error) => {
+                tracing::warn!(%node, parent = message.parent_id(), content = %message.content, "edge reported an error");
+            }
+            _ => {
+                let verdict = if self.hub.security.authorize {
+                    let state = self.cell.lock();
+                    auth::authorize(
+                        node,
+                        &message,
+                        &state.bound,
+                        self.hub.security.view.as_deref(),
+                    )
+                } else {
+                    Ok(())
+                };
+                match verdict {
+                    Ok(()) => {
+                        if let Some(reply) = dispatch::upstream(&self.hub, node, message) {
+                            self.cell.enqueue(reply, &self.hub);
+                        }
+                    }
+                    Err(reason) => {
+                        tracing::warn!(%node, id = message.id(), resource = message.resource(), %reason, "upstream message refused");
+                        self.hub.metrics.deny("not_bound_to_node");
+                        let reply = dispatch::refusal(node, &message, reason);
+                        self.cell.enqueue(reply, &self.hub);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Handler<Drive> for NodeActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Drive, ctx: &mut Context<Self>) {
+        self.handled();
+        self.cell.wake_pending.store(false, Ordering::Release);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<Attach> for NodeActor {
+    type Result = ();
+
+    fn handle(&mut self, attach: Attach, ctx: &mut Context<Self>) {
+        self.handled();
+        let node = &self.cell.name;
+        if self.cell.admitted.load(Ordering::Acquire) != attach.id {
+            // Replaced or closed before it got here.
+            attach.addr.do_send(CloseSession {
+                code: CloseCode::Normal,
+                reason: "replaced by a new connection".into(),
+            });
+            return;
+        }
+        let mut state = self.cell.lock();
+        if let Some(old) = state.connection.take() {
+            tracing::info!(%node, old = old.id, new = attach.id, "node reconnected; closing its previous session");
+            // do_send on purpose: a close must not be refused by a full mailbox, and it is one
+            // message per connection.
+            old.addr.do_send(CloseSession {
+                code: CloseCode::Normal,
+                reason: "replaced by a new connection".into(),
+            });
+        }
+        tracing::info!(%node, session = attach.id, "node connected");
+        state.connection = Some(Connection {
+            id: attach.id,
+            addr: attach.addr,
+            since: SystemTime::now(),
+            stats: attach.stats,
+        });
+        state.pool.restart_in_flight(Instant::now());
+        drop(state);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<Detach> for NodeActor {
+    type Result = ();
+
+    fn handle(&mut self, Detach { id }: Detach, ctx: &mut Context<Self>) {
+        self.handled();
+        let mut state = self.cell.lock();
+        if state.connection.as_ref().is_some_and(|c| c.id == id) {
+            tracing::info!(node = %self.cell.name, session = id, "node disconnected");
+            state.connection = None;
+            drop(state);
+            self.arm(None, ctx);
+        }
+    }
+}
+
+impl Handler<Disconnect> for NodeActor {
+    type Result = ();
+
+    fn handle(&mut self, Disconnect { reason }: Disconnect, ctx: &mut Context<Self>) {
+        self.handled();
+        let connection = self.cell.lock().connection.take();
+        // Also a connection admitted but not attached yet: its Attach will find itself
+        // replaced and close it.
+        if self.cell.admitted.swap(0, Ordering::AcqRel) != 0 {
+            self.hub.connected_changed(-1);
+            self.cell.last_keepalive_ms.store(0, Ordering::Relaxed);
+        }
+        if let Some(connection) = connection {
+            // do_send on purpose, as for replaced sessions: one close per connection.
+            connection.addr.do_send(CloseSession {
+                code: CloseCode::Normal,
+                reason,
+            });
+        }
+        self.arm(None, ctx);
+    }
+}
+
+impl Handler<FromEdge> for NodeActor {
+    type Result = ();
+
+    fn handle(&mut self, FromEdge(message): FromEdge, ctx: &mut Context<Self>) {
+        self.handled();
+        self.on_edge_message(message, ctx);
+    }
+}
+
+impl Handler<Crash> for NodeActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Crash, _: &mut Context<Self>) {
+        self.handled();
+        panic!("node {} told to crash (supervision drill)", self.cell.name);
+    }
+}

@@ -1,0 +1,301 @@
+//! The typed messages that cross module boundaries on the cloud side.
+//!
+//! Only CloudHub converts between the beehive [`Message`] on the wire and these types; the
+//! controllers hand CloudHub a [`NodeMessage`] (built once per change, encoded once, shared by
+//! every node that gets it) and CloudHub hands them typed upstream requests.
+
+use std::sync::Arc;
+
+use actix::Message as ActixMessage;
+use bytestring::ByteString;
+use edgehive_protocols::{
+    encode, trim_for_edge, CloudResource, Group, Message, ModuleName, Operation, ResourceType,
+};
+
+/// Which of a node's two delivery lanes a message takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// One entry per object, newest version wins, resent until the edge ACKs it.
+    Ack,
+    /// Written once, in order, no ACK expected.
+    NoAck,
+}
+
+/// A message for edge nodes: what the pools need to know about it, and its wire frame,
+/// encoded once. Cheap to share: nodes hold it as `Arc<NodeMessage>`, and a resend writes the
+/// same bytes again.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NodeMessage {
+    id: String,
+    key: String,
+    operation: Option<Operation>,
+    resource_version: Option<String>,
+    resource: String,
+    lane: Lane,
+    delete: bool,
+    deleting: bool,
+    response: bool,
+    frame: ByteString,
+}
+
+impl NodeMessage {
+    /// Reads `message` (resource in cloud form, `node/{node}/…`, or already in edge form)
+    /// once: its lane by KubeEdge's rules ([`needs_ack`]), its object key, and its frame.
+    pub fn new(message: &Message) -> Arc<Self> {
+        Self::with_lane(message, needs_ack(message))
+    }
+
+    /// Like [`NodeMessage::new`], but always the no-ACK lane (CloudHub's own refusals).
+    pub fn no_ack(message: &Message) -> Arc<Self> {
+        Self::with_lane(message, false)
+    }
+
+    fn with_lane(message: &Message, ack: bool) -> Arc<Self> {
+        let mut wire = message.clone();
+        wire.route.resource = trim_for_edge(&wire.route.resource);
+        wire.header.sync = false;
+        let frame = ByteString::from(encode(&wire));
+        let operation = message.operation().cloned();
+        Arc::new(NodeMessage {
+            id: message.id().to_owned(),
+            key: ack_key(message),
+            delete: operation == Some(Operation::Delete),
+            deleting: operation == Some(Operation::Delete)
+                || !message.content["metadata"]["deletionTimestamp"].is_null(),
+            response: message.is_response(),
+            operation,
+            resource_version: message
+                .resource_version()
+                .filter(|rv| !rv.is_empty())
+                .map(str::to_owned),
+            resource: wire.route.resource,
+            lane: if ack { Lane::Ack } else { Lane::NoAck },
+            frame,
+        })
+    }
+
+    /// The msg_id the edge ACKs (its `parentID`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The object key of the ACK lane: the object's UID, or the resource when it has none.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The operation, if the message has one.
+    pub fn operation(&self) -> Option<&Operation> {
+        self.operation.as_ref()
+    }
+
+    /// The object's resourceVersion (`None` when absent or empty).
+    pub fn resource_version(&self) -> Option<&str> {
+        self.resource_version.as_deref()
+    }
+
+    /// The resource in edge form (`{ns}/{type}/{name}`).
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// Which lane it takes.
+    pub fn lane(&self) -> Lane {
+        self.lane
+    }
+
+    /// Whether it is a `delete`.
+    pub fn is_delete(&self) -> bool {
+        self.delete
+    }
+
+    /// Whether it deletes its object or the object is being deleted (such messages may come
+    /// without a resourceVersion and are never dropped as stale).
+    pub fn is_deleting(&self) -> bool {
+        self.deleting
+    }
+
+    /// Whether it is a reply to an edge request.
+    pub fn is_response(&self) -> bool {
+        self.response
+    }
+
+    /// The encoded frame, exactly as written to every node that gets it.
+    pub fn frame(&self) -> &ByteString {
+        &self.frame
+    }
+}
+
+/// Messages for nodes, from a cloud controller to CloudHub: one change, encoded once, for
+/// every node in `nodes`.
+#[derive(Debug, ActixMessage)]
+#[rtype(result = "()")]
+pub struct ToNodes {
+    /// The nodes that get it.
+    pub nodes: Vec<String>,
+    /// The message, shared.
+    pub message: Arc<NodeMessage>,
+}
+
+impl ToNodes {
+    /// `message` for the one node its cloud-form resource names; `None` if it names none.
+    pub fn from_message(message: &Message) -> Option<Self> {
+        let node = edgehive_protocols::node_of(message.resource())?.to_owned();
+        Some(ToNodes {
+            nodes: vec![node],
+            message: NodeMessage::new(message),
+        })
+    }
+}
+
+/// A node was deleted from the cluster: CloudHub closes its connection.
+#[derive(Debug, ActixMessage)]
+#[rtype(result = "bool")]
+pub struct DisconnectNode {
+    /// The node to disconnect.
+    pub node: String,
+}
+
+/// Whether `message` goes to the ACK lane (`true`) or is written once without ACK (`false`).
+///
+/// No ACK, as in KubeEdge's cloudhub, if any of: the resource mentions `podlist`,
+/// `membership`, `twin/cloud_updated`, `serviceaccounttoken` or `k8s/ca.crt`; the operation is
+/// a CSI volume operation or `applicationResponse`; the group is `user`; the source is
+/// `taskmanager` or `nodeupgradejobcontroller`; it is a `response` whose content is the string
+/// `"OK"`; or the source is `edgecontroller` and the resource type is node (unless the
+/// operation is update), lease, nodepatch, podpatch, podstatus, certificatesigningrequest, or
+/// pod with operation `response`. (KubeEdge also treats a response carrying a Go error as
+/// no-ACK; a Go error has no wire form we can recognise, so such replies take the ACK lane.)
+pub fn needs_ack(message: &Message) -> bool {
+    const NO_ACK_RESOURCES: [&str; 5] = [
+        "podlist",
+        "membership",
+        "twin/cloud_updated",
+        "serviceaccounttoken",
+        "k8s/ca.crt",
+    ];
+    let resource = message.resource();
+    if NO_ACK_RESOURCES.iter().any(|part| resource.contains(part)) {
+        return false;
+    }
+    let operation = message.operation();
+    if matches!(
+        operation,
+        Some(
+            Operation::CreateVolume
+                | Operation::DeleteVolume
+                | Operation::ControllerPublishVolume
+                | Operation::ControllerUnpublishVolume
+                | Operation::ApplicationResponse
+        )
+    ) {
+        return false;
+    }
+    if message.group() == Some(&Group::User) {
+        return false;
+    }
+    if let Some(source) = message.source() {
+        if matches!(source, ModuleName::TaskManager)
+            || source.as_str() == "nodeupgradejobcontroller"
+        {
+            return false;
+        }
+    }
+    let is_response = operation == Some(&Operation::Response);
+    if is_response && message.content_str() == Some("OK") {
+        return false;
+    }
+    if message.source() == Some(&ModuleName::EdgeController) {
+        if let Ok(parsed) = CloudResource::parse(resource) {
+            let no_ack = match parsed.resource_type {
+                ResourceType::Node => operation != Some(&Operation::Update),
+                ResourceType::Lease
+                | ResourceType::NodePatch
+                | ResourceType::PodPatch
+                | ResourceType::PodStatus
+                | ResourceType::CertificateSigningRequest => true,
+                ResourceType::Pod => is_response,
+                _ => false,
+            };
+            if no_ack {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// The ACK-lane key of a message: the object's UID, or the resource string when the content
+/// has none (responses, device messages). The resource is taken in edge form, so the key is
+/// the same for every node.
+pub fn ack_key(message: &Message) -> String {
+    message.content["metadata"]["uid"]
+        .as_str()
+        .filter(|uid| !uid.is_empty())
+        .map(str::to_owned)
+        .unwrap_or_else(|| trim_for_edge(message.resource()))
+}
+
+/// The cloud's routing table: the names and groups of its built-in modules, and which one
+/// owns an upstream message. Nothing else on the cloud side spells a module name.
+pub mod route {
+    use edgehive_protocols::{Group, Message, Operation};
+
+    /// CloudHub's module name and group.
+    pub const CLOUDHUB: &str = "cloudhub";
+    /// EdgeController's module name and group.
+    pub const EDGECONTROLLER: &str = "edgecontroller";
+    /// DeviceController's module name and group.
+    pub const DEVICECONTROLLER: &str = "devicecontroller";
+    /// SyncController's module name (KubeEdge's; reserved).
+    pub const SYNCCONTROLLER: &str = "synccontroller";
+    /// The router module that takes `user`-group uploads (KubeEdge's; an extension).
+    pub const ROUTER: &str = "router";
+    /// The group of task managers (KubeEdge's; extensions).
+    pub const TASKMANAGER: &str = "taskmanager";
+    /// The edge module whose upstream messages go to DeviceController.
+    const EDGE_TWIN: &str = "twin";
+
+    /// Cloud modules: an upstream message claiming one as its source would loop.
+    const CLOUD_SOURCES: [&str; 5] = [
+        CLOUDHUB,
+        "cloudStream",
+        DEVICECONTROLLER,
+        EDGECONTROLLER,
+        SYNCCONTROLLER,
+    ];
+
+    /// Where an upstream message goes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Destination {
+        /// One module by name.
+        Module(&'static str),
+        /// Every module of a group.
+        Group(&'static str),
+    }
+
+    /// KubeEdge's DispatchUpstream: `user` uploads to the router, task operations to the task
+    /// managers, the edge twin's messages to DeviceController, the rest to EdgeController.
+    /// `None` for a message that claims a cloud module as its source.
+    pub fn upstream_destination(message: &Message) -> Option<Destination> {
+        let source = message.source().map(|s| s.as_str());
+        if source.is_some_and(|source| CLOUD_SOURCES.contains(&source)) {
+            return None;
+        }
+        let operation = message.operation();
+        Some(
+            if operation == Some(&Operation::Upload) && message.group() == Some(&Group::User) {
+                Destination::Module(ROUTER)
+            } else if matches!(
+                operation,
+                Some(Operation::Prepull | Operation::Upgrade | Operation::UpdateNodeActionStatus)
+            ) {
+                Destination::Group(TASKMANAGER)
+            } else if source == Some(EDGE_TWIN) {
+                Destination::Group(DEVICECONTROLLER)
+            } else {
+                Destination::Group(EDGECONTROLLER)
+            },
+        )
+    }
+}

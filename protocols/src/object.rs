@@ -1,5 +1,5 @@
 //! Helpers about Kubernetes objects that both sides need, written once: resourceVersion
-//! order, object keys, and which ConfigMaps and Secrets a pod uses.
+//! order, object keys, which ConfigMaps and Secrets a pod uses, and "now" in milliseconds.
 
 use std::collections::BTreeSet;
 
@@ -13,6 +13,19 @@ pub fn is_newer(new: &str, old: &str) -> bool {
         (Ok(new), Ok(old)) => new > old,
         _ => false,
     }
+}
+
+/// Milliseconds since the Unix epoch of `time` (0 before it), as KubeEdge's twin and
+/// membership timestamps carry them.
+pub fn unix_ms(time: std::time::SystemTime) -> u64 {
+    time.duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// [`unix_ms`] of now.
+pub fn now_ms() -> u64 {
+    unix_ms(std::time::SystemTime::now())
 }
 
 /// `metadata.{field}` of `obj` as a string (empty when absent).

@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use actix::prelude::*;
 use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
@@ -165,13 +165,6 @@ fn lock(devices: &Devices) -> std::sync::MutexGuard<'_, HashMap<(String, String)
     devices
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn key_of(obj: &Value) -> (String, String) {
@@ -345,7 +338,7 @@ impl DeviceWatcher {
             format!("node/{node}/membership"),
             json!({
                 "event_id": uuid::Uuid::new_v4().to_string(),
-                "timestamp": unix_ms(),
+                "timestamp": edgehive_protocols::object::now_ms(),
                 "added_devices": list(added),
                 "removed_devices": list(removed),
             }),
@@ -583,7 +576,7 @@ impl DeviceController {
             request,
             json!({
                 "event_id": uuid::Uuid::new_v4().to_string(),
-                "timestamp": unix_ms(),
+                "timestamp": edgehive_protocols::object::now_ms(),
                 "devices": devices,
             }),
         );

@@ -23,21 +23,22 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{json, Value};
 
+use super::contract::{route, ConnectionState};
 use super::deliver::send_with_retry;
 use super::store::StoreError;
 use super::twin_store::{DeviceSpec, TwinStore};
 use crate::hive::{Envelope, Hive, Module};
 
 /// beehive name of the module.
-pub const MODULE_NAME: &str = "twin";
+pub const MODULE_NAME: &str = route::TWIN;
 /// beehive group of the module.
-pub const GROUP: &str = "twin";
+pub const GROUP: &str = route::TWIN_GROUP;
 /// Uploads awaiting the cloud's confirmation, at most. Overflow policy: the oldest is dropped
 /// (and counted): a newer reading of the same device supersedes it in the cloud anyway.
 pub const MAX_UNCONFIRMED: usize = 1024;
 /// How often unconfirmed uploads are resent while connected (KubeEdge: after 60 s idle).
 pub const RESEND_INTERVAL: Duration = Duration::from_secs(60);
-const HUB_MODULE: &str = "websocket";
+const HUB_MODULE: &str = route::EDGEHUB;
 
 /// Why a report was refused.
 #[derive(Debug, thiserror::Error)]
@@ -393,11 +394,11 @@ async fn on_connected(hive: &Hive, shared: &Shared) {
 
 async fn on_message(hive: &Hive, shared: &Shared, msg: &Message) -> Option<Message> {
     let operation = msg.operation()?;
-    if *operation == Operation::Connect && msg.resource() == ResourceType::NodeConnection.as_str() {
-        match msg.content_str() {
-            Some("cloud_connected") => on_connected(hive, shared).await,
-            Some("cloud_disconnected") => shared.connected.store(false, Ordering::Relaxed),
-            _ => {}
+    if let Some(state) = ConnectionState::of(msg) {
+        match state {
+            Ok(ConnectionState::Connected) => on_connected(hive, shared).await,
+            Ok(ConnectionState::Disconnected) => shared.connected.store(false, Ordering::Relaxed),
+            Err(_) => {}
         }
         return None;
     }
@@ -516,10 +517,7 @@ async fn apply_device_object(
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    i64::try_from(edgehive_protocols::object::now_ms()).unwrap_or(i64::MAX)
 }
 
 /// The current UTC time as RFC 3339 (seconds), without a date-time dependency.

@@ -20,28 +20,25 @@ use std::time::Duration;
 
 use actix::{Actor, AsyncContext, Context, Handler, MessageResult, ResponseFuture};
 use awc::ws::{Frame, Message as WsMessage};
-use edgehive_protocols::{
-    codec, Group, Message, ModuleName, Operation, ResourceType, DEFAULT_MAX_FRAME_BYTES,
-};
+use edgehive_protocols::{codec, Group, Message, DEFAULT_MAX_FRAME_BYTES};
 use futures_util::{SinkExt, StreamExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
-use serde_json::json;
 use tokio::sync::{oneshot, Notify};
 
 use super::certmanager::{ensure_identity, EdgeIdentity, EdgeTlsOptions};
+use super::contract::{route, ConnectionState};
 use super::deliver::send_with_retry;
 use crate::hive::{Envelope, Hive, Module};
 
 /// beehive name of the module.
-pub const MODULE_NAME: &str = "websocket";
+pub const MODULE_NAME: &str = route::EDGEHUB;
 /// beehive group of the module.
-pub const GROUP: &str = "hub";
+pub const GROUP: &str = route::EDGEHUB_GROUP;
 /// KubeEdge's default `projectID`.
 pub const DEFAULT_PROJECT_ID: &str = "e632aba927ea4ac2b575ec1603d56f10";
 /// Groups told about connection changes (those with no member are skipped).
-const CONNECTION_GROUPS: [&str; 3] = ["twin", "meta", "bus"];
 /// How long the WebSocket handshake may take (edgehub's `handshakeTimeout`).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one frame write may take before the connection is considered dead
@@ -466,11 +463,12 @@ impl Link {
                     backoff = min;
                     self.shared.set_connected(true, None);
                     tracing::info!(url = %events_url(&self.options), "connected to the cloud");
-                    self.broadcast_connection("cloud_connected").await;
+                    self.broadcast_connection(ConnectionState::Connected).await;
                     let reason = self.serve(framed).await;
                     tracing::warn!(%reason, "connection to the cloud lost");
                     self.shared.set_connected(false, Some(reason));
-                    self.broadcast_connection("cloud_disconnected").await;
+                    self.broadcast_connection(ConnectionState::Disconnected)
+                        .await;
                 }
                 Err(error) => {
                     tracing::warn!(url = %events_url(&self.options), %error, "cannot connect to the cloud");
@@ -673,14 +671,12 @@ impl Link {
                 return;
             }
         }
-        let target = match message.group() {
-            Some(Group::Resource) | Some(Group::Func) => "meta",
-            Some(Group::Twin) => "twin",
-            Some(Group::User) => "bus",
-            other => {
+        let target = match route::group_for(message.group()) {
+            Some(target) => target,
+            None => {
                 self.shared.metrics.unroutable.inc();
                 tracing::warn!(
-                    group = ?other.map(Group::as_str),
+                    group = ?message.group().map(Group::as_str),
                     id = message.id(),
                     resource = message.resource(),
                     "dropped a cloud message for an unknown group"
@@ -716,20 +712,13 @@ impl Link {
         }
     }
 
-    async fn broadcast_connection(&self, content: &str) {
-        for group in CONNECTION_GROUPS {
+    async fn broadcast_connection(&self, state: ConnectionState) {
+        for group in route::CONNECTION_GROUPS {
             let members = self.hive.group_members(group);
             if members.is_empty() {
                 continue;
             }
-            let message = Message::new(
-                ModuleName::EdgeHub,
-                Group::from(group),
-                Operation::Connect,
-                ResourceType::NodeConnection.as_str(),
-                json!(content),
-            );
-            self.deliver(&members, &message).await;
+            self.deliver(&members, &state.message(group)).await;
         }
     }
 }

@@ -18,6 +18,7 @@ use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, Re
 use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 
+use super::contract::{route, ConnectionState};
 use super::deliver::send_with_retry;
 use super::edgehub::{CloudRequest, EdgeHub};
 use super::remote::{is_remote_type, read_reply, ReplyContent};
@@ -25,13 +26,13 @@ use super::store::{MetaStore, StoreError, Upsert};
 use crate::hive::{Envelope, Hive, Module};
 
 /// beehive name of the module.
-pub const MODULE_NAME: &str = "metamanager";
+pub const MODULE_NAME: &str = route::METAMANAGER;
 /// beehive group of the module.
-pub const GROUP: &str = "meta";
+pub const GROUP: &str = route::META_GROUP;
 /// The module ACKs are sent to (edgehub).
-const HUB_MODULE: &str = "websocket";
+const HUB_MODULE: &str = route::EDGEHUB;
 /// The group Device and DeviceModel objects are handed to (DeviceTwin).
-const TWIN_GROUP: &str = "twin";
+const TWIN_GROUP: &str = route::TWIN_GROUP;
 /// KubeEdge's default `remoteQueryTimeout`.
 pub const DEFAULT_REMOTE_QUERY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long twin may take to commit a device object before the ACK is withheld (the cloud
@@ -201,7 +202,7 @@ enum Action {
     /// A local module's message that only the cloud handles (event, pod delete, insert).
     Forward,
     /// An edgehub connection broadcast.
-    Connection,
+    Connection(Result<ConnectionState, String>),
     /// Not ours; the reason is logged.
     Ignore(&'static str),
 }
@@ -227,8 +228,8 @@ fn classify(msg: &Message) -> Action {
     let Some(operation) = msg.operation() else {
         return Action::Ignore("no operation");
     };
-    if *operation == Operation::Connect && msg.resource() == ResourceType::NodeConnection.as_str() {
-        return Action::Connection;
+    if let Some(state) = ConnectionState::of(msg) {
+        return Action::Connection(state);
     }
     let target = match target_of(msg.resource()) {
         Ok(target) => target,
@@ -306,15 +307,15 @@ impl Handler<Envelope> for MetaManager {
                 ctx.to_cloud(msg).await;
                 None
             }),
-            Action::Connection => {
-                match msg.content_str() {
-                    Some("cloud_connected") => self.ctx.connected.store(true, Ordering::Relaxed),
-                    Some("cloud_disconnected") => {
-                        self.ctx.connected.store(false, Ordering::Relaxed)
-                    }
-                    other => {
+            Action::Connection(state) => {
+                match state {
+                    Ok(state) => self
+                        .ctx
+                        .connected
+                        .store(state == ConnectionState::Connected, Ordering::Relaxed),
+                    Err(other) => {
                         self.ctx.metrics.ignored.inc();
-                        tracing::debug!(content = ?other, "unknown node/connection content");
+                        tracing::debug!(content = %other, "unknown node/connection content");
                     }
                 }
                 Box::pin(async { None })

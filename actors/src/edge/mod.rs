@@ -4,6 +4,7 @@
 //! [`twin_store`], and [`watch`] turns the store's changes into a watch stream.
 
 pub mod certmanager;
+pub mod contract;
 mod deliver;
 pub mod devicetwin;
 pub mod edgehub;

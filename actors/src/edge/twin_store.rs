@@ -156,10 +156,7 @@ pub struct TwinStore {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    i64::try_from(edgehive_protocols::object::now_ms()).unwrap_or(i64::MAX)
 }
 
 impl TwinStore {

@@ -16,6 +16,7 @@
 
 use std::collections::HashSet;
 
+use edgehive_protocols::object::{self, RefKind};
 use edgehive_protocols::{EdgeResource, Message, Operation, ResourceType};
 use serde_json::Value;
 
@@ -55,48 +56,13 @@ impl BindingView for EmbeddedCluster {
     }
 }
 
-/// Whether `pod` references the `configmap` or `secret` called `name`.
+/// Whether `pod` references the `configmap` or `secret` called `name` (the same rules
+/// that decide delivery: [`edgehive_protocols::object::pod_references`]).
 pub fn pod_references(pod: &Value, kind: &str, name: &str) -> bool {
-    let spec = &pod["spec"];
-    let is = |value: &Value| value.as_str() == Some(name);
-    let items = |value: &Value| value.as_array().cloned().unwrap_or_default();
-    let volume_hit = items(&spec["volumes"]).iter().any(|volume| match kind {
-        "configmap" => {
-            is(&volume["configMap"]["name"])
-                || items(&volume["projected"]["sources"])
-                    .iter()
-                    .any(|source| is(&source["configMap"]["name"]))
-        }
-        "secret" => {
-            is(&volume["secret"]["secretName"])
-                || items(&volume["projected"]["sources"])
-                    .iter()
-                    .any(|source| is(&source["secret"]["name"]))
-        }
-        _ => false,
-    });
-    let containers = items(&spec["containers"])
-        .into_iter()
-        .chain(items(&spec["initContainers"]))
-        .chain(items(&spec["ephemeralContainers"]));
-    let container_hit = containers.into_iter().any(|container| {
-        let env_hit = items(&container["env"]).iter().any(|env| match kind {
-            "configmap" => is(&env["valueFrom"]["configMapKeyRef"]["name"]),
-            "secret" => is(&env["valueFrom"]["secretKeyRef"]["name"]),
-            _ => false,
-        });
-        let env_from_hit = items(&container["envFrom"]).iter().any(|from| match kind {
-            "configmap" => is(&from["configMapRef"]["name"]),
-            "secret" => is(&from["secretRef"]["name"]),
-            _ => false,
-        });
-        env_hit || env_from_hit
-    });
-    let pull_secret_hit = kind == "secret"
-        && items(&spec["imagePullSecrets"])
-            .iter()
-            .any(|secret| is(&secret["name"]));
-    volume_hit || container_hit || pull_secret_hit
+    let Some(kind) = RefKind::from_resource_type(kind) else {
+        return false;
+    };
+    object::pod_references(pod).contains(&(kind, name.to_owned()))
 }
 
 /// The key CloudHub records for a downstream object bound to a node (`{ns}/{type}/{name}`),

@@ -22,10 +22,11 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
 use actix_ws::CloseCode;
+use edgehive_protocols::object::unix_ms;
 use edgehive_protocols::{Message, Operation};
 
 use super::metrics::CloudHubMetrics;
@@ -136,12 +137,6 @@ pub struct NodeInfo {
     pub resends: u64,
     /// Restarts of the node's actor.
     pub restarts: u64,
-}
-
-pub(crate) fn unix_ms(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl NodeCell {

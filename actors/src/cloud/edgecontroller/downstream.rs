@@ -27,7 +27,7 @@ use super::location::{LocationCache, ObjectRef, RefKind};
 use super::outbox::Outbox;
 use super::EDGE_NODE_LABEL;
 use crate::cloud::cluster::{EventType, SharedCluster, Watch, WatchError, WatchEvent};
-use edgehive_protocols::object::is_newer;
+use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
 
 /// How often buffered messages are offered to CloudHub again.
 const RETRY_INTERVAL: Duration = Duration::from_millis(100);
@@ -54,24 +54,8 @@ fn fingerprint(obj: &Value) -> Value {
     serde_json::json!([metadata, obj["spec"]])
 }
 
-fn str_at<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj["metadata"][field].as_str().unwrap_or_default()
-}
-
 fn is_edge_node(node: &Value) -> bool {
     node["metadata"]["labels"].get(EDGE_NODE_LABEL).is_some()
-}
-
-fn key_of(obj: &Value) -> (String, String) {
-    let namespace = str_at(obj, "namespace");
-    (
-        if namespace.is_empty() {
-            "default".to_owned()
-        } else {
-            namespace.to_owned()
-        },
-        str_at(obj, "name").to_owned(),
-    )
 }
 
 /// The message for `obj` of `kind` on `node`: source edgecontroller, group resource,
@@ -84,7 +68,7 @@ pub fn object_message(
     obj: &Value,
     operation: Operation,
 ) -> Message {
-    let (namespace, name) = key_of(obj);
+    let (namespace, name) = namespaced_key(obj);
     let namespace = if resource_type == ResourceType::Node {
         "null".to_owned()
     } else {
@@ -101,7 +85,7 @@ pub fn object_message(
         resource.to_string(),
         content,
     )
-    .with_resource_version(str_at(obj, "resourceVersion"))
+    .with_resource_version(meta_str(obj, "resourceVersion"))
 }
 
 /// The watch loop's state.
@@ -211,7 +195,7 @@ impl Watcher {
         };
         let mut present = HashSet::new();
         for node in nodes {
-            present.insert(str_at(&node, "name").to_owned());
+            present.insert(meta_str(&node, "name").to_owned());
             self.on_node(WatchEvent {
                 event_type: EventType::Modified,
                 object: node,
@@ -230,7 +214,7 @@ impl Watcher {
 
     fn on_node(&mut self, event: WatchEvent) {
         let node = &event.object;
-        let name = str_at(node, "name").to_owned();
+        let name = meta_str(node, "name").to_owned();
         if event.event_type == EventType::Deleted {
             if self.edge_nodes.contains_key(&name) {
                 self.node_deleted(&name);
@@ -304,10 +288,10 @@ impl Watcher {
 
     fn remember(&mut self, pod: &Value) -> Option<PodSeen> {
         self.pods.insert(
-            key_of(pod),
+            namespaced_key(pod),
             PodSeen {
-                rv: str_at(pod, "resourceVersion").to_owned(),
-                uid: str_at(pod, "uid").to_owned(),
+                rv: meta_str(pod, "resourceVersion").to_owned(),
+                uid: meta_str(pod, "uid").to_owned(),
                 node: pod["spec"]["nodeName"].as_str().map(str::to_owned),
                 fingerprint: fingerprint(pod),
                 object: pod.clone(),
@@ -324,8 +308,8 @@ impl Watcher {
 
     fn on_pod(&mut self, event: WatchEvent) {
         let pod = &event.object;
-        let key = key_of(pod);
-        let rv = str_at(pod, "resourceVersion");
+        let key = namespaced_key(pod);
+        let rv = meta_str(pod, "resourceVersion");
         if event.event_type != EventType::Deleted {
             // Already seen through the initial list (or a relist): nothing new.
             if let Some(seen) = self.pods.get(&key) {
@@ -379,11 +363,11 @@ impl Watcher {
         };
         let mut present = HashSet::new();
         for pod in &pods {
-            let key = key_of(pod);
+            let key = namespaced_key(pod);
             present.insert(key.clone());
             let event_type = match self.pods.get(&key) {
                 None => EventType::Added,
-                Some(seen) if is_newer(str_at(pod, "resourceVersion"), &seen.rv) => {
+                Some(seen) if is_newer(meta_str(pod, "resourceVersion"), &seen.rv) => {
                     EventType::Modified
                 }
                 Some(_) => continue,
@@ -428,7 +412,7 @@ impl Watcher {
     // ---- configmaps and secrets ----
 
     fn object_ref(kind: RefKind, obj: &Value) -> ObjectRef {
-        let (namespace, name) = key_of(obj);
+        let (namespace, name) = namespaced_key(obj);
         (kind, namespace, name)
     }
 
@@ -444,8 +428,8 @@ impl Watcher {
                 None => EventType::Added,
                 Some(seen)
                     if is_newer(
-                        str_at(&obj, "resourceVersion"),
-                        str_at(seen, "resourceVersion"),
+                        meta_str(&obj, "resourceVersion"),
+                        meta_str(seen, "resourceVersion"),
                     ) =>
                 {
                     EventType::Modified
@@ -487,8 +471,8 @@ impl Watcher {
         } else {
             if let Some(seen) = self.objects.get(&object) {
                 if !is_newer(
-                    str_at(&event.object, "resourceVersion"),
-                    str_at(seen, "resourceVersion"),
+                    meta_str(&event.object, "resourceVersion"),
+                    meta_str(seen, "resourceVersion"),
                 ) {
                     return;
                 }

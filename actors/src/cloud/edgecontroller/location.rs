@@ -15,26 +15,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use edgehive_protocols::object::{namespaced_key, pod_references};
 use serde_json::Value;
 
-/// The two kinds a pod references.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RefKind {
-    /// A ConfigMap.
-    ConfigMap,
-    /// A Secret.
-    Secret,
-}
-
-impl RefKind {
-    /// The Kubernetes kind.
-    pub fn kind(self) -> &'static str {
-        match self {
-            RefKind::ConfigMap => "ConfigMap",
-            RefKind::Secret => "Secret",
-        }
-    }
-}
+pub use edgehive_protocols::object::RefKind;
 
 /// A referenced object: kind, namespace, name.
 pub type ObjectRef = (RefKind, String, String);
@@ -146,55 +130,17 @@ impl LocationCache {
 }
 
 fn pod_key(pod: &Value) -> (String, String) {
-    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
-    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
-    (namespace.to_owned(), name.to_owned())
+    namespaced_key(pod)
 }
 
-/// Every ConfigMap and Secret `pod` uses; see the [module docs](self).
+/// Every ConfigMap and Secret `pod` uses, with the pod's namespace; see the
+/// [module docs](self).
 pub fn references(pod: &Value) -> BTreeSet<ObjectRef> {
-    let namespace = pod["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("default")
-        .to_owned();
-    let mut refs = BTreeSet::new();
-    let mut add = |kind: RefKind, name: &Value| {
-        if let Some(name) = name.as_str().filter(|name| !name.is_empty()) {
-            refs.insert((kind, namespace.clone(), name.to_owned()));
-        }
-    };
-    let spec = &pod["spec"];
-    for volume in items(&spec["volumes"]) {
-        add(RefKind::ConfigMap, &volume["configMap"]["name"]);
-        add(RefKind::Secret, &volume["secret"]["secretName"]);
-        for source in items(&volume["projected"]["sources"]) {
-            add(RefKind::ConfigMap, &source["configMap"]["name"]);
-            add(RefKind::Secret, &source["secret"]["name"]);
-        }
-    }
-    for list in ["containers", "initContainers", "ephemeralContainers"] {
-        for container in items(&spec[list]) {
-            for from in items(&container["envFrom"]) {
-                add(RefKind::ConfigMap, &from["configMapRef"]["name"]);
-                add(RefKind::Secret, &from["secretRef"]["name"]);
-            }
-            for env in items(&container["env"]) {
-                add(
-                    RefKind::ConfigMap,
-                    &env["valueFrom"]["configMapKeyRef"]["name"],
-                );
-                add(RefKind::Secret, &env["valueFrom"]["secretKeyRef"]["name"]);
-            }
-        }
-    }
-    for secret in items(&spec["imagePullSecrets"]) {
-        add(RefKind::Secret, &secret["name"]);
-    }
-    refs
-}
-
-fn items(list: &Value) -> impl Iterator<Item = &Value> {
-    list.as_array().into_iter().flatten()
+    let (namespace, _) = namespaced_key(pod);
+    pod_references(pod)
+        .into_iter()
+        .map(|(kind, name)| (kind, namespace.clone(), name))
+        .collect()
 }
 
 #[cfg(test)]

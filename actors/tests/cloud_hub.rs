@@ -8,6 +8,8 @@ use support::*;
 use actix_web::web::Bytes;
 use awc::ws::CloseCode;
 use edgehive_actors::cloud::cloudhub::DisconnectNode;
+use edgehive_actors::cloud::contract::{route, Acked};
+use edgehive_actors::hive::{Accepts, Module};
 
 #[actix_rt::test]
 async fn pod_reaches_its_edge_node_and_an_ack_stops_resends() {
@@ -382,5 +384,79 @@ async fn the_ca_request_is_answered_by_cloudhub() {
     assert_eq!(reply.resource(), "k8s/ca.crt");
     assert_eq!(reply.operation(), Some(&Operation::Response));
     assert_eq!(reply.content, json!(""));
+    cloud.stop().await;
+}
+
+/// Stands in for SyncController: records the acknowledgement events it is told.
+struct AckRecorder(std::sync::Arc<std::sync::Mutex<Vec<Acked>>>);
+impl actix::Actor for AckRecorder {
+    type Context = actix::Context<Self>;
+}
+impl actix::Handler<Acked> for AckRecorder {
+    type Result = ();
+    fn handle(&mut self, acked: Acked, _: &mut Self::Context) {
+        self.0.lock().unwrap().push(acked);
+    }
+}
+impl actix::Handler<edgehive_actors::hive::Envelope> for AckRecorder {
+    type Result = Option<Message>;
+    fn handle(
+        &mut self,
+        _: edgehive_actors::hive::Envelope,
+        _: &mut Self::Context,
+    ) -> Option<Message> {
+        None
+    }
+}
+struct AckRecorderModule(std::sync::Arc<std::sync::Mutex<Vec<Acked>>>);
+impl Module for AckRecorderModule {
+    type Actor = AckRecorder;
+    fn name(&self) -> &str {
+        route::SYNCCONTROLLER
+    }
+    fn group(&self) -> &str {
+        route::SYNCCONTROLLER
+    }
+    fn create(&self, _: &Hive) -> AckRecorder {
+        AckRecorder(self.0.clone())
+    }
+    fn accepts(&self, accepts: &mut Accepts<AckRecorder>) {
+        accepts.message::<Acked>();
+    }
+}
+
+#[actix_rt::test]
+async fn an_ack_becomes_an_acknowledgement_event_for_synccontroller() {
+    let cloud = Cloud::start(test_options()).await;
+    let events = std::sync::Arc::default();
+    cloud
+        .hive
+        .start_module(AckRecorderModule(std::sync::Arc::clone(&events)))
+        .unwrap();
+    let mut edge = Edge::connect(cloud.addr(), "edge-1").await;
+    cloud.edge_node("edge-1");
+    let pod = cloud.pod("web", "edge-1");
+    let (_, insert) = edge.next_message().await;
+    // Not acknowledged yet: no event.
+    assert!(events.lock().unwrap().is_empty());
+    edge.ack(&insert).await;
+    cloud
+        .eventually("the ACK event arrived", || async {
+            !events.lock().unwrap().is_empty()
+        })
+        .await;
+    let recorded = events.lock().unwrap().clone();
+    assert_eq!(
+        recorded,
+        [Acked {
+            node: "edge-1".into(),
+            key: pod["metadata"]["uid"].as_str().unwrap().into(),
+            resource: "default/pod/web".into(),
+            resource_version: pod["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_owned),
+            deleted: false,
+        }]
+    );
     cloud.stop().await;
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, ActorContext, AsyncContext, Context, Handler, ResponseFuture, WrapFuture};
-use edgehive_actors::hive::{Envelope, Hive, HiveError, Module, ModuleState};
+use edgehive_actors::hive::{Accepts, Envelope, Hive, HiveError, Module, ModuleState};
 use edgehive_protocols::{Group, Message, ModuleName, Operation};
 use serde_json::json;
 
@@ -45,6 +45,7 @@ impl Handler<Envelope> for Probe {
 }
 
 /// A typed message outside the envelope path.
+#[derive(Debug)]
 struct Add(u64, u64);
 impl actix::Message for Add {
     type Result = u64;
@@ -84,6 +85,9 @@ impl Module for ProbeModule {
     }
     fn mailbox_capacity(&self) -> usize {
         self.capacity
+    }
+    fn accepts(&self, accepts: &mut Accepts<Probe>) {
+        accepts.message::<Add>();
     }
     fn create(&self, _: &Hive) -> Probe {
         Probe {
@@ -347,4 +351,32 @@ async fn hundred_thousand_concurrent_requests_all_get_their_reply() {
     let info = info(&hive, "echo");
     assert_eq!(info.messages_handled, REQUESTS as u64);
     assert_eq!(info.mailbox_depth, 0);
+}
+
+#[actix_rt::test]
+async fn typed_messages_go_by_name_and_type_bounded_and_counted() {
+    let hive = Hive::new("test");
+    let mut module = ProbeModule::new("math", "g");
+    module.capacity = 2;
+    hive.start_module(module).unwrap();
+    // By name and message type: the sender never names the actor type.
+    assert_eq!(hive.ask("math", Add(2, 3), SECOND).await, Ok(5));
+    // A module that is not there refuses at once.
+    assert_eq!(
+        hive.tell("nobody", Add(1, 1)).map_err(|r| r.error),
+        Err(HiveError::UnknownModule("nobody".into()))
+    );
+    // Fill the two slots with a held mailbox: the next typed tell is refused, not queued.
+    hive.send("math", msg("hold")).unwrap();
+    hive.tell("math", Add(1, 1)).unwrap();
+    let refused = hive.tell("math", Add(4, 4)).unwrap_err();
+    assert_eq!(refused.error, HiveError::MailboxFull("math".into()));
+    assert_eq!(refused.message.0, 4, "the refused message is given back");
+    // Typed traffic is counted like envelopes: handled once the handler is done.
+    wait_until("all handled", || {
+        let math = info(&hive, "math");
+        math.messages_handled == 3 && math.mailbox_depth == 0
+    })
+    .await;
+    assert_eq!(info(&hive, "math").messages_dropped, 1);
 }

@@ -12,9 +12,10 @@
 //! | `SendToGroup` | [`Hive::send_to_group`] |
 //! | `SendToGroupSync` | [`Hive::request_group`] |
 //!
-//! Between modules that know each other, typed actix messages go through the current
-//! address from [`Hive::addr`] or [`Hive::call`]; beehive [`Message`]s travel as
-//! [`Envelope`]s so modules added later and unknown resources still route by name and group.
+//! Typed messages between modules go by module name and message type: a module declares what
+//! it accepts ([`Module::accepts`]) and others use [`Hive::tell`] / [`Hive::ask`], never its
+//! actor type. Beehive [`Message`]s travel as [`Envelope`]s, so modules added later (extensions)
+//! and unknown resources still route by name and group.
 //!
 //! ```
 //! use edgehive_actors::hive::{Envelope, Hive, Module};
@@ -60,7 +61,7 @@ pub use error::HiveError;
 pub use metrics::{HiveMetrics, ModuleLabels};
 pub use module::{Module, DEFAULT_MAILBOX_CAPACITY};
 pub use registry::{
-    ChildInfo, ChildrenView, GroupDelivery, Hive, ModuleInfo, ModuleState, Refused, Tally,
+    Accepts, ChildInfo, ChildrenView, GroupDelivery, Hive, ModuleInfo, ModuleState, Refused,
     DEFAULT_REQUEST_TIMEOUT,
 };
 pub use supervisor::{supervise, Recipe};

@@ -1,6 +1,6 @@
 use actix::{Actor, Context, Handler};
 
-use super::{Envelope, Hive};
+use super::{Accepts, Envelope, Hive};
 
 /// Mailbox capacity of a module unless it says otherwise: beehive's channel size.
 pub const DEFAULT_MAILBOX_CAPACITY: usize = 1024;
@@ -50,4 +50,10 @@ pub trait Module: Send + Sync + 'static {
 
     /// Builds a fresh actor; called on the module's arbiter at start and on every restart.
     fn create(&self, hive: &Hive) -> Self::Actor;
+
+    /// The typed messages other modules may send it by name with [`Hive::tell`] and
+    /// [`Hive::ask`] (besides [`Envelope`]s), knowing only the message type, never the actor.
+    fn accepts(&self, accepts: &mut Accepts<Self::Actor>) {
+        let _ = accepts;
+    }
 }

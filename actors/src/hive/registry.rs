@@ -1,5 +1,5 @@
-use std::any::Any;
-use std::collections::BTreeMap;
+use std::any::{Any, TypeId};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -92,18 +92,43 @@ pub struct ChildInfo {
 /// How a module reports the actors it supervises (see [`Hive::set_children`]).
 pub type ChildrenView = Arc<dyn Fn() -> Vec<ChildInfo> + Send + Sync>;
 
-/// A module's handle onto its own counters, for typed messages sent with [`Hive::tell`]:
-/// the hive counts them routed and queued, the handler calls [`Tally::handled`].
-/// ([`Hive::call`] needs no help: the reply says the handler is done.)
-#[derive(Clone, Debug)]
-pub struct Tally {
-    stats: Arc<ModuleStats>,
+/// The typed messages a module accepts by name (see [`Module::accepts`]).
+pub struct Accepts<A: Actor> {
+    routes: Vec<(TypeId, RecipientFactory<A>)>,
 }
 
-impl Tally {
-    /// One typed message handled.
-    pub fn handled(&self) {
-        self.stats.handled();
+type RecipientFactory<A> = Box<dyn Fn(&Addr<A>) -> Box<dyn Any + Send + Sync> + Send + Sync>;
+/// Builds a module's typed recipients from its current address (type-erased `Addr<A>`).
+type TypedRoutes =
+    Arc<dyn Fn(&dyn Any) -> HashMap<TypeId, Box<dyn Any + Send + Sync>> + Send + Sync>;
+
+impl<A: Actor> Accepts<A> {
+    /// The module handles `M`.
+    pub fn message<M>(&mut self) -> &mut Self
+    where
+        A: Handler<M>,
+        A::Context: ToEnvelope<A, M>,
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+    {
+        self.routes.push((
+            TypeId::of::<M>(),
+            Box::new(|addr: &Addr<A>| Box::new(addr.clone().recipient::<M>())),
+        ));
+        self
+    }
+
+    fn into_routes(self) -> TypedRoutes {
+        let routes = self.routes;
+        Arc::new(move |addr: &dyn Any| {
+            let Some(addr) = addr.downcast_ref::<Addr<A>>() else {
+                return HashMap::new();
+            };
+            routes
+                .iter()
+                .map(|(type_id, make)| (*type_id, make(addr)))
+                .collect()
+        })
     }
 }
 
@@ -136,9 +161,13 @@ struct Entry {
     slots: Arc<Semaphore>,
     capacity: usize,
     children: Option<ChildrenView>,
+    /// `Recipient<M>` per accepted typed message, for the current address.
+    typed: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
+    retype: TypedRoutes,
 }
 
-type Target = (Recipient<Envelope>, Arc<ModuleStats>, Arc<Semaphore>);
+type Target = TypedTarget<Envelope>;
+type TypedTarget<M> = (Recipient<M>, Arc<ModuleStats>, Arc<Semaphore>);
 
 struct Inner {
     process: String,
@@ -199,6 +228,9 @@ impl Hive {
         }
         let stats = Arc::new(self.inner.metrics.module_stats(&name, module.group()));
         let capacity = module.mailbox_capacity();
+        let mut accepts = Accepts { routes: Vec::new() };
+        module.accepts(&mut accepts);
+        let retype = accepts.into_routes();
         // The first actor is built here, outside the registry's lock: a module's `create` may
         // look up other modules.
         let addr = supervisor::supervise(
@@ -222,6 +254,8 @@ impl Hive {
                 slots: Arc::new(Semaphore::new(capacity)),
                 capacity,
                 children: None,
+                typed: retype(&addr),
+                retype,
             },
         );
         Ok(addr)
@@ -235,6 +269,7 @@ impl Hive {
     {
         if let Some(entry) = self.write_modules().get_mut(name) {
             entry.recipient = addr.clone().recipient();
+            entry.typed = (entry.retype)(&addr);
             entry.addr = Box::new(addr);
         }
     }
@@ -360,7 +395,7 @@ impl Hive {
         M: actix::Message + Send + 'static,
         M::Result: Send,
     {
-        let (addr, stats) = self.typed_target::<A>(name)?;
+        let (addr, stats) = self.addr_target::<A>(name)?;
         // Counted like an envelope: queued until the reply is back (the handler is done then),
         // or until the caller gives up.
         stats.enqueued();
@@ -454,53 +489,107 @@ impl Hive {
         Ok(())
     }
 
-    /// Module `name`'s counters, for the handlers of its typed messages.
-    pub fn tally(&self, name: &str) -> Result<Tally, HiveError> {
+    /// Sends typed `message` to module `name`, which must accept `M` (see
+    /// [`Module::accepts`]), without waiting for the handler.
+    ///
+    /// Bounded like [`Hive::send`]: it takes one of the module's mailbox slots until the
+    /// handler is done, and is refused at once ([`HiveError::MailboxFull`], the message given
+    /// back in [`Refused`]) when none is free. Messages from one sender arrive in order.
+    /// Counted as routed, then handled when the handler returns. Must be called inside the
+    /// actix system (a small task waits for the handler, to count it and free the slot).
+    pub fn tell<M>(&self, name: &str, message: M) -> Result<(), Refused<M>>
+    where
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+    {
+        let (recipient, stats, slots) = match self.typed_target::<M>(name) {
+            Ok(target) => target,
+            Err(error) => return Err(Refused { error, message }),
+        };
+        let Ok(slot) = slots.try_acquire_owned() else {
+            stats.dropped.inc();
+            return Err(Refused {
+                error: HiveError::MailboxFull(name.to_owned()),
+                message,
+            });
+        };
+        stats.enqueued();
+        stats.delivered();
+        // `send` puts the message in the mailbox now (so order holds); the task only waits.
+        let handled = recipient.send(message);
+        actix::spawn(async move {
+            let outcome = handled.await;
+            drop(slot);
+            match outcome {
+                Ok(_) => stats.handled(),
+                Err(_) => stats.rejected(),
+            }
+        });
+        Ok(())
+    }
+
+    /// Sends typed `message` to module `name` (which must accept `M`) and waits up to
+    /// `timeout` for the handler's result; waits for a mailbox slot within the same timeout.
+    pub async fn ask<M>(
+        &self,
+        name: &str,
+        message: M,
+        timeout: Duration,
+    ) -> Result<M::Result, HiveError>
+    where
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+    {
+        let (recipient, stats, slots) = self.typed_target::<M>(name)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let timed_out = || HiveError::Timeout {
+            module: name.to_owned(),
+            timeout,
+        };
+        let slot = match tokio::time::timeout_at(deadline, slots.acquire_owned()).await {
+            Ok(Ok(slot)) => slot,
+            Ok(Err(_)) => return Err(HiveError::ModuleDown(name.to_owned())),
+            Err(_) => return Err(timed_out()),
+        };
+        stats.enqueued();
+        stats.delivered();
+        let outcome = tokio::time::timeout_at(deadline, recipient.send(message)).await;
+        drop(slot);
+        match outcome {
+            Ok(Ok(result)) => {
+                stats.handled();
+                Ok(result)
+            }
+            Ok(Err(MailboxError::Closed)) => {
+                stats.rejected();
+                Err(HiveError::ModuleDown(name.to_owned()))
+            }
+            Ok(Err(MailboxError::Timeout)) | Err(_) => {
+                stats.rejected();
+                Err(timed_out())
+            }
+        }
+    }
+
+    fn typed_target<M>(&self, name: &str) -> Result<TypedTarget<M>, HiveError>
+    where
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+    {
         let modules = self.read_modules();
         let entry = modules
             .get(name)
             .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?;
-        Ok(Tally {
-            stats: entry.stats.clone(),
-        })
+        let recipient = entry
+            .typed
+            .get(&TypeId::of::<M>())
+            .and_then(|recipient| recipient.downcast_ref::<Recipient<M>>())
+            .cloned()
+            .ok_or_else(|| HiveError::WrongType(name.to_owned()))?;
+        Ok((recipient, entry.stats.clone(), entry.slots.clone()))
     }
 
-    /// Sends a typed message to module `name` without waiting: refused at once when actix's
-    /// mailbox of the module is full ([`HiveError::MailboxFull`], the message is given back
-    /// inside [`Refused`]) or the module is down. Counted as routed; the module's handler
-    /// counts it handled through its [`Tally`].
-    pub fn tell<A, M>(&self, name: &str, message: M) -> Result<(), Refused<M>>
-    where
-        A: Actor + Handler<M>,
-        A::Context: ToEnvelope<A, M>,
-        M: actix::Message + Send + 'static,
-        M::Result: Send,
-    {
-        let (addr, stats) = match self.typed_target::<A>(name) {
-            Ok(target) => target,
-            Err(error) => return Err(Refused { error, message }),
-        };
-        match addr.try_send(message) {
-            Ok(()) => {
-                stats.enqueued();
-                stats.delivered();
-                Ok(())
-            }
-            Err(actix::prelude::SendError::Full(message)) => {
-                stats.dropped.inc();
-                Err(Refused {
-                    error: HiveError::MailboxFull(name.to_owned()),
-                    message,
-                })
-            }
-            Err(actix::prelude::SendError::Closed(message)) => Err(Refused {
-                error: HiveError::ModuleDown(name.to_owned()),
-                message,
-            }),
-        }
-    }
-
-    fn typed_target<A: Actor>(&self, name: &str) -> Result<(Addr<A>, Arc<ModuleStats>), HiveError> {
+    fn addr_target<A: Actor>(&self, name: &str) -> Result<(Addr<A>, Arc<ModuleStats>), HiveError> {
         let modules = self.read_modules();
         let entry = modules
             .get(name)

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use edgehive_protocols::{prefix_for_cloud, Group, Message, ModuleName};
 
 use super::node::HubContext;
+use crate::cloud::contract::request::EdgeRequest;
 use crate::cloud::contract::{route, NodeMessage};
 use crate::hive::HiveError;
 
@@ -34,6 +35,20 @@ pub(crate) fn upstream(
         return None;
     };
     let result = match destination {
+        // Typed once, here; EdgeController never reads the beehive message again.
+        route::Destination::EdgeController => {
+            let told = match EdgeRequest::from_message(message) {
+                Ok(request) => hub
+                    .hive
+                    .tell(route::EDGECONTROLLER, request)
+                    .map_err(|r| r.error),
+                Err(unparsed) => hub
+                    .hive
+                    .tell(route::EDGECONTROLLER, *unparsed)
+                    .map_err(|r| r.error),
+            };
+            told.map(|()| None)
+        }
         route::Destination::Module(name) => hub.hive.send(name, message).map(|()| None),
         route::Destination::Group(group) => hub.hive.send_to_group(group, message).map(Some),
     };

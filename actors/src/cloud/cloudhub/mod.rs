@@ -41,7 +41,7 @@ use edgehive_protocols::Message;
 
 pub use crate::cloud::contract::DisconnectNode;
 use crate::cloud::contract::{route, ToNodes};
-use crate::hive::{supervise, ChildInfo, Envelope, Hive, Module, Tally};
+use crate::hive::{supervise, Accepts, ChildInfo, Envelope, Hive, Module};
 pub use metrics::{CloudHubMetrics, ReasonLabels};
 use node::{HubContext, NodeCell, NodeRecipe};
 pub use node::{NodeActor, NodeInfo, NODE_MAILBOX_CAPACITY};
@@ -156,23 +156,25 @@ impl Module for CloudHubModule {
     fn create(&self, _: &Hive) -> CloudHub {
         CloudHub {
             shared: self.shared.clone(),
-            tally: None,
         }
+    }
+
+    fn accepts(&self, accepts: &mut Accepts<CloudHub>) {
+        accepts
+            .message::<ToNodes>()
+            .message::<DisconnectNode>()
+            .message::<ListNodes>()
+            .message::<CrashNode>();
     }
 }
 
 /// The CloudHub actor: see the [module docs](self).
 pub struct CloudHub {
     shared: Shared,
-    tally: Option<Tally>,
 }
 
 impl Actor for CloudHub {
     type Context = Context<Self>;
-
-    fn started(&mut self, _: &mut Context<Self>) {
-        self.tally = self.shared.hub.hive.tally(CLOUDHUB_MODULE).ok();
-    }
 }
 
 impl CloudHub {
@@ -249,9 +251,6 @@ impl Handler<ToNodes> for CloudHub {
     type Result = ();
 
     fn handle(&mut self, to_nodes: ToNodes, _: &mut Context<Self>) {
-        if let Some(tally) = &self.tally {
-            tally.handled();
-        }
         self.deliver(to_nodes);
     }
 }
@@ -295,9 +294,6 @@ impl Handler<DisconnectNode> for CloudHub {
     type Result = bool;
 
     fn handle(&mut self, request: DisconnectNode, _: &mut Context<Self>) -> bool {
-        if let Some(tally) = &self.tally {
-            tally.handled();
-        }
         let cell = self.shared.nodes().get(&request.node).cloned();
         cell.is_some_and(|cell| cell.disconnect("disconnected by the operator"))
     }

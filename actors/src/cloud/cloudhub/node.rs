@@ -34,8 +34,8 @@ use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::pool::{Enqueued, NodePool};
 use super::session::{CloseSession, NodeSession, WriteFrame};
 use super::{auth, dispatch};
-use crate::cloud::contract::NodeMessage;
-use crate::hive::{ChildInfo, Hive, ModuleState, Recipe};
+use crate::cloud::contract::{route, Acked, NodeMessage};
+use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, Refused};
 
 /// Mailbox of a node actor. Senders never overrun it: wakes are coalesced, connection
 /// events are one per connection, and sessions wait for room before forwarding more frames.
@@ -569,14 +569,37 @@ impl NodeActor {
         }
     }
 
+    /// Tells SyncController (if one runs) what the edge now has.
+    fn publish_ack(&self, acked: &NodeMessage) {
+        let event = Acked {
+            node: self.cell.name.clone(),
+            key: acked.key().to_owned(),
+            resource: acked.resource().to_owned(),
+            resource_version: acked.resource_version().map(str::to_owned),
+            deleted: acked.is_delete(),
+        };
+        match self.hub.hive.tell(route::SYNCCONTROLLER, event) {
+            Ok(())
+            | Err(Refused {
+                error: HiveError::UnknownModule(_),
+                ..
+            }) => {}
+            Err(refused) => {
+                tracing::warn!(node = %self.cell.name, error = %refused.error, "ACK event not delivered");
+                self.hub.metrics.drop_reason("ack_event_undelivered");
+            }
+        }
+    }
+
     fn on_edge_message(&mut self, message: Message, ctx: &mut Context<Self>) {
         let node = self.cell.name.as_str();
         match message.operation() {
             Some(Operation::Response) => {
                 let parent = message.parent_id().unwrap_or_default();
                 let acked = self.cell.lock().pool.ack(parent);
-                if acked.is_some() {
+                if let Some(acked) = acked {
                     self.hub.metrics.acks.inc();
+                    self.publish_ack(&acked);
                     self.drive(ctx);
                 } else {
                     tracing::debug!(%node, %parent, "response matches no in-flight message; ignored");

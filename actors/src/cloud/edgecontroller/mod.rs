@@ -27,10 +27,10 @@ use prometheus_client::metrics::family::Family;
 use tokio::sync::Semaphore;
 
 use crate::cloud::cluster::SharedCluster;
-use crate::hive::{Envelope, Hive, Module};
+use crate::hive::{Accepts, Envelope, Hive, Module};
 use downstream::Watcher;
 use outbox::{offer_message, Outbox};
-pub use upstream::{EdgeRequest, ParseError, Request, RequestKind};
+pub use upstream::{EdgeRequest, ParseError, Request, RequestKind, Unparsed};
 
 /// The module name.
 pub const EDGECONTROLLER_MODULE: &str = crate::cloud::contract::route::EDGECONTROLLER;
@@ -168,6 +168,10 @@ impl Module for EdgeControllerModule {
             node_updates: self.node_updates,
         }
     }
+
+    fn accepts(&self, accepts: &mut Accepts<EdgeController>) {
+        accepts.message::<EdgeRequest>().message::<Unparsed>();
+    }
 }
 
 /// The EdgeController actor; see the [module docs](self).
@@ -209,29 +213,37 @@ impl EdgeController {
 impl Handler<Envelope> for EdgeController {
     type Result = Option<Message>;
 
+    /// Beehive messages from extensions: typed here, as CloudHub types what edges send.
     fn handle(&mut self, envelope: Envelope, ctx: &mut Context<Self>) -> Option<Message> {
-        let message = envelope.into_message();
-        match EdgeRequest::parse(message.clone()) {
+        match EdgeRequest::from_message(envelope.into_message()) {
             Ok(request) => self.handle(request, ctx),
-            Err(ParseError::Unhandled(what)) => {
+            Err(unparsed) => self.handle(*unparsed, ctx),
+        }
+        None
+    }
+}
+
+impl Handler<Unparsed> for EdgeController {
+    type Result = ();
+
+    fn handle(&mut self, Unparsed { message, error }: Unparsed, _: &mut Context<Self>) {
+        match &error {
+            ParseError::Unhandled(what) => {
                 tracing::debug!(resource = message.resource(), %what, "upstream message not handled");
                 self.metrics.unhandled.inc();
             }
-            Err(err @ ParseError::Malformed { .. }) => {
-                tracing::warn!(resource = message.resource(), error = %err, "malformed edge request");
-                if let Some(kind) = err.kind() {
-                    self.metrics.request(kind, "malformed");
-                    if kind != RequestKind::Event {
-                        self.send(upstream::reply_on(
-                            &message,
-                            message.resource().to_owned(),
-                            serde_json::Value::String(err.to_string()),
-                        ));
-                    }
+            ParseError::Malformed { kind, .. } => {
+                tracing::warn!(resource = message.resource(), %error, "malformed edge request");
+                self.metrics.request(*kind, "malformed");
+                if *kind != RequestKind::Event {
+                    self.send(upstream::reply_on(
+                        &message,
+                        message.resource().to_owned(),
+                        serde_json::Value::String(error.to_string()),
+                    ));
                 }
             }
         }
-        None
     }
 }
 

@@ -7,7 +7,6 @@ use std::collections::VecDeque;
 use edgehive_protocols::Message;
 use prometheus_client::metrics::counter::Counter;
 
-use crate::cloud::cloudhub::CloudHub;
 use crate::cloud::contract::{route, DisconnectNode, ToNodes};
 use crate::hive::Hive;
 
@@ -74,11 +73,7 @@ impl Outbox {
         let disconnect = DisconnectNode {
             node: node.to_owned(),
         };
-        if self
-            .hive
-            .tell::<CloudHub, _>(route::CLOUDHUB, disconnect)
-            .is_err()
-        {
+        if self.hive.tell(route::CLOUDHUB, disconnect).is_err() {
             tracing::warn!(%node, "cloudhub busy; could not close the deleted node's session");
         }
     }
@@ -109,7 +104,7 @@ impl Outbox {
 
 /// Hands `message` to CloudHub; gives it back if CloudHub is full or not running.
 pub fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
-    match hive.tell::<CloudHub, _>(route::CLOUDHUB, message) {
+    match hive.tell(route::CLOUDHUB, message) {
         Ok(()) => {
             sent.inc();
             None

@@ -2,7 +2,11 @@
 //!
 //! Only CloudHub converts between the beehive [`Message`] on the wire and these types; the
 //! controllers hand CloudHub a [`NodeMessage`] (built once per change, encoded once, shared by
-//! every node that gets it) and CloudHub hands them typed upstream requests.
+//! every node that gets it) inside [`ToNodes`], and CloudHub hands EdgeController typed
+//! [`request::EdgeRequest`]s. Modules address each other by the names in [`route`] and the
+//! message type (`Hive::tell`), never by actor type.
+
+pub mod request;
 
 use std::sync::Arc;
 
@@ -148,6 +152,25 @@ impl ToNodes {
     }
 }
 
+/// An edge acknowledged an object: what SyncController records per node and object.
+///
+/// Published by the node's actor, after the pool has recorded it, to the module named
+/// [`route::SYNCCONTROLLER`] when one runs (no consumer: nothing is sent).
+#[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
+#[rtype(result = "()")]
+pub struct Acked {
+    /// The node.
+    pub node: String,
+    /// The object key ([`NodeMessage::key`]: its UID, or the resource).
+    pub key: String,
+    /// The resource in edge form (`{ns}/{type}/{name}`).
+    pub resource: String,
+    /// The acknowledged resourceVersion (`None` for messages without one).
+    pub resource_version: Option<String>,
+    /// Whether the acknowledged message deleted the object.
+    pub deleted: bool,
+}
+
 /// A node was deleted from the cluster: CloudHub closes its connection.
 #[derive(Debug, ActixMessage)]
 #[rtype(result = "bool")]
@@ -268,6 +291,8 @@ pub mod route {
     /// Where an upstream message goes.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Destination {
+        /// EdgeController, as a typed request.
+        EdgeController,
         /// One module by name.
         Module(&'static str),
         /// Every module of a group.
@@ -294,7 +319,7 @@ pub mod route {
             } else if source == Some(EDGE_TWIN) {
                 Destination::Group(DEVICECONTROLLER)
             } else {
-                Destination::Group(EDGECONTROLLER)
+                Destination::EdgeController
             },
         )
     }

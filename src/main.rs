@@ -51,6 +51,36 @@ enum Command {
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
+    /// Hold a fleet of simulated edges on a running cloud and measure it (one JSON line out).
+    Loadtest {
+        /// CloudHub's WebSocket address, HOST:PORT.
+        #[arg(long)]
+        cloud: String,
+        /// How many edges.
+        #[arg(long, default_value_t = 100)]
+        edges: usize,
+        /// Node names are PREFIX0, PREFIX1, …
+        #[arg(long, default_value = "load-")]
+        prefix: String,
+        /// Keepalive interval of each edge, seconds (KubeEdge's default heartbeat).
+        #[arg(long, default_value_t = 15)]
+        heartbeat: u64,
+        /// Seconds to hold the fleet once connected.
+        #[arg(long, default_value_t = 60)]
+        hold: u64,
+        /// Connections opened at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// The cloud's CA certificate (PEM): mutual TLS with certificates signed from it.
+        #[arg(long, requires = "ca_key")]
+        ca_cert: Option<PathBuf>,
+        /// The cloud's CA key (PEM).
+        #[arg(long, requires = "ca_cert")]
+        ca_key: Option<PathBuf>,
+        /// PID of the cloud process, to report its CPU and resident memory.
+        #[arg(long)]
+        cloud_pid: Option<u32>,
+    },
     /// Create or replace objects in a running cloud's embedded cluster (YAML or JSON).
     Apply {
         /// The manifest file (`-` reads standard input).
@@ -229,6 +259,31 @@ fn run(command: Command) -> anyhow::Result<()> {
                 deleted["kind"].as_str().unwrap_or("?"),
                 object_name(deleted)
             );
+            Ok(())
+        }
+        Command::Loadtest {
+            cloud,
+            edges,
+            prefix,
+            heartbeat,
+            hold,
+            concurrency,
+            ca_cert,
+            ca_key,
+            cloud_pid,
+        } => {
+            let options = edgehive::loadtest::LoadOptions {
+                cloud,
+                edges,
+                prefix,
+                heartbeat: Duration::from_secs(heartbeat.max(1)),
+                hold: Duration::from_secs(hold),
+                concurrency,
+                ca: ca_cert.zip(ca_key),
+                cloud_pid,
+            };
+            let report = actix_rt::System::new().block_on(edgehive::loadtest::run(options))?;
+            println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }
         Command::Demo {

@@ -1,0 +1,56 @@
+//! `edgehive loadtest` against a real `edgehive cloud` process: a small fleet connects, holds,
+//! receives its pods and ACKs them, and the tool reports the cloud's footprint.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::Value;
+use support::process::{spawn_plain_cloud, BIN};
+
+#[test]
+fn a_small_fleet_connects_holds_and_acks_every_pod() {
+    const EDGES: usize = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    let mut objects = String::new();
+    for i in 0..EDGES {
+        objects.push_str(&format!(
+            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: load-{i}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n\
+             ---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: p-{i}\n  namespace: default\nspec:\n  nodeName: load-{i}\n  containers:\n  - name: c\n    image: nginx\n"
+        ));
+    }
+    std::fs::write(manifests.join("fleet.yaml"), objects).unwrap();
+    let (cloud, websocket) = spawn_plain_cloud(dir.path(), &manifests, 0);
+
+    let output = Command::new(BIN)
+        .args([
+            "loadtest",
+            "--cloud",
+            &websocket,
+            "--edges",
+            &EDGES.to_string(),
+            "--heartbeat",
+            "1",
+            "--hold",
+            "3",
+            "--cloud-pid",
+            &cloud.id().to_string(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "loadtest failed: {stdout}");
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["connected"], EDGES, "{report}");
+    assert_eq!(report["connectedAtEnd"], EDGES, "{report}");
+    assert_eq!(report["failed"], 0, "{report}");
+    assert_eq!(
+        report["acksSent"], EDGES,
+        "one pod per edge, each ACKed: {report}"
+    );
+    assert!(report["cloudRssKib"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["cloudCpuPercent"].as_f64().is_some(), "{report}");
+    cloud.terminate();
+}

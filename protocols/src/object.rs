@@ -28,6 +28,29 @@ pub fn now_ms() -> u64 {
     unix_ms(std::time::SystemTime::now())
 }
 
+/// `unix_secs` as Kubernetes writes timestamps: RFC 3339 in UTC with second precision
+/// (`2023-11-14T22:13:20Z`). Seconds past year 9999 read as that year's end.
+pub fn rfc3339(unix_secs: u64) -> String {
+    let at = i64::try_from(unix_secs)
+        .ok()
+        .and_then(|secs| time::OffsetDateTime::from_unix_timestamp(secs).ok())
+        .unwrap_or_else(|| time::PrimitiveDateTime::MAX.assume_utc());
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
+    )
+}
+
+/// [`rfc3339`] of now.
+pub fn now_rfc3339() -> String {
+    rfc3339(now_ms() / 1000)
+}
+
 /// `metadata.{field}` of `obj` as a string (empty when absent).
 pub fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
     obj["metadata"][field].as_str().unwrap_or_default()
@@ -132,6 +155,15 @@ fn items(list: &Value) -> impl Iterator<Item = &Value> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn timestamps_are_kubernetes_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59Z");
+        assert_eq!(now_rfc3339().len(), "2023-11-14T22:13:20Z".len());
+    }
 
     #[test]
     fn versions_compare_as_integers_and_never_panic() {

@@ -1,0 +1,276 @@
+//! DeviceController's downstream half: the Device and DeviceModel watches become membership
+//! updates, models and devices for the nodes that have them.
+
+use super::*;
+
+pub(super) struct DeviceWatcher {
+    pub(super) cluster: SharedCluster,
+    pub(super) outbox: Outbox,
+    pub(super) devices: Devices,
+    /// DeviceModels as last seen, by (namespace, name).
+    pub(super) models: HashMap<(String, String), Value>,
+}
+
+impl DeviceWatcher {
+    pub(super) async fn run(mut self) {
+        let mut model_watch = self.cluster.watch("DeviceModel");
+        let mut device_watch = self.cluster.watch("Device");
+        self.relist("DeviceModel").await;
+        self.relist("Device").await;
+        let mut retry = tokio::time::interval(RETRY_INTERVAL);
+        loop {
+            // Biased: a model written before its device is known when the device arrives.
+            tokio::select! {
+                biased;
+                event = model_watch.next() => match event {
+                    Some(Ok(event)) => self.on_model(event),
+                    Some(Err(WatchError::Lagged { .. })) => self.relist("DeviceModel").await,
+                    Some(Err(WatchError::Closed)) | None => return,
+                },
+                event = device_watch.next() => match event {
+                    Some(Ok(event)) => self.on_device(event).await,
+                    Some(Err(WatchError::Lagged { .. })) => self.relist("Device").await,
+                    Some(Err(WatchError::Closed)) | None => return,
+                },
+                _ = retry.tick(), if !self.outbox.is_empty() => self.outbox.flush(),
+            }
+        }
+    }
+
+    async fn relist(&mut self, kind: &str) {
+        let (objects, _) = match self.cluster.list(kind).await {
+            Ok(listed) => listed,
+            Err(error) => {
+                tracing::warn!(kind, %error, "cannot list; keeping what was seen");
+                return;
+            }
+        };
+        let seen: HashMap<(String, String), Value> = if kind == "Device" {
+            lock(&self.devices).clone()
+        } else {
+            self.models.clone()
+        };
+        let mut present = std::collections::HashSet::new();
+        for obj in objects {
+            let key = key_of(&obj);
+            present.insert(key.clone());
+            let event_type = match seen.get(&key) {
+                None => EventType::Added,
+                Some(old)
+                    if is_newer(
+                        obj["metadata"]["resourceVersion"].as_str().unwrap_or(""),
+                        old["metadata"]["resourceVersion"].as_str().unwrap_or(""),
+                    ) =>
+                {
+                    EventType::Modified
+                }
+                Some(_) => continue,
+            };
+            let event = WatchEvent {
+                event_type,
+                object: obj,
+            };
+            if kind == "Device" {
+                self.on_device(event).await;
+            } else {
+                self.on_model(event);
+            }
+        }
+        for (key, old) in seen {
+            if present.contains(&key) {
+                continue;
+            }
+            let event = WatchEvent {
+                event_type: EventType::Deleted,
+                object: old,
+            };
+            if kind == "Device" {
+                self.on_device(event).await;
+            } else {
+                self.on_model(event);
+            }
+        }
+    }
+
+    /// Whether another device than `except` on `node` in `namespace` uses `model`.
+    fn model_used(&self, node: &str, namespace: &str, model: &str, except: &str) -> bool {
+        lock(&self.devices).values().any(|device| {
+            let (ns, name) = key_of(device);
+            ns == namespace
+                && name != except
+                && node_of(device).as_deref() == Some(node)
+                && model_of(device).as_deref() == Some(model)
+        })
+    }
+
+    fn send_object(&mut self, node: &str, kind: &str, obj: &Value, operation: Operation) {
+        let (namespace, name) = key_of(obj);
+        let resource_type = if kind == "Device" {
+            ResourceType::Device
+        } else {
+            ResourceType::DeviceModel
+        };
+        let mut content = obj.clone();
+        content["apiVersion"] = json!(DEVICES_API_VERSION);
+        content["kind"] = json!(kind);
+        let message = Message::new(
+            ModuleName::DeviceController,
+            Group::Resource,
+            operation,
+            CloudResource::new(node, namespace, resource_type, Some(name)).to_string(),
+            content,
+        )
+        .with_resource_version(obj["metadata"]["resourceVersion"].as_str().unwrap_or(""));
+        self.outbox.send(message);
+    }
+
+    fn send_membership(&mut self, node: &str, added: Option<&Value>, removed: Option<&Value>) {
+        let list = |device: Option<&Value>| match device {
+            Some(device) => json!([membership_device(device)]),
+            None => Value::Null,
+        };
+        self.outbox.send(Message::new(
+            ModuleName::DeviceController,
+            Group::Twin,
+            Operation::Update,
+            format!("node/{node}/membership"),
+            json!({
+                "event_id": uuid::Uuid::new_v4().to_string(),
+                "timestamp": edgehive_protocols::object::now_ms(),
+                "added_devices": list(added),
+                "removed_devices": list(removed),
+            }),
+        ));
+    }
+
+    fn add_to_node(&mut self, node: &str, device: &Value) {
+        let (namespace, name) = key_of(device);
+        self.send_membership(node, Some(device), None);
+        if let Some(model) = model_of(device) {
+            if !self.model_used(node, &namespace, &model, &name) {
+                if let Some(obj) = self.models.get(&(namespace.clone(), model)).cloned() {
+                    self.send_object(node, "DeviceModel", &obj, Operation::Insert);
+                }
+            }
+        }
+        self.send_object(node, "Device", device, Operation::Insert);
+    }
+
+    fn remove_from_node(&mut self, node: &str, device: &Value) {
+        let (namespace, name) = key_of(device);
+        self.send_membership(node, None, Some(device));
+        if let Some(model) = model_of(device) {
+            if !self.model_used(node, &namespace, &model, &name) {
+                if let Some(obj) = self.models.get(&(namespace.clone(), model)).cloned() {
+                    self.send_object(node, "DeviceModel", &obj, Operation::Delete);
+                }
+            }
+        }
+        self.send_object(node, "Device", device, Operation::Delete);
+    }
+
+    async fn on_device(&mut self, event: WatchEvent) {
+        let device = event.object;
+        let key = key_of(&device);
+        let old = lock(&self.devices).get(&key).cloned();
+        match event.event_type {
+            EventType::Deleted => {
+                lock(&self.devices).remove(&key);
+                if let Some(node) = node_of(&device) {
+                    self.remove_from_node(&node, &device);
+                }
+            }
+            EventType::Added | EventType::Modified => {
+                if let Some(old) = &old {
+                    if !is_newer(
+                        device["metadata"]["resourceVersion"].as_str().unwrap_or(""),
+                        old["metadata"]["resourceVersion"].as_str().unwrap_or(""),
+                    ) {
+                        return;
+                    }
+                }
+                let old_node = old.as_ref().and_then(node_of);
+                let new_node = node_of(&device);
+                if old.is_none() {
+                    self.ensure_status(&device).await;
+                }
+                if old_node != new_node {
+                    if let (Some(node), Some(old)) = (&old_node, &old) {
+                        // Forget it first so the model counts as unused on the old node.
+                        lock(&self.devices).remove(&key);
+                        self.remove_from_node(node, old);
+                    }
+                    lock(&self.devices).insert(key.clone(), device.clone());
+                    if let Some(node) = &new_node {
+                        self.add_to_node(node, &device);
+                    }
+                } else {
+                    lock(&self.devices).insert(key.clone(), device.clone());
+                    let changed = old.as_ref().is_some_and(|old| {
+                        old["spec"] != device["spec"]
+                            || old["metadata"]["labels"] != device["metadata"]["labels"]
+                    });
+                    if let (Some(node), true) = (&new_node, changed) {
+                        self.send_object(node, "Device", &device, Operation::Update);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Creates the Device's DeviceStatus (same name, owner-referenced) if it has none.
+    async fn ensure_status(&self, device: &Value) {
+        let (namespace, name) = key_of(device);
+        let status = json!({
+            "apiVersion": DEVICES_API_VERSION,
+            "kind": "DeviceStatus",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "ownerReferences": [{
+                    "apiVersion": DEVICES_API_VERSION, "kind": "Device", "name": name,
+                    "uid": device["metadata"]["uid"], "controller": true,
+                }],
+            },
+            "status": {},
+        });
+        match self.cluster.create(status).await {
+            Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {}
+            Err(error) => {
+                tracing::warn!(%namespace, %name, %error, "cannot create the DeviceStatus")
+            }
+        }
+    }
+
+    fn on_model(&mut self, event: WatchEvent) {
+        let model = event.object;
+        let key = key_of(&model);
+        let operation = match event.event_type {
+            EventType::Deleted => {
+                // KubeEdge sends model deletes only with the last device of a node.
+                self.models.remove(&key);
+                return;
+            }
+            EventType::Added | EventType::Modified => {
+                let first = self.models.insert(key.clone(), model.clone()).is_none();
+                if first {
+                    Operation::Insert
+                } else {
+                    Operation::Update
+                }
+            }
+        };
+        let mut nodes: Vec<String> = lock(&self.devices)
+            .values()
+            .filter(|device| {
+                key_of(device).0 == key.0 && model_of(device).as_deref() == Some(&key.1)
+            })
+            .filter_map(node_of)
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        for node in nodes {
+            self.send_object(&node, "DeviceModel", &model, operation.clone());
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! DeviceController's upstream half: the edge twin's reports become DeviceStatus changes,
+//! and membership requests are answered with the node's devices.
+
+use super::*;
+
+/// A twin report turned into a DeviceStatus change.
+enum Report {
+    Twins(Value),
+    State(Value),
+}
+
+impl Handler<Envelope> for DeviceController {
+    type Result = Option<Message>;
+
+    fn handle(&mut self, envelope: Envelope, ctx: &mut Context<Self>) -> Option<Message> {
+        let message = envelope.into_message();
+        let resource = message.resource().to_owned();
+        let tokens: Vec<&str> = resource.split('/').collect();
+        let Some(node) = tokens.get(1).map(|node| (*node).to_owned()) else {
+            self.metrics.unhandled.inc();
+            return None;
+        };
+        let rest = tokens.get(2..).unwrap_or_default().join("/");
+        if rest == "membership/detail" {
+            self.answer_detail(&node, &message);
+            return None;
+        }
+        let report = match (tokens.get(2), tokens.get(5..)) {
+            (Some(&"device"), Some(["twin", "edge_updated"])) => message
+                .content_json()
+                .ok()
+                .filter(Value::is_object)
+                .map(Report::Twins),
+            (Some(&"device"), Some(["state", "update"])) => message
+                .content_json()
+                .ok()
+                .filter(Value::is_object)
+                .map(Report::State),
+            _ => {
+                tracing::debug!(%resource, "device message not handled");
+                self.metrics.unhandled.inc();
+                return None;
+            }
+        };
+        let (Some(report), Some(namespace), Some(name)) = (report, tokens.get(3), tokens.get(4))
+        else {
+            tracing::warn!(%resource, "device report with unreadable content; dropped");
+            self.metrics.unhandled.inc();
+            return None;
+        };
+        let Ok(waiting) = self.waiting.clone().try_acquire_owned() else {
+            tracing::warn!(%resource, "too many device reports waiting; dropped");
+            self.metrics.busy.inc();
+            return None;
+        };
+        let (namespace, name) = ((*namespace).to_owned(), (*name).to_owned());
+        let cluster = self.cluster.clone();
+        let workers = self.workers.clone();
+        let hive = self.hive.clone();
+        let metrics = self.metrics.clone();
+        let device = lock(&self.devices)
+            .get(&(namespace.clone(), name.clone()))
+            .cloned();
+        ctx.spawn(actix::fut::wrap_future(async move {
+            let Ok(_worker) = workers.acquire_owned().await else {
+                return;
+            };
+            drop(waiting);
+            let Some(device) = device else {
+                tracing::warn!(%namespace, %name, "report for an unknown device; dropped");
+                return;
+            };
+            match write_report(&cluster, &device, report).await {
+                Ok(()) => {
+                    metrics.status_updates.inc();
+                    let mut reply = Message::response_to(&message, json!("OK"));
+                    reply.route.source = Some(ModuleName::DeviceController);
+                    reply.route.group = Some(Group::Twin);
+                    reply.route.resource = format!("node/{node}/twin");
+                    if offer_message(&hive, &metrics.sent, &reply).is_err() {
+                        metrics.overflow.inc();
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%namespace, %name, %error, "cannot update the DeviceStatus")
+                }
+            }
+        }));
+        None
+    }
+}
+
+impl DeviceController {
+    fn answer_detail(&self, node: &str, request: &Message) {
+        let mut devices: Vec<Value> = lock(&self.devices)
+            .values()
+            .filter(|device| node_of(device).as_deref() == Some(node))
+            .map(membership_device)
+            .collect();
+        devices.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+        let mut reply = Message::response_to(
+            request,
+            json!({
+                "event_id": uuid::Uuid::new_v4().to_string(),
+                "timestamp": edgehive_protocols::object::now_ms(),
+                "devices": devices,
+            }),
+        );
+        reply.route.source = Some(ModuleName::DeviceController);
+        reply.route.group = Some(Group::Twin);
+        reply.route.resource = format!("node/{node}/membership/detail");
+        if offer_message(&self.hive, &self.metrics.sent, &reply).is_err() {
+            self.metrics.overflow.inc();
+        }
+    }
+}
+
+/// A twin value as the DeviceStatus stores it: `{value, metadata {timestamp, type}}`.
+fn status_value(twin_value: &Value, twin_type: &Value) -> Value {
+    let mut metadata = json!({});
+    match &twin_value["metadata"]["timestamp"] {
+        Value::Number(n) => metadata["timestamp"] = json!(n.to_string()),
+        Value::String(s) => metadata["timestamp"] = json!(s),
+        _ => {}
+    }
+    if let Some(kind) = twin_type.as_str() {
+        metadata["type"] = json!(kind);
+    }
+    json!({"value": twin_value["value"].as_str().unwrap_or_default(), "metadata": metadata})
+}
+
+async fn write_report(
+    cluster: &SharedCluster,
+    device: &Value,
+    report: Report,
+) -> Result<(), ClusterError> {
+    let (namespace, name) = key_of(device);
+    let status = match cluster.get("DeviceStatus", Some(&namespace), &name).await {
+        Ok(status) => status,
+        Err(ClusterError::NotFound { .. }) => {
+            cluster
+                .create(
+                    json!({"apiVersion": DEVICES_API_VERSION, "kind": "DeviceStatus",
+                    "metadata": {"name": name, "namespace": namespace}, "status": {}}),
+                )
+                .await?
+        }
+        Err(error) => return Err(error),
+    };
+    let patch = match report {
+        Report::Twins(content) => {
+            let declared: Vec<&str> = device["spec"]["properties"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            let mut twins: Vec<Value> = status["status"]["twins"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let Some(reported) = content["twin"].as_object() else {
+                return Ok(());
+            };
+            for (property, twin) in reported {
+                if !declared.contains(&property.as_str()) {
+                    continue;
+                }
+                let at = match twins
+                    .iter()
+                    .position(|t| t["propertyName"].as_str() == Some(property))
+                {
+                    Some(at) => at,
+                    None => {
+                        twins.push(json!({"propertyName": property}));
+                        twins.len() - 1
+                    }
+                };
+                let kind = &twin["metadata"]["type"];
+                if twin["actual"].is_object() {
+                    twins[at]["reported"] = status_value(&twin["actual"], kind);
+                }
+                if twin["expected"].is_object() {
+                    twins[at]["observedDesired"] = status_value(&twin["expected"], kind);
+                }
+            }
+            json!({"status": {"twins": twins}})
+        }
+        Report::State(content) => {
+            let device = &content["device"];
+            json!({"status": {
+                "state": device["state"],
+                "lastOnlineTime": device["lastOnlineTime"],
+            }})
+        }
+    };
+    cluster
+        .patch("DeviceStatus", Some(&namespace), &name, patch, true)
+        .await
+        .map(|_| ())
+}

@@ -1,0 +1,375 @@
+//! EdgeHub (module `websocket`, group `hub`): the edge's WebSocket link to CloudHub.
+//!
+//! One async task, owned by the actor's context, dials the cloud, then serves the connection:
+//! it reads cloud frames and routes them to the edge modules, writes the heartbeat, and drains
+//! the outbox of messages the modules sent to `websocket`. When the connection ends it tells
+//! the modules (`node/connection`), waits a jittered, doubling backoff and dials again.
+//!
+//! What must survive a restart of the actor (the outbox, pending cloud requests, counters)
+//! lives in [`EdgeHubModule`], so a restarted EdgeHub resends what was still queued.
+//!
+//! With [`EdgeHubOptions::tls`] set, the link is `wss://` with the node's client certificate,
+//! which [`certmanager`](super::certmanager) loads or bootstraps with the join token before the
+//! first dial; without it the link is plain `ws://` (explicitly insecure configs and tests).
+//! Module messages go up through a token bucket (`messageQPS`, `messageBurst`), as in
+//! KubeEdge; keepalives and ACK-less control frames are not throttled.
+//!
+//! - [`options`]: its settings; `link`: the dial–serve–reconnect loop; `bucket`: the
+//!   upstream rate limit.
+
+mod bucket;
+mod link;
+pub mod options;
+
+use link::Link;
+pub use options::{events_url, EdgeHubOptions};
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use actix::{Actor, AsyncContext, Context, Handler, MessageResult, ResponseFuture};
+use edgehive_protocols::Message;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::Serialize;
+use tokio::sync::{oneshot, Notify};
+
+use crate::edge::certmanager::EdgeIdentity;
+use crate::edge::contract::{route, ConnectionState};
+use crate::edge::deliver::send_with_retry;
+use crate::hive::{Envelope, Hive, Module};
+
+/// beehive name of the module.
+pub const MODULE_NAME: &str = route::EDGEHUB;
+/// beehive group of the module.
+pub const GROUP: &str = route::EDGEHUB_GROUP;
+/// KubeEdge's default `projectID`.
+pub const DEFAULT_PROJECT_ID: &str = "e632aba927ea4ac2b575ec1603d56f10";
+/// How long the WebSocket handshake may take (edgehub's `handshakeTimeout`).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one frame write may take before the connection is considered dead
+/// (edgehub's `writeDeadline`).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Shortest wait between dials, whatever the options say, so a zero setting cannot spin.
+const MIN_RECONNECT: Duration = Duration::from_millis(10);
+/// Most requests to the cloud awaiting a reply at once; more are refused at once.
+pub const MAX_PENDING_REQUESTS: usize = 1024;
+
+/// Why a request to the cloud failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EdgeHubError {
+    /// Too many requests await replies already.
+    #[error("{0} requests to the cloud already await replies")]
+    TooManyPending(usize),
+    /// The cloud did not reply in time (it may be disconnected).
+    #[error("no reply from the cloud within {0:?}")]
+    Timeout(Duration),
+    /// A request with this message id already awaits its reply.
+    #[error("a request with id {0:?} is already pending")]
+    DuplicateId(String),
+}
+
+/// Sends `0` to the cloud and waits for the cloud message whose `parent_msg_id` is its id.
+#[derive(Debug)]
+pub struct CloudRequest(pub Message);
+
+impl actix::Message for CloudRequest {
+    type Result = Result<Message, EdgeHubError>;
+}
+
+/// Asks EdgeHub for [`EdgeHubStatus`].
+#[derive(Debug)]
+pub struct GetEdgeHubStatus;
+
+impl actix::Message for GetEdgeHubStatus {
+    type Result = EdgeHubStatus;
+}
+
+/// EdgeHub's connection state, for the admin endpoint and tests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EdgeHubStatus {
+    /// Whether a WebSocket connection to the cloud is up.
+    pub connected: bool,
+    /// Successful connects since the process started.
+    pub connects: u64,
+    /// Messages waiting to be written to the cloud.
+    pub outbox: usize,
+    /// Why the last connection attempt or connection failed.
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct HubMetrics {
+    malformed: Counter,
+    outbox_dropped: Counter,
+    unroutable: Counter,
+    undelivered: Counter,
+    connects: Counter,
+    connected: Gauge,
+    outbox: Gauge,
+}
+
+impl HubMetrics {
+    fn register(hive: &Hive) -> HubMetrics {
+        let metrics = HubMetrics::default();
+        let registry = hive.metrics();
+        registry.register(
+            "edgehive_edgehub_malformed_frames",
+            "Cloud frames that were not a valid message (the connection stays up when it can)",
+            metrics.malformed.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_outbox_dropped",
+            "Messages to the cloud dropped because the outbox was full (oldest first)",
+            metrics.outbox_dropped.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_unroutable",
+            "Cloud messages with a group no edge module serves",
+            metrics.unroutable.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_undelivered",
+            "Cloud messages dropped because an edge module stayed full or was down",
+            metrics.undelivered.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_connects",
+            "Successful WebSocket connects to the cloud",
+            metrics.connects.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_connected",
+            "1 while connected to the cloud",
+            metrics.connected.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_outbox",
+            "Messages waiting to be written to the cloud",
+            metrics.outbox.clone(),
+        );
+        metrics
+    }
+}
+
+#[derive(Debug, Default)]
+struct HubState {
+    connected: bool,
+    connects: u64,
+    last_error: Option<String>,
+    /// Overflow policy: when full, the oldest message is dropped and counted. The cloud
+    /// resends what the edge has not acknowledged, so the newest messages are the valuable ones.
+    outbox: VecDeque<Message>,
+}
+
+/// State shared by the actor, its connection task and pending requests; outlives restarts.
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<HubState>,
+    outbox_ready: Notify,
+    /// Requests awaiting a cloud reply, by request id; bounded by [`MAX_PENDING_REQUESTS`].
+    pending: Mutex<HashMap<String, oneshot::Sender<Message>>>,
+    metrics: HubMetrics,
+    outbox_capacity: usize,
+    /// The node's TLS identity once loaded or bootstrapped.
+    identity: Mutex<Option<EdgeIdentity>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section is a few field updates; a panic cannot leave them torn.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Shared {
+    fn enqueue(&self, message: Message) {
+        let mut state = lock(&self.state);
+        while state.outbox.len() >= self.outbox_capacity.max(1) {
+            if let Some(dropped) = state.outbox.pop_front() {
+                self.metrics.outbox_dropped.inc();
+                tracing::warn!(
+                    id = dropped.id(),
+                    resource = dropped.resource(),
+                    "edgehub outbox full; dropped the oldest message"
+                );
+            }
+        }
+        state.outbox.push_back(message);
+        self.metrics.outbox.set(state.outbox.len() as i64);
+        drop(state);
+        self.outbox_ready.notify_one();
+    }
+
+    /// Waits for the next message to write. Cancel-safe: the pop and the return happen in one
+    /// poll, so a message is never lost when the caller's `select!` picks another branch.
+    async fn next_outgoing(&self) -> Message {
+        loop {
+            {
+                let mut state = lock(&self.state);
+                if let Some(message) = state.outbox.pop_front() {
+                    self.metrics.outbox.set(state.outbox.len() as i64);
+                    return message;
+                }
+            }
+            self.outbox_ready.notified().await;
+        }
+    }
+
+    /// Puts back a message whose write failed, ahead of everything else.
+    fn requeue(&self, message: Message) {
+        let mut state = lock(&self.state);
+        state.outbox.push_front(message);
+        self.metrics.outbox.set(state.outbox.len() as i64);
+    }
+
+    fn set_connected(&self, connected: bool, error: Option<String>) {
+        let mut state = lock(&self.state);
+        state.connected = connected;
+        if connected {
+            state.connects += 1;
+            self.metrics.connects.inc();
+        }
+        if error.is_some() {
+            state.last_error = error;
+        }
+        self.metrics.connected.set(i64::from(connected));
+    }
+
+    fn record_error(&self, error: String) {
+        lock(&self.state).last_error = Some(error);
+    }
+
+    fn status(&self) -> EdgeHubStatus {
+        let state = lock(&self.state);
+        EdgeHubStatus {
+            connected: state.connected,
+            connects: state.connects,
+            outbox: state.outbox.len(),
+            last_error: state.last_error.clone(),
+        }
+    }
+}
+
+/// The EdgeHub recipe: options plus the state that outlives a restart of the actor.
+#[derive(Debug)]
+pub struct EdgeHubModule {
+    /// The settings the hub dials with.
+    pub options: EdgeHubOptions,
+    shared: OnceLock<Arc<Shared>>,
+}
+
+impl EdgeHubModule {
+    /// An EdgeHub with `options`; it starts dialing as soon as the hive starts it.
+    pub fn new(options: EdgeHubOptions) -> Self {
+        EdgeHubModule {
+            options,
+            shared: OnceLock::new(),
+        }
+    }
+}
+
+impl Module for EdgeHubModule {
+    type Actor = EdgeHub;
+
+    fn name(&self) -> &str {
+        MODULE_NAME
+    }
+
+    fn group(&self) -> &str {
+        GROUP
+    }
+
+    fn create(&self, hive: &Hive) -> EdgeHub {
+        let shared = self
+            .shared
+            .get_or_init(|| {
+                Arc::new(Shared {
+                    state: Mutex::new(HubState::default()),
+                    outbox_ready: Notify::new(),
+                    pending: Mutex::new(HashMap::new()),
+                    metrics: HubMetrics::register(hive),
+                    outbox_capacity: self.options.outbox_capacity,
+                    identity: Mutex::new(None),
+                })
+            })
+            .clone();
+        // A new actor has no connection yet, whatever its predecessor had.
+        shared.set_connected(false, None);
+        EdgeHub {
+            link: Link {
+                hive: hive.clone(),
+                options: self.options.clone(),
+                shared,
+            },
+        }
+    }
+}
+
+/// The EdgeHub actor; see the [module docs](self).
+#[derive(Debug)]
+pub struct EdgeHub {
+    link: Link,
+}
+
+impl Actor for EdgeHub {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Spawned into the context: the task ends with the actor, and a restarted actor
+        // starts a fresh one.
+        let link = self.link.clone();
+        ctx.spawn(actix::fut::wrap_future(async move { link.run().await }));
+    }
+}
+
+impl Handler<Envelope> for EdgeHub {
+    type Result = Option<Message>;
+
+    /// Module messages for the cloud (ACKs, uploads): queued and written in order.
+    /// Fire-and-forget; use [`CloudRequest`] to wait for the cloud's reply.
+    fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Option<Message> {
+        self.link.shared.enqueue(envelope.into_message());
+        None
+    }
+}
+
+impl Handler<CloudRequest> for EdgeHub {
+    type Result = ResponseFuture<Result<Message, EdgeHubError>>;
+
+    fn handle(&mut self, request: CloudRequest, _: &mut Context<Self>) -> Self::Result {
+        let shared = self.link.shared.clone();
+        let timeout = self.link.options.request_timeout;
+        let id = request.0.id().to_owned();
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut pending = lock(&shared.pending);
+            if pending.len() >= MAX_PENDING_REQUESTS {
+                return Box::pin(async { Err(EdgeHubError::TooManyPending(MAX_PENDING_REQUESTS)) });
+            }
+            if pending.contains_key(&id) {
+                return Box::pin(async move { Err(EdgeHubError::DuplicateId(id)) });
+            }
+            pending.insert(id.clone(), reply);
+        }
+        shared.enqueue(request.0);
+        Box::pin(async move {
+            let outcome = tokio::time::timeout(timeout, answer).await;
+            // Removed on reply by the reader; on timeout here. Either way, gone.
+            lock(&shared.pending).remove(&id);
+            match outcome {
+                Ok(Ok(reply)) => Ok(reply),
+                Ok(Err(_)) | Err(_) => Err(EdgeHubError::Timeout(timeout)),
+            }
+        })
+    }
+}
+
+impl Handler<GetEdgeHubStatus> for EdgeHub {
+    type Result = MessageResult<GetEdgeHubStatus>;
+
+    fn handle(&mut self, _: GetEdgeHubStatus, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.link.shared.status())
+    }
+}

@@ -1,0 +1,96 @@
+//! EdgeHub's settings (edgecore's `modules.edgeHub`) and the URL it dials.
+
+use std::time::Duration;
+
+use edgehive_protocols::DEFAULT_MAX_FRAME_BYTES;
+
+use super::DEFAULT_PROJECT_ID;
+use crate::edge::certmanager::EdgeTlsOptions;
+
+/// EdgeHub's settings (edgecore's `modules.edgeHub`).
+#[derive(Debug, Clone)]
+pub struct EdgeHubOptions {
+    /// CloudHub's WebSocket address, `host:port`.
+    pub server: String,
+    /// `projectID`, part of the URL and sent as the `project_id` header.
+    pub project_id: String,
+    /// This edge node's name, part of the URL and sent as the `node_id` header.
+    pub node_name: String,
+    /// Keepalive period; the cloud drops a session silent for 30 s.
+    pub heartbeat: Duration,
+    /// First reconnect delay, and the delay after a connection that had succeeded.
+    pub reconnect_min: Duration,
+    /// Longest reconnect delay.
+    pub reconnect_max: Duration,
+    /// Largest cloud frame accepted. A larger frame cannot be skipped on a WebSocket stream,
+    /// so it ends the connection (counted as malformed) and the edge reconnects.
+    pub max_frame_bytes: usize,
+    /// Messages to the cloud that may wait while disconnected; the oldest is dropped beyond.
+    pub outbox_capacity: usize,
+    /// How long a [`CloudRequest`] waits for the cloud's reply (metamanager's
+    /// `remoteQueryTimeout`).
+    pub request_timeout: Duration,
+    /// Mutual TLS and certificate bootstrap; `None` dials plain `ws://`.
+    pub tls: Option<EdgeTlsOptions>,
+    /// Sustained rate of messages written to the cloud (`messageQPS`).
+    pub message_qps: u32,
+    /// Messages that may be written at once after a quiet spell (`messageBurst`).
+    pub message_burst: u32,
+}
+
+impl Default for EdgeHubOptions {
+    fn default() -> Self {
+        EdgeHubOptions {
+            server: "127.0.0.1:10000".to_owned(),
+            project_id: DEFAULT_PROJECT_ID.to_owned(),
+            node_name: default_node_name(),
+            heartbeat: Duration::from_secs(15),
+            reconnect_min: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(30),
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            outbox_capacity: 1024,
+            request_timeout: Duration::from_secs(60),
+            tls: None,
+            message_qps: 30,
+            message_burst: 60,
+        }
+    }
+}
+
+/// edgecore's default node name: the host name.
+fn default_node_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "edge-node".to_owned())
+}
+
+/// The URL EdgeHub dials: `wss://` with TLS, `ws://` without. CloudHub accepts any path;
+/// identity travels in headers (and, with TLS, in the client certificate).
+pub fn events_url(options: &EdgeHubOptions) -> String {
+    let scheme = if options.tls.is_some() { "wss" } else { "ws" };
+    format!(
+        "{scheme}://{}/{}/{}/events",
+        options.server, options.project_id, options.node_name
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_carries_project_and_node() {
+        let options = EdgeHubOptions {
+            server: "10.0.0.1:10000".into(),
+            node_name: "edge-1".into(),
+            ..EdgeHubOptions::default()
+        };
+        assert_eq!(
+            events_url(&options),
+            "ws://10.0.0.1:10000/e632aba927ea4ac2b575ec1603d56f10/edge-1/events"
+        );
+    }
+}

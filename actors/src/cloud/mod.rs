@@ -1,14 +1,20 @@
-//! Cloud-side modules: the embedded cluster the controllers read, EdgeController (cluster
-//! changes -> messages for edge nodes) and CloudHub (the WebSocket server that delivers them
-//! reliably and routes what the edges send back).
+//! Cloud-side modules: [`cloudhub`] (the WebSocket server, one actor per edge node),
+//! [`edgecontroller`] (cluster changes -> messages for edge nodes; edge requests -> the
+//! cluster), [`devicecontroller`] (devices and twins), the [`cluster`] they read through one
+//! port, and what they share: [`contract`] (the typed messages between them and the routing
+//! table) and [`outbox`] (how a controller hands messages to CloudHub).
 //!
-//! Flow of the walking skeleton: a Pod bound to an edge node is written to the
-//! [`cluster::EmbeddedCluster`]; [`edgecontroller`] sees it on its watch and sends a
-//! `node/{node}/{ns}/pod/{name}` message to [`cloudhub`], which queues it in the node's pool
-//! and writes it as a KubeEdge frame to that node's WebSocket, resending until it is ACKed.
+//! A Pod bound to an edge node is written to the cluster; [`edgecontroller`] sees it on its
+//! watch and tells [`cloudhub`] a `ToNodes` (the message, encoded once), which queues it in
+//! the node's pool; the node's actor writes it as a KubeEdge frame to the node's WebSocket,
+//! resending until it is ACKed.
+//!
+//! Sibling modules never import each other: they share only `contract`, `outbox`, `cluster`
+//! and the hive.
 
 pub mod cloudhub;
 pub mod cluster;
 pub mod contract;
 pub mod devicecontroller;
 pub mod edgecontroller;
+pub mod outbox;

@@ -10,6 +10,7 @@ use edgehive_protocols::{prefix_for_cloud, Group, Message, ModuleName};
 
 use super::node::HubContext;
 use crate::cloud::contract::request::EdgeRequest;
+use crate::cloud::contract::twin::TwinRequest;
 use crate::cloud::contract::{route, NodeMessage};
 use crate::hive::HiveError;
 
@@ -45,6 +46,19 @@ pub(crate) fn upstream(
                 Err(unparsed) => hub
                     .hive
                     .tell(route::EDGECONTROLLER, *unparsed)
+                    .map_err(|r| r.error),
+            };
+            told.map(|()| None)
+        }
+        route::Destination::DeviceController => {
+            let told = match TwinRequest::from_message(message) {
+                Ok(request) => hub
+                    .hive
+                    .tell(route::DEVICECONTROLLER, request)
+                    .map_err(|r| r.error),
+                Err(unhandled) => hub
+                    .hive
+                    .tell(route::DEVICECONTROLLER, *unhandled)
                     .map_err(|r| r.error),
             };
             told.map(|()| None)

@@ -7,6 +7,7 @@
 //! message type (`Hive::tell`), never by actor type.
 
 pub mod request;
+pub mod twin;
 
 use std::sync::Arc;
 
@@ -293,6 +294,8 @@ pub mod route {
     pub enum Destination {
         /// EdgeController, as a typed request.
         EdgeController,
+        /// DeviceController, as a typed twin request.
+        DeviceController,
         /// One module by name.
         Module(&'static str),
         /// Every module of a group.
@@ -317,7 +320,7 @@ pub mod route {
             ) {
                 Destination::Group(TASKMANAGER)
             } else if source == Some(EDGE_TWIN) {
-                Destination::Group(DEVICECONTROLLER)
+                Destination::DeviceController
             } else {
                 Destination::EdgeController
             },

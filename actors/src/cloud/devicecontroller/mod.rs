@@ -38,8 +38,8 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use crate::cloud::cluster::{ClusterError, EventType, SharedCluster, WatchError, WatchEvent};
-use crate::cloud::edgecontroller::outbox::{offer_message, Outbox};
-use crate::hive::{Envelope, Hive, Module};
+use crate::cloud::outbox::{offer_message, Outbox};
+use crate::hive::{Accepts, Envelope, Hive, Module};
 use edgehive_protocols::object::is_newer;
 
 /// The module name.
@@ -133,6 +133,11 @@ impl Module for DeviceControllerModule {
             waiting: self.waiting.clone(),
             devices: Arc::new(std::sync::Mutex::new(HashMap::new())),
         }
+    }
+
+    fn accepts(&self, accepts: &mut Accepts<DeviceController>) {
+        use crate::cloud::contract::twin::{TwinRequest, TwinUnhandled};
+        accepts.message::<TwinRequest>().message::<TwinUnhandled>();
     }
 }
 

@@ -2,6 +2,7 @@
 //! and membership requests are answered with the node's devices.
 
 use super::*;
+use crate::cloud::contract::twin::{TwinAsk, TwinRequest, TwinUnhandled};
 
 /// A twin report turned into a DeviceStatus change.
 enum Report {
@@ -12,48 +13,57 @@ enum Report {
 impl Handler<Envelope> for DeviceController {
     type Result = Option<Message>;
 
+    /// Beehive messages from extensions: typed here, as CloudHub types what edges send.
     fn handle(&mut self, envelope: Envelope, ctx: &mut Context<Self>) -> Option<Message> {
-        let message = envelope.into_message();
-        let resource = message.resource().to_owned();
-        let tokens: Vec<&str> = resource.split('/').collect();
-        let Some(node) = tokens.get(1).map(|node| (*node).to_owned()) else {
-            self.metrics.unhandled.inc();
-            return None;
-        };
-        let rest = tokens.get(2..).unwrap_or_default().join("/");
-        if rest == "membership/detail" {
-            self.answer_detail(&node, &message);
-            return None;
+        match TwinRequest::from_message(envelope.into_message()) {
+            Ok(request) => self.handle(request, ctx),
+            Err(unhandled) => self.handle(*unhandled, ctx),
         }
-        let report = match (tokens.get(2), tokens.get(5..)) {
-            (Some(&"device"), Some(["twin", "edge_updated"])) => message
-                .content_json()
-                .ok()
-                .filter(Value::is_object)
-                .map(Report::Twins),
-            (Some(&"device"), Some(["state", "update"])) => message
-                .content_json()
-                .ok()
-                .filter(Value::is_object)
-                .map(Report::State),
-            _ => {
-                tracing::debug!(%resource, "device message not handled");
-                self.metrics.unhandled.inc();
-                return None;
-            }
-        };
-        let (Some(report), Some(namespace), Some(name)) = (report, tokens.get(3), tokens.get(4))
-        else {
+        None
+    }
+}
+
+impl Handler<TwinUnhandled> for DeviceController {
+    type Result = ();
+
+    fn handle(&mut self, unhandled: TwinUnhandled, _: &mut Context<Self>) {
+        let resource = unhandled.message.resource();
+        if unhandled.reason == "unreadable content" {
             tracing::warn!(%resource, "device report with unreadable content; dropped");
-            self.metrics.unhandled.inc();
-            return None;
+        } else {
+            tracing::debug!(%resource, reason = unhandled.reason, "device message not handled");
+        }
+        self.metrics.unhandled.inc();
+    }
+}
+
+impl Handler<TwinRequest> for DeviceController {
+    type Result = ();
+
+    fn handle(&mut self, request: TwinRequest, ctx: &mut Context<Self>) {
+        let TwinRequest { node, ask, message } = request;
+        let (namespace, name, report) = match ask {
+            TwinAsk::MembershipDetail => {
+                self.answer_detail(&node, &message);
+                return;
+            }
+            TwinAsk::Twins {
+                namespace,
+                name,
+                report,
+            } => (namespace, name, Report::Twins(report)),
+            TwinAsk::State {
+                namespace,
+                name,
+                report,
+            } => (namespace, name, Report::State(report)),
         };
+        let resource = message.resource();
         let Ok(waiting) = self.waiting.clone().try_acquire_owned() else {
             tracing::warn!(%resource, "too many device reports waiting; dropped");
             self.metrics.busy.inc();
-            return None;
+            return;
         };
-        let (namespace, name) = ((*namespace).to_owned(), (*name).to_owned());
         let cluster = self.cluster.clone();
         let workers = self.workers.clone();
         let hive = self.hive.clone();
@@ -86,7 +96,6 @@ impl Handler<Envelope> for DeviceController {
                 }
             }
         }));
-        None
     }
 }
 

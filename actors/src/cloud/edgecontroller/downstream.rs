@@ -24,9 +24,9 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::location::{LocationCache, ObjectRef, RefKind};
-use super::outbox::Outbox;
 use super::EDGE_NODE_LABEL;
 use crate::cloud::cluster::{EventType, SharedCluster, Watch, WatchError, WatchEvent};
+use crate::cloud::outbox::Outbox;
 use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
 
 /// How often buffered messages are offered to CloudHub again.

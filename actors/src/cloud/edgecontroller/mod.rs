@@ -13,7 +13,6 @@
 
 pub mod downstream;
 pub mod location;
-pub mod outbox;
 pub mod upstream;
 
 use std::collections::HashMap;
@@ -27,9 +26,9 @@ use prometheus_client::metrics::family::Family;
 use tokio::sync::Semaphore;
 
 use crate::cloud::cluster::SharedCluster;
+use crate::cloud::outbox::{offer_message, Outbox};
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use downstream::Watcher;
-use outbox::{offer_message, Outbox};
 pub use upstream::{EdgeRequest, ParseError, Request, RequestKind, Unparsed};
 
 /// The module name.
@@ -38,7 +37,7 @@ pub const EDGECONTROLLER_MODULE: &str = crate::cloud::contract::route::EDGECONTR
 pub const EDGECONTROLLER_GROUP: &str = crate::cloud::contract::route::EDGECONTROLLER;
 /// The label that marks a Node as an edge node.
 pub const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
-pub use outbox::BUFFER_CAPACITY;
+pub use crate::cloud::outbox::BUFFER_CAPACITY;
 
 /// Requests of one kind that may wait for a worker. Overflow policy: a request beyond it is
 /// refused at once, answered with an error text (when its kind is answered) and counted with

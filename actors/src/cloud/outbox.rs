@@ -1,5 +1,5 @@
-//! The way cloud controllers hand messages to CloudHub without losing them when CloudHub's
-//! mailbox is full or it is restarting. What travels is the contract's [`ToNodes`]: a
+//! The way cloud controllers (EdgeController, DeviceController) hand messages to CloudHub
+//! without losing them when CloudHub's mailbox is full or it is restarting. What travels is the contract's [`ToNodes`]: a
 //! message encoded once, with the nodes that get it.
 
 use std::collections::VecDeque;

@@ -216,3 +216,50 @@ async fn deleting_an_edge_node_sends_the_delete_and_ends_its_session() {
         .await;
     cloud.stop().await;
 }
+
+#[actix_rt::test]
+async fn a_change_for_many_nodes_is_encoded_once_and_every_node_gets_the_same_bytes() {
+    let cloud = Cloud::start(test_options()).await;
+    let nodes = ["n1", "n2", "n3"];
+    let mut edges = Vec::new();
+    for node in nodes {
+        cloud.edge_node(node);
+        edges.push(Edge::connect(cloud.addr(), node).await);
+    }
+    cloud.cluster.create(configmap("shared", "1")).unwrap();
+    for node in nodes {
+        cloud
+            .cluster
+            .create(pod_using(
+                &format!("uses-{node}"),
+                node,
+                json!({"volumes": [{"name": "v", "configMap": {"name": "shared"}}]}),
+            ))
+            .unwrap();
+    }
+    // Each node gets the ConfigMap (a node that gains a user) and its pod; ACK both.
+    for edge in &mut edges {
+        next_acked(edge).await;
+        next_acked(edge).await;
+    }
+    // One change of the ConfigMap, used on three nodes.
+    let mut updated = configmap("shared", "2");
+    updated["metadata"]["resourceVersion"] = json!("");
+    cloud.cluster.apply(updated).unwrap();
+    let mut frames = Vec::new();
+    for edge in &mut edges {
+        let (raw, message) = edge.next_message().await;
+        assert_eq!(
+            summary(&message),
+            ("update".into(), "default/configmap/shared".into())
+        );
+        assert_eq!(message.content["data"]["key"], "2");
+        edge.ack(&message).await;
+        frames.push(raw);
+    }
+    assert!(
+        frames.iter().all(|frame| *frame == frames[0]),
+        "every node got the very same frame: {frames:?}"
+    );
+    cloud.stop().await;
+}

@@ -7,7 +7,7 @@ use support::*;
 
 use actix_web::web::Bytes;
 use awc::ws::CloseCode;
-use edgehive_actors::cloud::cloudhub::DisconnectNode;
+use edgehive_actors::cloud::cloudhub::{CrashNode, DisconnectNode};
 use edgehive_actors::cloud::contract::{route, Acked};
 use edgehive_actors::hive::{Accepts, Module};
 
@@ -258,7 +258,11 @@ async fn a_pod_created_while_the_node_is_offline_arrives_after_reconnect() {
         .await
         .unwrap();
     assert!(disconnected);
-    edge.expect_close().await;
+    let reason = edge.expect_close().await.unwrap();
+    assert_eq!(
+        reason.description.as_deref(),
+        Some("disconnected by the operator")
+    );
     let offline = cloud.pod("offline", "edge-1");
     cloud
         .eventually("the pod waits in the pool", || async {
@@ -458,5 +462,54 @@ async fn an_ack_becomes_an_acknowledgement_event_for_synccontroller() {
             deleted: false,
         }]
     );
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_connection_made_while_the_nodes_actor_restarts_is_served_after_the_restart() {
+    let cloud = Cloud::start(test_options()).await;
+    cloud.edge_node("edge-1");
+    let mut first = Edge::connect(cloud.addr(), "edge-1").await;
+    let pod = cloud.pod("before", "edge-1");
+    let (_, insert) = first.next_message().await;
+    assert_pod_insert(&insert, &pod);
+    first.ack(&insert).await;
+    cloud
+        .eventually("the ACK is recorded", || async {
+            cloud.node("edge-1").await.acked == 1
+        })
+        .await;
+    // Panic the node's actor and connect again at once, during its restart backoff.
+    let known = cloud
+        .hive
+        .call::<CloudHub, _>(
+            "cloudhub",
+            CrashNode {
+                node: "edge-1".into(),
+            },
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+    assert!(known);
+    let mut second = Edge::connect(cloud.addr(), "edge-1").await;
+    let reason = first.expect_close().await.unwrap();
+    assert_eq!(
+        reason.description.as_deref(),
+        Some("replaced by a new connection")
+    );
+    let after = cloud.pod("after", "edge-1");
+    let (_, insert) = second.next_message().await;
+    assert_pod_insert(&insert, &after);
+    second.ack(&insert).await;
+    cloud
+        .eventually(
+            "the restart is counted and the node is connected",
+            || async {
+                let info = cloud.node("edge-1").await;
+                info.restarts == 1 && info.connected && info.acked == 2
+            },
+        )
+        .await;
     cloud.stop().await;
 }

@@ -42,12 +42,10 @@ impl Outbox {
     /// Sends `message` (resource in cloud form, naming its node) now, or keeps it (behind
     /// anything already kept, to keep the order).
     pub fn send(&mut self, message: Message) {
-        match ToNodes::from_message(&message) {
+        let resource = message.resource().to_owned();
+        match ToNodes::from_message(message) {
             Some(to_nodes) => self.send_to(to_nodes),
-            None => tracing::warn!(
-                resource = message.resource(),
-                "message names no node; dropped"
-            ),
+            None => tracing::warn!(%resource, "message names no node; dropped"),
         }
     }
 
@@ -115,7 +113,7 @@ pub fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
 
 /// [`offer`] for a message whose cloud-form resource names its node; `Err` gives back what
 /// CloudHub did not take, `Ok(false)` means the message named no node.
-pub fn offer_message(hive: &Hive, sent: &Counter, message: &Message) -> Result<bool, ToNodes> {
+pub fn offer_message(hive: &Hive, sent: &Counter, message: Message) -> Result<bool, ToNodes> {
     match ToNodes::from_message(message) {
         Some(to_nodes) => offer(hive, sent, to_nodes).map_or(Ok(true), Err),
         None => Ok(false),

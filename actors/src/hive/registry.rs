@@ -506,6 +506,13 @@ impl Hive {
             Ok(target) => target,
             Err(error) => return Err(Refused { error, message }),
         };
+        if !recipient.connected() {
+            stats.dropped.inc();
+            return Err(Refused {
+                error: HiveError::ModuleDown(name.to_owned()),
+                message,
+            });
+        }
         let Ok(slot) = slots.try_acquire_owned() else {
             stats.dropped.inc();
             return Err(Refused {

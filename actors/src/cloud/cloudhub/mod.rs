@@ -187,13 +187,11 @@ impl CloudHub {
     }
 
     fn deliver_message(&self, message: Message) {
-        match ToNodes::from_message(&message) {
+        let resource = message.resource().to_owned();
+        match ToNodes::from_message(message) {
             Some(to_nodes) => self.deliver(to_nodes),
             None => {
-                tracing::warn!(
-                    resource = message.resource(),
-                    "downstream message names no node; dropped"
-                );
+                tracing::warn!(%resource, "downstream message names no node; dropped");
                 self.shared.hub.metrics.drop_reason("no_node");
             }
         }
@@ -211,6 +209,15 @@ pub struct Downstream(pub Message);
 #[derive(Debug, Message)]
 #[rtype(result = "Option<Arc<NodeCell>>")]
 pub(crate) struct Admit {
+    pub(crate) node: String,
+    pub(crate) session_id: u64,
+}
+
+/// The server gave up waiting for the answer to its [`Admit`]: if the connection was
+/// admitted, it never started, so it must not hold the node's slot.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct AdmitAbandoned {
     pub(crate) node: String,
     pub(crate) session_id: u64,
 }
@@ -282,6 +289,17 @@ impl Handler<Admit> for CloudHub {
     }
 }
 
+impl Handler<AdmitAbandoned> for CloudHub {
+    type Result = ();
+
+    fn handle(&mut self, abandoned: AdmitAbandoned, _: &mut Context<Self>) {
+        let cell = self.shared.nodes().get(&abandoned.node).cloned();
+        if let Some(cell) = cell {
+            cell.session_ended(abandoned.session_id, &self.shared.hub);
+        }
+    }
+}
+
 impl Handler<ListNodes> for CloudHub {
     type Result = MessageResult<ListNodes>;
 
@@ -295,7 +313,7 @@ impl Handler<DisconnectNode> for CloudHub {
 
     fn handle(&mut self, request: DisconnectNode, _: &mut Context<Self>) -> bool {
         let cell = self.shared.nodes().get(&request.node).cloned();
-        cell.is_some_and(|cell| cell.disconnect("disconnected by the operator"))
+        cell.is_some_and(|cell| cell.disconnect("disconnected by the operator", &self.shared.hub))
     }
 }
 

@@ -37,8 +37,9 @@ use super::{auth, dispatch};
 use crate::cloud::contract::{route, Acked, NodeMessage};
 use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, Refused};
 
-/// Mailbox of a node actor. Senders never overrun it: wakes are coalesced, connection
-/// events are one per connection, and sessions wait for room before forwarding more frames.
+/// Mailbox of a node actor. Senders never overrun it by much: wakes are coalesced,
+/// connection events are one per connection, and a session whose frame finds the mailbox full
+/// stops reading its socket until the node actor has handled that frame.
 pub const NODE_MAILBOX_CAPACITY: usize = 64;
 
 /// How soon a node tries again when its session's mailbox was full.
@@ -55,15 +56,14 @@ pub(crate) struct HubContext {
 }
 
 impl HubContext {
-    fn connected_changed(&self, delta: isize) {
-        let now = if delta > 0 {
-            self.connected.fetch_add(1, Ordering::Relaxed) + 1
+    fn connected_changed(&self, connected: bool) {
+        if connected {
+            self.connected.fetch_add(1, Ordering::AcqRel);
+            self.metrics.connected_nodes.inc();
         } else {
-            self.connected
-                .fetch_sub(1, Ordering::Relaxed)
-                .saturating_sub(1)
-        };
-        self.metrics.connected_nodes.set(now as i64);
+            self.connected.fetch_sub(1, Ordering::AcqRel);
+            self.metrics.connected_nodes.dec();
+        }
     }
 }
 
@@ -87,6 +87,12 @@ struct Connection {
 struct NodeState {
     pool: NodePool,
     connection: Option<Connection>,
+    /// A connection admitted and started, not yet taken over by the node's actor (kept here,
+    /// not in a message, so an actor restarting meanwhile still finds it).
+    incoming: Option<Connection>,
+    /// Why the connection is to be closed, when the cloud decided it (an operator, a node
+    /// deleted from the cluster).
+    close_reason: Option<String>,
     /// Pods, configmaps and secrets sent to this node (`{ns}/{type}/{name}`), for [`auth`];
     /// at most [`auth::MAX_BOUND_PER_NODE`], beyond which the cluster view decides.
     bound: HashSet<String>,
@@ -146,6 +152,8 @@ impl NodeCell {
             state: Mutex::new(NodeState {
                 pool: NodePool::new(hub.options.pool_limits()),
                 connection: None,
+                incoming: None,
+                close_reason: None,
                 bound: HashSet::new(),
             }),
             addr: Mutex::new(None),
@@ -172,7 +180,9 @@ impl NodeCell {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn addr(&self) -> Option<Addr<NodeActor>> {
+    /// The node actor's current address. A session keeps the one it got (its own sender, so
+    /// actix can make it wait when the mailbox is full) until the actor is replaced.
+    pub(crate) fn addr(&self) -> Option<Addr<NodeActor>> {
         self.addr
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -218,14 +228,20 @@ impl NodeCell {
     pub(crate) fn enqueue(&self, message: Arc<NodeMessage>, hub: &HubContext) {
         let outcome = {
             let mut state = self.lock();
-            if let Some(key) = auth::bound_key(message.resource()) {
+            let outcome = state.pool.enqueue(message.clone());
+            // What the node has, or is about to have; a refused message changes nothing.
+            let refused = matches!(
+                outcome,
+                Enqueued::AckQueueFull | Enqueued::NoResourceVersion
+            );
+            if let Some(key) = auth::bound_key(message.resource()).filter(|_| !refused) {
                 if message.is_delete() {
                     state.bound.remove(&key);
                 } else if state.bound.len() < auth::MAX_BOUND_PER_NODE {
                     state.bound.insert(key);
                 }
             }
-            state.pool.enqueue(message.clone())
+            outcome
         };
         let node = &self.name;
         let resource = message.resource();
@@ -256,20 +272,38 @@ impl NodeCell {
     /// Admits connection `id` as the node's current one, unless `limit` other nodes are
     /// connected. A replaced connection is closed by the node actor when `id` attaches.
     pub(crate) fn admit(&self, id: u64, hub: &HubContext, limit: usize) -> bool {
-        let previous = self.admitted.load(Ordering::Acquire);
-        if previous == 0 {
-            if hub.connected.load(Ordering::Relaxed) >= limit {
+        loop {
+            let previous = self.admitted.load(Ordering::Acquire);
+            if previous == 0 && hub.connected.load(Ordering::Acquire) >= limit {
                 return false;
             }
-            hub.connected_changed(1);
+            // A session of this node may end on another thread meanwhile: only the one that
+            // swaps the id it saw wins, so the count moves exactly once per transition.
+            if self
+                .admitted
+                .compare_exchange(previous, id, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                if previous == 0 {
+                    hub.connected_changed(true);
+                }
+                return true;
+            }
         }
-        self.admitted.store(id, Ordering::Release);
-        true
     }
 
     /// Hands the admitted connection to the node's actor.
     pub(crate) fn attach(&self, id: u64, addr: Addr<NodeSession>, stats: Arc<ConnectionStats>) {
-        self.post(Attach { id, addr, stats });
+        let replaced = self.lock().incoming.replace(Connection {
+            id,
+            addr,
+            since: SystemTime::now(),
+            stats,
+        });
+        if let Some(replaced) = replaced {
+            close(&replaced, "replaced by a new connection");
+        }
+        self.post(Attach);
     }
 
     /// The session `id` ended (closed by either side, or its actor stopped).
@@ -279,20 +313,22 @@ impl NodeCell {
             .compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            hub.connected_changed(-1);
+            hub.connected_changed(false);
             self.last_keepalive_ms.store(0, Ordering::Relaxed);
         }
-        self.post(Detach { id });
+        self.post(Detach);
     }
 
     /// Closes the node's connection, if it has one; says whether it had.
-    pub(crate) fn disconnect(&self, reason: &str) -> bool {
-        if self.admitted.load(Ordering::Acquire) == 0 {
+    pub(crate) fn disconnect(&self, reason: &str, hub: &HubContext) -> bool {
+        if self.admitted.swap(0, Ordering::AcqRel) == 0 {
             return false;
         }
-        self.post(Disconnect {
-            reason: reason.to_owned(),
-        });
+        hub.connected_changed(false);
+        self.last_keepalive_ms.store(0, Ordering::Relaxed);
+        self.lock().close_reason = Some(reason.to_owned());
+        // The next drive writes what is queued, then closes the connection.
+        self.wake();
         true
     }
 
@@ -302,23 +338,7 @@ impl NodeCell {
             .store(unix_ms(SystemTime::now()), Ordering::Relaxed);
     }
 
-    /// Forwards a frame from the edge to the node's actor; gives it back when the mailbox is
-    /// full (the session then waits for room) or the actor is restarting.
-    pub(crate) fn forward_from_edge(&self, message: Message) -> Result<(), FromEdgeRefused> {
-        let Some(addr) = self.addr() else {
-            return Err(FromEdgeRefused::Down);
-        };
-        match addr.try_send(FromEdge(message)) {
-            Ok(()) => {
-                self.depth.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(SendError::Full(message)) => Err(FromEdgeRefused::Full(addr, Box::new(message))),
-            Err(SendError::Closed(_)) => Err(FromEdgeRefused::Down),
-        }
-    }
-
-    /// Counts a frame a session forwarded with a waiting send.
+    /// Counts a frame a session put into the node's mailbox.
     pub(crate) fn queued_one(&self) {
         self.depth.fetch_add(1, Ordering::Relaxed);
     }
@@ -377,12 +397,13 @@ impl NodeCell {
     }
 }
 
-/// Why [`NodeCell::forward_from_edge`] did not take a frame.
-pub(crate) enum FromEdgeRefused {
-    /// The mailbox is full: wait for room on this address.
-    Full(Addr<NodeActor>, Box<FromEdge>),
-    /// The actor is restarting.
-    Down,
+/// Closes `connection` with a Normal close frame saying `reason`. `do_send` on purpose: a
+/// close must not be refused by a full mailbox, and it is one message per connection.
+fn close(connection: &Connection, reason: &str) {
+    connection.addr.do_send(CloseSession {
+        code: CloseCode::Normal,
+        reason: reason.to_owned(),
+    });
 }
 
 /// Write what is ready.
@@ -390,28 +411,15 @@ pub(crate) enum FromEdgeRefused {
 #[rtype(result = "()")]
 struct Drive;
 
-/// The admitted connection, for the node to write to.
+/// A connection was admitted (it waits in the cell's `incoming`).
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Attach {
-    id: u64,
-    addr: Addr<NodeSession>,
-    stats: Arc<ConnectionStats>,
-}
+struct Attach;
 
-/// Connection `id` is gone.
+/// A connection ended (the cell's `admitted` says which one is current).
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Detach {
-    id: u64,
-}
-
-/// Close the connection.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Disconnect {
-    reason: String,
-}
+struct Detach;
 
 /// A frame from the edge (resource in edge form): an ACK, an error, or a request.
 #[derive(Message)]
@@ -452,8 +460,18 @@ impl Recipe for NodeRecipe {
     }
 
     fn restarted(&mut self, addr: &Addr<NodeActor>) {
-        // What waited in the dead mailbox is gone: the new actor drives from the cell.
-        self.cell.depth.store(0, Ordering::Relaxed);
+        // What waited in the dead mailbox is gone: the new actor drives from the cell, which
+        // holds the pool and the connections; frames from the edge that waited are counted.
+        let lost = self.cell.depth.swap(0, Ordering::Relaxed);
+        if lost > 0 {
+            self.hub
+                .metrics
+                .dropped
+                .get_or_create(&super::metrics::ReasonLabels {
+                    reason: "node_restarting".into(),
+                })
+                .inc_by(lost as u64);
+        }
         self.cell.wake_pending.store(false, Ordering::Release);
         self.cell.set_addr(addr.clone());
         self.cell.running.store(true, Ordering::Relaxed);
@@ -483,12 +501,49 @@ impl NodeActor {
         self.cell.depth.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Writes what the pool has ready and sets the deadline for what is due later.
+    /// Takes over an admitted connection waiting in the cell (closing the one it replaces);
+    /// closes one that is no longer the admitted one.
+    fn take_incoming(&self, state: &mut NodeState) {
+        let Some(incoming) = state.incoming.take() else {
+            return;
+        };
+        let node = &self.cell.name;
+        if incoming.id != self.cell.admitted.load(Ordering::Acquire) {
+            close(&incoming, "replaced by a new connection");
+            return;
+        }
+        if let Some(old) = state.connection.take() {
+            tracing::info!(%node, old = old.id, new = incoming.id, "node reconnected; closing its previous session");
+            close(&old, "replaced by a new connection");
+        }
+        tracing::info!(%node, session = incoming.id, "node connected");
+        state.connection = Some(incoming);
+        state.pool.restart_in_flight(Instant::now());
+    }
+
+    /// Closes the connection if it is no longer the admitted one (it ended, or the node was
+    /// disconnected): after what was queued before has been written to it.
+    fn close_stale(&self, state: &mut NodeState) -> bool {
+        let admitted = self.cell.admitted.load(Ordering::Acquire);
+        let reason = state.close_reason.take();
+        if state.connection.as_ref().is_some_and(|c| c.id != admitted) {
+            if let Some(old) = state.connection.take() {
+                tracing::info!(node = %self.cell.name, session = old.id, "node disconnected");
+                close(&old, reason.as_deref().unwrap_or("disconnected"));
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Writes what the pool has ready, closes a connection that is no longer admitted, and
+    /// sets the deadline for what is due later.
     fn drive(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
         let options = &self.hub.options;
         let metrics = &self.hub.metrics;
         let mut state = self.cell.lock();
+        self.take_incoming(&mut state);
         let mut due = None;
         let mut lost = false;
         if let Some(connection) = &state.connection {
@@ -520,21 +575,23 @@ impl NodeActor {
                     options.ack_retry_interval,
                     options.ack_max_sends,
                 );
-                metrics
-                    .resends
-                    .inc_by(state.pool.stats.resends - resends_before);
                 if let Some(message) = polled {
                     tracing::debug!(node = %self.cell.name, msg_id = message.id(), resource = message.resource(), "writing ACK-lane message");
-                    // A lost write is repaired by the resend deadline, so Full is no error.
                     match write(&message) {
                         Ok(()) => {
                             metrics.frames_out.inc();
                             stats.frames_out.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(SendError::Full(_)) => {}
+                        // Not written: it does not use up a send, and is tried again shortly.
+                        Err(SendError::Full(_)) => {
+                            state.pool.unsend(now + SESSION_FULL_RETRY);
+                        }
                         Err(SendError::Closed(_)) => lost = true,
                     }
                 }
+                metrics
+                    .resends
+                    .inc_by(state.pool.stats.resends.saturating_sub(resends_before));
                 let pool_due = state.pool.next_due();
                 due = match (due, pool_due) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -545,6 +602,8 @@ impl NodeActor {
         if lost {
             tracing::debug!(node = %self.cell.name, "session actor gone; node disconnected");
             state.connection = None;
+        }
+        if lost || self.close_stale(&mut state) {
             due = None;
         }
         drop(state);
@@ -651,36 +710,8 @@ impl Handler<Drive> for NodeActor {
 impl Handler<Attach> for NodeActor {
     type Result = ();
 
-    fn handle(&mut self, attach: Attach, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Attach, ctx: &mut Context<Self>) {
         self.handled();
-        let node = &self.cell.name;
-        if self.cell.admitted.load(Ordering::Acquire) != attach.id {
-            // Replaced or closed before it got here.
-            attach.addr.do_send(CloseSession {
-                code: CloseCode::Normal,
-                reason: "replaced by a new connection".into(),
-            });
-            return;
-        }
-        let mut state = self.cell.lock();
-        if let Some(old) = state.connection.take() {
-            tracing::info!(%node, old = old.id, new = attach.id, "node reconnected; closing its previous session");
-            // do_send on purpose: a close must not be refused by a full mailbox, and it is one
-            // message per connection.
-            old.addr.do_send(CloseSession {
-                code: CloseCode::Normal,
-                reason: "replaced by a new connection".into(),
-            });
-        }
-        tracing::info!(%node, session = attach.id, "node connected");
-        state.connection = Some(Connection {
-            id: attach.id,
-            addr: attach.addr,
-            since: SystemTime::now(),
-            stats: attach.stats,
-        });
-        state.pool.restart_in_flight(Instant::now());
-        drop(state);
         self.drive(ctx);
     }
 }
@@ -688,38 +719,9 @@ impl Handler<Attach> for NodeActor {
 impl Handler<Detach> for NodeActor {
     type Result = ();
 
-    fn handle(&mut self, Detach { id }: Detach, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Detach, ctx: &mut Context<Self>) {
         self.handled();
-        let mut state = self.cell.lock();
-        if state.connection.as_ref().is_some_and(|c| c.id == id) {
-            tracing::info!(node = %self.cell.name, session = id, "node disconnected");
-            state.connection = None;
-            drop(state);
-            self.arm(None, ctx);
-        }
-    }
-}
-
-impl Handler<Disconnect> for NodeActor {
-    type Result = ();
-
-    fn handle(&mut self, Disconnect { reason }: Disconnect, ctx: &mut Context<Self>) {
-        self.handled();
-        let connection = self.cell.lock().connection.take();
-        // Also a connection admitted but not attached yet: its Attach will find itself
-        // replaced and close it.
-        if self.cell.admitted.swap(0, Ordering::AcqRel) != 0 {
-            self.hub.connected_changed(-1);
-            self.cell.last_keepalive_ms.store(0, Ordering::Relaxed);
-        }
-        if let Some(connection) = connection {
-            // do_send on purpose, as for replaced sessions: one close per connection.
-            connection.addr.do_send(CloseSession {
-                code: CloseCode::Normal,
-                reason,
-            });
-        }
-        self.arm(None, ctx);
+        self.drive(ctx);
     }
 }
 

@@ -276,6 +276,19 @@ impl NodePool {
             .map(|not_before| not_before.unwrap_or_else(Instant::now))
     }
 
+    /// The in-flight message that [`NodePool::poll_ack_lane`] just returned could not be
+    /// written: it does not count as sent, and is due again at `retry_at`.
+    pub fn unsend(&mut self, retry_at: Instant) {
+        if let Some(flight) = &mut self.in_flight {
+            if flight.sends > 1 {
+                self.stats.resends = self.stats.resends.saturating_sub(1);
+            }
+            flight.sends = flight.sends.saturating_sub(1);
+            flight.due = retry_at;
+            self.stats.sent = self.stats.sent.saturating_sub(1);
+        }
+    }
+
     /// Makes the in-flight message due at once with a fresh send budget (a new session).
     pub fn restart_in_flight(&mut self, now: Instant) {
         if let Some(flight) = &mut self.in_flight {

@@ -19,7 +19,8 @@ use actix_ws::{CloseCode, CloseReason};
 
 use super::session::{NodeSession, SessionConfig};
 use super::{
-    Admit, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, Shared, CLOUDHUB_MODULE,
+    Admit, AdmitAbandoned, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, Shared,
+    CLOUDHUB_MODULE,
 };
 use crate::hive::{Hive, HiveError};
 use crate::identity::tls::{peer_node, record_peer_certificate};
@@ -256,10 +257,17 @@ async fn connect(
             code: CloseCode::Policy,
             description: Some("node limit reached".into()),
         },
-        Ok(Err(_)) | Err(_) => CloseReason {
-            code: CloseCode::Again,
-            description: Some("cloudhub unavailable".into()),
-        },
+        Ok(Err(_)) | Err(_) => {
+            // It may have been admitted after all: give the node's slot back.
+            hub.do_send(AdmitAbandoned {
+                node: node.clone(),
+                session_id,
+            });
+            CloseReason {
+                code: CloseCode::Again,
+                description: Some("cloudhub unavailable".into()),
+            }
+        }
     };
     // No session: the close frame is all this connection gets.
     actix::spawn(async move {

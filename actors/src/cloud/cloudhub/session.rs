@@ -21,7 +21,7 @@ use edgehive_protocols::{decode_with_limit, DecodeError, Message, Operation};
 use tokio::sync::mpsc;
 
 use super::metrics::CloudHubMetrics;
-use super::node::{ConnectionStats, FromEdgeRefused, HubContext, NodeCell};
+use super::node::{ConnectionStats, FromEdge, HubContext, NodeActor, NodeCell};
 
 /// Frames waiting for the socket. Overflow policy: when the peer does not read and this many
 /// frames are queued, the connection is closed (its ACK-lane message is resent on the next
@@ -62,6 +62,9 @@ pub(crate) struct SessionConfig {
 /// The actor of one edge connection; see the [module docs](self).
 pub struct NodeSession {
     cell: Arc<NodeCell>,
+    /// The node actor's address, kept (its own sender: a full mailbox parks it, which is how
+    /// the session learns to wait) until that actor is replaced after a failure.
+    node: Option<Addr<NodeActor>>,
     hub: Arc<HubContext>,
     session_id: u64,
     config: SessionConfig,
@@ -96,6 +99,7 @@ impl NodeSession {
             ctx.set_mailbox_capacity(SESSION_MAILBOX_CAPACITY);
             ctx.add_stream(stream);
             NodeSession {
+                node: cell.addr(),
                 cell,
                 hub,
                 session_id,
@@ -184,29 +188,44 @@ impl NodeSession {
     }
 
     fn forward(&mut self, message: Message, ctx: &mut Context<Self>) {
-        match self.cell.forward_from_edge(message) {
-            Ok(()) => {}
-            // Backpressure: stop reading this connection until the node's actor has room.
-            Err(FromEdgeRefused::Full(node, message)) => {
-                let cell = self.cell.clone();
-                let metrics = self.metrics().clone();
-                ctx.wait(
-                    async move {
-                        if node.send(*message).await.is_ok() {
-                            cell.queued_one();
-                        } else {
-                            tracing::warn!(node = %cell.name(), "node actor restarting; upstream frame dropped");
-                            metrics.drop_reason("node_restarting");
+        let mut frame = FromEdge(message);
+        // Twice at most: once to the address we hold, once to a restarted actor's.
+        for _ in 0..2 {
+            let Some(node) = self.node.as_ref() else {
+                self.node = self.cell.addr();
+                continue;
+            };
+            match node.try_send(frame) {
+                Ok(()) => {
+                    self.cell.queued_one();
+                    return;
+                }
+                // Backpressure: stop reading this connection until the node's actor has
+                // handled this frame.
+                Err(SendError::Full(full)) => {
+                    self.cell.queued_one();
+                    let handled = node.send(full);
+                    let metrics = self.metrics().clone();
+                    let name = self.cell.name().to_owned();
+                    ctx.wait(
+                        async move {
+                            if handled.await.is_err() {
+                                tracing::warn!(node = %name, "node actor restarting; upstream frame dropped");
+                                metrics.drop_reason("node_restarting");
+                            }
                         }
-                    }
-                    .into_actor(self),
-                );
-            }
-            Err(FromEdgeRefused::Down) => {
-                tracing::warn!(node = %self.cell.name(), "node actor restarting; upstream frame dropped");
-                self.metrics().drop_reason("node_restarting");
+                        .into_actor(self),
+                    );
+                    return;
+                }
+                Err(SendError::Closed(closed)) => {
+                    frame = closed;
+                    self.node = self.cell.addr().filter(|fresh| fresh.connected());
+                }
             }
         }
+        tracing::warn!(node = %self.cell.name(), "node actor restarting; upstream frame dropped");
+        self.metrics().drop_reason("node_restarting");
     }
 }
 

@@ -47,32 +47,41 @@ impl NodeMessage {
     /// Reads `message` (resource in cloud form, `node/{node}/…`, or already in edge form)
     /// once: its lane by KubeEdge's rules ([`needs_ack`]), its object key, and its frame.
     pub fn new(message: &Message) -> Arc<Self> {
-        Self::with_lane(message, needs_ack(message))
+        Self::with_lane(message.clone(), needs_ack(message))
+    }
+
+    /// [`NodeMessage::new`] for a message the caller is done with: its object is encoded
+    /// where it lies, not copied first.
+    pub fn from_owned(message: Message) -> Arc<Self> {
+        let ack = needs_ack(&message);
+        Self::with_lane(message, ack)
     }
 
     /// Like [`NodeMessage::new`], but always the no-ACK lane (CloudHub's own refusals).
     pub fn no_ack(message: &Message) -> Arc<Self> {
-        Self::with_lane(message, false)
+        Self::with_lane(message.clone(), false)
     }
 
-    fn with_lane(message: &Message, ack: bool) -> Arc<Self> {
-        let mut wire = message.clone();
+    fn with_lane(mut wire: Message, ack: bool) -> Arc<Self> {
+        let operation = wire.operation().cloned();
+        let key = ack_key(&wire);
+        let deleting = operation == Some(Operation::Delete)
+            || !wire.content["metadata"]["deletionTimestamp"].is_null();
+        let resource_version = wire
+            .resource_version()
+            .filter(|rv| !rv.is_empty())
+            .map(str::to_owned);
         wire.route.resource = trim_for_edge(&wire.route.resource);
         wire.header.sync = false;
         let frame = ByteString::from(encode(&wire));
-        let operation = message.operation().cloned();
         Arc::new(NodeMessage {
-            id: message.id().to_owned(),
-            key: ack_key(message),
+            id: wire.header.id,
+            key,
             delete: operation == Some(Operation::Delete),
-            deleting: operation == Some(Operation::Delete)
-                || !message.content["metadata"]["deletionTimestamp"].is_null(),
-            response: message.is_response(),
+            deleting,
+            response: operation == Some(Operation::Response),
             operation,
-            resource_version: message
-                .resource_version()
-                .filter(|rv| !rv.is_empty())
-                .map(str::to_owned),
+            resource_version,
             resource: wire.route.resource,
             lane: if ack { Lane::Ack } else { Lane::NoAck },
             frame,
@@ -144,11 +153,11 @@ pub struct ToNodes {
 
 impl ToNodes {
     /// `message` for the one node its cloud-form resource names; `None` if it names none.
-    pub fn from_message(message: &Message) -> Option<Self> {
+    pub fn from_message(message: Message) -> Option<Self> {
         let node = edgehive_protocols::node_of(message.resource())?.to_owned();
         Some(ToNodes {
             nodes: vec![node],
-            message: NodeMessage::new(message),
+            message: NodeMessage::from_owned(message),
         })
     }
 }

@@ -87,7 +87,7 @@ impl Handler<TwinRequest> for DeviceController {
                     reply.route.source = Some(ModuleName::DeviceController);
                     reply.route.group = Some(Group::Twin);
                     reply.route.resource = format!("node/{node}/twin");
-                    if offer_message(&hive, &metrics.sent, &reply).is_err() {
+                    if offer_message(&hive, &metrics.sent, reply).is_err() {
                         metrics.overflow.inc();
                     }
                 }
@@ -118,7 +118,7 @@ impl DeviceController {
         reply.route.source = Some(ModuleName::DeviceController);
         reply.route.group = Some(Group::Twin);
         reply.route.resource = format!("node/{node}/membership/detail");
-        if offer_message(&self.hive, &self.metrics.sent, &reply).is_err() {
+        if offer_message(&self.hive, &self.metrics.sent, reply).is_err() {
             self.metrics.overflow.inc();
         }
     }

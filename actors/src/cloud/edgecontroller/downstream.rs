@@ -26,6 +26,7 @@ use serde_json::Value;
 use super::location::{LocationCache, ObjectRef, RefKind};
 use super::EDGE_NODE_LABEL;
 use crate::cloud::cluster::{EventType, SharedCluster, Watch, WatchError, WatchEvent};
+use crate::cloud::contract::{NodeMessage, ToNodes};
 use crate::cloud::outbox::Outbox;
 use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
 
@@ -484,11 +485,13 @@ impl Watcher {
             (RefKind::ConfigMap, EventType::Added) => Operation::Insert,
             _ => Operation::Update,
         };
-        for node in self.location.nodes_for(&object) {
-            if self.edge_nodes.contains_key(&node) {
-                self.send_object(kind, &node, &event.object, operation.clone());
-            }
-        }
+        let nodes: Vec<String> = self
+            .location
+            .nodes_for(&object)
+            .into_iter()
+            .filter(|node| self.edge_nodes.contains_key(node))
+            .collect();
+        self.send_object_to_nodes(kind, nodes, &event.object, operation);
     }
 
     /// Sends `object` to `node` because the node gained (`true`) or lost its use of it.
@@ -508,17 +511,29 @@ impl Watcher {
     }
 
     fn send_object(&mut self, kind: RefKind, node: &str, obj: &Value, operation: Operation) {
+        self.send_object_to_nodes(kind, vec![node.to_owned()], obj, operation);
+    }
+
+    /// One change of a ConfigMap or Secret for every node in `nodes`: built and encoded once,
+    /// the bytes shared by all of them.
+    fn send_object_to_nodes(
+        &mut self,
+        kind: RefKind,
+        nodes: Vec<String>,
+        obj: &Value,
+        operation: Operation,
+    ) {
+        let Some(first) = nodes.first() else {
+            return;
+        };
         let resource_type = match kind {
             RefKind::ConfigMap => ResourceType::ConfigMap,
             RefKind::Secret => ResourceType::Secret,
         };
-        self.outbox.send(object_message(
-            node,
-            resource_type,
-            "v1",
-            kind.kind(),
-            obj,
-            operation,
-        ));
+        let message = object_message(first, resource_type, "v1", kind.kind(), obj, operation);
+        self.outbox.send_to(ToNodes {
+            nodes,
+            message: NodeMessage::from_owned(message),
+        });
     }
 }

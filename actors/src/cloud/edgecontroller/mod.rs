@@ -198,10 +198,10 @@ impl Actor for EdgeController {
 
 impl EdgeController {
     fn send(&self, message: Message) {
-        if offer_message(&self.hive, &self.metrics.sent, &message).is_err() {
+        if let Err(lost) = offer_message(&self.hive, &self.metrics.sent, message) {
             // A reply is not kept: the edge's request times out and is asked again.
             tracing::warn!(
-                resource = message.resource(),
+                resource = lost.message.resource(),
                 "cloudhub unavailable; reply dropped"
             );
             self.metrics.overflow.inc();
@@ -285,7 +285,7 @@ impl Handler<EdgeRequest> for EdgeController {
             }
             metrics.request(kind, if failed { "error" } else { "ok" });
             for message in outcome.reply.into_iter().chain(outcome.extra) {
-                if offer_message(&hive, &metrics.sent, &message).is_err() {
+                if offer_message(&hive, &metrics.sent, message).is_err() {
                     tracing::warn!(%resource, "cloudhub unavailable; reply dropped");
                     metrics.overflow.inc();
                 }

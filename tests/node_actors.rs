@@ -12,21 +12,19 @@ use edgehive_actors::cloud::cluster::EmbeddedCluster;
 use serde_json::Value;
 use support::*;
 
+/// Pod name -> resourceVersion.
+fn versions<'a>(pods: impl Iterator<Item = &'a Value>) -> BTreeMap<String, String> {
+    pods.map(|pod| {
+        let version = |field: &str| pod["metadata"][field].as_str().unwrap().to_owned();
+        (version("name"), version("resourceVersion"))
+    })
+    .collect()
+}
+
 /// Pod name -> resourceVersion of every pod the cluster binds to `node`.
 fn cluster_pods(cluster: &EmbeddedCluster, node: &str) -> BTreeMap<String, String> {
     let (pods, _) = cluster.list("Pod");
-    pods.iter()
-        .filter(|pod| pod["spec"]["nodeName"] == node)
-        .map(|pod| {
-            (
-                pod["metadata"]["name"].as_str().unwrap().to_owned(),
-                pod["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned(),
-            )
-        })
-        .collect()
+    versions(pods.iter().filter(|pod| pod["spec"]["nodeName"] == node))
 }
 
 /// Pod name -> resourceVersion of every pod row in an edge's `meta` table.
@@ -37,20 +35,12 @@ fn edge_pods(db: &Path) -> BTreeMap<String, String> {
     let Ok(mut query) = connection.prepare("SELECT value FROM meta WHERE type = 'pod'") else {
         return BTreeMap::new();
     };
-    let rows = query
+    let rows: Vec<Value> = query
         .query_map([], |row| row.get::<_, String>(0))
         .unwrap()
-        .map(|value| serde_json::from_str::<Value>(&value.unwrap()).unwrap());
-    rows.map(|pod| {
-        (
-            pod["metadata"]["name"].as_str().unwrap().to_owned(),
-            pod["metadata"]["resourceVersion"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        )
-    })
-    .collect()
+        .map(|value| serde_json::from_str(&value.unwrap()).unwrap())
+        .collect();
+    versions(rows.iter())
 }
 
 /// The child `node` of CloudHub in `/api/v1/modules`.

@@ -400,23 +400,8 @@ impl Hive {
         // or until the caller gives up.
         stats.enqueued();
         stats.delivered();
-        match tokio::time::timeout(timeout, addr.send(message)).await {
-            Ok(Ok(result)) => {
-                stats.handled();
-                Ok(result)
-            }
-            Ok(Err(MailboxError::Closed)) => {
-                stats.rejected();
-                Err(HiveError::ModuleDown(name.to_owned()))
-            }
-            Ok(Err(MailboxError::Timeout)) | Err(_) => {
-                stats.rejected();
-                Err(HiveError::Timeout {
-                    module: name.to_owned(),
-                    timeout,
-                })
-            }
-        }
+        let outcome = tokio::time::timeout(timeout, addr.send(message)).await;
+        settle(outcome, &stats, name, timeout)
     }
 
     /// Sends `message` to every module of `group`, each under [`Hive::send`]'s policy.
@@ -562,20 +547,7 @@ impl Hive {
         stats.delivered();
         let outcome = tokio::time::timeout_at(deadline, recipient.send(message)).await;
         drop(slot);
-        match outcome {
-            Ok(Ok(result)) => {
-                stats.handled();
-                Ok(result)
-            }
-            Ok(Err(MailboxError::Closed)) => {
-                stats.rejected();
-                Err(HiveError::ModuleDown(name.to_owned()))
-            }
-            Ok(Err(MailboxError::Timeout)) | Err(_) => {
-                stats.rejected();
-                Err(timed_out())
-            }
-        }
+        settle(outcome, &stats, name, timeout)
     }
 
     fn typed_target<M>(&self, name: &str) -> Result<TypedTarget<M>, HiveError>
@@ -635,5 +607,31 @@ impl Hive {
             .modules
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Counts how a typed request to module `name` ended and turns it into the hive's result.
+fn settle<R>(
+    outcome: Result<Result<R, MailboxError>, tokio::time::error::Elapsed>,
+    stats: &ModuleStats,
+    name: &str,
+    timeout: Duration,
+) -> Result<R, HiveError> {
+    match outcome {
+        Ok(Ok(result)) => {
+            stats.handled();
+            Ok(result)
+        }
+        Ok(Err(MailboxError::Closed)) => {
+            stats.rejected();
+            Err(HiveError::ModuleDown(name.to_owned()))
+        }
+        Ok(Err(MailboxError::Timeout)) | Err(_) => {
+            stats.rejected();
+            Err(HiveError::Timeout {
+                module: name.to_owned(),
+                timeout,
+            })
+        }
     }
 }

@@ -12,7 +12,7 @@ use super::node::HubContext;
 use crate::cloud::contract::request::EdgeRequest;
 use crate::cloud::contract::twin::TwinRequest;
 use crate::cloud::contract::{route, NodeMessage};
-use crate::hive::HiveError;
+use crate::hive::{GroupDelivery, HiveError};
 
 /// Routes `message` from `node` (resource in edge form) to its owner. Returns the reply when
 /// CloudHub answers the request itself.
@@ -36,33 +36,17 @@ pub(crate) fn upstream(
         return None;
     };
     let result = match destination {
-        // Typed once, here; EdgeController never reads the beehive message again.
-        route::Destination::EdgeController => {
-            let told = match EdgeRequest::from_message(message) {
-                Ok(request) => hub
-                    .hive
-                    .tell(route::EDGECONTROLLER, request)
-                    .map_err(|r| r.error),
-                Err(unparsed) => hub
-                    .hive
-                    .tell(route::EDGECONTROLLER, *unparsed)
-                    .map_err(|r| r.error),
-            };
-            told.map(|()| None)
-        }
-        route::Destination::DeviceController => {
-            let told = match TwinRequest::from_message(message) {
-                Ok(request) => hub
-                    .hive
-                    .tell(route::DEVICECONTROLLER, request)
-                    .map_err(|r| r.error),
-                Err(unhandled) => hub
-                    .hive
-                    .tell(route::DEVICECONTROLLER, *unhandled)
-                    .map_err(|r| r.error),
-            };
-            told.map(|()| None)
-        }
+        // Typed once, here; the controllers never read the beehive message again.
+        route::Destination::EdgeController => tell_typed(
+            hub,
+            route::EDGECONTROLLER,
+            EdgeRequest::from_message(message),
+        ),
+        route::Destination::DeviceController => tell_typed(
+            hub,
+            route::DEVICECONTROLLER,
+            TwinRequest::from_message(message),
+        ),
         route::Destination::Module(name) => hub.hive.send(name, message).map(|()| None),
         route::Destination::Group(group) => hub.hive.send_to_group(group, message).map(Some),
     };
@@ -80,6 +64,23 @@ pub(crate) fn upstream(
         hub.metrics.drop_reason(reason);
     }
     None
+}
+
+/// Tells module `name` the typed request, or what could not be typed.
+fn tell_typed<T, U>(
+    hub: &HubContext,
+    name: &str,
+    typed: Result<T, Box<U>>,
+) -> Result<Option<GroupDelivery>, HiveError>
+where
+    T: actix::Message<Result = ()> + Send + 'static,
+    U: actix::Message<Result = ()> + Send + 'static,
+{
+    let told = match typed {
+        Ok(request) => hub.hive.tell(name, request).map_err(|r| r.error),
+        Err(unparsed) => hub.hive.tell(name, *unparsed).map_err(|r| r.error),
+    };
+    told.map(|()| None)
 }
 
 /// CloudHub's `error` reply to a refused request, in the no-ACK lane, routed (source

@@ -492,14 +492,6 @@ mod tests {
     }
 
     #[test]
-    fn versions_compare_as_integers_and_never_panic() {
-        assert!(is_newer("10", "9"));
-        assert!(!is_newer("9", "10"));
-        assert!(!is_newer("abc", "1"));
-        assert!(!is_newer("2", ""));
-    }
-
-    #[test]
     fn newer_version_replaces_pending_and_older_is_dropped() {
         let mut pool = NodePool::new(LIMITS);
         assert_eq!(

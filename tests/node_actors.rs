@@ -145,6 +145,10 @@ async fn a_node_actor_that_panics_mid_stream_keeps_its_pool_and_no_other_node_no
         metrics.contains("edgehive_cloudhub_node_restarts_total 2"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains("edgehive_cloudhub_node_actors 2"),
+        "{metrics}"
+    );
     // The panics cost no connection: neither edge ever reconnected.
     for edge in &edges {
         let status = edge.status().await.unwrap();
@@ -202,15 +206,22 @@ async fn an_idle_connected_node_makes_the_cloud_handle_nothing_between_keepalive
             handled,
             node["messagesHandled"].as_u64().unwrap(),
             counter(&metrics, "edgehive_cloudhub_frames_sent_total"),
+            counter(&metrics, "edgehive_cloudhub_node_messages_handled_total"),
             counter(&metrics, "edgehive_cloudhub_frames_received_total"),
             node["children"][0]["messagesHandled"].as_u64().unwrap(),
         )
     };
-    let (modules_before, node_before, sent_before, received_before, connection_before) =
-        snapshot().await;
+    let (
+        modules_before,
+        node_before,
+        sent_before,
+        handled_before,
+        received_before,
+        connection_before,
+    ) = snapshot().await;
     // Three heartbeats of the edge.
     tokio::time::sleep(Duration::from_millis(3_300)).await;
-    let (modules_after, node_after, sent_after, received_after, connection_after) =
+    let (modules_after, node_after, sent_after, handled_after, received_after, connection_after) =
         snapshot().await;
 
     assert!(
@@ -223,6 +234,10 @@ async fn an_idle_connected_node_makes_the_cloud_handle_nothing_between_keepalive
         "no module handled anything while the node was idle"
     );
     assert_eq!(sent_after, sent_before, "nothing was written to the edge");
+    assert_eq!(
+        handled_after, handled_before,
+        "no node actor handled anything (/metrics)"
+    );
     let node = cloud
         .nodes()
         .await

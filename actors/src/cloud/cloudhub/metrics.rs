@@ -33,6 +33,10 @@ pub struct CloudHubMetrics {
     pub refused: Counter,
     /// Per-node actors restarted after a panic or a stop.
     pub node_restarts: Counter,
+    /// Nodes CloudHub has an actor for (connected or not).
+    pub node_actors: Gauge,
+    /// Messages the per-node actors handled (all nodes together).
+    pub node_messages_handled: Counter,
     /// Messages dropped (pool overflow, stale, unroutable, ...), by reason.
     pub dropped: Family<ReasonLabels, Counter>,
     /// Connections and messages refused for identity or authorization, by reason.
@@ -42,6 +46,16 @@ pub struct CloudHubMetrics {
 impl CloudHubMetrics {
     pub(crate) fn register(&self, hive: &Hive) {
         let m = hive.metrics();
+        m.register(
+            "edgehive_cloudhub_node_actors",
+            "Edge nodes CloudHub has an actor for, connected or not",
+            self.node_actors.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_node_messages_handled",
+            "Messages the per-node actors handled, all nodes together",
+            self.node_messages_handled.clone(),
+        );
         m.register(
             "edgehive_cloudhub_node_restarts",
             "Times a node's actor was started again after it panicked or stopped (its pool kept)",

@@ -81,6 +81,7 @@ impl Shared {
         let cell = NodeCell::new(node, &self.hub);
         nodes.insert(node.to_owned(), cell.clone());
         drop(nodes);
+        self.hub.metrics.node_actors.inc();
         let recipe = NodeRecipe {
             cell: cell.clone(),
             hub: self.hub.clone(),

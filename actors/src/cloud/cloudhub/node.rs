@@ -498,6 +498,7 @@ impl Actor for NodeActor {
 impl NodeActor {
     fn handled(&self) {
         self.cell.handled.fetch_add(1, Ordering::Relaxed);
+        self.hub.metrics.node_messages_handled.inc();
         self.cell.depth.fetch_sub(1, Ordering::Relaxed);
     }
 

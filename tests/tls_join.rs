@@ -305,6 +305,56 @@ async fn a_node_cannot_fetch_another_nodes_secret() {
     cloud.stop().await;
 }
 
+#[actix_rt::test]
+async fn a_node_cannot_write_another_nodes_pod_status_through_a_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = start_tls_cloud(dir.path()).await;
+    let cluster = cloud.cluster().unwrap().clone();
+    for node in ["edge-a", "edge-b"] {
+        cluster.apply(edge_node(node)).unwrap();
+    }
+    let web_a = cluster.apply(pod("web-a", "edge-a")).unwrap();
+    let web_b = cluster.apply(pod("web-b", "edge-b")).unwrap();
+    let ca = cloud_ca(dir.path());
+    let mut socket = dial(&cloud, ca.cert_der(), &node_cert(&ca, "edge-a"), "edge-a")
+        .await
+        .unwrap();
+    let statuses = |items: Value| {
+        Message::new(
+            ModuleName::Edged,
+            Group::Meta,
+            Operation::Update,
+            "default/podstatus",
+            items,
+        )
+    };
+    let item = |pod: &Value, phase: &str| {
+        json!({"Name": pod["metadata"]["name"], "UID": pod["metadata"]["uid"],
+               "Status": {"phase": phase}})
+    };
+    // KubeEdge's list form (no name in the resource), naming edge-b's pod too: refused whole.
+    let sneaky = statuses(json!([item(&web_a, "Running"), item(&web_b, "Failed")]));
+    send(&mut socket, &sneaky).await;
+    let reply = reply_to(&mut socket, sneaky.id()).await;
+    assert_eq!(reply.operation(), Some(&Operation::Error));
+    let text = reply.content_str().unwrap_or_default().to_owned();
+    assert!(text.contains("pod web-b is not bound"), "{text}");
+    // Its own pods only: accepted and written.
+    let honest = statuses(json!([item(&web_a, "Running")]));
+    send(&mut socket, &honest).await;
+    let reply = reply_to(&mut socket, honest.id()).await;
+    assert_eq!(reply.content_str(), Some("OK"), "{reply:?}");
+    let stored = |name: &str| cluster.get("Pod", Some("default"), name).unwrap();
+    assert_eq!(stored("web-a")["status"]["phase"], "Running");
+    assert!(
+        stored("web-b")["status"]["phase"].is_null(),
+        "edge-b's pod untouched"
+    );
+    let metrics = http_get(cloud.admin_addr(), "/metrics").await.1;
+    assert_eq!(denied(&metrics, "not_bound_to_node"), 1, "{metrics}");
+    cloud.stop().await;
+}
+
 /// The real cloudcore's answers (golden/http-cert-bootstrap-edge-2.jsonl) and ours, for the
 /// same requests: status, content type, and body shape.
 #[actix_rt::test]

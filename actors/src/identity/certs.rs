@@ -70,6 +70,9 @@ pub enum CsrError {
     /// The body is not a DER CSR with a valid signature.
     #[error("invalid certificate signing request: {0}")]
     Invalid(String),
+    /// The node name cannot be a Kubernetes node's.
+    #[error("{0}")]
+    InvalidNodeName(String),
     /// The CSR's subject does not name the node it is requested for.
     #[error("certificate signing request subject must be O={NODE_ORGANIZATION}, CN={NODE_CN_PREFIX}{node}")]
     WrongSubject {
@@ -221,8 +224,10 @@ impl CertAuthority {
     }
 
     /// Issues an edge client certificate from a DER CSR, as cloudhub's `/edge.crt` does: the
-    /// subject must be O=`system:nodes`, CN=`system:node:{node}`; the certificate copies the
-    /// subject, SANs and public key, has KeyUsage DigitalSignature|KeyEncipherment,
+    /// node name must be a valid Kubernetes node name and the subject O=`system:nodes`,
+    /// CN=`system:node:{node}`; the certificate has that subject and the CSR's public key,
+    /// no subject alternative names (a client certificate names its node by its CN, and
+    /// nothing the requester asks for is added), KeyUsage DigitalSignature|KeyEncipherment,
     /// ExtKeyUsage ClientAuth, a random serial and lives `validity`.
     pub fn sign_node_csr(
         &self,
@@ -230,6 +235,7 @@ impl CertAuthority {
         node: &str,
         validity: Duration,
     ) -> Result<Vec<u8>, CsrError> {
+        crate::identity::check_node_name(node).map_err(CsrError::InvalidNodeName)?;
         let csr =
             CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
                 .map_err(|error| CsrError::Invalid(error.to_string()))?;
@@ -248,7 +254,6 @@ impl CertAuthority {
             (DnType::OrganizationName, NODE_ORGANIZATION),
             (DnType::CommonName, &format!("{NODE_CN_PREFIX}{node}")),
         ]);
-        params.subject_alt_names = csr.params.subject_alt_names.clone();
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
@@ -599,6 +604,34 @@ mod tests {
         assert_eq!(sec1_from_pkcs8(back.serialized_der()).unwrap(), sec1);
         // Go's layout: version 1, 32-byte scalar, [0] curve, [1] public key.
         assert_eq!(&sec1[..7], &[0x30, 0x77, 0x02, 0x01, 0x01, 0x04, 0x20]);
+    }
+
+    #[test]
+    fn only_valid_node_names_are_signed_and_requested_sans_are_not_copied() {
+        let ca = CertAuthority::generate().unwrap();
+        let key = generate_key().unwrap();
+        for bad in ["../../etc", "Edge-1"] {
+            let csr = node_csr(&key, bad).unwrap();
+            assert!(matches!(
+                ca.sign_node_csr(&csr, bad, Duration::from_secs(3600)),
+                Err(CsrError::InvalidNodeName(_))
+            ));
+        }
+        let mut params = CertificateParams::new(vec!["cloud.example.com".to_owned()]).unwrap();
+        params.distinguished_name = name(&[
+            (DnType::OrganizationName, NODE_ORGANIZATION),
+            (DnType::CommonName, "system:node:edge-1"),
+        ]);
+        let csr = params.serialize_request(&key).unwrap().der().to_vec();
+        let cert = ca
+            .sign_node_csr(&csr, "edge-1", Duration::from_secs(3600))
+            .unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&cert).unwrap();
+        assert!(
+            parsed.subject_alternative_name().unwrap().is_none(),
+            "no SAN from the request"
+        );
+        assert_eq!(node_of_cert(&cert).as_deref(), Some("edge-1"));
     }
 
     #[test]

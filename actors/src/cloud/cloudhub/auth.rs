@@ -96,6 +96,10 @@ pub fn authorize(
     };
     let name = resource.name.as_deref().unwrap_or_default();
     let ns = resource.namespace.as_str();
+    let pod_bound = |pod: &str| {
+        bound.contains(&format!("{ns}/pod/{pod}"))
+            || view.and_then(|view| view.pod_node(ns, pod)).as_deref() == Some(node)
+    };
     let denied = |what: &str| {
         Err(format!(
             "node {node} may not access {}: {what}",
@@ -113,15 +117,36 @@ pub fn authorize(
                 denied("a node may only send messages about its own Node and Lease")
             }
         }
-        ResourceType::Pod | ResourceType::PodStatus | ResourceType::PodPatch => {
+        ResourceType::PodStatus => {
+            // One status, or a list of them (KubeEdge sends a list with no name in the
+            // resource): every pod it names must be this node's.
+            let content = message.content_json().unwrap_or(Value::Null);
+            let items: Vec<&Value> = match &content {
+                Value::Array(items) => items.iter().collect(),
+                single => vec![single],
+            };
+            let mut pods: Vec<&str> = items
+                .iter()
+                .filter_map(|item| item["Name"].as_str().filter(|pod| !pod.is_empty()))
+                .collect();
+            if !name.is_empty() {
+                pods.push(name);
+            }
+            if pods.is_empty() {
+                return denied("a pod status must name its pods");
+            }
+            match pods.into_iter().find(|pod| !pod_bound(pod)) {
+                Some(pod) => denied(&format!("pod {pod} is not bound to this node")),
+                None => Ok(()),
+            }
+        }
+        ResourceType::Pod | ResourceType::PodPatch => {
             if name.is_empty() {
                 return denied("a pod message must name the pod");
             }
             let own_mirror = message.operation() == Some(&Operation::Insert)
                 && message.content["spec"]["nodeName"] == node;
-            let bound_here = bound.contains(&format!("{ns}/pod/{name}"))
-                || view.and_then(|view| view.pod_node(ns, name)).as_deref() == Some(node);
-            if own_mirror || bound_here {
+            if own_mirror || pod_bound(name) {
                 Ok(())
             } else {
                 denied("the pod is not bound to this node")
@@ -180,6 +205,20 @@ mod tests {
         assert!(ok("edge-1", "default/node/edge-2").is_err());
         assert!(ok("edge-1", "default/podstatus/web").is_ok());
         assert!(ok("edge-2", "default/podstatus/web").is_err());
+        // A status list: every item must name a pod of this node.
+        let statuses = |items: Value| {
+            let mut message = query("default/podstatus");
+            message.route.operation = Some(Operation::Update);
+            message.content = items;
+            message
+        };
+        let own = statuses(json!([{"Name": "web", "Status": {}}]));
+        assert!(authorize("edge-1", &own, &none, Some(view)).is_ok());
+        let mixed =
+            statuses(json!([{"Name": "web", "Status": {}}, {"Name": "other", "Status": {}}]));
+        let refusal = authorize("edge-1", &mixed, &none, Some(view)).unwrap_err();
+        assert!(refusal.contains("pod other is not bound"), "{refusal}");
+        assert!(authorize("edge-2", &own, &none, Some(view)).is_err());
         assert!(ok("edge-1", "default/secret/db").is_ok());
         assert!(ok("edge-1", "default/configmap/conf").is_ok());
         assert!(ok("edge-2", "default/secret/db").is_err());

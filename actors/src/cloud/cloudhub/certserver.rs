@@ -180,6 +180,10 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
         Err(error @ crate::identity::certs::CsrError::WrongSubject { .. }) => {
             text(StatusCode::UNAUTHORIZED, error.to_string())
         }
+        Err(error @ crate::identity::certs::CsrError::InvalidNodeName(_)) => {
+            tracing::warn!(%error, "certificate request for an invalid node name");
+            text(StatusCode::BAD_REQUEST, error.to_string())
+        }
         Err(error) => text(StatusCode::BAD_REQUEST, error.to_string()),
     }
 }

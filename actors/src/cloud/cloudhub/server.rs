@@ -1,6 +1,6 @@
 //! The WebSocket server edges dial: actix-web on `address:port`, any path.
 //!
-//! A connection must carry `node_id` (non-empty, `[a-z0-9.-]`), `project_id` and
+//! A connection must carry `node_id` (a valid Kubernetes node name), `project_id` and
 //! `ConnectionUse: msg`. KubeEdge upgrades and then ignores a connection without them; we
 //! answer HTTP 400 with the reason instead, so a misconfigured edge learns why.
 //!
@@ -23,14 +23,13 @@ use super::{
     CLOUDHUB_MODULE,
 };
 use crate::hive::{Hive, HiveError};
+use crate::identity::check_node_name;
 use crate::identity::tls::{peer_node, record_peer_certificate};
 
 /// Worker threads of the WebSocket server.
 const WORKERS: usize = 2;
 /// How long a new connection waits for CloudHub to admit it.
 const ADMISSION_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest `node_id` accepted (a DNS subdomain, like Kubernetes node names).
-const MAX_NODE_ID_LEN: usize = 253;
 
 /// Why CloudHub could not start.
 #[derive(Debug, thiserror::Error)]
@@ -158,15 +157,7 @@ fn check_headers(req: &HttpRequest) -> Result<String, String> {
     if node.is_empty() {
         return Err("missing node_id header".into());
     }
-    let valid = node.len() <= MAX_NODE_ID_LEN
-        && node
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
-    if !valid {
-        return Err(format!(
-            "invalid node_id {node:?}: use lowercase letters, digits, '.' and '-'"
-        ));
-    }
+    check_node_name(node).map_err(|reason| format!("invalid node_id: {reason}"))?;
     if header(req, "project_id").is_none_or(str::is_empty) {
         return Err("missing project_id header".into());
     }

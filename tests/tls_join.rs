@@ -306,6 +306,54 @@ async fn a_node_cannot_fetch_another_nodes_secret() {
 }
 
 #[actix_rt::test]
+async fn a_node_cannot_reach_a_secret_through_a_pod_it_creates() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = start_tls_cloud(dir.path()).await;
+    let cluster = cloud.cluster().unwrap().clone();
+    for node in ["edge-a", "edge-b"] {
+        cluster.apply(edge_node(node)).unwrap();
+    }
+    let mut pod_b = pod("uses-db", "edge-b");
+    pod_b["spec"]["volumes"] = json!([{ "name": "db", "secret": { "secretName": "db-b" } }]);
+    cluster.apply(pod_b).unwrap();
+    let ca = cloud_ca(dir.path());
+    let mut socket = dial(&cloud, ca.cert_der(), &node_cert(&ca, "edge-a"), "edge-a")
+        .await
+        .unwrap();
+    // A pod bound to itself that mounts edge-b's secret: refused, as NodeRestriction would.
+    let mut evil = pod("evil", "edge-a");
+    evil["spec"]["volumes"] = json!([{ "name": "db", "secret": { "secretName": "db-b" } }]);
+    let insert = Message::new(
+        ModuleName::Edged,
+        Group::Meta,
+        Operation::Insert,
+        "default/pod/evil",
+        evil,
+    );
+    send(&mut socket, &insert).await;
+    let reply = reply_to(&mut socket, insert.id()).await;
+    assert_eq!(reply.operation(), Some(&Operation::Error));
+    let text = reply.content_str().unwrap_or_default().to_owned();
+    assert!(text.contains("may not reference secrets"), "{text}");
+    assert!(cluster.get("Pod", Some("default"), "evil").is_none());
+    // And so the secret stays out of reach.
+    let steal = Message::new(
+        ModuleName::Edged,
+        Group::Meta,
+        Operation::Query,
+        "default/secret/db-b",
+        Value::Null,
+    );
+    send(&mut socket, &steal).await;
+    let reply = reply_to(&mut socket, steal.id()).await;
+    assert_eq!(reply.operation(), Some(&Operation::Error));
+    let metrics = http_get(cloud.admin_addr(), "/metrics").await.1;
+    assert_eq!(denied(&metrics, "mirror_pod_reference"), 1, "{metrics}");
+    assert_eq!(denied(&metrics, "not_bound_to_node"), 1, "{metrics}");
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
 async fn a_node_cannot_write_another_nodes_pod_status_through_a_list() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = start_tls_cloud(dir.path()).await;

@@ -6,7 +6,8 @@
 //! | type | allowed when |
 //! | --- | --- |
 //! | `node`, `nodestatus`, `nodepatch`, `lease` | the name is the node's own |
-//! | `pod`, `podstatus`, `podpatch` | CloudHub has sent that pod to this node, or the cluster binds it to this node (`spec.nodeName`), or it is an `insert` whose content has `spec.nodeName` = the node (a static pod's mirror) |
+//! | `pod`, `podpatch` | CloudHub has sent that pod to this node, or the cluster binds it to this node (`spec.nodeName`), or it is an `insert` whose content has `spec.nodeName` = the node (a static pod's mirror) that references no secret, configmap, service account, PVC or projected token (Kubernetes' NodeRestriction) |
+//! | `podstatus` | every pod it names (one, or each item of a list) is bound to this node as above |
 //! | `configmap`, `secret` | CloudHub has sent that object to this node, or a pod bound to this node references it (volumes, projected sources, env, envFrom, imagePullSecrets) |
 //!
 //! Other resources (events, service account tokens, `k8s/ca.crt`, device twin and membership
@@ -65,6 +66,43 @@ pub fn pod_references(pod: &Value, kind: &str, name: &str) -> bool {
     object::pod_references(pod).contains(&(kind, name.to_owned()))
 }
 
+/// What a pod created by a node (a mirror pod) references that Kubernetes' NodeRestriction
+/// forbids it: secrets, configmaps, a service account, persistent volume claims or projected
+/// service account tokens. `None` when it references none of them.
+pub fn mirror_pod_refusal(pod: &Value) -> Option<&'static str> {
+    let references = object::pod_references(pod);
+    if references.iter().any(|(kind, _)| *kind == RefKind::Secret) {
+        return Some("secrets");
+    }
+    if !references.is_empty() {
+        return Some("configmaps");
+    }
+    let spec = &pod["spec"];
+    if spec["serviceAccountName"]
+        .as_str()
+        .is_some_and(|account| !account.is_empty())
+    {
+        return Some("a service account");
+    }
+    let volumes = spec["volumes"].as_array().into_iter().flatten();
+    for volume in volumes {
+        if !volume["persistentVolumeClaim"].is_null() {
+            return Some("persistent volume claims");
+        }
+        let sources = volume["projected"]["sources"]
+            .as_array()
+            .into_iter()
+            .flatten();
+        if sources
+            .into_iter()
+            .any(|source| !source["serviceAccountToken"].is_null())
+        {
+            return Some("projected service account tokens");
+        }
+    }
+    None
+}
+
 /// The key CloudHub records for a downstream object bound to a node (`{ns}/{type}/{name}`),
 /// for the types whose upstream messages are scoped by it.
 pub fn bound_key(edge_resource: &str) -> Option<String> {
@@ -78,13 +116,23 @@ pub fn bound_key(edge_resource: &str) -> Option<String> {
     Some(format!("{}/{kind}/{}", parsed.namespace, parsed.name?))
 }
 
+/// Why a node's message was refused: the `/metrics` reason label and the text of the `error`
+/// reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    /// The reason label (`not_bound_to_node`, `mirror_pod_reference`).
+    pub reason: &'static str,
+    /// What the node is told.
+    pub text: String,
+}
+
 /// Decides whether `node` may send `message` (resource in edge form); `Err` says why not.
 pub fn authorize(
     node: &str,
     message: &Message,
     bound: &HashSet<String>,
     view: Option<&dyn BindingView>,
-) -> Result<(), String> {
+) -> Result<(), Denied> {
     if matches!(
         message.operation(),
         Some(Operation::Keepalive | Operation::Response | Operation::Error)
@@ -100,12 +148,13 @@ pub fn authorize(
         bound.contains(&format!("{ns}/pod/{pod}"))
             || view.and_then(|view| view.pod_node(ns, pod)).as_deref() == Some(node)
     };
-    let denied = |what: &str| {
-        Err(format!(
-            "node {node} may not access {}: {what}",
-            message.resource()
-        ))
+    let denied_as = |reason: &'static str, what: &str| {
+        Err(Denied {
+            reason,
+            text: format!("node {node} may not access {}: {what}", message.resource()),
+        })
     };
+    let denied = |what: &str| denied_as("not_bound_to_node", what);
     match resource.resource_type {
         ResourceType::Node
         | ResourceType::NodeStatus
@@ -146,7 +195,18 @@ pub fn authorize(
             }
             let own_mirror = message.operation() == Some(&Operation::Insert)
                 && message.content["spec"]["nodeName"] == node;
-            if own_mirror || pod_bound(name) {
+            if own_mirror {
+                return match mirror_pod_refusal(&message.content) {
+                    Some(what) => denied_as(
+                        "mirror_pod_reference",
+                        &format!(
+                            "a pod a node creates may not reference {what} (Kubernetes' NodeRestriction)"
+                        ),
+                    ),
+                    None => Ok(()),
+                };
+            }
+            if pod_bound(name) {
                 Ok(())
             } else {
                 denied("the pod is not bound to this node")
@@ -217,7 +277,10 @@ mod tests {
         let mixed =
             statuses(json!([{"Name": "web", "Status": {}}, {"Name": "other", "Status": {}}]));
         let refusal = authorize("edge-1", &mixed, &none, Some(view)).unwrap_err();
-        assert!(refusal.contains("pod other is not bound"), "{refusal}");
+        assert!(
+            refusal.text.contains("pod other is not bound"),
+            "{refusal:?}"
+        );
         assert!(authorize("edge-2", &own, &none, Some(view)).is_err());
         assert!(ok("edge-1", "default/secret/db").is_ok());
         assert!(ok("edge-1", "default/configmap/conf").is_ok());
@@ -225,6 +288,40 @@ mod tests {
         assert!(ok("edge-1", "default/secret/other").is_err());
         assert!(ok("edge-1", "default/secret").is_err());
         assert!(ok("edge-2", "k8s/ca.crt").is_ok());
+        // A node may create its own mirror pods, but not ones that reach for credentials.
+        let insert = |spec: Value| {
+            let mut message = query("default/pod/mine");
+            message.route.operation = Some(Operation::Insert);
+            message.content = json!({"kind": "Pod", "metadata": {"name": "mine"}, "spec": spec});
+            message
+        };
+        let plain = insert(json!({"nodeName": "edge-1", "containers": [{"name": "c"}]}));
+        assert!(authorize("edge-1", &plain, &none, Some(view)).is_ok());
+        for (spec, what) in [
+            (
+                json!({"volumes": [{"name": "s", "secret": {"secretName": "db"}}]}),
+                "secrets",
+            ),
+            (
+                json!({"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "x"}}]}]}),
+                "configmaps",
+            ),
+            (json!({"serviceAccountName": "admin"}), "a service account"),
+            (
+                json!({"volumes": [{"name": "p", "persistentVolumeClaim": {"claimName": "d"}}]}),
+                "persistent volume claims",
+            ),
+            (
+                json!({"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}),
+                "projected service account tokens",
+            ),
+        ] {
+            let mut spec = spec;
+            spec["nodeName"] = json!("edge-1");
+            let refusal = authorize("edge-1", &insert(spec), &none, Some(view)).unwrap_err();
+            assert!(refusal.text.contains(what), "{refusal:?}");
+            assert_eq!(refusal.reason, "mirror_pod_reference");
+        }
         let sent: HashSet<String> = ["default/secret/pushed".to_owned()].into();
         assert!(authorize("edge-2", &query("default/secret/pushed"), &sent, None).is_ok());
     }

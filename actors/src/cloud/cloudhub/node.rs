@@ -686,10 +686,10 @@ impl NodeActor {
                             self.cell.enqueue(reply, &self.hub);
                         }
                     }
-                    Err(reason) => {
-                        tracing::warn!(%node, id = message.id(), resource = message.resource(), %reason, "upstream message refused");
-                        self.hub.metrics.deny("not_bound_to_node");
-                        let reply = dispatch::refusal(node, &message, reason);
+                    Err(denied) => {
+                        tracing::warn!(%node, id = message.id(), resource = message.resource(), reason = %denied.text, "upstream message refused");
+                        self.hub.metrics.deny(denied.reason);
+                        let reply = dispatch::refusal(node, &message, denied.text);
                         self.cell.enqueue(reply, &self.hub);
                     }
                 }

@@ -305,3 +305,63 @@ async fn local_writes_need_the_cloud_or_fail_fast() {
     );
     hive.shutdown();
 }
+
+#[actix_rt::test]
+async fn writes_the_edge_cannot_use_are_refused_counted_and_not_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("edge.db");
+    let mut cloud = FakeCloud::start();
+    let (hive, _) = start_edge(&db, cloud.addr, Duration::from_secs(5));
+    let mut session = cloud.accept().await;
+    let push = |resource: &str, content: Value| {
+        Message::new(
+            ModuleName::EdgeController,
+            Group::Resource,
+            Operation::Insert,
+            resource,
+            content,
+        )
+        .with_resource_version("7")
+    };
+    let pod = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "default", "resourceVersion": "7"}})
+    };
+    let cases = [
+        (
+            push("default/pod/web", json!("not an object")),
+            "default/pod/web",
+            "not_an_object",
+        ),
+        (
+            push("default/pod/web", pod("other")),
+            "default/pod/web",
+            "name_mismatch",
+        ),
+        (push("../pod/web", pod("web")), "../pod/web", "bad_key"),
+    ];
+    for (message, key, reason) in &cases {
+        send_frame(&mut session, message).await;
+        let reply = cloud
+            .frame_where(|frame| frame.parent_id() == Some(message.id()))
+            .await;
+        assert_eq!(reply.operation(), Some(&Operation::Error), "{reason}");
+        assert!(row_in_file(&db, key).is_none(), "{reason}: nothing stored");
+        let metrics = hive.metrics().encode();
+        assert!(
+            metrics.contains(&format!(
+                "edgehive_metamanager_refused_writes_total{{reason=\"{reason}\"}} 1"
+            )),
+            "{metrics}"
+        );
+    }
+    // A usable pod under the same key is stored and ACKed as ever.
+    let good = push("default/pod/web", pod("web"));
+    send_frame(&mut session, &good).await;
+    let ack = cloud
+        .frame_where(|frame| frame.parent_id() == Some(good.id()))
+        .await;
+    assert_eq!(ack.content, json!("OK"));
+    assert!(row_in_file(&db, "default/pod/web").is_some());
+    cloud.stop().await;
+}

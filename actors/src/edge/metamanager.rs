@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use actix::{Actor, Context, Handler, ResponseFuture};
 use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde_json::{json, Value};
 
 use super::contract::{route, ConnectionState};
@@ -49,6 +51,13 @@ struct MetaMetrics {
     ignored: Counter,
     remote_queries: Counter,
     remote_fallbacks: Counter,
+    refused: Family<ReasonLabels, Counter>,
+}
+
+/// Label set of `edgehive_metamanager_refused_writes_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
 }
 
 impl MetaMetrics {
@@ -84,6 +93,12 @@ impl MetaMetrics {
             "edgehive_metamanager_remote_queries",
             "Queries answered by the cloud",
             metrics.remote_queries.clone(),
+        );
+        registry.register(
+            "edgehive_metamanager_refused_writes",
+            "Cloud writes the edge refused to store because it could not use them, by reason \
+             (answered with an error, not ACKed)",
+            metrics.refused.clone(),
         );
         registry.register(
             "edgehive_metamanager_remote_fallbacks",
@@ -258,6 +273,53 @@ fn classify(msg: &Message) -> Action {
     }
 }
 
+/// Kinds whose content must be a Kubernetes object (a JSON object with metadata).
+const OBJECT_KINDS: [&str; 7] = [
+    "pod",
+    "configmap",
+    "secret",
+    "node",
+    "device",
+    "devicemodel",
+    "lease",
+];
+
+/// Why the edge cannot use a cloud write of `value` under `target` (reason label, text), or
+/// `Ok` when it can: a key with empty, `.` or `..` segments, an object kind whose content is
+/// not an object, or an object whose own name is another than the one in the key.
+fn unusable(target: &Target, value: &Value) -> Result<(), (&'static str, String)> {
+    if target
+        .key
+        .split('/')
+        .any(|part| part == ".." || part == "." || part.is_empty())
+    {
+        return Err((
+            "bad_key",
+            "a resource key may not have empty, '.' or '..' segments".into(),
+        ));
+    }
+    if !OBJECT_KINDS.contains(&target.kind.as_str()) {
+        return Ok(());
+    }
+    if !value.is_object() {
+        return Err((
+            "not_an_object",
+            format!("a {} must be a JSON object", target.kind),
+        ));
+    }
+    let name = target.key.rsplit('/').next().unwrap_or_default();
+    match value["metadata"]["name"].as_str() {
+        Some(own) if own != name => Err((
+            "name_mismatch",
+            format!(
+                "the {} is named {own:?} but stored as {name:?}",
+                target.kind
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Device objects go on to DeviceTwin after they are stored.
 fn is_device_object(msg: &Message, kind: &str) -> bool {
     msg.source() == Some(&ModuleName::DeviceController)
@@ -340,6 +402,18 @@ impl Ctx {
     /// everything was committed; the cloud then resends and the retry is idempotent.
     async fn write(&self, msg: &Message, target: Target) {
         let value = msg.content_json().unwrap_or_else(|_| msg.content.clone());
+        if let Err((reason, text)) = unusable(&target, &value) {
+            tracing::warn!(key = %target.key.chars().take(256).collect::<String>(), reason, "cloud write refused: {text}");
+            self.metrics
+                .refused
+                .get_or_create(&ReasonLabels {
+                    reason: reason.to_owned(),
+                })
+                .inc();
+            let refusal = Message::error_to(msg, text);
+            self.to_cloud(&refusal).await;
+            return;
+        }
         let stored = self
             .store
             .upsert(target.key.clone(), target.kind.clone(), value)

@@ -50,6 +50,7 @@
 
 mod envelope;
 mod error;
+pub mod log;
 mod metrics;
 mod module;
 mod registry;

@@ -33,6 +33,8 @@ pub struct CloudHubMetrics {
     pub refused: Counter,
     /// Per-node actors restarted after a panic or a stop.
     pub node_restarts: Counter,
+    /// Warnings about what an edge sent that were not logged (over its budget).
+    pub warnings_held_back: Counter,
     /// Nodes CloudHub has an actor for (connected or not).
     pub node_actors: Gauge,
     /// Messages the per-node actors handled (all nodes together).
@@ -46,6 +48,11 @@ pub struct CloudHubMetrics {
 impl CloudHubMetrics {
     pub(crate) fn register(&self, hive: &Hive) {
         let m = hive.metrics();
+        m.register(
+            "edgehive_cloudhub_warnings_held_back",
+            "Warnings about what an edge sent that were not logged, over the per-connection budget",
+            self.warnings_held_back.clone(),
+        );
         m.register(
             "edgehive_cloudhub_node_actors",
             "Edge nodes CloudHub has an actor for, connected or not",

@@ -35,6 +35,7 @@ use super::pool::{Enqueued, NodePool};
 use super::session::{CloseSession, NodeSession, WriteFrame};
 use super::{auth, dispatch};
 use crate::cloud::contract::{route, Acked, NodeMessage};
+use crate::hive::log::{clip, WarnBudget};
 use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, Refused};
 
 /// Mailbox of a node actor. Senders never overrun it by much: wakes are coalesced,
@@ -444,6 +445,7 @@ impl Recipe for NodeRecipe {
         NodeActor {
             cell: self.cell.clone(),
             hub: self.hub.clone(),
+            warnings: WarnBudget::default(),
             timer: None,
         }
     }
@@ -482,6 +484,8 @@ impl Recipe for NodeRecipe {
 pub struct NodeActor {
     cell: Arc<NodeCell>,
     hub: Arc<HubContext>,
+    /// How many warnings about what this node sends may be logged.
+    warnings: WarnBudget,
     /// The pending deadline and its timer.
     timer: Option<(Instant, SpawnHandle)>,
 }
@@ -629,6 +633,15 @@ impl NodeActor {
         }
     }
 
+    /// Whether a warning about what the node sent may be logged now (see [`WarnBudget`]).
+    fn warning(&mut self) -> Option<u64> {
+        let allowed = self.warnings.take(Instant::now());
+        if allowed.is_none() {
+            self.hub.metrics.warnings_held_back.inc();
+        }
+        allowed
+    }
+
     /// Tells SyncController (if one runs) what the edge now has.
     fn publish_ack(&self, acked: &NodeMessage) {
         let event = Acked {
@@ -652,7 +665,8 @@ impl NodeActor {
     }
 
     fn on_edge_message(&mut self, message: Message, ctx: &mut Context<Self>) {
-        let node = self.cell.name.as_str();
+        let cell = self.cell.clone();
+        let node = cell.name.as_str();
         match message.operation() {
             Some(Operation::Response) => {
                 let parent = message.parent_id().unwrap_or_default();
@@ -666,7 +680,10 @@ impl NodeActor {
                 }
             }
             Some(Operation::Error) => {
-                tracing::warn!(%node, parent = message.parent_id(), content = %message.content, "edge reported an error");
+                if let Some(held_back) = self.warning() {
+                    let content = message.content.to_string();
+                    tracing::warn!(%node, parent = %clip(message.parent_id().unwrap_or_default()), content = %clip(&content), held_back, "edge reported an error");
+                }
             }
             _ => {
                 let verdict = if self.hub.security.authorize {
@@ -687,7 +704,9 @@ impl NodeActor {
                         }
                     }
                     Err(denied) => {
-                        tracing::warn!(%node, id = message.id(), resource = message.resource(), reason = %denied.text, "upstream message refused");
+                        if let Some(held_back) = self.warning() {
+                            tracing::warn!(%node, id = %clip(message.id()), reason = %clip(&denied.text), held_back, "upstream message refused");
+                        }
                         self.hub.metrics.deny(denied.reason);
                         let reply = dispatch::refusal(node, &message, denied.text);
                         self.cell.enqueue(reply, &self.hub);

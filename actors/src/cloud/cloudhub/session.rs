@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use super::metrics::CloudHubMetrics;
 use super::node::{ConnectionStats, FromEdge, HubContext, NodeActor, NodeCell};
+use crate::hive::log::{clip, WarnBudget};
 
 /// Frames waiting for the socket. Overflow policy: when the peer does not read and this many
 /// frames are queued, the connection is closed (its ACK-lane message is resent on the next
@@ -72,6 +73,8 @@ pub struct NodeSession {
     writer: mpsc::Sender<Outgoing>,
     /// Closes the connection unless a keepalive moves it.
     deadline: Option<SpawnHandle>,
+    /// How many warnings about this edge's frames may be logged.
+    warnings: WarnBudget,
     closing: bool,
 }
 
@@ -107,6 +110,7 @@ impl NodeSession {
                 stats: session_stats,
                 writer,
                 deadline: None,
+                warnings: WarnBudget::default(),
                 closing: false,
             }
         });
@@ -182,9 +186,16 @@ impl NodeSession {
         self.forward(message, ctx);
     }
 
-    fn malformed(&self, reason: &str, detail: &str) {
-        tracing::warn!(node = %self.cell.name(), session = self.session_id, reason, detail, "malformed frame ignored");
+    fn malformed(&mut self, reason: &str, detail: &str) {
         self.metrics().malformed(reason);
+        match self.warnings.take(std::time::Instant::now()) {
+            Some(held_back) => {
+                tracing::warn!(node = %self.cell.name(), session = self.session_id, reason, detail = %clip(detail), held_back, "malformed frame ignored");
+            }
+            None => {
+                self.metrics().warnings_held_back.inc();
+            }
+        }
     }
 
     fn forward(&mut self, message: Message, ctx: &mut Context<Self>) {

@@ -354,6 +354,43 @@ async fn a_node_cannot_reach_a_secret_through_a_pod_it_creates() {
 }
 
 #[actix_rt::test]
+async fn a_node_gets_tokens_only_for_service_accounts_its_pods_run_as() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = start_tls_cloud(dir.path()).await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(edge_node("edge-a")).unwrap();
+    cluster.apply(pod("web", "edge-a")).unwrap();
+    let ca = cloud_ca(dir.path());
+    let mut socket = dial(&cloud, ca.cert_der(), &node_cert(&ca, "edge-a"), "edge-a")
+        .await
+        .unwrap();
+    let token = |resource: &str| {
+        Message::new(
+            ModuleName::Edged,
+            Group::Meta,
+            Operation::Query,
+            resource,
+            json!({"spec": {"audiences": ["https://kubernetes.default.svc"],
+                            "boundObjectRef": null}}),
+        )
+    };
+    let steal = token("kube-system/serviceaccounttoken/admin");
+    send(&mut socket, &steal).await;
+    let reply = reply_to(&mut socket, steal.id()).await;
+    assert_eq!(reply.operation(), Some(&Operation::Error));
+    let text = reply.content_str().unwrap_or_default().to_owned();
+    assert!(text.contains("no pod on this node runs as"), "{text}");
+    // The account its pod runs as ("default" in "default") is fine.
+    let own = token("default/serviceaccounttoken/default");
+    send(&mut socket, &own).await;
+    let reply = reply_to(&mut socket, own.id()).await;
+    assert_ne!(reply.operation(), Some(&Operation::Error), "{reply:?}");
+    let metrics = http_get(cloud.admin_addr(), "/metrics").await.1;
+    assert_eq!(denied(&metrics, "not_bound_to_node"), 1, "{metrics}");
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
 async fn a_node_cannot_write_another_nodes_pod_status_through_a_list() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = start_tls_cloud(dir.path()).await;

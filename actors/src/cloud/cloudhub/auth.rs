@@ -5,15 +5,19 @@
 //!
 //! | type | allowed when |
 //! | --- | --- |
-//! | `node`, `nodestatus`, `nodepatch`, `lease` | the name is the node's own |
+//! | `node`, `nodestatus`, `nodepatch` | the name is the node's own |
+//! | `lease` | the name is the node's own and the namespace `kube-node-lease` |
 //! | `pod`, `podpatch` | CloudHub has sent that pod to this node, or the cluster binds it to this node (`spec.nodeName`), or it is an `insert` whose content has `spec.nodeName` = the node (a static pod's mirror) that references no secret, configmap, service account, PVC or projected token (Kubernetes' NodeRestriction) |
 //! | `podstatus` | every pod it names (one, or each item of a list) is bound to this node as above |
 //! | `configmap`, `secret` | CloudHub has sent that object to this node, or a pod bound to this node references it (volumes, projected sources, env, envFrom, imagePullSecrets) |
 //!
-//! Other resources (events, service account tokens, `k8s/ca.crt`, device twin and membership
-//! messages, …) are not scoped by node here; KubeEdge's node authorizer defers most of them to
-//! the API server, which edgehive's embedded cluster does not have. Keepalives and responses
-//! (ACKs) are always allowed: an ACK only ever matches the node's own pool.
+//! | `serviceaccounttoken` | a pod bound to this node runs as that service account; a token bound to a pod must name such a pod of this node (as the kubelet asks) |
+//! | `event` | its involved object is this Node or one of its pods |
+//! | `device/{ns}/{name}/…` (DeviceTwin) | the Device is bound to this node (`spec.nodeName`), or CloudHub has sent it to this node |
+//!
+//! Other resources (`k8s/ca.crt`, `membership/detail`, which is answered for the sending node
+//! only, …) are not scoped further. Keepalives and responses (ACKs) are always allowed: an ACK
+//! only ever matches the node's own pool.
 
 use std::collections::HashSet;
 
@@ -22,6 +26,9 @@ use edgehive_protocols::{EdgeResource, Message, Operation, ResourceType};
 use serde_json::Value;
 
 use crate::cloud::cluster::EmbeddedCluster;
+
+/// The namespace of node Leases.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// Most bound objects remembered per node; beyond it, new ones are not recorded and checks
 /// fall back to the cluster (nothing is refused because of the cap).
@@ -35,6 +42,25 @@ pub trait BindingView: Send + Sync + 'static {
     fn referenced_on_node(&self, node: &str, kind: &str, namespace: &str, name: &str) -> bool;
     /// Whether a Node object named `name` exists.
     fn node_exists(&self, name: &str) -> bool;
+    /// The service account pod `namespace/name` runs as (`default` when it names none), if
+    /// the pod exists. A view that cannot tell answers `None`, and tokens are refused.
+    fn pod_service_account(&self, namespace: &str, name: &str) -> Option<String>;
+    /// Whether a pod bound to `node` runs as service account `namespace/account`.
+    fn service_account_on_node(&self, node: &str, namespace: &str, account: &str) -> bool;
+    /// The node Device `namespace/name` is bound to (`spec.nodeName`), if the view follows
+    /// devices; otherwise only devices the cloud sent to the node count as its own.
+    fn device_node(&self, namespace: &str, name: &str) -> Option<String> {
+        let _ = (namespace, name);
+        None
+    }
+}
+
+/// The service account a pod runs as: `spec.serviceAccountName`, else `default`.
+pub fn service_account_of(pod: &Value) -> &str {
+    pod["spec"]["serviceAccountName"]
+        .as_str()
+        .filter(|account| !account.is_empty())
+        .unwrap_or("default")
 }
 
 impl BindingView for EmbeddedCluster {
@@ -54,6 +80,25 @@ impl BindingView for EmbeddedCluster {
 
     fn node_exists(&self, name: &str) -> bool {
         self.get("Node", None, name).is_some()
+    }
+
+    fn pod_service_account(&self, namespace: &str, name: &str) -> Option<String> {
+        let pod = self.get("Pod", Some(namespace), name)?;
+        Some(service_account_of(&pod).to_owned())
+    }
+
+    fn service_account_on_node(&self, node: &str, namespace: &str, account: &str) -> bool {
+        let (pods, _) = self.list("Pod");
+        pods.iter().any(|pod| {
+            pod["spec"]["nodeName"] == node
+                && pod["metadata"]["namespace"].as_str().unwrap_or("default") == namespace
+                && service_account_of(pod) == account
+        })
+    }
+
+    fn device_node(&self, namespace: &str, name: &str) -> Option<String> {
+        let device = self.get("Device", Some(namespace), name)?;
+        device["spec"]["nodeName"].as_str().map(str::to_owned)
     }
 }
 
@@ -111,6 +156,7 @@ pub fn bound_key(edge_resource: &str) -> Option<String> {
         ResourceType::Pod => "pod",
         ResourceType::ConfigMap => "configmap",
         ResourceType::Secret => "secret",
+        ResourceType::Device => "device",
         _ => return None,
     };
     Some(format!("{}/{kind}/{}", parsed.namespace, parsed.name?))
@@ -139,6 +185,27 @@ pub fn authorize(
     ) {
         return Ok(());
     }
+    if let Some(rest) = message.resource().strip_prefix("device/") {
+        // DeviceTwin's reports: device/{ns}/{name}/twin/edge_updated, .../state/update.
+        let mut parts = rest.split('/');
+        let (namespace, name) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let own = bound.contains(&format!("{namespace}/device/{name}"))
+            || view
+                .and_then(|view| view.device_node(namespace, name))
+                .as_deref()
+                == Some(node);
+        return if own {
+            Ok(())
+        } else {
+            Err(Denied {
+                reason: "not_bound_to_node",
+                text: format!(
+                    "node {node} may not access {}: the device is not bound to this node",
+                    message.resource()
+                ),
+            })
+        };
+    }
     let Ok(resource) = EdgeResource::parse(message.resource()) else {
         return Ok(());
     };
@@ -156,14 +223,70 @@ pub fn authorize(
     };
     let denied = |what: &str| denied_as("not_bound_to_node", what);
     match resource.resource_type {
-        ResourceType::Node
-        | ResourceType::NodeStatus
-        | ResourceType::NodePatch
-        | ResourceType::Lease => {
+        ResourceType::Node | ResourceType::NodeStatus | ResourceType::NodePatch => {
             if name == node {
                 Ok(())
             } else {
-                denied("a node may only send messages about its own Node and Lease")
+                denied("a node may only send messages about its own Node")
+            }
+        }
+        ResourceType::Lease => {
+            if name == node && ns == NODE_LEASE_NAMESPACE {
+                Ok(())
+            } else {
+                denied("a node may only use its own Lease in kube-node-lease")
+            }
+        }
+        ResourceType::ServiceAccountToken => {
+            // As the kubelet: a token for a service account a pod on this node runs as, and
+            // when the request binds it to a pod, that pod is on this node and runs as it.
+            let bound_to = &message.content["spec"]["boundObjectRef"];
+            let allowed = if bound_to.is_null() {
+                view.is_some_and(|view| view.service_account_on_node(node, ns, name))
+            } else {
+                let pod = bound_to["name"].as_str().unwrap_or_default();
+                bound_to["kind"] == "Pod"
+                    && pod_bound(pod)
+                    && view
+                        .and_then(|view| view.pod_service_account(ns, pod))
+                        .as_deref()
+                        == Some(name)
+            };
+            if allowed {
+                Ok(())
+            } else {
+                denied("no pod on this node runs as that service account")
+            }
+        }
+        ResourceType::Event => {
+            // An event about the node itself or one of its pods.
+            let event = match message.operation() {
+                Some(Operation::Patch) => &message.content["event"],
+                _ => &message.content,
+            };
+            let event = if event.is_string() {
+                &message.content_json().unwrap_or(Value::Null)
+            } else {
+                event
+            };
+            let involved = &event["involvedObject"];
+            let about = involved["name"].as_str().unwrap_or_default();
+            let own = match involved["kind"].as_str() {
+                Some("Node") => about == node,
+                Some("Pod") => {
+                    let pod_ns = involved["namespace"].as_str().unwrap_or(ns);
+                    bound.contains(&format!("{pod_ns}/pod/{about}"))
+                        || view
+                            .and_then(|view| view.pod_node(pod_ns, about))
+                            .as_deref()
+                            == Some(node)
+                }
+                _ => false,
+            };
+            if own {
+                Ok(())
+            } else {
+                denied("an event must be about this node or one of its pods")
             }
         }
         ResourceType::PodStatus => {
@@ -262,6 +385,11 @@ mod tests {
         let ok = |node: &str, resource: &str| authorize(node, &query(resource), &none, Some(view));
         assert!(ok("edge-1", "default/node/edge-1").is_ok());
         assert!(ok("edge-1", "kube-node-lease/lease/edge-1").is_ok());
+        assert!(
+            ok("edge-1", "default/lease/edge-1").is_err(),
+            "only in kube-node-lease"
+        );
+        assert!(ok("edge-1", "kube-node-lease/lease/edge-2").is_err());
         assert!(ok("edge-1", "default/node/edge-2").is_err());
         assert!(ok("edge-1", "default/podstatus/web").is_ok());
         assert!(ok("edge-2", "default/podstatus/web").is_err());
@@ -322,6 +450,43 @@ mod tests {
             assert!(refusal.text.contains(what), "{refusal:?}");
             assert_eq!(refusal.reason, "mirror_pod_reference");
         }
+        // Service account tokens: only for an account a pod of this node runs as ("web" runs
+        // as "default"), bound (if at all) to such a pod.
+        let token = |account: &str, bound_to: Value| {
+            let mut message = query(&format!("default/serviceaccounttoken/{account}"));
+            message.content = json!({"spec": {"boundObjectRef": bound_to}});
+            message
+        };
+        let web = json!({"kind": "Pod", "name": "web"});
+        assert!(authorize("edge-1", &token("default", Value::Null), &none, Some(view)).is_ok());
+        assert!(authorize("edge-1", &token("default", web.clone()), &none, Some(view)).is_ok());
+        assert!(authorize("edge-1", &token("admin", Value::Null), &none, Some(view)).is_err());
+        assert!(authorize("edge-1", &token("admin", web.clone()), &none, Some(view)).is_err());
+        assert!(authorize("edge-2", &token("default", web), &none, Some(view)).is_err());
+        // Events: about this node or one of its pods.
+        let event = |kind: &str, name: &str| {
+            let mut message = query("default/event/e1");
+            message.route.operation = Some(Operation::Insert);
+            message.content =
+                json!({"involvedObject": {"kind": kind, "name": name, "namespace": "default"}});
+            message
+        };
+        assert!(authorize("edge-1", &event("Node", "edge-1"), &none, Some(view)).is_ok());
+        assert!(authorize("edge-1", &event("Pod", "web"), &none, Some(view)).is_ok());
+        assert!(authorize("edge-1", &event("Node", "edge-2"), &none, Some(view)).is_err());
+        assert!(authorize("edge-2", &event("Pod", "web"), &none, Some(view)).is_err());
+        assert!(authorize("edge-1", &event("Secret", "db"), &none, Some(view)).is_err());
+        // Device twin reports: only for devices bound to this node.
+        cluster
+            .create(json!({"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "Device",
+                "metadata": {"name": "t1", "namespace": "default"}, "spec": {"nodeName": "edge-1"}}))
+            .unwrap();
+        let report = |device: &str| query(&format!("device/default/{device}/twin/edge_updated"));
+        assert!(authorize("edge-1", &report("t1"), &none, Some(view)).is_ok());
+        assert!(authorize("edge-2", &report("t1"), &none, Some(view)).is_err());
+        assert!(authorize("edge-1", &report("unknown"), &none, Some(view)).is_err());
+        let sent_device: HashSet<String> = ["default/device/t2".to_owned()].into();
+        assert!(authorize("edge-2", &report("t2"), &sent_device, None).is_ok());
         let sent: HashSet<String> = ["default/secret/pushed".to_owned()].into();
         assert!(authorize("edge-2", &query("default/secret/pushed"), &sent, None).is_ok());
     }

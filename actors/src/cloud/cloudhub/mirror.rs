@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::auth::{pod_references, BindingView};
+use super::auth::{pod_references, service_account_of, BindingView};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchError, WatchEvent};
 
 /// First wait before listing again after a failed list; doubled up to [`MAX_RETRY`].
@@ -79,6 +79,22 @@ impl BindingView for BindingMirror {
 
     fn node_exists(&self, name: &str) -> bool {
         self.read().nodes.contains(name)
+    }
+
+    fn pod_service_account(&self, namespace: &str, name: &str) -> Option<String> {
+        let bindings = self.read();
+        let pod = bindings
+            .pods
+            .get(&(namespace.to_owned(), name.to_owned()))?;
+        Some(service_account_of(pod).to_owned())
+    }
+
+    fn service_account_on_node(&self, node: &str, namespace: &str, account: &str) -> bool {
+        self.read().pods.iter().any(|((pod_namespace, _), pod)| {
+            pod_namespace == namespace
+                && pod["spec"]["nodeName"] == node
+                && service_account_of(pod) == account
+        })
     }
 }
 
@@ -197,6 +213,7 @@ fn pruned(pod: &Value) -> Value {
     };
     json!({"spec": {
         "nodeName": spec["nodeName"],
+        "serviceAccountName": spec["serviceAccountName"],
         "volumes": spec["volumes"],
         "imagePullSecrets": spec["imagePullSecrets"],
         "containers": containers("containers"),

@@ -513,3 +513,84 @@ async fn a_connection_made_while_the_nodes_actor_restarts_is_served_after_the_re
         .await;
     cloud.stop().await;
 }
+
+#[actix_rt::test]
+async fn at_the_node_limit_a_node_known_to_the_cluster_displaces_a_stranger() {
+    use edgehive_actors::cloud::cloudhub::{start_cloudhub_with, CloudHubSecurity};
+    let hive = Hive::new("cloud");
+    let cluster = EmbeddedCluster::new();
+    let security = CloudHubSecurity {
+        view: Some(std::sync::Arc::new(cluster.clone())),
+        ..CloudHubSecurity::default()
+    };
+    let options = CloudHubOptions {
+        node_limit: 1,
+        ..test_options()
+    };
+    let server = start_cloudhub_with(&hive, options, security).await.unwrap();
+    let cloud = Cloud {
+        hive,
+        cluster,
+        server,
+    };
+    cloud.edge_node("known");
+    let mut stranger = Edge::connect(cloud.addr(), "stranger").await;
+    cloud
+        .eventually("the stranger is connected", || async {
+            cloud.nodes().await.iter().any(|n| n.connected)
+        })
+        .await;
+    let _known = Edge::connect(cloud.addr(), "known").await;
+    let reason = stranger.expect_close().await.unwrap();
+    assert_eq!(reason.code, CloseCode::Normal);
+    assert_eq!(
+        reason.description.as_deref(),
+        Some("node limit reached: room made for a node known to the cluster")
+    );
+    cloud
+        .eventually("the known node holds the slot", || async {
+            let nodes = cloud.nodes().await;
+            nodes.iter().all(|n| n.connected == (n.node == "known"))
+        })
+        .await;
+    // The stranger cannot take it back.
+    let mut again = Edge::connect(cloud.addr(), "stranger").await;
+    assert_eq!(again.expect_close().await.unwrap().code, CloseCode::Policy);
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_refused_edge_backs_off_instead_of_retrying_at_its_shortest_interval() {
+    use edgehive_actors::edge::edgehub::{EdgeHubModule, EdgeHubOptions};
+    let cloud = Cloud::start(CloudHubOptions {
+        node_limit: 1,
+        ..test_options()
+    })
+    .await;
+    let _holder = Edge::connect(cloud.addr(), "holder").await;
+    cloud
+        .eventually("the holder is connected", || async {
+            cloud.nodes().await.iter().any(|n| n.connected)
+        })
+        .await;
+    let edge = Hive::new("edge");
+    edge.start_module(EdgeHubModule::new(EdgeHubOptions {
+        server: cloud.addr().to_string(),
+        node_name: "refused".into(),
+        reconnect_min: Duration::from_millis(10),
+        reconnect_max: Duration::from_secs(10),
+        ..EdgeHubOptions::default()
+    }))
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let metrics = cloud.hive.metrics().encode();
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("edgehive_cloudhub_nodes_refused_total "))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0);
+    // Retrying every 10 ms would be some 200 refusals in 2 s; doubling from 10 ms is a dozen.
+    assert!((1..=12).contains(&refused), "{refused} refusals in 2 s");
+    edge.shutdown();
+    cloud.stop().await;
+}

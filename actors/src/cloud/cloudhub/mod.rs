@@ -179,6 +179,41 @@ impl Actor for CloudHub {
 }
 
 impl CloudHub {
+    /// At the node limit, a node the cluster has a Node object for is admitted before nodes
+    /// it has none for: one of those is disconnected to make room. Without a cluster view
+    /// every node counts as known.
+    fn make_room_for_known_node(&self, node: &str, limit: usize) {
+        let hub = &self.shared.hub;
+        let Some(view) = hub.security.view.as_deref() else {
+            return;
+        };
+        if hub.connected.load(Ordering::Acquire) < limit || !view.node_exists(node) {
+            return;
+        }
+        let already = self
+            .shared
+            .nodes()
+            .get(node)
+            .is_some_and(|cell| cell.is_admitted());
+        if already {
+            return;
+        }
+        // At the limit only: a scan of the directory for a connected stranger.
+        let stranger = self
+            .shared
+            .cells()
+            .into_iter()
+            .find(|cell| cell.is_admitted() && !view.node_exists(cell.name()));
+        if let Some(stranger) = stranger {
+            tracing::warn!(node = %stranger.name(), for_node = %node, "node limit reached: disconnecting a node the cluster does not know");
+            hub.metrics.refused.inc();
+            stranger.disconnect(
+                "node limit reached: room made for a node known to the cluster",
+                hub,
+            );
+        }
+    }
+
     fn deliver(&self, ToNodes { nodes, message }: ToNodes) {
         for node in nodes {
             self.shared
@@ -269,6 +304,7 @@ impl Handler<Admit> for CloudHub {
     fn handle(&mut self, admit: Admit, _: &mut Context<Self>) -> Self::Result {
         let limit = self.shared.hub.options.node_limit;
         // A refused node gets no cell: connections over the limit leave nothing behind.
+        self.make_room_for_known_node(&admit.node, limit);
         let known = self.shared.nodes().get(&admit.node).cloned();
         let admitted = match known {
             Some(cell) => cell

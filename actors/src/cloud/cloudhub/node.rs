@@ -320,6 +320,11 @@ impl NodeCell {
         self.post(Detach);
     }
 
+    /// Whether the node has an admitted connection.
+    pub(crate) fn is_admitted(&self) -> bool {
+        self.admitted.load(Ordering::Acquire) != 0
+    }
+
     /// Closes the node's connection, if it has one; says whether it had.
     pub(crate) fn disconnect(&self, reason: &str, hub: &HubContext) -> bool {
         if self.admitted.swap(0, Ordering::AcqRel) == 0 {

@@ -27,6 +27,9 @@ pub(super) struct Partial {
     too_large: bool,
 }
 
+/// A connection that lasted this long resets the reconnect backoff.
+const STABLE_CONNECTION: Duration = Duration::from_secs(10);
+
 impl Link {
     /// Dial, serve, back off, repeat; forever (until the actor stops and drops this future).
     pub(super) async fn run(self) {
@@ -36,11 +39,16 @@ impl Link {
         loop {
             match self.connect().await {
                 Ok(framed) => {
-                    backoff = min;
+                    let connected_at = tokio::time::Instant::now();
                     self.shared.set_connected(true, None);
                     tracing::info!(url = %events_url(&self.options), "connected to the cloud");
                     self.broadcast_connection(ConnectionState::Connected).await;
                     let reason = self.serve(framed).await;
+                    // Only a connection that lasted starts the backoff again: one the cloud
+                    // closes at once (node limit, refused identity) keeps doubling it.
+                    if connected_at.elapsed() >= STABLE_CONNECTION {
+                        backoff = min;
+                    }
                     tracing::warn!(%reason, "connection to the cloud lost");
                     self.shared.set_connected(false, Some(reason));
                     self.broadcast_connection(ConnectionState::Disconnected)

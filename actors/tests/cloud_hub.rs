@@ -594,3 +594,107 @@ async fn a_refused_edge_backs_off_instead_of_retrying_at_its_shortest_interval()
     edge.shutdown();
     cloud.stop().await;
 }
+
+/// A WebSocket client written by hand, to send what a well-behaved client never would.
+mod raw {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    pub fn connect(addr: SocketAddr, node: &str) -> TcpStream {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            stream,
+            "GET / HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+             node_id: {node}\r\nproject_id: p\r\nConnectionUse: msg\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            stream.read_exact(&mut byte).unwrap();
+            head.push(byte[0]);
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 101"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        stream
+    }
+
+    /// One final frame with `opcode` and a payload under 126 bytes, masked or not.
+    pub fn frame(opcode: u8, payload: &[u8], masked: bool) -> Vec<u8> {
+        let mask = [1u8, 2, 3, 4];
+        let mut out = vec![
+            0x80 | opcode,
+            payload.len() as u8 | if masked { 0x80 } else { 0 },
+        ];
+        if masked {
+            out.extend_from_slice(&mask);
+            out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        } else {
+            out.extend_from_slice(payload);
+        }
+        out
+    }
+
+    /// The close code of the next frame, which must be a close frame.
+    pub fn close_code(stream: &mut TcpStream) -> u16 {
+        let mut head = [0u8; 2];
+        stream.read_exact(&mut head).unwrap();
+        assert_eq!(head[0] & 0x0f, 0x8, "a close frame");
+        let mut payload = vec![0u8; usize::from(head[1] & 0x7f)];
+        stream.read_exact(&mut payload).unwrap();
+        u16::from_be_bytes([payload[0], payload[1]])
+    }
+}
+
+#[actix_rt::test]
+async fn websocket_protocol_errors_close_with_rfc_6455_codes_and_are_counted() {
+    let cloud = Cloud::start(test_options()).await;
+    let addr = cloud.addr();
+    let cases: [(&str, Vec<u8>, u16, &str); 3] = [
+        (
+            "unmasked",
+            raw::frame(0x1, b"hi", false),
+            1002,
+            "bad_masking",
+        ),
+        (
+            "not utf-8",
+            raw::frame(0x1, &[0xff, 0xfe, 0xfd], true),
+            1007,
+            "invalid_utf8",
+        ),
+        (
+            "reserved opcode",
+            raw::frame(0x3, b"x", true),
+            1002,
+            "bad_opcode",
+        ),
+    ];
+    for (what, bytes, code, reason) in cases {
+        // The hand-written client blocks, so it runs on a thread of its own.
+        let (done, result) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut stream = raw::connect(addr, "rude");
+            stream.write_all(&bytes).unwrap();
+            let _ = done.send(raw::close_code(&mut stream));
+        });
+        assert_eq!(result.await.unwrap(), code, "{what}");
+        let metrics = cloud.hive.metrics().encode();
+        assert!(
+            metrics.contains(&format!(
+                "edgehive_cloudhub_malformed_frames_total{{reason=\"{reason}\"}} 1"
+            )),
+            "{what}: {metrics}"
+        );
+    }
+    cloud.stop().await;
+}

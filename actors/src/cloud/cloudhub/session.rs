@@ -286,26 +286,27 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for NodeSession {
                 tracing::info!(node = %self.cell.name(), ?reason, "edge closed the connection");
                 self.close(ctx, CloseCode::Normal, "bye");
             }
-            Err(err) => {
-                let too_large = matches!(err, ProtocolError::Overflow)
-                    || matches!(&err, ProtocolError::Io(io) if io.to_string().contains("maximum continuation size"));
-                if too_large {
+            Err(err) => match protocol_violation(&err) {
+                Some((reason, code)) => {
                     self.metrics().frames_in.inc();
-                    self.malformed("too_large", &err.to_string());
-                    let reason = format!("frame exceeds {} bytes", self.config.max_frame_bytes);
-                    self.close(ctx, CloseCode::Size, &reason);
-                } else if matches!(&err, ProtocolError::Io(_)) {
+                    self.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+                    self.malformed(reason, &err.to_string());
+                    let text = if code == CloseCode::Size {
+                        format!("frame exceeds {} bytes", self.config.max_frame_bytes)
+                    } else {
+                        format!("protocol error: {}", reason.replace('_', " "))
+                    };
+                    self.close(ctx, code, &text);
+                }
+                None => {
                     // The peer vanished without a close frame: what flaky edge links (and
                     // edgecore itself on restart) do all the time, so not a warning.
                     // There is nobody to send a close frame to.
                     tracing::info!(node = %self.cell.name(), error = %err, "connection lost");
                     self.closing = true;
                     ctx.stop();
-                } else {
-                    tracing::warn!(node = %self.cell.name(), error = %err, "WebSocket protocol error; closing");
-                    self.close(ctx, CloseCode::Protocol, "protocol error");
                 }
-            }
+            },
         }
     }
 
@@ -337,4 +338,30 @@ impl Handler<CloseSession> for NodeSession {
     fn handle(&mut self, close: CloseSession, ctx: &mut Context<Self>) {
         self.close(ctx, close.code, &close.reason);
     }
+}
+
+/// What a WebSocket protocol error from the edge is: the reason it is counted under and the
+/// close code RFC 6455 names for it (§7.4.1), or `None` when the connection itself failed.
+fn protocol_violation(err: &ProtocolError) -> Option<(&'static str, CloseCode)> {
+    Some(match err {
+        ProtocolError::Overflow => ("too_large", CloseCode::Size),
+        ProtocolError::Io(io) if io.to_string().contains("maximum continuation size") => {
+            ("too_large", CloseCode::Size)
+        }
+        // actix-ws reports a text frame that is not UTF-8 as InvalidData.
+        ProtocolError::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
+            ("invalid_utf8", CloseCode::Invalid)
+        }
+        ProtocolError::Io(_) => return None,
+        ProtocolError::UnmaskedFrame | ProtocolError::MaskedFrame => {
+            ("bad_masking", CloseCode::Protocol)
+        }
+        ProtocolError::InvalidOpcode(_) | ProtocolError::BadOpCode => {
+            ("bad_opcode", CloseCode::Protocol)
+        }
+        ProtocolError::InvalidLength(_) => ("bad_control_frame", CloseCode::Protocol),
+        ProtocolError::ContinuationNotStarted
+        | ProtocolError::ContinuationStarted
+        | ProtocolError::ContinuationFragment(_) => ("bad_continuation", CloseCode::Protocol),
+    })
 }

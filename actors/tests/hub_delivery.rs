@@ -431,3 +431,63 @@ async fn emitted_frames_have_exactly_kubeedges_fields() {
     edge.shutdown();
     cloud.stop().await;
 }
+
+#[actix_rt::test]
+async fn an_object_the_edge_cannot_take_is_parked_and_does_not_block_the_rest() {
+    let cloud = Cloud::start(CloudHubOptions {
+        ack_retry_interval: Duration::from_millis(20),
+        ..test_options()
+    })
+    .await;
+    cloud.edge_node("edge-1");
+    let dir = tempfile::tempdir().unwrap();
+    let hive = Hive::new("edge-1");
+    let store = MetaStore::open(&dir.path().join("edge.db")).unwrap();
+    hive.start_module(MetaManagerModule::new(store.clone()))
+        .unwrap();
+    // The edge takes frames of at most 64 KiB; the first pod is 100 KiB.
+    hive.start_module(EdgeHubModule::new(EdgeHubOptions {
+        server: cloud.addr().to_string(),
+        node_name: "edge-1".into(),
+        reconnect_min: Duration::from_millis(10),
+        reconnect_max: Duration::from_millis(50),
+        max_frame_bytes: 64 * 1024,
+        ..EdgeHubOptions::default()
+    }))
+    .unwrap();
+    let mut huge = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "huge", "namespace": "default",
+                     "annotations": {"blob": "x".repeat(100 * 1024)}},
+        "spec": {"nodeName": "edge-1", "containers": [{"name": "c", "image": "nginx"}]}});
+    cloud.cluster.create(huge.take()).unwrap();
+    cloud.pod("small", "edge-1");
+    // What waits behind it arrives...
+    cloud
+        .eventually("the small pod is stored", || async {
+            store
+                .get("default/pod/small".into())
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        })
+        .await;
+    // ...and the one it cannot take is parked, counted and shown, not lost or dropped.
+    cloud
+        .eventually("the huge pod is parked", || async {
+            cloud.node("edge-1").await.parked == 1
+        })
+        .await;
+    let metrics = cloud.hive.metrics().encode();
+    assert!(
+        metrics.contains("edgehive_cloudhub_parked_messages_total 1"),
+        "{metrics}"
+    );
+    assert!(store
+        .get("default/pod/huge".into())
+        .await
+        .unwrap()
+        .is_none());
+    hive.shutdown();
+    cloud.stop().await;
+}

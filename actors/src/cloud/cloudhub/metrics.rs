@@ -35,6 +35,8 @@ pub struct CloudHubMetrics {
     pub node_restarts: Counter,
     /// Warnings about what an edge sent that were not logged (over its budget).
     pub warnings_held_back: Counter,
+    /// Messages parked because their deliveries kept ending the node's connection.
+    pub parked: Counter,
     /// Nodes CloudHub has an actor for (connected or not).
     pub node_actors: Gauge,
     /// Messages the per-node actors handled (all nodes together).
@@ -48,6 +50,11 @@ pub struct CloudHubMetrics {
 impl CloudHubMetrics {
     pub(crate) fn register(&self, hive: &Hive) {
         let m = hive.metrics();
+        m.register(
+            "edgehive_cloudhub_parked_messages",
+            "Messages parked because their deliveries kept ending the node's connection (retried every 10 minutes)",
+            self.parked.clone(),
+        );
         m.register(
             "edgehive_cloudhub_warnings_held_back",
             "Warnings about what an edge sent that were not logged, over the per-connection budget",

@@ -136,6 +136,8 @@ pub struct NodeInfo {
     pub in_flight: Option<String>,
     /// Objects with a recorded ACKed resourceVersion.
     pub acked_objects: usize,
+    /// Objects parked after their deliveries kept ending the connection.
+    pub parked: usize,
     /// Frames written.
     pub sent: u64,
     /// ACKs received.
@@ -369,6 +371,7 @@ impl NodeCell {
                 .in_flight()
                 .map(|flight| flight.message.id().to_owned()),
             acked_objects: state.pool.acked_objects(),
+            parked: state.pool.parked(),
             sent: state.pool.stats.sent,
             acked: state.pool.stats.acked,
             resends: state.pool.stats.resends,
@@ -525,10 +528,20 @@ impl NodeActor {
         if let Some(old) = state.connection.take() {
             tracing::info!(%node, old = old.id, new = incoming.id, "node reconnected; closing its previous session");
             close(&old, "replaced by a new connection");
+            self.connection_ended(state);
         }
         tracing::info!(%node, session = incoming.id, "node connected");
         state.connection = Some(incoming);
         state.pool.restart_in_flight(Instant::now());
+    }
+
+    /// A connection of the node ended: what was on the wire counts a failed delivery.
+    fn connection_ended(&self, state: &mut NodeState) {
+        let retry = self.hub.options.ack_retry_interval;
+        if state.pool.connection_lost(Instant::now(), retry) {
+            tracing::warn!(node = %self.cell.name, "a message ended {} connections of this node; parked (tried again every {:?})", super::pool::PARK_AFTER, super::pool::PARKED_RETRY);
+            self.hub.metrics.parked.inc();
+        }
     }
 
     /// Closes the connection if it is no longer the admitted one (it ended, or the node was
@@ -540,6 +553,7 @@ impl NodeActor {
             if let Some(old) = state.connection.take() {
                 tracing::info!(node = %self.cell.name, session = old.id, "node disconnected");
                 close(&old, reason.as_deref().unwrap_or("disconnected"));
+                self.connection_ended(state);
             }
             return true;
         }
@@ -612,6 +626,7 @@ impl NodeActor {
         if lost {
             tracing::debug!(node = %self.cell.name, "session actor gone; node disconnected");
             state.connection = None;
+            self.connection_ended(&mut state);
         }
         if lost || self.close_stale(&mut state) {
             due = None;

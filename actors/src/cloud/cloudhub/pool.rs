@@ -28,6 +28,14 @@ use edgehive_protocols::object::is_newer;
 /// Longest wait before a message that was never ACKed is tried again.
 pub const MAX_REQUEUE_BACKOFF: Duration = Duration::from_secs(60);
 
+/// Connections lost while a message was on the wire after which it is parked: it is then
+/// tried only every [`PARKED_RETRY`], counted and shown, and never blocks the rest (an
+/// object the edge cannot take, e.g. larger than its frame limit, ends every connection).
+pub const PARK_AFTER: u32 = 5;
+
+/// How often a parked message is tried again.
+pub const PARKED_RETRY: Duration = Duration::from_secs(600);
+
 /// How big a pool may grow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolLimits {
@@ -78,6 +86,8 @@ struct Pending {
     message: Arc<NodeMessage>,
     not_before: Option<Instant>,
     failures: u32,
+    /// Connections that ended while it was on the wire.
+    lost_connections: u32,
 }
 
 /// The ACK-lane message currently on the wire, waiting for its ACK.
@@ -90,6 +100,7 @@ pub struct InFlight {
     /// When it is due again (resend or give up).
     pub due: Instant,
     failures: u32,
+    lost_connections: u32,
 }
 
 /// Per-node delivery counters, kept with the pool.
@@ -103,6 +114,8 @@ pub struct PoolStats {
     pub resends: u64,
     /// Messages dropped by the pool (overflow, stale, no resourceVersion).
     pub dropped: u64,
+    /// Messages parked (see [`PARK_AFTER`]).
+    pub parked: u64,
 }
 
 /// One node's pending messages; see the module docs.
@@ -182,6 +195,12 @@ impl NodePool {
                 return Enqueued::Stale;
             }
             pending.message = message;
+            if pending.lost_connections >= PARK_AFTER {
+                // A new version gets a fresh chance.
+                pending.lost_connections = 0;
+                pending.failures = 0;
+                pending.not_before = None;
+            }
             return Enqueued::Replaced;
         }
         if !exempt && !message.is_delete() {
@@ -201,6 +220,7 @@ impl NodePool {
                 message,
                 not_before: None,
                 failures: 0,
+                lost_connections: 0,
             },
         );
         self.order.push_back(key);
@@ -248,7 +268,9 @@ impl NodePool {
                     self.stats.sent += 1;
                     return Some(flight.message.clone());
                 }
-                Some(_) => self.requeue_in_flight(now, retry),
+                Some(_) => {
+                    self.requeue_in_flight(now, retry, false);
+                }
                 None => {
                     if !self.take_next(now) {
                         return None;
@@ -379,25 +401,62 @@ impl NodePool {
                 sends: 0,
                 due: now,
                 failures: pending.failures,
+                lost_connections: pending.lost_connections,
             });
             return true;
         }
         false
     }
 
-    fn requeue_in_flight(&mut self, now: Instant, retry: Duration) {
+    /// The node's connection ended. A message written on it and not ACKed counts a lost
+    /// connection and goes back into the queue with a backoff, so what waits behind it gets
+    /// its turn; after [`PARK_AFTER`] of those it is parked. Returns whether it was parked
+    /// just now.
+    pub fn connection_lost(&mut self, now: Instant, retry: Duration) -> bool {
+        if self
+            .in_flight
+            .as_ref()
+            .is_some_and(|flight| flight.sends > 0)
+        {
+            return self.requeue_in_flight(now, retry, true);
+        }
+        false
+    }
+
+    /// Objects parked (see [`PARK_AFTER`]).
+    pub fn parked(&self) -> usize {
+        self.pending
+            .values()
+            .filter(|pending| pending.lost_connections >= PARK_AFTER)
+            .count()
+    }
+
+    fn requeue_in_flight(&mut self, now: Instant, retry: Duration, lost_connection: bool) -> bool {
         let Some(flight) = self.in_flight.take() else {
-            return;
+            return false;
         };
         let failures = flight.failures.saturating_add(1);
+        let lost_connections = flight
+            .lost_connections
+            .saturating_add(u32::from(lost_connection));
+        let parked_now = lost_connections == PARK_AFTER && lost_connection;
         let factor = 2u32.saturating_pow(failures.min(16));
-        let backoff = retry.saturating_mul(factor).min(MAX_REQUEUE_BACKOFF);
+        let backoff = if lost_connections >= PARK_AFTER {
+            PARKED_RETRY
+        } else {
+            retry.saturating_mul(factor).min(MAX_REQUEUE_BACKOFF)
+        };
+        if parked_now {
+            self.stats.parked += 1;
+        }
         let not_before = Some(now + backoff);
         let key = flight.message.key().to_owned();
         match self.pending.get_mut(&key) {
-            // A newer message for the object arrived meanwhile; it inherits the backoff.
+            // A newer message for the object arrived meanwhile: it gets a fresh chance, with
+            // the backoff of an ordinary retry.
             Some(newer) => {
-                newer.not_before = not_before;
+                newer.not_before =
+                    Some(now + retry.saturating_mul(factor).min(MAX_REQUEUE_BACKOFF));
                 newer.failures = failures;
             }
             None => {
@@ -407,11 +466,13 @@ impl NodePool {
                         message: flight.message,
                         not_before,
                         failures,
+                        lost_connections,
                     },
                 );
                 self.order.push_back(key);
             }
         }
+        parked_now
     }
 }
 
@@ -579,6 +640,45 @@ mod tests {
         assert_eq!(pool.poll_ack_lane(t0 + RETRY * 2, RETRY, 2), None);
         let retried = written(pool.poll_ack_lane(t0 + RETRY * 4, RETRY, 2));
         assert_eq!(retried.id(), first.id());
+    }
+
+    #[test]
+    fn a_message_that_keeps_ending_connections_is_parked_not_dropped() {
+        let mut pool = NodePool::new(LIMITS);
+        let mut now = Instant::now();
+        pool.enqueue(pod("big", "1", Operation::Insert));
+        pool.enqueue(pod("next", "2", Operation::Insert));
+        for lost in 1..=PARK_AFTER {
+            // Written (after its backoff), then the connection dies before any ACK.
+            now += MAX_REQUEUE_BACKOFF;
+            let big = written(pool.poll_ack_lane(now, RETRY, 5));
+            assert_eq!(big.key(), "big", "round {lost}");
+            assert_eq!(pool.connection_lost(now, RETRY), lost == PARK_AFTER);
+            // What waited behind it gets its turn meanwhile.
+            if lost == 1 {
+                let next = written(pool.poll_ack_lane(now, RETRY, 5));
+                assert_eq!(next.key(), "next");
+                pool.ack(next.id());
+            }
+        }
+        assert_eq!((pool.parked(), pool.stats.parked), (1, 1));
+        // Parked: not tried before PARKED_RETRY, but not gone.
+        assert_eq!(
+            pool.poll_ack_lane(now + MAX_REQUEUE_BACKOFF, RETRY, 5),
+            None
+        );
+        let again = written(pool.poll_ack_lane(now + PARKED_RETRY, RETRY, 5));
+        assert_eq!(again.key(), "big");
+        // A newer version gets a fresh chance.
+        assert!(
+            !pool.connection_lost(now + PARKED_RETRY, RETRY),
+            "parked once only"
+        );
+        assert_eq!(
+            pool.enqueue(pod("big", "9", Operation::Update)),
+            Enqueued::Replaced
+        );
+        assert_eq!(pool.parked(), 0);
     }
 
     #[test]

@@ -277,6 +277,9 @@ fn twin_response(
         Ok(Err(error @ (TwinError::UnknownDevice(_) | TwinError::UnknownProperty(..)))) => {
             HttpResponse::NotFound().body(format!("{error}\n"))
         }
+        Ok(Err(error @ TwinError::Busy)) => HttpResponse::TooManyRequests()
+            .insert_header(("Retry-After", "5"))
+            .body(format!("{error}\n")),
         Ok(Err(error)) => HttpResponse::InternalServerError().body(format!("{error}\n")),
         Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
     }

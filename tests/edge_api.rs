@@ -226,3 +226,68 @@ async fn meta_watch_streams_added_modified_deleted() {
     edge.stop().await;
     cloud.stop().await;
 }
+
+#[actix_rt::test]
+async fn reports_the_edge_cannot_keep_are_refused_with_429_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    // No cloud: every report waits for a confirmation that does not come.
+    let nowhere: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let edge = EdgeProcess::start(&edge_config("api-edge", nowhere, dir.path()))
+        .await
+        .unwrap();
+    let admin = edge.admin_addr();
+    let membership = Message::new(
+        ModuleName::DeviceController,
+        Group::Twin,
+        Operation::Update,
+        "membership",
+        json!({"event_id": "e1", "timestamp": 1, "added_devices": [
+            {"id": "default/thermo-1", "name": "thermo-1", "description": "thermometer"}
+        ], "removed_devices": null}),
+    );
+    from_cloud(&edge, "twin", membership);
+    let device = Message::new(
+        ModuleName::DeviceController,
+        Group::Resource,
+        Operation::Insert,
+        "default/device/thermo-1",
+        device_object("20"),
+    )
+    .with_resource_version("340");
+    from_cloud(&edge, "metamanager", device);
+    eventually("the device on the API", WITHIN, || async {
+        let list = http_json(admin, "/api/v1/devices").await;
+        (list["items"][0]["id"] == "default/thermo-1").then_some(())
+    })
+    .await;
+    let path = "/api/v1/devices/default/thermo-1/twins/temperature";
+    for i in 0..edgehive_actors::edge::devicetwin::MAX_UNCONFIRMED {
+        let (status, body) = http_put(admin, path, "21").await;
+        assert_eq!(status, 200, "report {i}: {body}");
+    }
+    let mut refused = awc::Client::new()
+        .put(format!("http://{admin}{path}"))
+        .send_body("22")
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 429);
+    assert_eq!(
+        refused
+            .headers()
+            .get("Retry-After")
+            .and_then(|v| v.to_str().ok()),
+        Some("5")
+    );
+    let body = refused.body().await.unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("try again later"));
+    let (_, metrics) = http_get(admin, "/metrics").await;
+    assert!(
+        metrics.contains("edgehive_twin_reports_refused_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("edgehive_twin_unconfirmed_dropped_total 0"),
+        "{metrics}"
+    );
+    edge.stop().await;
+}

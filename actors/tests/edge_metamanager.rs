@@ -365,3 +365,61 @@ async fn writes_the_edge_cannot_use_are_refused_counted_and_not_stored() {
     assert!(row_in_file(&db, "default/pod/web").is_some());
     cloud.stop().await;
 }
+
+#[actix_rt::test]
+async fn acks_do_not_wait_behind_uploads_held_by_the_rate_limit() {
+    use edgehive_actors::edge::edgehub::EdgeHubModule;
+    use edgehive_actors::edge::metamanager::MetaManagerModule;
+    use edgehive_actors::edge::store::MetaStore;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cloud = FakeCloud::start();
+    let hive = Hive::new("edge");
+    hive.start_module(MetaManagerModule::new(
+        MetaStore::open(&dir.path().join("edge.db")).unwrap(),
+    ))
+    .unwrap();
+    // One upstream message a second: 20 queued uploads take 20 s to drain.
+    hive.start_module(EdgeHubModule::new(
+        edgehive_actors::edge::edgehub::EdgeHubOptions {
+            message_qps: 1,
+            message_burst: 1,
+            ..hub_options(cloud.addr)
+        },
+    ))
+    .unwrap();
+    let mut session = cloud.accept().await;
+    for i in 0..20 {
+        let upload = Message::new(
+            ModuleName::Twin,
+            Group::Twin,
+            Operation::Update,
+            format!("device/default/d{i}/twin/edge_updated"),
+            json!({"twin": {}}),
+        );
+        hive.send("websocket", upload).unwrap();
+    }
+    let push = Message::new(
+        ModuleName::EdgeController,
+        Group::Resource,
+        Operation::Insert,
+        "default/pod/urgent",
+        json!({"kind": "Pod", "metadata": {"name": "urgent", "namespace": "default",
+                                           "resourceVersion": "3"}}),
+    )
+    .with_resource_version("3");
+    send_frame(&mut session, &push).await;
+    // The ACK overtakes the uploads still held by the rate limit.
+    let mut uploads_first = 0;
+    let ack = loop {
+        let frame = cloud.next_frame().await;
+        if frame.parent_id() == Some(push.id()) {
+            break frame;
+        }
+        if frame.resource().starts_with("device/") {
+            uploads_first += 1;
+        }
+    };
+    assert_eq!(ack.content, json!("OK"));
+    assert!(uploads_first <= 2, "{uploads_first} uploads went first");
+    cloud.stop().await;
+}

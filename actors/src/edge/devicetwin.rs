@@ -53,6 +53,9 @@ pub enum TwinError {
     /// The edge database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Too many reports are still waiting for the cloud's confirmation; try again later.
+    #[error("{MAX_UNCONFIRMED} reports are waiting for the cloud's confirmation; try again later")]
+    Busy,
 }
 
 /// A mapper reports the value it read for one property of a device.
@@ -89,6 +92,7 @@ struct TwinMetrics {
     resends: Counter,
     confirmed: Counter,
     dropped: Counter,
+    refused: Counter,
     unconfirmed: Gauge,
 }
 
@@ -110,6 +114,11 @@ impl TwinMetrics {
             "edgehive_twin_confirmed",
             "Uploads the cloud confirmed",
             metrics.confirmed.clone(),
+        );
+        registry.register(
+            "edgehive_twin_reports_refused",
+            "Mapper reports refused because too many wait for the cloud's confirmation",
+            metrics.refused.clone(),
         );
         registry.register(
             "edgehive_twin_unconfirmed_dropped",
@@ -269,6 +278,7 @@ impl Handler<ReportTwin> for DeviceTwin {
     fn handle(&mut self, report: ReportTwin, _: &mut Context<Self>) -> Self::Result {
         let (hive, shared) = (self.hive.clone(), self.shared.clone());
         Box::pin(async move {
+            refuse_when_full(&shared)?;
             let reported = shared
                 .store
                 .set_actual(report.id.clone(), report.property.clone(), report.value)
@@ -303,6 +313,7 @@ impl Handler<ReportState> for DeviceTwin {
     fn handle(&mut self, report: ReportState, _: &mut Context<Self>) -> Self::Result {
         let (hive, shared) = (self.hive.clone(), self.shared.clone());
         Box::pin(async move {
+            refuse_when_full(&shared)?;
             let now = now_rfc3339();
             if !shared
                 .store
@@ -330,6 +341,15 @@ impl Handler<ReportState> for DeviceTwin {
             Ok(message)
         })
     }
+}
+
+/// A report is refused, not accepted and later dropped, while the confirm list is full.
+fn refuse_when_full(shared: &Shared) -> Result<(), TwinError> {
+    if shared.unconfirmed().order.len() >= MAX_UNCONFIRMED {
+        shared.metrics.refused.inc();
+        return Err(TwinError::Busy);
+    }
+    Ok(())
 }
 
 /// Remembers `message` until confirmed and sends it now if connected (else at reconnect).

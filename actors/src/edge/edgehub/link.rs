@@ -146,6 +146,13 @@ impl Link {
                         return reason;
                     }
                 }
+                // ACKs and error replies first, and never held by the rate limit.
+                reply = self.shared.next_reply() => {
+                    if let Err(reason) = write(&mut socket, &reply).await {
+                        self.shared.requeue(reply);
+                        return reason;
+                    }
+                }
                 message = async {
                     tokio::time::sleep_until(send_at).await;
                     self.shared.next_outgoing().await

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use actix::{Actor, AsyncContext, Context, Handler, MessageResult, ResponseFuture};
-use edgehive_protocols::Message;
+use edgehive_protocols::{Message, Operation};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
@@ -161,6 +161,10 @@ struct HubState {
     /// Overflow policy: when full, the oldest message is dropped and counted. The cloud
     /// resends what the edge has not acknowledged, so the newest messages are the valuable ones.
     outbox: VecDeque<Message>,
+    /// ACKs and error replies: written before the outbox and not throttled by the rate
+    /// limit (a report upload must never delay an ACK until the cloud resends). Same bound
+    /// and policy as the outbox.
+    replies: VecDeque<Message>,
 }
 
 /// State shared by the actor, its connection task and pending requests; outlives restarts.
@@ -168,6 +172,7 @@ struct HubState {
 struct Shared {
     state: Mutex<HubState>,
     outbox_ready: Notify,
+    replies_ready: Notify,
     /// Requests awaiting a cloud reply, by request id; bounded by [`MAX_PENDING_REQUESTS`].
     pending: Mutex<HashMap<String, oneshot::Sender<Message>>>,
     metrics: HubMetrics,
@@ -183,9 +188,27 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Whether `message` answers the cloud (an ACK or an error), rather than telling it something.
+fn is_reply(message: &Message) -> bool {
+    matches!(
+        message.operation(),
+        Some(Operation::Response | Operation::Error)
+    )
+}
+
 impl Shared {
     fn enqueue(&self, message: Message) {
         let mut state = lock(&self.state);
+        if is_reply(&message) {
+            if state.replies.len() >= self.outbox_capacity.max(1) {
+                state.replies.pop_front();
+                self.metrics.outbox_dropped.inc();
+            }
+            state.replies.push_back(message);
+            drop(state);
+            self.replies_ready.notify_one();
+            return;
+        }
         while state.outbox.len() >= self.outbox_capacity.max(1) {
             if let Some(dropped) = state.outbox.pop_front() {
                 self.metrics.outbox_dropped.inc();
@@ -217,9 +240,23 @@ impl Shared {
         }
     }
 
-    /// Puts back a message whose write failed, ahead of everything else.
+    /// Waits for the next reply to write (cancel-safe like [`Shared::next_outgoing`]).
+    async fn next_reply(&self) -> Message {
+        loop {
+            if let Some(message) = lock(&self.state).replies.pop_front() {
+                return message;
+            }
+            self.replies_ready.notified().await;
+        }
+    }
+
+    /// Puts back a message whose write failed, ahead of everything else of its lane.
     fn requeue(&self, message: Message) {
         let mut state = lock(&self.state);
+        if is_reply(&message) {
+            state.replies.push_front(message);
+            return;
+        }
         state.outbox.push_front(message);
         self.metrics.outbox.set(state.outbox.len() as i64);
     }
@@ -288,6 +325,7 @@ impl Module for EdgeHubModule {
                 Arc::new(Shared {
                     state: Mutex::new(HubState::default()),
                     outbox_ready: Notify::new(),
+                    replies_ready: Notify::new(),
                     pending: Mutex::new(HashMap::new()),
                     metrics: HubMetrics::register(hive),
                     outbox_capacity: self.options.outbox_capacity,

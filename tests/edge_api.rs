@@ -40,13 +40,9 @@ fn from_cloud(edge: &EdgeProcess, module: &str, message: Message) {
     edge.hive().send(module, message).unwrap();
 }
 
-#[actix_rt::test]
-async fn devices_api_lists_devices_and_takes_mapper_reports() {
-    let dir = tempfile::tempdir().unwrap();
-    let cloud = start_cloud().await;
-    let edge = start_edge("api-edge", &cloud, dir.path()).await;
-    let admin = edge.admin_addr();
-
+/// Gives the edge device `default/thermo-1` (membership and Device, as the cloud would) and
+/// waits until its API lists it with the desired temperature 20; returns the listing.
+async fn install_thermometer(edge: &EdgeProcess) -> Value {
     let membership = Message::new(
         ModuleName::DeviceController,
         Group::Twin,
@@ -56,7 +52,7 @@ async fn devices_api_lists_devices_and_takes_mapper_reports() {
             {"id": "default/thermo-1", "name": "thermo-1", "description": "thermometer"}
         ], "removed_devices": null}),
     );
-    from_cloud(&edge, "twin", membership);
+    from_cloud(edge, "twin", membership);
     let device = Message::new(
         ModuleName::DeviceController,
         Group::Resource,
@@ -65,14 +61,24 @@ async fn devices_api_lists_devices_and_takes_mapper_reports() {
         device_object("20"),
     )
     .with_resource_version("340");
-    from_cloud(&edge, "metamanager", device);
-
-    let listed = eventually("the device on the API", WITHIN, || async {
+    from_cloud(edge, "metamanager", device);
+    let admin = edge.admin_addr();
+    eventually("the device on the API", WITHIN, || async {
         let list = http_json(admin, "/api/v1/devices").await;
         let twin = &list["items"][0]["twin"]["temperature"];
         (twin["expected"]["value"] == "20").then_some(list)
     })
-    .await;
+    .await
+}
+
+#[actix_rt::test]
+async fn devices_api_lists_devices_and_takes_mapper_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = start_cloud().await;
+    let edge = start_edge("api-edge", &cloud, dir.path()).await;
+    let admin = edge.admin_addr();
+
+    let listed = install_thermometer(&edge).await;
     let item = &listed["items"][0];
     assert_eq!(item["id"], "default/thermo-1");
     assert_eq!(item["name"], "thermo-1");
@@ -236,30 +242,7 @@ async fn reports_the_edge_cannot_keep_are_refused_with_429_not_dropped() {
         .await
         .unwrap();
     let admin = edge.admin_addr();
-    let membership = Message::new(
-        ModuleName::DeviceController,
-        Group::Twin,
-        Operation::Update,
-        "membership",
-        json!({"event_id": "e1", "timestamp": 1, "added_devices": [
-            {"id": "default/thermo-1", "name": "thermo-1", "description": "thermometer"}
-        ], "removed_devices": null}),
-    );
-    from_cloud(&edge, "twin", membership);
-    let device = Message::new(
-        ModuleName::DeviceController,
-        Group::Resource,
-        Operation::Insert,
-        "default/device/thermo-1",
-        device_object("20"),
-    )
-    .with_resource_version("340");
-    from_cloud(&edge, "metamanager", device);
-    eventually("the device on the API", WITHIN, || async {
-        let list = http_json(admin, "/api/v1/devices").await;
-        (list["items"][0]["id"] == "default/thermo-1").then_some(())
-    })
-    .await;
+    install_thermometer(&edge).await;
     let path = "/api/v1/devices/default/thermo-1/twins/temperature";
     for i in 0..edgehive_actors::edge::devicetwin::MAX_UNCONFIRMED {
         let (status, body) = http_put(admin, path, "21").await;

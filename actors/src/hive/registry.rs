@@ -363,12 +363,7 @@ impl Hive {
             module: name.to_owned(),
             timeout,
         };
-        let slot = match tokio::time::timeout_at(deadline, slots.acquire_owned()).await {
-            Ok(Ok(slot)) => slot,
-            // The semaphore is never closed; treat it like a module that is gone.
-            Ok(Err(_)) => return Err(HiveError::ModuleDown(name.to_owned())),
-            Err(_) => return Err(timed_out()),
-        };
+        let slot = wait_for_slot(slots, name, deadline, timeout).await?;
         let envelope = Envelope::counted(message, stats.clone(), slot);
         stats.delivered();
         match tokio::time::timeout_at(deadline, recipient.send(envelope)).await {
@@ -534,15 +529,7 @@ impl Hive {
     {
         let (recipient, stats, slots) = self.typed_target::<M>(name)?;
         let deadline = tokio::time::Instant::now() + timeout;
-        let timed_out = || HiveError::Timeout {
-            module: name.to_owned(),
-            timeout,
-        };
-        let slot = match tokio::time::timeout_at(deadline, slots.acquire_owned()).await {
-            Ok(Ok(slot)) => slot,
-            Ok(Err(_)) => return Err(HiveError::ModuleDown(name.to_owned())),
-            Err(_) => return Err(timed_out()),
-        };
+        let slot = wait_for_slot(slots, name, deadline, timeout).await?;
         stats.enqueued();
         stats.delivered();
         let outcome = tokio::time::timeout_at(deadline, recipient.send(message)).await;
@@ -633,5 +620,23 @@ fn settle<R>(
                 timeout,
             })
         }
+    }
+}
+
+/// Waits until `deadline` for one of module `name`'s mailbox slots.
+async fn wait_for_slot(
+    slots: Arc<Semaphore>,
+    name: &str,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<tokio::sync::OwnedSemaphorePermit, HiveError> {
+    match tokio::time::timeout_at(deadline, slots.acquire_owned()).await {
+        Ok(Ok(slot)) => Ok(slot),
+        // The semaphore is never closed; treat it like a module that is gone.
+        Ok(Err(_)) => Err(HiveError::ModuleDown(name.to_owned())),
+        Err(_) => Err(HiveError::Timeout {
+            module: name.to_owned(),
+            timeout,
+        }),
     }
 }

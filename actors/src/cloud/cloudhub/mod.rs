@@ -198,12 +198,14 @@ impl CloudHub {
         if already {
             return;
         }
-        // At the limit only: a scan of the directory for a connected stranger.
+        // At the limit only: a scan of the directory for a connected stranger (no copy or
+        // sort of the directory, as for the admin views).
         let stranger = self
             .shared
-            .cells()
-            .into_iter()
-            .find(|cell| cell.is_admitted() && !view.node_exists(cell.name()));
+            .nodes()
+            .values()
+            .find(|cell| cell.is_admitted() && !view.node_exists(cell.name()))
+            .cloned();
         if let Some(stranger) = stranger {
             tracing::warn!(node = %stranger.name(), for_node = %node, "node limit reached: disconnecting a node the cluster does not know");
             hub.metrics.refused.inc();

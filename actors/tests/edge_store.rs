@@ -236,3 +236,65 @@ fn many_concurrent_writers_are_all_committed() {
         .unwrap();
     assert_eq!(count, 2000);
 }
+
+/// A cluster rebuilt from scratch re-creates a pod with a new UID and a lower version: the
+/// edge takes it. A late message about the older pod (earlier creation) never replaces the
+/// newer one, and a delete naming the old UID removes nothing.
+#[tokio::test]
+async fn another_uid_replaces_by_creation_not_by_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MetaStore::open(&dir.path().join("edge.db")).unwrap();
+    let key = "default/pod/p1".to_owned();
+    let pod = |uid: &str, rv: &str, created: &str| {
+        json!({"metadata": {"name": "p1", "namespace": "default", "uid": uid,
+               "resourceVersion": rv, "creationTimestamp": created}})
+    };
+    store
+        .upsert(
+            key.clone(),
+            "pod".into(),
+            pod("old", "190", "2026-11-23T01:00:00Z"),
+        )
+        .await
+        .unwrap();
+    let outcome = store
+        .upsert(
+            key.clone(),
+            "pod".into(),
+            pod("new", "3", "2026-11-23T02:00:00Z"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, Upsert::Written);
+    let late = store
+        .upsert(
+            key.clone(),
+            "pod".into(),
+            pod("old", "191", "2026-11-23T01:00:00Z"),
+        )
+        .await
+        .unwrap();
+    // The late message has the higher version but is about the older object.
+    assert_eq!(late, Upsert::Stale { stored_rv: 3 });
+    let row = store.get(key.clone()).await.unwrap().unwrap();
+    assert_eq!(row.value["metadata"]["uid"], "new", "{late:?}");
+
+    let cm = "default/configmap/c".to_owned();
+    store
+        .upsert(
+            cm.clone(),
+            "configmap".into(),
+            pod("c-new", "4", "2026-11-23T02:00:00Z"),
+        )
+        .await
+        .unwrap();
+    assert!(!store
+        .delete_with_uid(cm.clone(), Some("c-old".into()))
+        .await
+        .unwrap());
+    assert!(store.get(cm.clone()).await.unwrap().is_some());
+    assert!(store
+        .delete_with_uid(cm.clone(), Some("c-new".into()))
+        .await
+        .unwrap());
+}

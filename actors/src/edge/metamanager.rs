@@ -434,15 +434,18 @@ impl Ctx {
         self.ack(msg).await;
     }
 
-    /// Applies a cloud delete; a pod is only deleted if the stored one has the UID the cloud
-    /// names, so a late delete of an old pod cannot remove its same-named successor.
+    /// Applies a cloud delete; an object is only deleted if the stored one has the UID the
+    /// cloud names (when it names one), so a late delete of an old object cannot remove its
+    /// same-named successor.
     async fn delete(&self, msg: &Message, target: Target) {
         let deleted = if target.kind == ResourceType::Pod.as_str() {
             self.store
                 .delete_pod_with_uid(target.key.clone(), pod_uid(msg))
                 .await
         } else {
-            self.store.delete(target.key.clone()).await
+            self.store
+                .delete_with_uid(target.key.clone(), pod_uid(msg))
+                .await
         };
         match deleted {
             Ok(_) => {

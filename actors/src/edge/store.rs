@@ -6,6 +6,7 @@
 //! FIFO and tokio's bounded senders queue fairly), and each write is committed before its
 //! reply goes out, so a caller that got `Ok` may tell the cloud the object is stored.
 
+use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -236,6 +237,21 @@ impl MetaStore {
         .await
     }
 
+    /// Deletes the row `key` only if it holds the object with `uid` (any object when `uid` is
+    /// `None`): a delete for an object since re-created must not remove its successor.
+    pub async fn delete_with_uid(
+        &self,
+        key: String,
+        uid: Option<String>,
+    ) -> Result<bool, StoreError> {
+        self.call(|reply| Command::Delete {
+            keys: vec![key],
+            uid,
+            reply,
+        })
+        .await
+    }
+
     /// Deletes the pod row `key` (`{ns}/pod/{name}`) and its `{ns}/podpatch/{name}` row in one
     /// transaction; `true` if the pod row existed.
     pub async fn delete_pod(&self, key: String) -> Result<bool, StoreError> {
@@ -324,6 +340,31 @@ fn holds_uid(value: &Value, uid: &str) -> bool {
     }
 }
 
+/// When `new` is another object than `stored` (another UID): whether it was created before
+/// (`Less`: a late message about an object since re-created, which must not replace its
+/// successor) or after (`Greater`: it replaces the stored one whatever the versions say, as
+/// versions order one cluster's history and a cluster rebuilt from scratch starts them
+/// again). `None` for the same object, or no UIDs; `Equal` when creation does not tell.
+fn other_object(new: &Value, stored: &Value) -> Option<Ordering> {
+    let uid = |v: &Value| {
+        v.pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let created = |v: &Value| {
+        v.pointer("/metadata/creationTimestamp")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    match (uid(new), uid(stored)) {
+        (Some(new_uid), Some(stored_uid)) if new_uid != stored_uid => {
+            Some(created(new).cmp(&created(stored)))
+        }
+        _ => None,
+    }
+}
+
 /// `metadata.resourceVersion` as a number; Kubernetes writes it as a decimal string.
 fn resource_version(value: &Value) -> Option<u64> {
     match value.pointer("/metadata/resourceVersion")? {
@@ -392,14 +433,22 @@ impl Worker {
             .optional()
             .map_err(self.error(format!("read {key}")))?;
         let existed = stored.is_some();
-        if let Some(new_rv) = resource_version(value) {
-            let stored_rv = stored
-                .flatten()
-                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
-                .as_ref()
-                .and_then(resource_version);
-            if let Some(stored_rv) = stored_rv.filter(|stored| new_rv < *stored) {
-                return Ok(Upsert::Stale { stored_rv });
+        let stored = stored
+            .flatten()
+            .and_then(|text| serde_json::from_str::<Value>(&text).ok());
+        if let Some(stored) = &stored {
+            let stored_rv = resource_version(stored);
+            let keep = match other_object(value, stored) {
+                Some(Ordering::Less) => true,
+                Some(Ordering::Greater) => false,
+                _ => resource_version(value)
+                    .zip(stored_rv)
+                    .is_some_and(|(new_rv, old_rv)| new_rv < old_rv),
+            };
+            if keep {
+                return Ok(Upsert::Stale {
+                    stored_rv: stored_rv.unwrap_or(0),
+                });
             }
         }
         tx.execute(

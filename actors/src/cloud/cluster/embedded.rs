@@ -6,6 +6,9 @@
 //! `creationTimestamp` set on create, namespaced kinds defaulting to namespace `default`,
 //! cluster-scoped kinds without a namespace, and list + watch per kind.
 //!
+//! [`EmbeddedCluster::open`] keeps it in a SQLite file ([`super::datastore`]): every write
+//! commits there before it is visible, so the cluster survives the process.
+//!
 //! ```
 //! use edgehive_actors::cloud::cluster::EmbeddedCluster;
 //! use serde_json::json;
@@ -28,15 +31,16 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokio::sync::broadcast;
 
+use super::datastore::{Datastore, ObjectKey};
 use super::{is_cluster_scoped, ClusterError, EventType, WatchEvent, WatchStream, WATCH_CAPACITY};
-
-type ObjectKey = (String, String, String);
 
 struct Inner {
     resource_version: u64,
     /// (kind, namespace or "", name) -> object.
     objects: BTreeMap<ObjectKey, Value>,
     watchers: HashMap<String, broadcast::Sender<WatchEvent>>,
+    /// Where writes are committed first; `None`: in memory only.
+    datastore: Option<Datastore>,
 }
 
 /// The in-process cluster. Cheap to clone; all clones share the same objects.
@@ -154,15 +158,43 @@ fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
 }
 
 impl EmbeddedCluster {
-    /// An empty cluster at resourceVersion 0.
+    /// An empty cluster at resourceVersion 0, in memory only.
     pub fn new() -> Self {
         EmbeddedCluster {
             inner: Arc::new(Mutex::new(Inner {
                 resource_version: 0,
                 objects: BTreeMap::new(),
                 watchers: HashMap::new(),
+                datastore: None,
             })),
         }
+    }
+
+    /// The cluster kept in the SQLite file at `path` (created with its folder if missing):
+    /// what it held when last written, at the same resourceVersion, with the same UIDs.
+    ///
+    /// A file that is not a datastore, or holds a row that cannot be read, is an error naming
+    /// the file, never an empty cluster.
+    pub fn open(path: &Path) -> Result<Self, ClusterError> {
+        let (datastore, loaded) = Datastore::open(path)?;
+        Ok(EmbeddedCluster {
+            inner: Arc::new(Mutex::new(Inner {
+                resource_version: loaded.resource_version,
+                objects: loaded.objects,
+                watchers: HashMap::new(),
+                datastore: Some(datastore),
+            })),
+        })
+    }
+
+    /// How many objects the cluster holds.
+    pub fn len(&self) -> usize {
+        self.lock().objects.len()
+    }
+
+    /// Whether the cluster holds no object.
+    pub fn is_empty(&self) -> bool {
+        self.lock().objects.is_empty()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -183,18 +215,14 @@ impl EmbeddedCluster {
                 kind: id.kind,
             });
         }
-        let rv = inner.bump();
         let metadata = metadata_mut(&mut obj);
         metadata.insert(
             "uid".into(),
             Value::String(uuid::Uuid::new_v4().to_string()),
         );
         metadata.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
-        metadata.insert("resourceVersion".into(), Value::String(rv));
         metadata.remove("deletionTimestamp");
-        inner.objects.insert(id.key(), obj.clone());
-        inner.publish(&id.kind, EventType::Added, &obj);
-        Ok(obj)
+        inner.commit(id.key(), obj, EventType::Added)
     }
 
     /// Replaces an existing object, keeping its uid and creationTimestamp.
@@ -231,11 +259,7 @@ impl EmbeddedCluster {
                 metadata.insert(field.into(), value.clone());
             }
         }
-        let rv = inner.bump();
-        metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv));
-        inner.objects.insert(id.key(), obj.clone());
-        inner.publish(&id.kind, EventType::Modified, &obj);
-        Ok(obj)
+        inner.commit(id.key(), obj, EventType::Modified)
     }
 
     /// Creates `obj` or, if it exists, replaces it (any resourceVersion in `obj` is ignored).
@@ -244,7 +268,13 @@ impl EmbeddedCluster {
         metadata_mut(&mut obj).remove("resourceVersion");
         // Both steps take the lock themselves; a concurrent delete between them surfaces as
         // the update's NotFound, a concurrent create as the create's AlreadyExists: retry once.
-        let exists = self.lock().objects.contains_key(&id.key());
+        let current = self.lock().objects.get(&id.key()).cloned();
+        if let Some(current) = current.as_ref().filter(|c| same_content(c, &obj)) {
+            // Nothing to change: no new version, no event (as `kubectl apply` of an
+            // unchanged manifest).
+            return Ok(current.clone());
+        }
+        let exists = current.is_some();
         let first = if exists {
             self.update(obj.clone())
         } else {
@@ -278,16 +308,13 @@ impl EmbeddedCluster {
         let namespace = namespace_for(kind, namespace);
         let key = (kind.to_owned(), namespace.clone(), name.to_owned());
         let mut inner = self.lock();
-        let Some(mut obj) = inner.objects.remove(&key) else {
+        let Some(obj) = inner.objects.get(&key).cloned() else {
             return Err(ClusterError::NotFound {
                 kind: kind.to_owned(),
                 key: display_key(&namespace, name),
             });
         };
-        let rv = inner.bump();
-        metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv));
-        inner.publish(kind, EventType::Deleted, &obj);
-        Ok(obj)
+        inner.commit(key, obj, EventType::Deleted)
     }
 
     /// Deletes the object only if its UID is `uid` (Kubernetes' delete precondition); 409 if
@@ -390,11 +417,7 @@ impl EmbeddedCluster {
         };
         let mut obj = current.clone();
         change(&mut obj)?;
-        let rv = inner.bump();
-        metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv));
-        inner.objects.insert(key, obj.clone());
-        inner.publish(kind, EventType::Modified, &obj);
-        Ok(obj)
+        inner.commit(key, obj, EventType::Modified)
     }
 
     /// Every object of `kind` (by namespace, then name) and the list's resourceVersion.
@@ -516,6 +539,27 @@ impl EmbeddedCluster {
     }
 }
 
+/// Whether `new` says nothing `current` does not: equal apart from what the cluster sets
+/// (uid, creationTimestamp, resourceVersion) and a status `new` does not give.
+fn same_content(current: &Value, new: &Value) -> bool {
+    let strip = |obj: &Value, keep_status: bool| {
+        let mut obj = obj.clone();
+        if let Some(metadata) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            for field in ["uid", "creationTimestamp", "resourceVersion"] {
+                metadata.remove(field);
+            }
+        }
+        if !keep_status {
+            if let Some(map) = obj.as_object_mut() {
+                map.remove("status");
+            }
+        }
+        obj
+    };
+    let keep_status = new.get("status").is_some();
+    strip(current, keep_status) == strip(new, keep_status)
+}
+
 /// RFC 7386 JSON merge patch: objects merge recursively, `null` removes, anything else
 /// replaces.
 pub fn merge(target: &mut Value, patch: &Value) {
@@ -556,9 +600,30 @@ fn expand_list(document: Value) -> Vec<Value> {
 }
 
 impl Inner {
-    fn bump(&mut self) -> String {
-        self.resource_version += 1;
-        self.resource_version.to_string()
+    /// The one way a write happens: the next resourceVersion goes into `obj`, the datastore
+    /// commits it (nothing changes if that fails), then the map changes and watchers hear of
+    /// it. Returns the object as written (for a delete: its last state at the new version).
+    fn commit(
+        &mut self,
+        key: ObjectKey,
+        mut obj: Value,
+        event_type: EventType,
+    ) -> Result<Value, ClusterError> {
+        let rv = self.resource_version + 1;
+        metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
+        let deleted = event_type == EventType::Deleted;
+        if let Some(datastore) = &mut self.datastore {
+            datastore.write(&key, (!deleted).then_some(&obj), rv)?;
+        }
+        self.resource_version = rv;
+        let kind = key.0.clone();
+        if deleted {
+            self.objects.remove(&key);
+        } else {
+            self.objects.insert(key, obj.clone());
+        }
+        self.publish(&kind, event_type, &obj);
+        Ok(obj)
     }
 
     fn publish(&self, kind: &str, event_type: EventType, obj: &Value) {
@@ -685,6 +750,87 @@ mod tests {
         assert!(
             text.contains("c.yml") && text.contains("document 0") && text.contains("metadata.name"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_datastore_keeps_objects_versions_and_uids_across_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data/cluster.db");
+        let (a, b_uid) = {
+            let cluster = EmbeddedCluster::open(&path).unwrap();
+            let a = cluster.create(pod("a")).unwrap();
+            let b = cluster.create(pod("b")).unwrap();
+            cluster.create(pod("c")).unwrap();
+            cluster.delete("Pod", None, "c").unwrap();
+            let mut changed = a.clone();
+            changed["spec"]["nodeName"] = json!("edge-1");
+            (
+                cluster.update(changed).unwrap(),
+                b["metadata"]["uid"].clone(),
+            )
+        };
+        let cluster = EmbeddedCluster::open(&path).unwrap();
+        assert_eq!(cluster.get("Pod", None, "a"), Some(a));
+        assert_eq!(
+            cluster.get("Pod", None, "b").unwrap()["metadata"]["uid"],
+            b_uid
+        );
+        assert!(
+            cluster.get("Pod", None, "c").is_none(),
+            "a delete is kept too"
+        );
+        // Versions go on after the last one used (the delete of c took 5).
+        let d = cluster.create(pod("d")).unwrap();
+        assert_eq!(d["metadata"]["resourceVersion"], "6");
+        assert_eq!(cluster.list("Pod").1, "6");
+    }
+
+    #[test]
+    fn a_bad_datastore_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let garbage = dir.path().join("garbage.db");
+        std::fs::write(&garbage, vec![b'x'; 8192]).unwrap();
+        let err = EmbeddedCluster::open(&garbage).unwrap_err();
+        assert!(err.to_string().contains("garbage.db"), "{err}");
+
+        let broken = dir.path().join("broken.db");
+        EmbeddedCluster::open(&broken)
+            .unwrap()
+            .create(pod("a"))
+            .unwrap();
+        let conn = rusqlite::Connection::open(&broken).unwrap();
+        conn.execute("UPDATE objects SET object = '{\"kind\": tru'", [])
+            .unwrap();
+        drop(conn);
+        let text = EmbeddedCluster::open(&broken).unwrap_err().to_string();
+        assert!(
+            text.contains("broken.db") && text.contains("Pod default/a"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_failed_commit_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.db");
+        let cluster = EmbeddedCluster::open(&path).unwrap();
+        cluster.create(pod("a")).unwrap();
+        // Another writer holds the file: this process's commits fail.
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        let mut watch = cluster.watch("Pod");
+        let err = cluster.create(pod("b")).unwrap_err();
+        assert_eq!(err.status(), 500, "{err}");
+        assert!(cluster.get("Pod", None, "b").is_none());
+        assert!(
+            watch.rx.try_recv().is_err(),
+            "no event for a write that failed"
+        );
+        other.execute_batch("ROLLBACK").unwrap();
+        assert_eq!(
+            cluster.create(pod("b")).unwrap()["metadata"]["resourceVersion"],
+            "2"
         );
     }
 }

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
 pub mod crds;
+mod datastore;
 pub mod embedded;
 pub mod kube;
 pub mod port;

@@ -21,6 +21,9 @@ use edgehive_actors::cloud::cluster::kube::{KubeCluster, DEVICE_KINDS};
 use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster, SharedCluster};
 use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
 use edgehive_actors::cloud::edgecontroller::EdgeControllerModule;
+use edgehive_actors::cloud::synccontroller::{
+    SyncControllerModule, SyncView, SYNCCONTROLLER_MODULE,
+};
 use edgehive_actors::hive::{Hive, HiveError};
 use edgehive_actors::identity::tls::CloudTls;
 use edgehive_actors::identity::token;
@@ -61,36 +64,51 @@ impl CloudProcess {
     /// Fails before anything listens if the API server is unreachable or lacks a CRD the
     /// enabled controllers need; the error says which and how to install it.
     pub async fn start(config: &CloudConfig, manifests: Option<&Path>) -> anyhow::Result<Self> {
-        let (embedded, cluster): (Option<EmbeddedCluster>, SharedCluster) =
-            match config.kube_api_config.kube_options() {
-                Some(options) => {
-                    if manifests.is_some() {
-                        anyhow::bail!(
-                            "--manifests seeds the embedded cluster, but kubeAPIConfig points at a \
+        let (embedded, cluster): (Option<EmbeddedCluster>, SharedCluster) = match config
+            .kube_api_config
+            .kube_options()
+        {
+            Some(options) => {
+                if manifests.is_some() {
+                    anyhow::bail!(
+                        "--manifests seeds the embedded cluster, but kubeAPIConfig points at a \
                              Kubernetes API server: apply them with kubectl instead"
-                        );
-                    }
-                    let required = if config.modules.device_controller.enable {
-                        DEVICE_KINDS
-                    } else {
-                        &[]
-                    };
-                    let kube = KubeCluster::connect(&options, required)
-                        .await
-                        .context("cannot start on the Kubernetes API server")?;
-                    (None, std::sync::Arc::new(kube))
+                    );
                 }
-                None => {
-                    let cluster = EmbeddedCluster::new();
-                    if let Some(dir) = manifests {
-                        let loaded = cluster.load_manifests(dir).with_context(|| {
-                            format!("cannot load manifests from {}", dir.display())
-                        })?;
-                        tracing::info!(objects = loaded, dir = %dir.display(), "manifests loaded");
-                    }
-                    (Some(cluster.clone()), std::sync::Arc::new(cluster))
+                let required = if config.modules.device_controller.enable {
+                    DEVICE_KINDS
+                } else {
+                    &[]
+                };
+                let kube = KubeCluster::connect(&options, required)
+                    .await
+                    .context("cannot start on the Kubernetes API server")?;
+                (None, std::sync::Arc::new(kube))
+            }
+            None => {
+                let database = &config.embedded_cluster.database;
+                let cluster = if database.as_os_str().is_empty() {
+                    EmbeddedCluster::new()
+                } else {
+                    let cluster = EmbeddedCluster::open(database).with_context(|| {
+                        format!(
+                            "cannot open the embedded cluster's datastore {} \
+                                 (embeddedCluster.database)",
+                            database.display()
+                        )
+                    })?;
+                    tracing::info!(objects = cluster.len(), database = %database.display(), "embedded cluster opened");
+                    cluster
+                };
+                if let Some(dir) = manifests {
+                    let loaded = cluster
+                        .load_manifests(dir)
+                        .with_context(|| format!("cannot load manifests from {}", dir.display()))?;
+                    tracing::info!(objects = loaded, dir = %dir.display(), "manifests loaded");
                 }
-            };
+                (Some(cluster.clone()), std::sync::Arc::new(cluster))
+            }
+        };
         let hive = Hive::new("cloud");
         let hub_config = &config.modules.cloud_hub;
         // The embedded cluster answers authorization checks directly and exactly; a real API
@@ -132,6 +150,14 @@ impl CloudProcess {
         if config.modules.device_controller.enable {
             hive.start_module(DeviceControllerModule::new(&hive, cluster.clone()))?;
         }
+        let sync = &config.modules.sync_controller;
+        if sync.enable {
+            hive.start_module(SyncControllerModule::new(
+                &hive,
+                cluster.clone(),
+                Duration::from_secs(sync.reconcile_interval),
+            ))?;
+        }
         let routes_hive = hive.clone();
         let routes_cluster = embedded.clone();
         let admin = AdminServer::start(
@@ -140,7 +166,9 @@ impl CloudProcess {
             Arc::new(move |routes: &mut web::ServiceConfig| {
                 routes
                     .app_data(web::Data::new(routes_hive.clone()))
-                    .route("/api/v1/nodes", web::get().to(list_nodes));
+                    .route("/api/v1/nodes", web::get().to(list_nodes))
+                    .route("/api/v1/sync", web::get().to(sync_view))
+                    .route("/api/v1/sync/{node}", web::get().to(sync_view));
                 match &routes_cluster {
                     Some(cluster) => routes
                         .app_data(web::Data::new(cluster.clone()))
@@ -247,6 +275,21 @@ async fn list_nodes(hive: web::Data<Hive>) -> HttpResponse {
     }
 }
 
+/// `GET /api/v1/sync[/{node}]`: SyncController's records per node (with a node: its records
+/// and their versions); 503 when SyncController is not running.
+async fn sync_view(hive: web::Data<Hive>, node: Option<web::Path<String>>) -> HttpResponse {
+    let view = SyncView {
+        node: node.map(web::Path::into_inner),
+    };
+    match hive
+        .ask(SYNCCONTROLLER_MODULE, view, Duration::from_secs(5))
+        .await
+    {
+        Ok(view) => HttpResponse::Ok().json(view),
+        Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
+    }
+}
+
 /// Largest body `POST /api/v1/apply` accepts.
 pub const MAX_APPLY_BYTES: usize = 4 * 1024 * 1024;
 
@@ -261,6 +304,7 @@ fn summary(obj: &serde_json::Value) -> serde_json::Value {
         "kind": obj["kind"],
         "namespace": obj["metadata"]["namespace"],
         "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
         "resourceVersion": obj["metadata"]["resourceVersion"],
     })
 }

@@ -112,8 +112,28 @@ pub struct CloudConfig {
     /// Where the cluster is.
     #[serde(rename = "kubeAPIConfig")]
     pub kube_api_config: KubeApiConfig,
+    /// The embedded cluster's datastore, used when `kubeAPIConfig` names no API server
+    /// (edgehive).
+    pub embedded_cluster: EmbeddedClusterConfig,
     /// Per-module settings.
     pub modules: CloudModules,
+}
+
+/// `embeddedCluster` (edgehive): where the embedded cluster keeps its objects.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EmbeddedClusterConfig {
+    /// The SQLite file (created with its folder when missing). Empty: in memory only, gone
+    /// when the process ends.
+    pub database: PathBuf,
+}
+
+impl Default for EmbeddedClusterConfig {
+    fn default() -> Self {
+        EmbeddedClusterConfig {
+            database: "/var/lib/kubeedge/edgehive-cluster.db".into(),
+        }
+    }
 }
 
 impl Default for CloudConfig {
@@ -123,6 +143,7 @@ impl Default for CloudConfig {
             kind: "CloudCore".into(),
             common_config: CommonConfig::default(),
             kube_api_config: KubeApiConfig::default(),
+            embedded_cluster: EmbeddedClusterConfig::default(),
             modules: CloudModules::default(),
         }
     }
@@ -155,6 +176,10 @@ impl Validate for CloudConfig {
         positive(
             "modules.cloudHub.tokenRefreshDuration",
             hub.token_refresh_duration,
+        )?;
+        positive(
+            "modules.syncController.reconcileInterval",
+            self.modules.sync_controller.reconcile_interval,
         )?;
         if let Err(message) = hub.advertise_ips() {
             return Err(("modules.cloudHub.advertiseAddress", message));
@@ -225,7 +250,7 @@ pub const KUBE_CONTENT_TYPES: &[&str] =
     &["application/vnd.kubernetes.protobuf", "application/json"];
 
 /// `kubeAPIConfig`: KubeEdge's keys. Both `kubeConfig` and `master` empty: the embedded
-/// in-memory cluster.
+/// cluster (see `embeddedCluster`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct KubeApiConfig {
@@ -266,6 +291,27 @@ pub struct CloudModules {
     pub edge_controller: Enable,
     /// `modules.deviceController`.
     pub device_controller: Enable,
+    /// `modules.syncController`.
+    pub sync_controller: SyncControllerConfig,
+}
+
+/// `modules.syncController`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SyncControllerConfig {
+    /// Whether ObjectSync records are kept and reconciled.
+    pub enable: bool,
+    /// Seconds between reconcile runs (edgehive; KubeEdge's fixed period is 5).
+    pub reconcile_interval: u64,
+}
+
+impl Default for SyncControllerConfig {
+    fn default() -> Self {
+        SyncControllerConfig {
+            enable: true,
+            reconcile_interval: 5,
+        }
+    }
 }
 
 /// `modules.<name>.enable` for modules with no other settings yet.

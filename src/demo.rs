@@ -295,6 +295,7 @@ pub fn loopback_cloud_config(dir: &Path, tls: bool) -> CloudConfig {
     hub.tls_cert_file = dir.join("certs/server.crt");
     hub.tls_private_key_file = dir.join("certs/server.key");
     config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
+    config.embedded_cluster.database = dir.join("cluster.db");
     config
 }
 

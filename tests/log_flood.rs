@@ -18,7 +18,7 @@ const FRAMES: usize = 200;
 async fn an_edge_cannot_flood_the_cloud_log() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("cloud.yaml");
-    std::fs::write(&config, plain_cloud_yaml(0)).unwrap();
+    std::fs::write(&config, plain_cloud_yaml(0, None)).unwrap();
     let log = dir.path().join("cloud.log");
     let mut cloud = Command::new(BIN)
         .args(["cloud", "--config", config.to_str().unwrap()])

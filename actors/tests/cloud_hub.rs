@@ -8,7 +8,7 @@ use support::*;
 use actix_web::web::Bytes;
 use awc::ws::CloseCode;
 use edgehive_actors::cloud::cloudhub::{CrashNode, DisconnectNode};
-use edgehive_actors::cloud::contract::{route, Acked};
+use edgehive_actors::cloud::contract::{route, Acked, ObjectId};
 use edgehive_actors::hive::{Accepts, Module};
 
 #[actix_rt::test]
@@ -460,6 +460,13 @@ async fn an_ack_becomes_an_acknowledgement_event_for_synccontroller() {
                 .as_str()
                 .map(str::to_owned),
             deleted: false,
+            object: Some(std::sync::Arc::new(ObjectId {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                namespace: "default".into(),
+                name: "web".into(),
+                uid: pod["metadata"]["uid"].as_str().unwrap().into(),
+            })),
         }]
     );
     cloud.stop().await;

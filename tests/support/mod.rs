@@ -21,6 +21,8 @@ pub async fn start_cloud() -> CloudProcess {
     config.modules.cloud_hub.websocket.port = 0;
     config.modules.cloud_hub.websocket.insecure_plaintext = true;
     config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
+    // In memory: these tests do not restart the cloud.
+    config.embedded_cluster.database = Default::default();
     CloudProcess::start(&config, None).await.unwrap()
 }
 

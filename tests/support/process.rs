@@ -74,10 +74,15 @@ pub fn banner_field<'a>(banner: &'a str, marker: &str, end: char) -> &'a str {
 }
 
 /// `cloud.yaml` for a cloud on loopback over plain `ws://` (explicitly insecure), WebSocket on
-/// `port` (0: a free one) and the admin endpoint on a free port.
-pub fn plain_cloud_yaml(port: u16) -> String {
+/// `port` (0: a free one), the admin endpoint on a free port, and the embedded cluster in
+/// `database` (`None`: in memory).
+pub fn plain_cloud_yaml(port: u16, database: Option<&std::path::Path>) -> String {
+    let database = database
+        .map(|path| path.display().to_string())
+        .unwrap_or_default();
     format!(
         "commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+         embeddedCluster:\n  database: \"{database}\"\n\
          modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: {port}\n      insecurePlaintext: true\n"
     )
 }
@@ -98,15 +103,19 @@ pub fn plain_edge_yaml(
 }
 
 /// Starts a plain-`ws://` cloud process (config written to `dir/cloud.yaml`, WebSocket on
-/// `port`, 0 for a free one) seeded from the manifests in `manifests`; returns it with the
-/// `host:port` edges connect to.
+/// `port`, 0 for a free one, its cluster kept in `dir/cluster.db`) seeded from the manifests
+/// in `manifests`; returns it with the `host:port` edges connect to.
 pub fn spawn_plain_cloud(
     dir: &std::path::Path,
     manifests: &std::path::Path,
     port: u16,
 ) -> (Process, String) {
     let config = dir.join("cloud.yaml");
-    std::fs::write(&config, plain_cloud_yaml(port)).unwrap();
+    std::fs::write(
+        &config,
+        plain_cloud_yaml(port, Some(&dir.join("cluster.db"))),
+    )
+    .unwrap();
     let (cloud, banner) = spawn(&[
         "cloud",
         "--config",

@@ -7,7 +7,7 @@
 //! A Pod bound to an edge node is written to the cluster; [`edgecontroller`] sees it on its
 //! watch and tells [`cloudhub`] a `ToNodes` (the message, encoded once), which queues it in
 //! the node's pool; the node's actor writes it as a KubeEdge frame to the node's WebSocket,
-//! resending until it is ACKed.
+//! resending until it is ACKed; the ACK becomes the node's ObjectSync record.
 //!
 //! Sibling modules never import each other: they share only `contract`, `outbox`, `cluster`
 //! and the hive.
@@ -18,3 +18,4 @@ pub mod contract;
 pub mod devicecontroller;
 pub mod edgecontroller;
 pub mod outbox;
+pub mod synccontroller;

@@ -40,12 +40,13 @@ use actix::prelude::*;
 use edgehive_protocols::Message;
 
 pub use crate::cloud::contract::DisconnectNode;
-use crate::cloud::contract::{route, ToNodes};
-use crate::hive::{supervise, Accepts, ChildInfo, Envelope, Hive, Module};
+use crate::cloud::contract::{route, Lane, Queued, ToNodes};
+use crate::hive::{supervise, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, Refused};
 pub use metrics::{CloudHubMetrics, ReasonLabels};
 use node::{HubContext, NodeCell, NodeRecipe};
 pub use node::{NodeActor, NodeInfo, NODE_MAILBOX_CAPACITY};
 pub use options::{CloudHubOptions, CloudHubSecurity};
+use pool::Enqueued;
 pub use server::{start_cloudhub, start_cloudhub_with, CloudHubError, CloudHubServer};
 pub use session::NodeSession;
 
@@ -217,10 +218,36 @@ impl CloudHub {
     }
 
     fn deliver(&self, ToNodes { nodes, message }: ToNodes) {
+        let hub = &self.shared.hub;
+        // Nodes that now owe the edge an object they had nothing waiting for: SyncController
+        // records them, also for offline nodes (see `Queued`).
+        let record = message
+            .object()
+            .filter(|_| message.lane() == Lane::Ack && !message.is_deleting());
+        let mut queued = Vec::new();
         for node in nodes {
-            self.shared
-                .node(&node)
-                .enqueue(message.clone(), &self.shared.hub);
+            let outcome = self.shared.node(&node).enqueue(message.clone(), hub);
+            if record.is_some() && outcome == Enqueued::Ack {
+                queued.push(node);
+            }
+        }
+        if let (Some(object), false) = (record, queued.is_empty()) {
+            let event = Queued {
+                nodes: queued,
+                object: object.clone(),
+            };
+            match hub.hive.tell(route::SYNCCONTROLLER, event) {
+                Ok(())
+                | Err(Refused {
+                    error: HiveError::UnknownModule(_),
+                    ..
+                }) => {}
+                Err(refused) => {
+                    // SyncController catches up: the record is made on the ACK instead.
+                    tracing::debug!(error = %refused.error, "queued event not delivered");
+                    hub.metrics.drop_reason("sync_event_undelivered");
+                }
+            }
         }
     }
 

@@ -227,8 +227,9 @@ impl NodeCell {
         }
     }
 
-    /// Queues `message` for the node and wakes its actor if it can be sent now.
-    pub(crate) fn enqueue(&self, message: Arc<NodeMessage>, hub: &HubContext) {
+    /// Queues `message` for the node and wakes its actor if it can be sent now; says what
+    /// the pool did with it.
+    pub(crate) fn enqueue(&self, message: Arc<NodeMessage>, hub: &HubContext) -> Enqueued {
         let outcome = {
             let mut state = self.lock();
             let outcome = state.pool.enqueue(message.clone());
@@ -270,6 +271,7 @@ impl NodeCell {
         if outcome.is_queued() && self.admitted.load(Ordering::Acquire) != 0 {
             self.wake();
         }
+        outcome
     }
 
     /// Admits connection `id` as the node's current one, unless `limit` other nodes are
@@ -670,6 +672,7 @@ impl NodeActor {
             resource: acked.resource().to_owned(),
             resource_version: acked.resource_version().map(str::to_owned),
             deleted: acked.is_delete(),
+            object: acked.object().cloned(),
         };
         match self.hub.hive.tell(route::SYNCCONTROLLER, event) {
             Ok(())

@@ -203,7 +203,7 @@ impl NodePool {
             }
             return Enqueued::Replaced;
         }
-        if !exempt && !message.is_delete() {
+        if !exempt && !message.is_delete() && !message.is_resend() {
             if let Some(acked) = self.acked.get(key) {
                 if !is_newer(rv, acked) {
                     return Enqueued::AlreadyAcked;

@@ -13,9 +13,99 @@ use std::sync::Arc;
 
 use actix::Message as ActixMessage;
 use bytestring::ByteString;
+use edgehive_protocols::object::{meta_str, namespaced_key};
 use edgehive_protocols::{
     encode, trim_for_edge, CloudResource, Group, Message, ModuleName, Operation, ResourceType,
 };
+use serde_json::Value;
+
+/// Which Kubernetes object a `resource`-group message carries: what SyncController needs to
+/// name its ObjectSync record (`{node}.{uid}`) and to find the object in the cluster again.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ObjectId {
+    /// `apiVersion` of the object (`v1`).
+    pub api_version: String,
+    /// Its kind (`Pod`).
+    pub kind: String,
+    /// Its namespace; empty for cluster-scoped kinds.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
+}
+
+impl ObjectId {
+    /// The object `message` carries, if it is a `resource`-group message whose content has
+    /// apiVersion, kind, name and UID. Nodes are left out: a node's own object is not
+    /// something it can hold stale (the node's session ends when it is deleted).
+    pub fn of(message: &Message) -> Option<Arc<ObjectId>> {
+        if message.group() != Some(&Group::Resource) {
+            return None;
+        }
+        let content = &message.content;
+        let text = |value: &Value| value.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
+        let kind = text(&content["kind"])?;
+        if kind == "Node" {
+            return None;
+        }
+        Some(Arc::new(ObjectId {
+            api_version: text(&content["apiVersion"])?,
+            namespace: meta_str(content, "namespace").to_owned(),
+            name: text(&content["metadata"]["name"])?,
+            uid: text(&content["metadata"]["uid"])?,
+            kind,
+        }))
+    }
+
+    /// The cloud-form resource of this object on `node`:
+    /// `node/{node}/{namespace or "null"}/{lowercase kind}/{name}`.
+    pub fn resource_on(&self, node: &str) -> String {
+        let namespace = if self.namespace.is_empty() {
+            "null".to_owned()
+        } else {
+            self.namespace.clone()
+        };
+        CloudResource::new(
+            node,
+            namespace,
+            ResourceType::from(self.kind.to_ascii_lowercase().as_str()),
+            Some(self.name.clone()),
+        )
+        .to_string()
+    }
+}
+
+/// The message for `obj` of `kind` on `node`: source edgecontroller, group resource,
+/// resourceversion = the object's, content = the object with apiVersion and kind (what
+/// EdgeController sends for a change, and SyncController for a resend).
+pub fn object_message(
+    node: &str,
+    resource_type: ResourceType,
+    api_version: &str,
+    kind: &str,
+    obj: &Value,
+    operation: Operation,
+) -> Message {
+    let (namespace, name) = namespaced_key(obj);
+    let namespace = if resource_type == ResourceType::Node || namespace.is_empty() {
+        "null".to_owned()
+    } else {
+        namespace
+    };
+    let resource = CloudResource::new(node, namespace, resource_type, Some(name));
+    let mut content = obj.clone();
+    content["apiVersion"] = Value::from(api_version);
+    content["kind"] = Value::from(kind);
+    Message::new(
+        ModuleName::EdgeController,
+        Group::Resource,
+        operation,
+        resource.to_string(),
+        content,
+    )
+    .with_resource_version(meta_str(obj, "resourceVersion"))
+}
 
 /// Which of a node's two delivery lanes a message takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +130,8 @@ pub struct NodeMessage {
     delete: bool,
     deleting: bool,
     response: bool,
+    resend: bool,
+    object: Option<Arc<ObjectId>>,
     frame: ByteString,
 }
 
@@ -62,7 +154,20 @@ impl NodeMessage {
         Self::with_lane(message.clone(), false)
     }
 
+    /// SyncController's resend of what the cluster has and the edge has not acknowledged: a
+    /// pool never drops it because it remembers that version as ACKed (the record says
+    /// otherwise, so the edge is asked again and its ACK fixes the record).
+    pub fn resend(message: Message) -> Arc<Self> {
+        let ack = needs_ack(&message);
+        let mut built = Self::with_lane(message, ack);
+        if let Some(built) = Arc::get_mut(&mut built) {
+            built.resend = true;
+        }
+        built
+    }
+
     fn with_lane(mut wire: Message, ack: bool) -> Arc<Self> {
+        let object = ObjectId::of(&wire);
         let operation = wire.operation().cloned();
         let key = ack_key(&wire);
         let deleting = operation == Some(Operation::Delete)
@@ -80,6 +185,8 @@ impl NodeMessage {
             delete: operation == Some(Operation::Delete),
             deleting,
             response: operation == Some(Operation::Response),
+            resend: false,
+            object,
             operation,
             resource_version,
             resource: wire.route.resource,
@@ -134,6 +241,16 @@ impl NodeMessage {
         self.response
     }
 
+    /// Whether it is SyncController's resend ([`NodeMessage::resend`]).
+    pub fn is_resend(&self) -> bool {
+        self.resend
+    }
+
+    /// The Kubernetes object it carries, if any ([`ObjectId::of`]).
+    pub fn object(&self) -> Option<&Arc<ObjectId>> {
+        self.object.as_ref()
+    }
+
     /// The encoded frame, exactly as written to every node that gets it.
     pub fn frame(&self) -> &ByteString {
         &self.frame
@@ -179,6 +296,20 @@ pub struct Acked {
     pub resource_version: Option<String>,
     /// Whether the acknowledged message deleted the object.
     pub deleted: bool,
+    /// The object, when the message carried one ([`ObjectId::of`]).
+    pub object: Option<Arc<ObjectId>>,
+}
+
+/// Objects were queued for nodes that had no message for them waiting: SyncController
+/// records them (status `"0"`) so a restarted cloud knows they are owed, also to nodes that
+/// are offline. One per [`ToNodes`], for all of its nodes.
+#[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
+#[rtype(result = "()")]
+pub struct Queued {
+    /// The nodes it was newly queued for.
+    pub nodes: Vec<String>,
+    /// The object.
+    pub object: Arc<ObjectId>,
 }
 
 /// A node was deleted from the cluster: CloudHub closes its connection.

@@ -59,35 +59,7 @@ fn is_edge_node(node: &Value) -> bool {
     node["metadata"]["labels"].get(EDGE_NODE_LABEL).is_some()
 }
 
-/// The message for `obj` of `kind` on `node`: source edgecontroller, group resource,
-/// resourceversion = the object's, content = the object with apiVersion and kind.
-pub fn object_message(
-    node: &str,
-    resource_type: ResourceType,
-    api_version: &str,
-    kind: &str,
-    obj: &Value,
-    operation: Operation,
-) -> Message {
-    let (namespace, name) = namespaced_key(obj);
-    let namespace = if resource_type == ResourceType::Node {
-        "null".to_owned()
-    } else {
-        namespace
-    };
-    let resource = CloudResource::new(node, namespace, resource_type, Some(name));
-    let mut content = obj.clone();
-    content["apiVersion"] = Value::from(api_version);
-    content["kind"] = Value::from(kind);
-    Message::new(
-        ModuleName::EdgeController,
-        Group::Resource,
-        operation,
-        resource.to_string(),
-        content,
-    )
-    .with_resource_version(meta_str(obj, "resourceVersion"))
-}
+pub use crate::cloud::contract::object_message;
 
 /// The watch loop's state.
 pub struct Watcher {

@@ -1,0 +1,575 @@
+//! SyncController (module `synccontroller`): KubeEdge's reliable delivery records.
+//!
+//! For every node and object it keeps an ObjectSync (namespaced objects, in the object's
+//! namespace) or ClusterObjectSync record named `{node}.{uid}` (group
+//! `reliablesyncs.kubeedge.io/v1alpha1`; spec `objectAPIVersion`, `objectKind`,
+//! `objectName`; status `objectResourceVersion`), written through the cluster port:
+//! - made at `"0"` when CloudHub first queues the object for the node ([`Queued`]), also
+//!   while the node is offline;
+//! - set to the acknowledged resourceVersion on each ACK ([`Acked`]), removed when a delete is
+//!   acknowledged;
+//! - all of a node's records removed when the Node is deleted, and at start for nodes that no
+//!   longer exist.
+//!
+//! Every `reconcile_interval` (5 s) it compares the records with the cluster
+//! ([`records::Records::plan`]): objects gone or replaced (another UID) are deleted on the
+//! edge, newer versions sent again ([`NodeMessage::resend`], which no pool drops as already
+//! ACKed). Because the records live in the cluster (and the embedded cluster in its
+//! datastore), a restarted cloud knows what each node is owed, including deletes that
+//! happened while it was down.
+//!
+//! Records are written in batches, one batch at a time; a write that fails is tried again.
+//! Losing an event (a full mailbox) costs a resend, never an object: the reconcile asks the
+//! edge again and its ACK fixes the record.
+
+pub mod records;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use edgehive_protocols::object::meta_str;
+use edgehive_protocols::{Message, Operation, ResourceType};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use serde_json::{json, Value};
+
+use crate::cloud::cluster::{
+    is_cluster_scoped, ClusterError, EventType, SharedCluster, WatchError, WatchEvent,
+};
+use crate::cloud::contract::{
+    object_message, route, Acked, NodeMessage, ObjectId, Queued, ToNodes,
+};
+use crate::hive::{Accepts, Envelope, Hive, Module};
+use records::{ClusterIndex, Records, Resend, Write};
+
+/// The module name.
+pub const SYNCCONTROLLER_MODULE: &str = route::SYNCCONTROLLER;
+/// `apiVersion` of the records.
+pub const RELIABLESYNCS_API_VERSION: &str = "reliablesyncs.kubeedge.io/v1alpha1";
+/// KubeEdge's reconcile period.
+pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
+/// A resend of the same object version to the same node is not repeated sooner.
+pub const RESEND_QUIET: Duration = Duration::from_secs(30);
+/// Events that may wait: every ACK of every node is one, so the mailbox is deep. Overflow
+/// policy: CloudHub counts a refused event (`sync_event_undelivered`, `ack_event_undelivered`)
+/// and the reconcile repairs the record with a resend.
+pub const MAILBOX_CAPACITY: usize = 65_536;
+/// Record writes per batch.
+const BATCH: usize = 256;
+/// How often dirty records are written.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone)]
+struct Metrics {
+    resends: Counter,
+    deletes: Counter,
+    runs: Counter,
+    duration: Histogram,
+    records: Gauge,
+    write_errors: Counter,
+}
+
+impl Metrics {
+    fn new(hive: &Hive) -> Self {
+        let metrics = Metrics {
+            resends: Counter::default(),
+            deletes: Counter::default(),
+            runs: Counter::default(),
+            duration: Histogram::new([0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0]),
+            records: Gauge::default(),
+            write_errors: Counter::default(),
+        };
+        let registry = hive.metrics();
+        registry.register(
+            "edgehive_synccontroller_resends",
+            "Objects sent again to a node by the reconcile (per node)",
+            metrics.resends.clone(),
+        );
+        registry.register(
+            "edgehive_synccontroller_deletes",
+            "Deletes sent to a node for objects gone from the cluster or replaced (per node)",
+            metrics.deletes.clone(),
+        );
+        registry.register(
+            "edgehive_synccontroller_reconcile_runs",
+            "Reconcile runs",
+            metrics.runs.clone(),
+        );
+        registry.register(
+            "edgehive_synccontroller_reconcile_seconds",
+            "Duration of a reconcile run",
+            metrics.duration.clone(),
+        );
+        registry.register(
+            "edgehive_synccontroller_records",
+            "ObjectSync and ClusterObjectSync records kept",
+            metrics.records.clone(),
+        );
+        registry.register(
+            "edgehive_synccontroller_record_write_errors",
+            "Record writes the cluster refused (tried again)",
+            metrics.write_errors.clone(),
+        );
+        metrics
+    }
+}
+
+/// SyncController's module recipe.
+pub struct SyncControllerModule {
+    cluster: SharedCluster,
+    interval: Duration,
+    metrics: Metrics,
+}
+
+impl SyncControllerModule {
+    /// A recipe on `cluster`, reconciling every `interval`; registers its metrics with `hive`.
+    pub fn new(hive: &Hive, cluster: SharedCluster, interval: Duration) -> Self {
+        SyncControllerModule {
+            cluster,
+            interval,
+            metrics: Metrics::new(hive),
+        }
+    }
+}
+
+impl Module for SyncControllerModule {
+    type Actor = SyncController;
+
+    fn name(&self) -> &str {
+        SYNCCONTROLLER_MODULE
+    }
+
+    fn group(&self) -> &str {
+        SYNCCONTROLLER_MODULE
+    }
+
+    fn mailbox_capacity(&self) -> usize {
+        MAILBOX_CAPACITY
+    }
+
+    fn create(&self, hive: &Hive) -> SyncController {
+        SyncController {
+            hive: hive.clone(),
+            cluster: self.cluster.clone(),
+            interval: self.interval,
+            metrics: self.metrics.clone(),
+            records: Records::default(),
+            loaded: false,
+            flushing: false,
+            reconciling: false,
+        }
+    }
+
+    fn accepts(&self, accepts: &mut Accepts<SyncController>) {
+        accepts
+            .message::<Acked>()
+            .message::<Queued>()
+            .message::<SyncView>();
+    }
+}
+
+/// The SyncController actor: see the [module docs](self).
+pub struct SyncController {
+    hive: Hive,
+    cluster: SharedCluster,
+    interval: Duration,
+    metrics: Metrics,
+    records: Records,
+    loaded: bool,
+    flushing: bool,
+    reconciling: bool,
+}
+
+impl Actor for SyncController {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.add_stream(self.cluster.watch("Node"));
+        self.load(ctx);
+        ctx.run_interval(FLUSH_INTERVAL, |act, ctx| act.flush(ctx));
+        ctx.run_interval(self.interval, |act, ctx| act.reconcile(ctx));
+    }
+}
+
+fn record_kind(object: &ObjectId) -> (&'static str, Option<&str>) {
+    if is_cluster_scoped(&object.kind) || object.namespace.is_empty() {
+        ("ClusterObjectSync", None)
+    } else {
+        ("ObjectSync", Some(object.namespace.as_str()))
+    }
+}
+
+/// The record's name: `{node}.{uid}`.
+pub fn record_name(node: &str, uid: &str) -> String {
+    format!("{node}.{uid}")
+}
+
+/// A record as the cluster holds it (KubeEdge's fields).
+pub fn record_object(node: &str, object: &ObjectId, version: &str) -> Value {
+    let (kind, namespace) = record_kind(object);
+    let mut metadata = json!({"name": record_name(node, &object.uid)});
+    if let Some(namespace) = namespace {
+        metadata["namespace"] = json!(namespace);
+    }
+    json!({
+        "apiVersion": RELIABLESYNCS_API_VERSION,
+        "kind": kind,
+        "metadata": metadata,
+        "spec": {
+            "objectAPIVersion": object.api_version,
+            "objectKind": object.kind,
+            "objectName": object.name,
+        },
+        "status": {"objectResourceVersion": version},
+    })
+}
+
+/// Reads a record from the cluster: its node, object and status (`None` if its name or spec
+/// is not KubeEdge's).
+fn parse_record(record: &Value) -> Option<(String, Arc<ObjectId>, String)> {
+    let name = meta_str(record, "name");
+    let (node, uid) = name.rsplit_once('.')?;
+    let spec = &record["spec"];
+    let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
+    let object = ObjectId {
+        api_version: text(&spec["objectAPIVersion"])?,
+        kind: text(&spec["objectKind"])?,
+        namespace: meta_str(record, "namespace").to_owned(),
+        name: text(&spec["objectName"])?,
+        uid: uid.to_owned(),
+    };
+    let status = record["status"]["objectResourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    Some((node.to_owned(), Arc::new(object), status))
+}
+
+/// Makes the cluster's record say `write.want`; returns what it says afterwards.
+async fn write(cluster: SharedCluster, write: Write) -> Result<Option<String>, ClusterError> {
+    let (kind, namespace) = record_kind(&write.object);
+    let name = record_name(&write.node, &write.object.uid);
+    let Some(want) = write.want else {
+        return match cluster.delete(kind, namespace, &name, None).await {
+            Ok(_) | Err(ClusterError::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error),
+        };
+    };
+    if !write.exists {
+        match cluster
+            .create(record_object(&write.node, &write.object, &want))
+            .await
+        {
+            // A real API server ignores status on create: set it below.
+            Ok(created) if created["status"]["objectResourceVersion"] == want.as_str() => {
+                return Ok(Some(want))
+            }
+            Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    let patch = json!({"status": {"objectResourceVersion": want}});
+    match cluster.patch(kind, namespace, &name, patch, true).await {
+        Ok(_) => Ok(Some(want)),
+        // Deleted behind our back: made again on the next flush.
+        Err(ClusterError::NotFound { .. }) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+impl SyncController {
+    fn set_gauge(&self) {
+        self.metrics
+            .records
+            .set(i64::try_from(self.records.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Reads the records and the nodes; records of nodes that are gone are removed.
+    fn load(&mut self, ctx: &mut Context<Self>) {
+        let cluster = self.cluster.clone();
+        let fut = async move {
+            let (namespaced, _) = cluster.list("ObjectSync").await?;
+            let (clustered, _) = cluster.list("ClusterObjectSync").await?;
+            let (nodes, _) = cluster.list("Node").await?;
+            let nodes: HashSet<String> = nodes
+                .iter()
+                .map(|n| meta_str(n, "name").to_owned())
+                .collect();
+            Ok::<_, ClusterError>((namespaced.into_iter().chain(clustered), nodes))
+        };
+        ctx.spawn(fut.into_actor(self).map(|result, act, ctx| match result {
+            Ok((records, nodes)) => {
+                let mut skipped = 0;
+                for record in records {
+                    match parse_record(&record) {
+                        Some((node, object, status)) => act.records.loaded(&node, object, status),
+                        None => skipped += 1,
+                    }
+                }
+                let gone: Vec<String> = act
+                    .records
+                    .node_names()
+                    .filter(|node| !nodes.contains(*node))
+                    .cloned()
+                    .collect();
+                for node in &gone {
+                    act.records.node_gone(node);
+                }
+                act.loaded = true;
+                act.set_gauge();
+                tracing::info!(
+                    records = act.records.len(),
+                    gone_nodes = gone.len(),
+                    skipped,
+                    "sync records loaded"
+                );
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read sync records; trying again");
+                ctx.run_later(Duration::from_secs(1), |act, ctx| act.load(ctx));
+            }
+        }));
+    }
+
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.flushing || self.records.dirty() == 0 {
+            return;
+        }
+        let writes = self.records.take_dirty(BATCH);
+        if writes.is_empty() {
+            return;
+        }
+        self.flushing = true;
+        let cluster = self.cluster.clone();
+        let fut = async move {
+            let mut results = Vec::with_capacity(writes.len());
+            for w in writes {
+                let result = write(cluster.clone(), w.clone()).await;
+                results.push((w, result));
+            }
+            results
+        };
+        ctx.spawn(fut.into_actor(self).map(|results, act, _| {
+            act.flushing = false;
+            for (w, result) in results {
+                let stored = result.map_err(|error| {
+                    act.metrics.write_errors.inc();
+                    tracing::warn!(node = %w.node, uid = %w.object.uid, %error, "cannot write sync record");
+                });
+                act.records.written(&w, stored);
+            }
+            act.set_gauge();
+        }));
+    }
+
+    fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        if self.reconciling || !self.loaded || self.records.is_empty() {
+            return;
+        }
+        self.reconciling = true;
+        let started = Instant::now();
+        let kinds = self.records.kinds();
+        let cluster = self.cluster.clone();
+        let fut = async move {
+            let mut index = ClusterIndex::new();
+            for kind in kinds {
+                let (objects, _) = cluster.list(&kind).await?;
+                for obj in objects {
+                    let key = (
+                        kind.clone(),
+                        meta_str(&obj, "namespace").to_owned(),
+                        meta_str(&obj, "name").to_owned(),
+                    );
+                    index.insert(key, obj);
+                }
+            }
+            Ok::<_, ClusterError>(index)
+        };
+        ctx.spawn(fut.into_actor(self).map(move |result, act, _| {
+            act.reconciling = false;
+            match result {
+                Ok(index) => {
+                    let plans = act.records.plan(&index, Instant::now(), RESEND_QUIET);
+                    for plan in plans {
+                        act.send(plan);
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "reconcile cannot list the cluster"),
+            }
+            act.metrics.runs.inc();
+            act.metrics
+                .duration
+                .observe(started.elapsed().as_secs_f64());
+        }));
+    }
+
+    fn send(&mut self, plan: Resend) {
+        let Some(first) = plan.nodes.first() else {
+            return;
+        };
+        let id = &plan.object;
+        let message = match &plan.update {
+            Some(obj) => object_message(
+                first,
+                ResourceType::from(id.kind.to_ascii_lowercase().as_str()),
+                &id.api_version,
+                &id.kind,
+                obj,
+                Operation::Update,
+            ),
+            None => {
+                // Enough for the edge to find and delete it: its identity, no version.
+                let mut metadata = json!({"name": id.name, "uid": id.uid});
+                if !id.namespace.is_empty() {
+                    metadata["namespace"] = json!(id.namespace);
+                }
+                Message::new(
+                    edgehive_protocols::ModuleName::EdgeController,
+                    edgehive_protocols::Group::Resource,
+                    Operation::Delete,
+                    id.resource_on(first),
+                    json!({"apiVersion": id.api_version, "kind": id.kind, "metadata": metadata}),
+                )
+            }
+        };
+        let count = plan.nodes.len() as u64;
+        tracing::info!(nodes = count, kind = %id.kind, namespace = %id.namespace, name = %id.name,
+            delete = plan.update.is_none(), "reconcile: sending again what the edge lacks");
+        let to_nodes = ToNodes {
+            nodes: plan.nodes.clone(),
+            message: NodeMessage::resend(message),
+        };
+        match self.hive.tell(route::CLOUDHUB, to_nodes) {
+            Ok(()) => {
+                if plan.update.is_some() {
+                    self.metrics.resends.inc_by(count);
+                } else {
+                    self.metrics.deletes.inc_by(count);
+                }
+            }
+            Err(refused) => {
+                tracing::warn!(error = %refused.error, "reconcile cannot reach cloudhub; trying again later");
+                self.records.unsent(&plan.nodes, &id.uid);
+            }
+        }
+    }
+
+    fn view(&self, node: Option<&str>) -> Value {
+        let mut nodes: HashMap<&str, (usize, usize)> = HashMap::new();
+        for name in self.records.node_names() {
+            let records = self.records.of(name);
+            let (mut count, mut pending) = (0, 0);
+            for record in records {
+                count += 1;
+                if record.want.as_deref() == Some(records::QUEUED) {
+                    pending += 1;
+                }
+            }
+            nodes.insert(name, (count, pending));
+        }
+        let mut summary: Vec<Value> = nodes
+            .into_iter()
+            .map(|(name, (count, pending))| {
+                json!({"node": name, "records": count, "notAcknowledged": pending})
+            })
+            .collect();
+        summary.sort_by(|a, b| a["node"].as_str().cmp(&b["node"].as_str()));
+        let mut view = json!({
+            "loaded": self.loaded,
+            "records": self.records.len(),
+            "unwritten": self.records.dirty(),
+            "nodes": summary,
+        });
+        if let Some(node) = node {
+            let mut objects: Vec<Value> = self
+                .records
+                .of(node)
+                .map(|record| {
+                    json!({
+                        "kind": record.object.kind,
+                        "namespace": record.object.namespace,
+                        "name": record.object.name,
+                        "uid": record.object.uid,
+                        "acknowledgedVersion": record.want,
+                        "recordedVersion": record.stored,
+                    })
+                })
+                .collect();
+            objects.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+            view["objects"] = Value::Array(objects);
+        }
+        view
+    }
+}
+
+impl Handler<Envelope> for SyncController {
+    type Result = Option<Message>;
+
+    fn handle(&mut self, _: Envelope, _: &mut Context<Self>) -> Option<Message> {
+        None
+    }
+}
+
+impl Handler<Acked> for SyncController {
+    type Result = ();
+
+    fn handle(&mut self, acked: Acked, _: &mut Context<Self>) {
+        self.records.acked(
+            &acked.node,
+            &acked.key,
+            acked.resource_version.as_deref(),
+            acked.deleted,
+            acked.object.as_ref(),
+        );
+    }
+}
+
+impl Handler<Queued> for SyncController {
+    type Result = ();
+
+    fn handle(&mut self, queued: Queued, _: &mut Context<Self>) {
+        for node in &queued.nodes {
+            self.records.queued(node, &queued.object);
+        }
+    }
+}
+
+/// The admin view: per node, records and objects not yet acknowledged; with `node`, that
+/// node's records with their versions.
+#[derive(Debug, Message)]
+#[rtype(result = "Value")]
+pub struct SyncView {
+    /// The node to detail.
+    pub node: Option<String>,
+}
+
+impl Handler<SyncView> for SyncController {
+    type Result = MessageResult<SyncView>;
+
+    fn handle(&mut self, view: SyncView, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.view(view.node.as_deref()))
+    }
+}
+
+impl StreamHandler<Result<WatchEvent, WatchError>> for SyncController {
+    fn handle(&mut self, event: Result<WatchEvent, WatchError>, ctx: &mut Context<Self>) {
+        match event {
+            Ok(WatchEvent {
+                event_type: EventType::Deleted,
+                object,
+            }) => {
+                let node = meta_str(&object, "name");
+                tracing::info!(%node, "node deleted: removing its sync records");
+                self.records.node_gone(node);
+            }
+            Ok(_) => {}
+            Err(WatchError::Lagged { .. }) => self.load(ctx),
+            Err(WatchError::Closed) => {}
+        }
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {}
+}

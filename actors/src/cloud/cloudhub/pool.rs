@@ -409,8 +409,9 @@ impl NodePool {
     }
 
     /// The node's connection ended. A message written on it and not ACKed counts a lost
-    /// connection and goes back into the queue with a backoff, so what waits behind it gets
-    /// its turn; after [`PARK_AFTER`] of those it is parked. Returns whether it was parked
+    /// connection and goes to the back of the queue, so what waits behind it gets its turn
+    /// first (no backoff: a flapping link must not delay delivery); after [`PARK_AFTER`] of
+    /// those it is parked. Returns whether it was parked
     /// just now.
     pub fn connection_lost(&mut self, now: Instant, retry: Duration) -> bool {
         if self
@@ -435,28 +436,32 @@ impl NodePool {
         let Some(flight) = self.in_flight.take() else {
             return false;
         };
-        let failures = flight.failures.saturating_add(1);
+        // A lost connection is not the edge failing to ACK: no backoff for it (the edge's
+        // reconnect backoff paces the retries), only the count that parks a message that
+        // keeps ending connections. An ACK that never came backs off.
+        let failures = flight.failures.saturating_add(u32::from(!lost_connection));
         let lost_connections = flight
             .lost_connections
             .saturating_add(u32::from(lost_connection));
         let parked_now = lost_connections == PARK_AFTER && lost_connection;
         let factor = 2u32.saturating_pow(failures.min(16));
-        let backoff = if lost_connections >= PARK_AFTER {
-            PARKED_RETRY
+        let not_before = if lost_connections >= PARK_AFTER {
+            Some(now + PARKED_RETRY)
+        } else if lost_connection {
+            None
         } else {
-            retry.saturating_mul(factor).min(MAX_REQUEUE_BACKOFF)
+            Some(now + retry.saturating_mul(factor).min(MAX_REQUEUE_BACKOFF))
         };
         if parked_now {
             self.stats.parked += 1;
         }
-        let not_before = Some(now + backoff);
         let key = flight.message.key().to_owned();
         match self.pending.get_mut(&key) {
             // A newer message for the object arrived meanwhile: it gets a fresh chance, with
             // the backoff of an ordinary retry.
             Some(newer) => {
-                newer.not_before =
-                    Some(now + retry.saturating_mul(factor).min(MAX_REQUEUE_BACKOFF));
+                newer.not_before = (!lost_connection)
+                    .then(|| now + retry.saturating_mul(factor).min(MAX_REQUEUE_BACKOFF));
                 newer.failures = failures;
             }
             None => {
@@ -679,6 +684,24 @@ mod tests {
             Enqueued::Replaced
         );
         assert_eq!(pool.parked(), 0);
+    }
+
+    #[test]
+    fn a_lost_connection_requeues_at_the_back_without_delay() {
+        let mut pool = NodePool::new(LIMITS);
+        let now = Instant::now();
+        pool.enqueue(pod("a", "1", Operation::Insert));
+        pool.enqueue(pod("b", "2", Operation::Insert));
+        let a = written(pool.poll_ack_lane(now, RETRY, 5));
+        assert_eq!(a.key(), "a");
+        assert!(!pool.connection_lost(now, RETRY));
+        pool.restart_in_flight(now);
+        // On the next connection, at once: first what waited behind it, then it.
+        let b = written(pool.poll_ack_lane(now, RETRY, 5));
+        assert_eq!(b.key(), "b");
+        pool.ack(b.id());
+        let again = written(pool.poll_ack_lane(now, RETRY, 5));
+        assert_eq!(again.id(), a.id());
     }
 
     #[test]

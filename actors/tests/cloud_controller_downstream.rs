@@ -172,7 +172,7 @@ async fn a_configmap_created_after_its_pod_reaches_the_pods_node() {
 }
 
 #[actix_rt::test]
-async fn deleting_an_edge_node_sends_the_delete_and_ends_its_session() {
+async fn deleting_an_edge_node_sends_the_delete_ends_its_session_and_forgets_it() {
     let hive = Hive::new("cloud");
     let cluster = EmbeddedCluster::new();
     let server = start_cloudhub(&hive, test_options()).await.unwrap();
@@ -209,11 +209,17 @@ async fn deleting_an_edge_node_sends_the_delete_and_ends_its_session() {
     );
     assert!(delete.content.is_null());
     edge.expect_close().await;
+    // CloudHub forgets the node: no actor, no pool, not listed.
     cloud
-        .eventually("the node is disconnected", || async {
-            !cloud.node("edge-1").await.connected
+        .eventually("the node is disconnected and forgotten", || async {
+            cloud.nodes().await.iter().all(|info| info.node != "edge-1")
         })
         .await;
+    let metrics = cloud.hive.metrics().encode();
+    assert!(
+        metrics.contains("edgehive_cloudhub_node_actors 0"),
+        "{metrics}"
+    );
     cloud.stop().await;
 }
 

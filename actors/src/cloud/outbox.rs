@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use edgehive_protocols::Message;
 use prometheus_client::metrics::counter::Counter;
 
-use crate::cloud::contract::{route, DisconnectNode, ToNodes};
+use crate::cloud::contract::{route, NodeDeleted, ToNodes};
 use crate::hive::Hive;
 
 /// Messages kept while CloudHub is full or restarting. Overflow policy: the oldest message
@@ -60,15 +60,15 @@ impl Outbox {
         }
     }
 
-    /// Closes `node`'s session after everything queued before has reached CloudHub: a
-    /// deleted node must not stay connected.
+    /// Closes `node`'s session after everything queued before has reached CloudHub, and has
+    /// CloudHub forget it: a deleted node must not stay connected, nor keep a pool.
     pub fn disconnect(&mut self, node: &str) {
         self.flush();
         if !self.buffer.is_empty() {
             tracing::warn!(%node, "cloudhub busy; node deleted but its session stays open until it reconnects");
             return;
         }
-        let disconnect = DisconnectNode {
+        let disconnect = NodeDeleted {
             node: node.to_owned(),
         };
         if self.hive.tell(route::CLOUDHUB, disconnect).is_err() {

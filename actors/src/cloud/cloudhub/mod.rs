@@ -40,7 +40,7 @@ use actix::prelude::*;
 use edgehive_protocols::Message;
 
 pub use crate::cloud::contract::DisconnectNode;
-use crate::cloud::contract::{route, Lane, Queued, ToNodes};
+use crate::cloud::contract::{route, Lane, NodeDeleted, Queued, ToNodes};
 use crate::hive::{supervise, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, Refused};
 pub use metrics::{CloudHubMetrics, ReasonLabels};
 use node::{HubContext, NodeCell, NodeRecipe};
@@ -165,6 +165,7 @@ impl Module for CloudHubModule {
         accepts
             .message::<ToNodes>()
             .message::<DisconnectNode>()
+            .message::<NodeDeleted>()
             .message::<ListNodes>()
             .message::<CrashNode>();
     }
@@ -380,6 +381,15 @@ impl Handler<DisconnectNode> for CloudHub {
     fn handle(&mut self, request: DisconnectNode, _: &mut Context<Self>) -> bool {
         let cell = self.shared.nodes().get(&request.node).cloned();
         cell.is_some_and(|cell| cell.disconnect("disconnected by the operator", &self.shared.hub))
+    }
+}
+
+impl Handler<NodeDeleted> for CloudHub {
+    type Result = bool;
+
+    fn handle(&mut self, request: NodeDeleted, _: &mut Context<Self>) -> bool {
+        let cell = self.shared.nodes().remove(&request.node);
+        cell.map(|cell| cell.retire(&self.shared.hub)).is_some()
     }
 }
 

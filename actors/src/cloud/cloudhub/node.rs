@@ -109,6 +109,8 @@ pub(crate) struct NodeCell {
     /// The admitted connection's id; 0 when none.
     admitted: AtomicU64,
     running: AtomicBool,
+    /// The node was deleted: its actor stops for good and is not restarted.
+    retired: AtomicBool,
     restarts: AtomicU64,
     handled: AtomicU64,
     depth: AtomicI64,
@@ -163,6 +165,7 @@ impl NodeCell {
             wake_pending: AtomicBool::new(false),
             admitted: AtomicU64::new(0),
             running: AtomicBool::new(true),
+            retired: AtomicBool::new(false),
             restarts: AtomicU64::new(0),
             handled: AtomicU64::new(0),
             depth: AtomicI64::new(0),
@@ -342,6 +345,14 @@ impl NodeCell {
         true
     }
 
+    /// The node was deleted from the cluster: its connection is closed after what is queued
+    /// (the node delete) is written, and its actor stops for good, pool and all.
+    pub(crate) fn retire(&self, hub: &HubContext) {
+        self.retired.store(true, Ordering::Release);
+        self.disconnect("node deleted", hub);
+        self.post(Retire);
+    }
+
     /// Notes a keepalive from the edge (the session calls this; no actor is involved).
     pub(crate) fn keepalive(&self) {
         self.last_keepalive_ms
@@ -442,6 +453,11 @@ pub(crate) struct FromEdge(pub(crate) Message);
 #[rtype(result = "()")]
 struct Crash;
 
+/// Write what is left, close, and stop for good (the node was deleted).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Retire;
+
 /// How CloudHub starts, and restarts, a node's actor.
 pub(crate) struct NodeRecipe {
     pub(crate) cell: Arc<NodeCell>,
@@ -469,6 +485,15 @@ impl Recipe for NodeRecipe {
         self.cell.running.store(false, Ordering::Relaxed);
         self.hub.metrics.node_restarts.inc();
         tracing::warn!(node = %self.cell.name, restarts, ?delay, "node actor stopped or panicked; restarting with its pool");
+    }
+
+    fn retired(&self) -> bool {
+        self.cell.retired.load(Ordering::Acquire)
+    }
+
+    fn stopped(&mut self) {
+        self.hub.metrics.node_actors.dec();
+        tracing::info!(node = %self.cell.name, "node actor retired");
     }
 
     fn restarted(&mut self, addr: &Addr<NodeActor>) {
@@ -774,6 +799,16 @@ impl Handler<FromEdge> for NodeActor {
     fn handle(&mut self, FromEdge(message): FromEdge, ctx: &mut Context<Self>) {
         self.handled();
         self.on_edge_message(message, ctx);
+    }
+}
+
+impl Handler<Retire> for NodeActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) {
+        self.handled();
+        self.drive(ctx);
+        ctx.stop();
     }
 }
 

@@ -320,6 +320,16 @@ pub struct DisconnectNode {
     pub node: String,
 }
 
+/// A node was deleted from the cluster: CloudHub writes what is queued for it (the node
+/// delete), closes its connection and forgets the node (its actor and pool). `true` if it
+/// knew the node.
+#[derive(Debug, ActixMessage)]
+#[rtype(result = "bool")]
+pub struct NodeDeleted {
+    /// The deleted node.
+    pub node: String,
+}
+
 /// Whether `message` goes to the ACK lane (`true`) or is written once without ACK (`false`).
 ///
 /// No ACK, as in KubeEdge's cloudhub, if any of: the resource mentions `podlist`,

@@ -12,9 +12,9 @@
 //!   longer exist.
 //!
 //! Every `reconcile_interval` (5 s) it compares the records with the cluster
-//! ([`records::Records::plan`]): objects gone or replaced (another UID) are deleted on the
-//! edge, newer versions sent again ([`NodeMessage::resend`], which no pool drops as already
-//! ACKed). Because the records live in the cluster (and the embedded cluster in its
+//! ([`records::Records::plan`]), after removing records of nodes that no longer exist:
+//! objects gone or replaced (another UID) are deleted on the edge, newer versions sent again
+//! ([`NodeMessage::resend`], which no pool drops as already ACKed). Because the records live in the cluster (and the embedded cluster in its
 //! datastore), a restarted cloud knows what each node is owed, including deletes that
 //! happened while it was down.
 //!
@@ -374,6 +374,11 @@ impl SyncController {
         let kinds = self.records.kinds();
         let cluster = self.cluster.clone();
         let fut = async move {
+            let (nodes, _) = cluster.list("Node").await?;
+            let nodes: HashSet<String> = nodes
+                .iter()
+                .map(|n| meta_str(n, "name").to_owned())
+                .collect();
             let mut index = ClusterIndex::new();
             for kind in kinds {
                 let (objects, _) = cluster.list(&kind).await?;
@@ -386,12 +391,23 @@ impl SyncController {
                     index.insert(key, obj);
                 }
             }
-            Ok::<_, ClusterError>(index)
+            Ok::<_, ClusterError>((nodes, index))
         };
         ctx.spawn(fut.into_actor(self).map(move |result, act, _| {
             act.reconciling = false;
             match result {
-                Ok(index) => {
+                Ok((nodes, index)) => {
+                    // Records of nodes that are gone (an event about one that arrived after
+                    // its deletion) go too.
+                    let gone: Vec<String> = act
+                        .records
+                        .node_names()
+                        .filter(|node| !nodes.contains(*node))
+                        .cloned()
+                        .collect();
+                    for node in &gone {
+                        act.records.node_gone(node);
+                    }
                     let plans = act.records.plan(&index, Instant::now(), RESEND_QUIET);
                     for plan in plans {
                         act.send(plan);

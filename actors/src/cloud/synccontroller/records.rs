@@ -128,18 +128,12 @@ impl Records {
     }
 
     /// `object` was queued for `node` with nothing waiting for it: recorded at [`QUEUED`]
-    /// unless a record exists.
+    /// unless a record exists (or is being removed).
     pub fn queued(&mut self, node: &str, object: &Arc<ObjectId>) {
-        match self
-            .nodes
-            .get_mut(node)
-            .and_then(|m| m.get_mut(&object.uid))
-        {
-            Some(record) if record.want.is_some() => {}
-            Some(record) => {
-                record.want = Some(QUEUED.to_owned());
-                self.mark(node, &object.uid);
-            }
+        match self.nodes.get(node).and_then(|m| m.get(&object.uid)) {
+            // Recorded already, or being removed (its delete was ACKed, or the node is gone:
+            // a late event must not bring the record back).
+            Some(_) => {}
             None => self.insert(
                 node,
                 Record {
@@ -481,6 +475,7 @@ mod tests {
         records.acked("n2", "u1", Some("5"), false, Some(&pod_id("a", "u1")));
         write_all(&mut records);
         records.node_gone("n1");
+        records.queued("n1", &pod_id("a", "u1")); // late: changes nothing
         let writes = write_all(&mut records);
         assert_eq!(writes.len(), 1);
         assert_eq!(writes[0].node, "n1");

@@ -570,6 +570,10 @@ impl Validate for EdgeConfig {
         }
         positive("modules.edgeHub.heartbeat", self.modules.edge_hub.heartbeat)?;
         positive(
+            "modules.edgeHub.reconnectMinMillis",
+            self.modules.edge_hub.reconnect_min_millis,
+        )?;
+        positive(
             "modules.edgeHub.messageQPS",
             u64::from(self.modules.edge_hub.message_qps),
         )?;
@@ -678,6 +682,10 @@ impl Default for Edged {
     }
 }
 
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// `modules.edgeHub`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -689,6 +697,11 @@ pub struct EdgeHubConfig {
     pub project_id: String,
     /// Largest frame accepted from the cloud, in bytes (edgehive).
     pub max_frame_size: usize,
+    /// First wait before dialling again after a connection ended, in milliseconds; doubles
+    /// up to `reconnectMaxMillis` until a connection lasts 10 s (edgehive).
+    pub reconnect_min_millis: u64,
+    /// Longest wait between dials, in milliseconds (edgehive).
+    pub reconnect_max_millis: u64,
     /// The WebSocket connection.
     pub websocket: EdgeWebSocket,
     /// Sustained messages per second written to the cloud.
@@ -716,6 +729,8 @@ impl Default for EdgeHubConfig {
             heartbeat: options.heartbeat.as_secs(),
             project_id: options.project_id,
             max_frame_size: options.max_frame_bytes,
+            reconnect_min_millis: millis(options.reconnect_min),
+            reconnect_max_millis: millis(options.reconnect_max),
             websocket: EdgeWebSocket {
                 enable: true,
                 server: options.server,
@@ -757,6 +772,10 @@ impl EdgeConfig {
             node_name: self.node_name().to_owned(),
             heartbeat: Duration::from_secs(hub.heartbeat),
             max_frame_bytes: hub.max_frame_size,
+            reconnect_min: Duration::from_millis(hub.reconnect_min_millis),
+            reconnect_max: Duration::from_millis(
+                hub.reconnect_max_millis.max(hub.reconnect_min_millis),
+            ),
             message_qps: hub.message_qps,
             message_burst: hub.message_burst,
             tls: (!hub.websocket.insecure_plaintext).then(|| EdgeTlsOptions {

@@ -174,12 +174,14 @@ impl CloudProcess {
                         .app_data(web::Data::new(cluster.clone()))
                         .app_data(web::PayloadConfig::new(MAX_APPLY_BYTES))
                         .route("/api/v1/apply", web::post().to(apply))
+                        .route("/api/v1/objects/{kind}", web::get().to(list_objects))
                         .route(
                             "/api/v1/objects/{kind}/{namespace}/{name}",
                             web::delete().to(delete_object),
                         ),
                     None => routes
                         .route("/api/v1/apply", web::post().to(use_kubectl))
+                        .route("/api/v1/objects/{kind}", web::get().to(use_kubectl))
                         .route(
                             "/api/v1/objects/{kind}/{namespace}/{name}",
                             web::delete().to(use_kubectl),
@@ -337,6 +339,20 @@ async fn use_kubectl() -> HttpResponse {
 /// `DELETE /api/v1/objects/{kind}/{namespace}/{name}`: deletes one object of the embedded
 /// cluster; `kind` is matched without case and may be plural; the namespace is ignored for
 /// cluster-scoped kinds.
+/// `GET /api/v1/objects/{kind}`: every object of a kind in the embedded cluster (kind
+/// without case, singular or plural), as `{"items": [...], "resourceVersion": ...}`.
+async fn list_objects(
+    cluster: web::Data<EmbeddedCluster>,
+    kind: web::Path<String>,
+) -> HttpResponse {
+    let kind = kind.into_inner();
+    let Some(resolved) = cluster.resolve_kind(&kind) else {
+        return HttpResponse::Ok().json(json!({"items": [], "resourceVersion": ""}));
+    };
+    let (items, resource_version) = cluster.list(&resolved);
+    HttpResponse::Ok().json(json!({"items": items, "resourceVersion": resource_version}))
+}
+
 async fn delete_object(
     cluster: web::Data<EmbeddedCluster>,
     path: web::Path<(String, String, String)>,

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod process;
+pub mod proxy;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -13,6 +13,11 @@ use serde_json::json;
 /// Routes a process adds to the common ones.
 pub type ExtraRoutes = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
 
+/// A process's own readiness condition, registered as app data by its extra routes:
+/// `Some(reason)` while it is not ready.
+#[derive(Clone)]
+pub struct Readiness(pub Arc<dyn Fn() -> Option<String> + Send + Sync>);
+
 /// A running admin endpoint.
 #[derive(Debug)]
 pub struct AdminServer {
@@ -62,19 +67,26 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().body("ok\n")
 }
 
-/// Ready when every module is running; lists the ones that are not.
-async fn readyz(hive: web::Data<Hive>) -> HttpResponse {
+/// Ready when every module is running and the process's own condition holds; says what is
+/// not.
+async fn readyz(hive: web::Data<Hive>, own: Option<web::Data<Readiness>>) -> HttpResponse {
     let not_running: Vec<_> = hive
         .modules()
         .into_iter()
         .filter(|module| module.state != ModuleState::Running)
         .map(|module| module.name)
         .collect();
-    if not_running.is_empty() {
+    let mut problems = Vec::new();
+    if !not_running.is_empty() {
+        problems.push(format!("not running: {}", not_running.join(", ")));
+    }
+    if let Some(reason) = own.and_then(|own| (own.0)()) {
+        problems.push(reason);
+    }
+    if problems.is_empty() {
         HttpResponse::Ok().body("ok\n")
     } else {
-        HttpResponse::ServiceUnavailable()
-            .body(format!("not running: {}\n", not_running.join(", ")))
+        HttpResponse::ServiceUnavailable().body(format!("{}\n", problems.join("\n")))
     }
 }
 

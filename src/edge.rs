@@ -32,7 +32,7 @@ use futures_util::StreamExt as _;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::admin::AdminServer;
+use crate::admin::{AdminServer, Readiness};
 use crate::config::EdgeConfig;
 
 /// A running edge process.
@@ -78,7 +78,9 @@ impl EdgeProcess {
             None
         };
         if config.modules.edge_hub.websocket.enable {
-            hive.start_module(EdgeHubModule::new(config.edge_hub_options()))?;
+            let mut options = config.edge_hub_options();
+            options.store_id = Some(store.id().to_owned());
+            hive.start_module(EdgeHubModule::new(options))?;
         }
         plug(&hive)?;
         let (stopping, stop_signal) = tokio::sync::watch::channel(false);
@@ -88,7 +90,17 @@ impl EdgeProcess {
             &config.admin.bind_address,
             hive.clone(),
             Arc::new(move |routes: &mut web::ServiceConfig| {
+                let store = routes_store.clone();
+                let readiness = Readiness(Arc::new(move || {
+                    (!store.is_writable()).then(|| {
+                        format!(
+                            "store: {} was deleted or replaced while in use; writes are refused until the edge restarts",
+                            store.path().display()
+                        )
+                    })
+                }));
                 routes
+                    .app_data(web::Data::new(readiness))
                     .app_data(web::Data::new(routes_store.clone()))
                     .app_data(web::Data::new(routes_hive.clone()))
                     .app_data(web::Data::new(stop_signal.clone()))

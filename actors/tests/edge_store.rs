@@ -298,3 +298,27 @@ async fn another_uid_replaces_by_creation_not_by_version() {
         .await
         .unwrap());
 }
+
+/// A store keeps its identity across reopenings and a new file has another; a file deleted
+/// under the running store refuses writes (none is acknowledged into a lost file) and says so.
+#[tokio::test]
+async fn a_store_knows_its_identity_and_refuses_writes_when_its_file_vanishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.db");
+    let first = MetaStore::open(&path).unwrap().id().to_owned();
+    let store = MetaStore::open(&path).unwrap();
+    assert_eq!(store.id(), first, "the same file, the same store");
+    let other = MetaStore::open(&dir.path().join("other.db")).unwrap();
+    assert_ne!(other.id(), first);
+
+    assert!(store.is_writable());
+    std::fs::remove_file(&path).unwrap();
+    let err = store
+        .upsert("default/pod/p".into(), "pod".into(), pod("p", "1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Vanished { .. }), "{err}");
+    assert!(err.to_string().contains("edge.db"), "{err}");
+    assert!(!store.is_writable());
+    assert!(store.delete("default/pod/p".into()).await.is_err());
+}

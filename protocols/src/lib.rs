@@ -36,3 +36,8 @@ pub use resource::{
     node_of, prefix_for_cloud, trim_for_edge, CloudResource, DeviceResource, EdgeResource,
     ResourceError,
 };
+
+/// The handshake header an edgehive edge sends with its store's identity (a UUID made with the
+/// store file). An edge whose store is new or replaced sends another one, and the cloud then
+/// sends it everything again; KubeEdge's cloudcore ignores the header.
+pub const STORE_ID_HEADER: &str = "edgehive-store-id";

@@ -8,6 +8,7 @@
 
 use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +61,14 @@ pub enum StoreError {
     /// The store thread is gone (it panicked or the process is stopping); nothing was done.
     #[error("the edge database thread has stopped")]
     Closed,
+    /// The database file was deleted or replaced while open: writes would go to a file no
+    /// one will read again, so none are made (and nothing is acknowledged) until the edge is
+    /// restarted on a file it can keep.
+    #[error("edge database {path:?} was deleted or replaced while in use; writes refused, restart the edge")]
+    Vanished {
+        /// The database file.
+        path: PathBuf,
+    },
 }
 
 /// The outcome of [`MetaStore::upsert`].
@@ -144,6 +153,20 @@ pub struct MetaStore {
     commands: mpsc::Sender<Command>,
     path: Arc<PathBuf>,
     changes: broadcast::Sender<StoreEvent>,
+    id: Arc<String>,
+    /// (device, inode) of the file when it was opened.
+    file: Option<(u64, u64)>,
+    vanished: Arc<AtomicBool>,
+}
+
+/// The edgehive table beside KubeEdge's `meta`: this store's identity.
+const CREATE_EDGEHIVE: &str =
+    "CREATE TABLE IF NOT EXISTS edgehive (key TEXT PRIMARY KEY, value TEXT NOT NULL)";
+
+/// (device, inode) of the file at `path`.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 impl MetaStore {
@@ -177,15 +200,34 @@ impl MetaStore {
             .map_err(sqlite("set synchronous=NORMAL"))?;
         conn.execute(CREATE_META, [])
             .map_err(sqlite("create table meta"))?;
+        conn.execute(CREATE_EDGEHIVE, [])
+            .map_err(sqlite("create table edgehive"))?;
+        // The store's identity: made with the file, so a new or replaced file has a new one.
+        conn.execute(
+            "INSERT OR IGNORE INTO edgehive (key, value) VALUES ('storeId', ?1)",
+            [uuid::Uuid::new_v4().to_string()],
+        )
+        .map_err(sqlite("write the store id"))?;
+        let id: String = conn
+            .query_row(
+                "SELECT value FROM edgehive WHERE key = 'storeId'",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(sqlite("read the store id"))?;
 
         let (commands, receiver) = mpsc::channel(STORE_QUEUE_CAPACITY);
         let (changes, _) = broadcast::channel(WATCH_CAPACITY);
-        let path = Arc::new(path.to_owned());
+        let vanished = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             conn,
-            path: path.clone(),
+            file: file_identity(path),
+            path: Arc::new(path.to_owned()),
             changes: changes.clone(),
+            vanished: vanished.clone(),
         };
+        let path = worker.path.clone();
+        let worker_file = worker.file;
         std::thread::Builder::new()
             .name("edgehive-metastore".to_owned())
             .spawn(move || worker.run(receiver))
@@ -194,12 +236,35 @@ impl MetaStore {
             commands,
             path,
             changes,
+            id: Arc::new(id),
+            file: worker_file,
+            vanished,
         })
     }
 
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// This store's identity (a UUID made with the file): an edge whose store is new or was
+    /// replaced has another one, which tells the cloud to send everything again.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether writes work: `false` once the file is found deleted or replaced while open
+    /// (see [`StoreError::Vanished`]); looks at the file now.
+    pub fn is_writable(&self) -> bool {
+        if self.vanished.load(AtomicOrdering::Acquire) {
+            return false;
+        }
+        if file_identity(&self.path) != self.file {
+            tracing::error!(path = %self.path.display(), "the edge database file was deleted or replaced while in use; refusing writes (restart the edge)");
+            self.vanished.store(true, AtomicOrdering::Release);
+            return false;
+        }
+        true
     }
 
     /// Committed changes from now on (see [`WATCH_CAPACITY`] for a watcher that falls behind).
@@ -376,13 +441,54 @@ fn resource_version(value: &Value) -> Option<u64> {
 
 struct Worker {
     conn: Connection,
+    /// (device, inode) of the file when it was opened.
+    file: Option<(u64, u64)>,
     path: Arc<PathBuf>,
     changes: broadcast::Sender<StoreEvent>,
+    vanished: Arc<AtomicBool>,
 }
 
 impl Worker {
+    /// Whether the path still names the file this connection writes; once it does not, never
+    /// again (a file put back at the path is not this one).
+    fn still_there(&self) -> bool {
+        if self.vanished.load(AtomicOrdering::Acquire) {
+            return false;
+        }
+        if file_identity(&self.path) == self.file {
+            return true;
+        }
+        tracing::error!(path = %self.path.display(), "the edge database file was deleted or replaced while in use; refusing writes (restart the edge)");
+        self.vanished.store(true, AtomicOrdering::Release);
+        false
+    }
+
+    fn vanished<T>(&self) -> Result<T, StoreError> {
+        Err(StoreError::Vanished {
+            path: self.path.to_path_buf(),
+        })
+    }
+
     fn run(self, mut receiver: mpsc::Receiver<Command>) {
         while let Some(command) = receiver.blocking_recv() {
+            // Writes first check that the file is still the one the edge reads at start.
+            let writing = matches!(
+                command,
+                Command::Upsert { .. } | Command::Delete { .. } | Command::Exec(_)
+            );
+            if writing && !self.still_there() {
+                match command {
+                    Command::Upsert { reply, .. } => {
+                        let _ = reply.send(self.vanished());
+                    }
+                    Command::Delete { reply, .. } => {
+                        let _ = reply.send(self.vanished());
+                    }
+                    // Dropping the job drops its reply: the caller sees the store refuse.
+                    _ => {}
+                }
+                continue;
+            }
             // A caller that gave up dropped its receiver; the work is done all the same.
             match command {
                 Command::Upsert {

@@ -95,12 +95,15 @@ impl Link {
                     .finish()
             }
         };
-        let request = client
+        let mut request = client
             .ws(url.as_str())
             .max_frame_size(self.options.max_frame_bytes)
             .header("node_id", self.options.node_name.as_str())
             .header("project_id", self.options.project_id.as_str())
             .header("ConnectionUse", "msg");
+        if let Some(store_id) = &self.options.store_id {
+            request = request.header(edgehive_protocols::STORE_ID_HEADER, store_id.as_str());
+        }
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, request.connect()).await {
             Ok(Ok((_response, framed))) => Ok(framed),
             Ok(Err(error)) => Err(format!("connect to {url}: {error}")),

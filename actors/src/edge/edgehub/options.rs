@@ -36,6 +36,8 @@ pub struct EdgeHubOptions {
     pub message_qps: u32,
     /// Messages that may be written at once after a quiet spell (`messageBurst`).
     pub message_burst: u32,
+    /// The store's identity, sent in the handshake ([`edgehive_protocols::STORE_ID_HEADER`]).
+    pub store_id: Option<String>,
 }
 
 impl Default for EdgeHubOptions {
@@ -53,6 +55,7 @@ impl Default for EdgeHubOptions {
             tls: None,
             message_qps: 30,
             message_burst: 60,
+            store_id: None,
         }
     }
 }

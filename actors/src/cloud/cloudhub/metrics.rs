@@ -37,6 +37,8 @@ pub struct CloudHubMetrics {
     pub warnings_held_back: Counter,
     /// Messages parked because their deliveries kept ending the node's connection.
     pub parked: Counter,
+    /// Edges that came back with another store than before and were sent everything again.
+    pub stores_replaced: Counter,
     /// Nodes CloudHub has an actor for (connected or not).
     pub node_actors: Gauge,
     /// Messages the per-node actors handled (all nodes together).
@@ -54,6 +56,11 @@ impl CloudHubMetrics {
             "edgehive_cloudhub_parked_messages",
             "Messages parked because their deliveries kept ending the node's connection (retried every 10 minutes)",
             self.parked.clone(),
+        );
+        m.register(
+            "edgehive_cloudhub_stores_replaced",
+            "Edges that came back with a new or replaced store and were sent everything again",
+            self.stores_replaced.clone(),
         );
         m.register(
             "edgehive_cloudhub_warnings_held_back",

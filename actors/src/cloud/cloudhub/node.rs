@@ -34,7 +34,7 @@ use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::pool::{Enqueued, NodePool};
 use super::session::{CloseSession, NodeSession, WriteFrame};
 use super::{auth, dispatch};
-use crate::cloud::contract::{route, Acked, NodeMessage};
+use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
 use crate::hive::log::{clip, WarnBudget};
 use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, Refused};
 
@@ -97,6 +97,8 @@ struct NodeState {
     /// Pods, configmaps and secrets sent to this node (`{ns}/{type}/{name}`), for [`auth`];
     /// at most [`auth::MAX_BOUND_PER_NODE`], beyond which the cluster view decides.
     bound: HashSet<String>,
+    /// The identity of the edge's store on its last connection (edgehive edges send it).
+    store_id: Option<String>,
 }
 
 /// Everything a node has that outlives its actor and its connections.
@@ -159,6 +161,7 @@ impl NodeCell {
                 connection: None,
                 incoming: None,
                 close_reason: None,
+                store_id: None,
                 bound: HashSet::new(),
             }),
             addr: Mutex::new(None),
@@ -301,15 +304,49 @@ impl NodeCell {
     }
 
     /// Hands the admitted connection to the node's actor.
-    pub(crate) fn attach(&self, id: u64, addr: Addr<NodeSession>, stats: Arc<ConnectionStats>) {
-        let replaced = self.lock().incoming.replace(Connection {
-            id,
-            addr,
-            since: SystemTime::now(),
-            stats,
-        });
+    /// Hands connection `id` to the node's actor. `store_id` is the identity of the edge's
+    /// store: another one than on the last connection means the edge lost what it had, so
+    /// the ACKed versions are forgotten and EdgeController sends everything again.
+    pub(crate) fn attach(
+        &self,
+        id: u64,
+        addr: Addr<NodeSession>,
+        stats: Arc<ConnectionStats>,
+        store_id: Option<String>,
+        hub: &HubContext,
+    ) {
+        let (replaced, new_store) = {
+            let mut state = self.lock();
+            let new_store = match (&state.store_id, &store_id) {
+                (Some(known), Some(now)) => known != now,
+                _ => false,
+            };
+            if store_id.is_some() {
+                state.store_id = store_id;
+            }
+            if new_store {
+                state.pool.forget_acked();
+            }
+            let replaced = state.incoming.replace(Connection {
+                id,
+                addr,
+                since: SystemTime::now(),
+                stats,
+            });
+            (replaced, new_store)
+        };
         if let Some(replaced) = replaced {
             close(&replaced, "replaced by a new connection");
+        }
+        if new_store {
+            tracing::warn!(node = %self.name, "the edge's store is not the one it had: sending everything bound to it again");
+            hub.metrics.stores_replaced.inc();
+            let resync = ResyncNode {
+                node: self.name.clone(),
+            };
+            if let Err(refused) = hub.hive.tell(route::EDGECONTROLLER, resync) {
+                tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController to send everything again");
+            }
         }
         self.post(Attach);
     }

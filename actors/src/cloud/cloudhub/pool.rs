@@ -424,6 +424,12 @@ impl NodePool {
         false
     }
 
+    /// Forgets which versions the edge ACKed (its store was replaced): everything is sent
+    /// again.
+    pub fn forget_acked(&mut self) {
+        self.acked.clear();
+    }
+
     /// Objects parked (see [`PARK_AFTER`]).
     pub fn parked(&self) -> usize {
         self.pending

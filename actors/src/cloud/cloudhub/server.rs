@@ -185,6 +185,10 @@ async fn connect(
         }
     };
     let hub_context = &context.shared.hub;
+    // An edgehive edge's store identity (a UUID); anything else is ignored.
+    let store_id = header(&req, edgehive_protocols::STORE_ID_HEADER)
+        .filter(|id| id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+        .map(str::to_owned);
     if hub_context.security.tls.is_some() {
         let refusal = match peer_node(&req) {
             Some(cert_node) if cert_node == node => None,
@@ -241,7 +245,7 @@ async fn connect(
                 ws,
                 stream,
             );
-            cell.attach(session_id, addr, stats);
+            cell.attach(session_id, addr, stats, store_id, hub_context);
             return Ok(response);
         }
         Ok(Ok(None)) => CloseReason {

@@ -330,6 +330,15 @@ pub struct NodeDeleted {
     pub node: String,
 }
 
+/// A node came back with another store than before (new, emptied or replaced): CloudHub has
+/// forgotten what it ACKed, and EdgeController sends it everything bound to it again.
+#[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
+#[rtype(result = "()")]
+pub struct ResyncNode {
+    /// The node.
+    pub node: String,
+}
+
 /// Whether `message` goes to the ACK lane (`true`) or is written once without ACK (`false`).
 ///
 /// No ACK, as in KubeEdge's cloudhub, if any of: the resource mentions `podlist`,

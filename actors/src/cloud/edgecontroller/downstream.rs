@@ -95,8 +95,9 @@ impl Watcher {
         }
     }
 
-    /// Lists and watches until the cluster goes away.
-    pub async fn run(mut self) {
+    /// Lists and watches until the cluster goes away; a node name on `resyncs` (its edge came
+    /// back with another store) is sent everything bound to it again.
+    pub async fn run(mut self, mut resyncs: tokio::sync::mpsc::Receiver<String>) {
         // Watch before listing so no change falls between the two.
         let mut node_watch = self.cluster.watch("Node");
         let mut pod_watch = self.cluster.watch("Pod");
@@ -145,6 +146,12 @@ impl Watcher {
                     }
                     Some(Err(WatchError::Closed)) | None => return,
                 },
+                Some(node) = resyncs.recv() => {
+                    if self.edge_nodes.contains_key(&node) {
+                        tracing::info!(%node, "sending everything bound to the node again");
+                        self.node_became_edge(&node);
+                    }
+                }
                 _ = retry.tick(), if !self.outbox.is_empty() => self.outbox.flush(),
             }
         }

@@ -26,6 +26,7 @@ use prometheus_client::metrics::family::Family;
 use tokio::sync::Semaphore;
 
 use crate::cloud::cluster::SharedCluster;
+use crate::cloud::contract::ResyncNode;
 use crate::cloud::outbox::{offer_message, Outbox};
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use downstream::Watcher;
@@ -165,11 +166,15 @@ impl Module for EdgeControllerModule {
             metrics: self.metrics.clone(),
             limits: self.limits.clone(),
             node_updates: self.node_updates,
+            resync: None,
         }
     }
 
     fn accepts(&self, accepts: &mut Accepts<EdgeController>) {
-        accepts.message::<EdgeRequest>().message::<Unparsed>();
+        accepts
+            .message::<EdgeRequest>()
+            .message::<Unparsed>()
+            .message::<ResyncNode>();
     }
 }
 
@@ -180,6 +185,8 @@ pub struct EdgeController {
     metrics: Metrics,
     limits: Arc<HashMap<RequestKind, Limit>>,
     node_updates: bool,
+    /// Nodes whose store was replaced, for the watch loop to send everything again.
+    resync: Option<tokio::sync::mpsc::Sender<String>>,
 }
 
 impl Actor for EdgeController {
@@ -191,8 +198,10 @@ impl Actor for EdgeController {
             self.metrics.sent.clone(),
             self.metrics.overflow.clone(),
         );
+        let (resync, resyncs) = tokio::sync::mpsc::channel(RESYNC_CAPACITY);
+        self.resync = Some(resync);
         let watcher = Watcher::new(self.cluster.clone(), outbox, self.node_updates);
-        ctx.spawn(actix::fut::wrap_future(watcher.run()));
+        ctx.spawn(actix::fut::wrap_future(watcher.run(resyncs)));
     }
 }
 
@@ -219,6 +228,22 @@ impl Handler<Envelope> for EdgeController {
             Err(unparsed) => self.handle(*unparsed, ctx),
         }
         None
+    }
+}
+
+/// Nodes waiting to be sent everything again. Overflow policy: a node beyond it is logged and
+/// not resent until its store changes again (a bound no edge can reach by reconnecting, as
+/// each node waits at most once).
+const RESYNC_CAPACITY: usize = 4096;
+
+impl Handler<ResyncNode> for EdgeController {
+    type Result = ();
+
+    fn handle(&mut self, ResyncNode { node }: ResyncNode, _: &mut Context<Self>) {
+        let Some(resync) = &self.resync else { return };
+        if let Err(error) = resync.try_send(node) {
+            tracing::warn!(%error, "cannot queue a node to be sent everything again");
+        }
     }
 }
 

@@ -292,7 +292,7 @@ impl Rig {
             .and_then(|n| n.iter().find(|n| n["node"] == self.node.as_str()))
             .cloned()
             .unwrap_or(Value::Null);
-        if entry["ack_queue"].as_u64().unwrap_or(0) != 0 || !entry["in_flight"].is_null() {
+        if entry["ackQueue"].as_u64().unwrap_or(0) != 0 || !entry["inFlight"].is_null() {
             return Err(format!("pool not empty: {entry}"));
         }
         let sync = get(&self.cloud_admin, &format!("/api/v1/sync/{}", self.node))
@@ -603,6 +603,47 @@ fn both_restarted() -> Row {
     }
 }
 
+fn store_lost() -> Row {
+    let rig = &mut Rig::new("f11-store-lost");
+    rig.pods(names("web", 0..4), "nginx:1");
+    rig.converge("11 before");
+    // The edge's database file is deleted under the running edge.
+    for suffix in ["", "-wal", "-shm"] {
+        let mut path = rig.edge_db.clone().into_os_string();
+        path.push(suffix);
+        let _ = std::fs::remove_file(path);
+    }
+    rig.pods(names("after", 0..1), "nginx:1");
+    rig.wait_for("/readyz to fail naming the file", || {
+        http(&rig.edge_admin, "GET", "/readyz", "").is_some_and(|(status, body)| {
+            status == 503 && body.contains("edge.db") && body.contains("deleted or replaced")
+        })
+    });
+    // Nothing is acknowledged into a file no one will read: the pod stays in flight.
+    std::thread::sleep(Duration::from_secs(1));
+    let nodes = get(&rig.cloud_admin, "/api/v1/nodes").unwrap_or_default();
+    let entry = nodes["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["node"] == rig.node.as_str()))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        entry["inFlight"].as_str().is_some_and(|m| !m.is_empty()),
+        "the write into the lost file was not acknowledged: {entry}"
+    );
+    // Restarted, the edge has a new, empty store: the cloud sends it everything again.
+    rig.kill_edge();
+    rig.start_edge();
+    Row {
+        number: 11,
+        scenario: "edge store deleted while the edge runs",
+        fault: "edge's SQLite file deleted under it; then the edge restarted on a new, empty file"
+            .into(),
+        changes: "1 pod created while the file is gone".into(),
+        objects: rig.converge("11"),
+    }
+}
+
 // ---------------------------------------------------------------- the table
 
 fn table(rows: &[Row]) -> String {
@@ -615,7 +656,9 @@ fn table(rows: &[Row]) -> String {
          exactly the cluster's pods for the node and the ConfigMap they use (same UIDs, same\n\
          resourceVersions, one row each), the node's pool has nothing waiting, and its\n\
          ObjectSync records name exactly those objects at the acknowledged version.\n\
-         Scenario 9 (a node's actor panics mid-stream) is `tests/node_actors.rs`.\n\n\
+         Scenario 9 (a node's actor panics mid-stream) is `tests/node_actors.rs`. Scenario 11\n\
+         adds a fault of the edge itself: its store deleted while it runs (readiness fails, no\n\
+         write is acknowledged into the lost file, and the restarted edge is sent everything).\n\n\
          | # | scenario | fault staged | changes while faulted | objects compared at the end | outcome |\n\
          | --- | --- | --- | --- | --- | --- |\n",
     );
@@ -634,7 +677,7 @@ fn table(rows: &[Row]) -> String {
 }
 
 /// The scenario numbers, in the order of the list below.
-const NUMBERS: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 10];
+const NUMBERS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11];
 
 #[test]
 fn every_fault_ends_with_the_edge_holding_what_the_cluster_holds() {
@@ -648,6 +691,7 @@ fn every_fault_ends_with_the_edge_holding_what_the_cluster_holds() {
         node_deleted_offline,
         recreated_with_new_uid,
         both_restarted,
+        store_lost,
     ];
     // EDGEHIVE_SCENARIO=N runs scenario N alone (and writes no table).
     let only: Option<usize> = std::env::var("EDGEHIVE_SCENARIO")

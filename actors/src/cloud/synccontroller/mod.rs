@@ -474,22 +474,25 @@ impl SyncController {
     }
 
     fn view(&self, node: Option<&str>) -> Value {
-        let mut nodes: HashMap<&str, (usize, usize)> = HashMap::new();
+        let mut nodes: HashMap<&str, (usize, usize, usize)> = HashMap::new();
         for name in self.records.node_names() {
-            let records = self.records.of(name);
-            let (mut count, mut pending) = (0, 0);
-            for record in records {
+            let (mut count, mut pending, mut resending) = (0, 0, 0);
+            for record in self.records.of(name) {
                 count += 1;
                 if record.want.as_deref() == Some(records::QUEUED) {
                     pending += 1;
                 }
+                if record.resending() {
+                    resending += 1;
+                }
             }
-            nodes.insert(name, (count, pending));
+            nodes.insert(name, (count, pending, resending));
         }
         let mut summary: Vec<Value> = nodes
             .into_iter()
-            .map(|(name, (count, pending))| {
-                json!({"node": name, "records": count, "notAcknowledged": pending})
+            .map(|(name, (count, pending, resending))| {
+                json!({"node": name, "records": count, "notAcknowledged": pending,
+                       "pendingResends": resending})
             })
             .collect();
         summary.sort_by(|a, b| a["node"].as_str().cmp(&b["node"].as_str()));
@@ -511,6 +514,7 @@ impl SyncController {
                         "uid": record.object.uid,
                         "acknowledgedVersion": record.want,
                         "recordedVersion": record.stored,
+                        "resending": record.resending(),
                     })
                 })
                 .collect();

@@ -31,6 +31,18 @@ pub struct Record {
     resent: Option<(Option<String>, Instant)>,
 }
 
+impl Record {
+    /// Whether a resend of it is under way: the reconcile sent the edge a newer version or a
+    /// delete, and the ACK that settles it has not come.
+    pub fn resending(&self) -> bool {
+        match (&self.resent, &self.want) {
+            (Some((Some(sent), _)), Some(want)) => is_newer(sent, want),
+            (Some((None, _)), Some(_)) => true,
+            _ => false,
+        }
+    }
+}
+
 /// A record write the actor must make.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Write {
@@ -462,6 +474,10 @@ mod tests {
             ]
         );
         assert!(records.plan(&cluster, now, quiet).is_empty(), "quiet");
+        let resending = records.of("n1").filter(|r| r.resending()).count();
+        assert_eq!(resending, 3, "newer, gone and replaced are being resent");
+        records.acked("n1", "u1", Some("9"), false, None);
+        assert_eq!(records.of("n1").filter(|r| r.resending()).count(), 2);
         let later = now + quiet;
         assert_eq!(records.plan(&cluster, later, quiet).len(), 3);
         records.unsent(&["n1".to_owned()], "u3");

@@ -42,7 +42,23 @@ fn from_cloud(edge: &EdgeProcess, module: &str, message: Message) {
 
 /// Gives the edge device `default/thermo-1` (membership and Device, as the cloud would) and
 /// waits until its API lists it with the desired temperature 20; returns the listing.
-async fn install_thermometer(edge: &EdgeProcess) -> Value {
+/// Sets up device thermo-1 on `edge` as the cloud would. With a cloud (`connected`), the
+/// edge's own connect-time exchange (DeviceTwin asks for its membership, which lists no
+/// device) is waited out first, or its answer would remove what is set up here.
+async fn install_thermometer(edge: &EdgeProcess, connected: bool) -> Value {
+    if connected {
+        eventually(
+            "the edge's membership request is answered",
+            WITHIN,
+            || async {
+                let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
+                (metrics.contains("edgehive_twin_confirmed_total 1")
+                    && metrics.contains("edgehive_twin_unconfirmed 0"))
+                .then_some(())
+            },
+        )
+        .await;
+    }
     let membership = Message::new(
         ModuleName::DeviceController,
         Group::Twin,
@@ -78,7 +94,7 @@ async fn devices_api_lists_devices_and_takes_mapper_reports() {
     let edge = start_edge("api-edge", &cloud, dir.path()).await;
     let admin = edge.admin_addr();
 
-    let listed = install_thermometer(&edge).await;
+    let listed = install_thermometer(&edge, true).await;
     let item = &listed["items"][0];
     assert_eq!(item["id"], "default/thermo-1");
     assert_eq!(item["name"], "thermo-1");
@@ -242,7 +258,7 @@ async fn reports_the_edge_cannot_keep_are_refused_with_429_not_dropped() {
         .await
         .unwrap();
     let admin = edge.admin_addr();
-    install_thermometer(&edge).await;
+    install_thermometer(&edge, false).await;
     let path = "/api/v1/devices/default/thermo-1/twins/temperature";
     for i in 0..edgehive_actors::edge::devicetwin::MAX_UNCONFIRMED {
         let (status, body) = http_put(admin, path, "21").await;

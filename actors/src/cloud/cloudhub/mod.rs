@@ -16,7 +16,8 @@
 //! - [`server`]: the actix-web WebSocket server edges connect to (headers `node_id`,
 //!   `project_id`, `ConnectionUse: msg`, any path).
 //! - [`pool`]: what a node still has to receive; [`dispatch`]: where its upstream messages go;
-//!   [`auth`]: which upstream messages a node may send; [`mirror`]: pod bindings for that on
+//!   [`auth`]: which upstream messages a node may send; [`limits`]: how much and how fast it
+//!   may write; [`mirror`]: pod bindings for that on
 //!   the `kube` adapter; [`certserver`]: the HTTPS certificate server edges bootstrap from.
 //!
 //! Start it with [`start_cloudhub_with`] (or [`start_cloudhub`] for plain `ws://`).
@@ -24,6 +25,7 @@
 pub mod auth;
 pub mod certserver;
 mod dispatch;
+pub mod limits;
 pub mod metrics;
 pub mod mirror;
 pub mod node;

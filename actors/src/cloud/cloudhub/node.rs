@@ -29,6 +29,7 @@ use actix_ws::CloseCode;
 use edgehive_protocols::object::unix_ms;
 use edgehive_protocols::{Message, Operation};
 
+use super::limits::{self, WriteBudget};
 use super::metrics::CloudHubMetrics;
 use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::pool::{Enqueued, NodePool};
@@ -99,6 +100,8 @@ struct NodeState {
     bound: HashSet<String>,
     /// The identity of the edge's store on its last connection (edgehive edges send it).
     store_id: Option<String>,
+    /// What the node may still write now (see [`limits`]).
+    writes: WriteBudget,
 }
 
 /// Everything a node has that outlives its actor and its connections.
@@ -162,6 +165,7 @@ impl NodeCell {
                 incoming: None,
                 close_reason: None,
                 store_id: None,
+                writes: WriteBudget::new(&hub.options.write_limits),
                 bound: HashSet::new(),
             }),
             addr: Mutex::new(None),
@@ -483,7 +487,7 @@ struct Detach;
 /// A frame from the edge (resource in edge form): an ACK, an error, or a request.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct FromEdge(pub(crate) Message);
+pub(crate) struct FromEdge(pub(crate) Message, pub(crate) usize);
 
 /// Panic, for supervision drills.
 #[derive(Message)]
@@ -749,7 +753,8 @@ impl NodeActor {
         }
     }
 
-    fn on_edge_message(&mut self, message: Message, ctx: &mut Context<Self>) {
+    /// Handles what the edge sent (`bytes`: its frame's length).
+    fn on_edge_message(&mut self, message: Message, bytes: usize, ctx: &mut Context<Self>) {
         let cell = self.cell.clone();
         let node = cell.name.as_str();
         match message.operation() {
@@ -771,16 +776,28 @@ impl NodeActor {
                 }
             }
             _ => {
-                let verdict = if self.hub.security.authorize {
-                    let state = self.cell.lock();
-                    auth::authorize(
-                        node,
-                        &message,
-                        &state.bound,
-                        self.hub.security.view.as_deref(),
-                    )
-                } else {
-                    Ok(())
+                let verdict = {
+                    let mut state = self.cell.lock();
+                    let limited = if limits::is_write(&message) {
+                        let limits = &self.hub.options.write_limits;
+                        state
+                            .writes
+                            .check(limits, node, &message, bytes, Instant::now())
+                    } else {
+                        Ok(())
+                    };
+                    limited.and_then(|()| {
+                        if self.hub.security.authorize {
+                            auth::authorize(
+                                node,
+                                &message,
+                                &state.bound,
+                                self.hub.security.view.as_deref(),
+                            )
+                        } else {
+                            Ok(())
+                        }
+                    })
                 };
                 match verdict {
                     Ok(()) => {
@@ -833,9 +850,9 @@ impl Handler<Detach> for NodeActor {
 impl Handler<FromEdge> for NodeActor {
     type Result = ();
 
-    fn handle(&mut self, FromEdge(message): FromEdge, ctx: &mut Context<Self>) {
+    fn handle(&mut self, FromEdge(message, bytes): FromEdge, ctx: &mut Context<Self>) {
         self.handled();
-        self.on_edge_message(message, ctx);
+        self.on_edge_message(message, bytes, ctx);
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use edgehive_protocols::DEFAULT_MAX_FRAME_BYTES;
 
 use super::auth;
+pub use super::limits::WriteLimits;
 use super::pool::PoolLimits;
 use crate::identity::tls;
 
@@ -54,6 +55,8 @@ pub struct CloudHubOptions {
     pub ack_queue_capacity: usize,
     /// Most no-ACK messages waiting per node (see [`PoolLimits`]).
     pub noack_queue_capacity: usize,
+    /// What one node may write (see [`WriteLimits`]).
+    pub write_limits: WriteLimits,
 }
 
 impl Default for CloudHubOptions {
@@ -68,6 +71,7 @@ impl Default for CloudHubOptions {
             ack_max_sends: 5,
             ack_queue_capacity: 10_000,
             noack_queue_capacity: 1024,
+            write_limits: WriteLimits::default(),
         }
     }
 }

@@ -183,7 +183,7 @@ impl NodeSession {
             }
             Some(_) => {}
         }
-        self.forward(message, ctx);
+        self.forward(message, frame.len(), ctx);
     }
 
     fn malformed(&mut self, reason: &str, detail: &str) {
@@ -198,8 +198,8 @@ impl NodeSession {
         }
     }
 
-    fn forward(&mut self, message: Message, ctx: &mut Context<Self>) {
-        let mut frame = FromEdge(message);
+    fn forward(&mut self, message: Message, bytes: usize, ctx: &mut Context<Self>) {
+        let mut frame = FromEdge(message, bytes);
         // Twice at most: once to the address we hold, once to a restarted actor's.
         for _ in 0..2 {
             let Some(node) = self.node.as_ref() else {

@@ -100,6 +100,16 @@ impl CloudProcess {
                     tracing::info!(objects = cluster.len(), database = %database.display(), "embedded cluster opened");
                     cluster
                 };
+                cluster.set_event_retention(config.embedded_cluster.event_retention());
+                let sweeper = cluster.clone();
+                actix_rt::spawn(async move {
+                    // Events past their time go even when no new one is created.
+                    let mut every = tokio::time::interval(EVENT_SWEEP);
+                    loop {
+                        every.tick().await;
+                        sweeper.expire_events();
+                    }
+                });
                 if let Some(dir) = manifests {
                     let loaded = cluster
                         .load_manifests(dir)
@@ -291,6 +301,9 @@ async fn sync_view(hive: web::Data<Hive>, node: Option<web::Path<String>>) -> Ht
         Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
     }
 }
+
+/// How often the embedded cluster deletes events past `embeddedCluster.eventTTL`.
+const EVENT_SWEEP: Duration = Duration::from_secs(60);
 
 /// Largest body `POST /api/v1/apply` accepts.
 pub const MAX_APPLY_BYTES: usize = 4 * 1024 * 1024;

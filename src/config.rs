@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use edgehive_actors::cloud::cloudhub::certserver::CertServerOptions;
+use edgehive_actors::cloud::cloudhub::options::WriteLimits;
 use edgehive_actors::cloud::cloudhub::CloudHubOptions;
 use edgehive_actors::cloud::cluster::kube::KubeOptions;
+use edgehive_actors::cloud::cluster::EventRetention;
 use edgehive_actors::edge::certmanager::EdgeTlsOptions;
 use edgehive_actors::edge::edgehub::EdgeHubOptions;
 use edgehive_actors::identity::tls::CloudTlsFiles;
@@ -126,12 +128,30 @@ pub struct EmbeddedClusterConfig {
     /// The SQLite file (created with its folder when missing). Empty: in memory only, gone
     /// when the process ends.
     pub database: PathBuf,
+    /// Seconds an Event is kept (the API server's `--event-ttl`).
+    #[serde(rename = "eventTTL")]
+    pub event_ttl: u64,
+    /// Most Events kept; creating one more deletes the oldest.
+    pub max_events: usize,
 }
 
 impl Default for EmbeddedClusterConfig {
     fn default() -> Self {
+        let retention = EventRetention::default();
         EmbeddedClusterConfig {
             database: "/var/lib/kubeedge/edgehive-cluster.db".into(),
+            event_ttl: retention.ttl.as_secs(),
+            max_events: retention.max,
+        }
+    }
+}
+
+impl EmbeddedClusterConfig {
+    /// How long and how many events the embedded cluster keeps.
+    pub fn event_retention(&self) -> EventRetention {
+        EventRetention {
+            ttl: Duration::from_secs(self.event_ttl),
+            max: self.max_events,
         }
     }
 }
@@ -169,6 +189,16 @@ impl Validate for CloudConfig {
         positive("modules.cloudHub.keepaliveInterval", hub.keepalive_interval)?;
         positive("modules.cloudHub.nodeLimit", hub.node_limit as u64)?;
         positive("modules.cloudHub.maxFrameSize", hub.max_frame_size as u64)?;
+        positive("modules.cloudHub.maxObjectSize", hub.max_object_size as u64)?;
+        positive("modules.cloudHub.maxEventSize", hub.max_event_size as u64)?;
+        positive(
+            "modules.cloudHub.nodeWriteQPS",
+            u64::from(hub.node_write_qps),
+        )?;
+        positive(
+            "modules.cloudHub.nodeWriteBurst",
+            u64::from(hub.node_write_burst),
+        )?;
         positive(
             "modules.cloudHub.edgeCertSigningDuration",
             hub.edge_cert_signing_duration,
@@ -176,6 +206,11 @@ impl Validate for CloudConfig {
         positive(
             "modules.cloudHub.tokenRefreshDuration",
             hub.token_refresh_duration,
+        )?;
+        positive("embeddedCluster.eventTTL", self.embedded_cluster.event_ttl)?;
+        positive(
+            "embeddedCluster.maxEvents",
+            self.embedded_cluster.max_events as u64,
         )?;
         positive(
             "modules.syncController.reconcileInterval",
@@ -338,6 +373,15 @@ pub struct CloudHubConfig {
     pub node_limit: usize,
     /// Largest frame accepted from an edge, in bytes (edgehive).
     pub max_frame_size: usize,
+    /// Largest object an edge may write, in bytes (its frame; edgehive).
+    pub max_object_size: usize,
+    /// Largest event an edge may write, in bytes (edgehive).
+    pub max_event_size: usize,
+    /// Writes a second one node may make, sustained (edgehive).
+    #[serde(rename = "nodeWriteQPS")]
+    pub node_write_qps: u32,
+    /// Writes one node may make at once after a quiet spell (edgehive).
+    pub node_write_burst: u32,
     /// The WebSocket listener.
     pub websocket: HubWebSocket,
     /// The HTTPS certificate server edges bootstrap their certificates from.
@@ -404,6 +448,10 @@ impl Default for CloudHubConfig {
             keepalive_interval: options.keepalive_interval.as_secs(),
             node_limit: options.node_limit,
             max_frame_size: options.max_frame_bytes,
+            max_object_size: options.write_limits.max_object_bytes,
+            max_event_size: options.write_limits.max_event_bytes,
+            node_write_qps: options.write_limits.writes_per_second,
+            node_write_burst: options.write_limits.write_burst,
             websocket: HubWebSocket {
                 enable: true,
                 address: options.address,
@@ -437,6 +485,12 @@ impl CloudHubConfig {
             keepalive_interval: Duration::from_secs(self.keepalive_interval),
             node_limit: self.node_limit,
             max_frame_bytes: self.max_frame_size,
+            write_limits: WriteLimits {
+                max_object_bytes: self.max_object_size,
+                max_event_bytes: self.max_event_size,
+                writes_per_second: self.node_write_qps,
+                write_burst: self.node_write_burst,
+            },
             ..CloudHubOptions::default()
         }
     }

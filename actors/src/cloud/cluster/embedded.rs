@@ -22,17 +22,21 @@
 //! assert_eq!(cluster.create(pod).unwrap_err().status(), 409);
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use edgehive_protocols::object::now_rfc3339;
+use edgehive_protocols::object::{meta_str, now_rfc3339};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokio::sync::broadcast;
 
 use super::datastore::{Datastore, ObjectKey};
 use super::{is_cluster_scoped, ClusterError, EventType, WatchEvent, WatchStream, WATCH_CAPACITY};
+
+/// The kind [`EventRetention`] applies to.
+const EVENT: &str = "Event";
 
 struct Inner {
     resource_version: u64,
@@ -41,6 +45,35 @@ struct Inner {
     watchers: HashMap<String, broadcast::Sender<WatchEvent>>,
     /// Where writes are committed first; `None`: in memory only.
     datastore: Option<Datastore>,
+    /// How long and how many events are kept.
+    retention: EventRetention,
+    /// Events in the order they were created (entries of events since deleted are skipped).
+    events: VecDeque<(Instant, ObjectKey, String)>,
+    /// How many events the cluster holds.
+    live_events: usize,
+    /// Events removed by [`EventRetention`].
+    expired_events: u64,
+}
+
+/// How long the embedded cluster keeps Events and how many at most, as the API server's
+/// `--event-ttl` (1 h) does, plus a cap: events are what edges create most, and nothing else
+/// would ever remove them. The oldest go first. Events read from the datastore at start count
+/// from the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventRetention {
+    /// Age at which an event is deleted.
+    pub ttl: Duration,
+    /// Most events kept; creating one more deletes the oldest.
+    pub max: usize,
+}
+
+impl Default for EventRetention {
+    fn default() -> Self {
+        EventRetention {
+            ttl: Duration::from_secs(3600),
+            max: 10_000,
+        }
+    }
 }
 
 /// The in-process cluster. Cheap to clone; all clones share the same objects.
@@ -166,6 +199,10 @@ impl EmbeddedCluster {
                 objects: BTreeMap::new(),
                 watchers: HashMap::new(),
                 datastore: None,
+                retention: EventRetention::default(),
+                events: VecDeque::new(),
+                live_events: 0,
+                expired_events: 0,
             })),
         }
     }
@@ -177,14 +214,40 @@ impl EmbeddedCluster {
     /// the file, never an empty cluster.
     pub fn open(path: &Path) -> Result<Self, ClusterError> {
         let (datastore, loaded) = Datastore::open(path)?;
+        let now = Instant::now();
+        let events: VecDeque<(Instant, ObjectKey, String)> = loaded
+            .objects
+            .iter()
+            .filter(|(key, _)| key.0 == EVENT)
+            .map(|(key, obj)| (now, key.clone(), meta_str(obj, "uid").to_owned()))
+            .collect();
         Ok(EmbeddedCluster {
             inner: Arc::new(Mutex::new(Inner {
                 resource_version: loaded.resource_version,
                 objects: loaded.objects,
                 watchers: HashMap::new(),
                 datastore: Some(datastore),
+                retention: EventRetention::default(),
+                live_events: events.len(),
+                events,
+                expired_events: 0,
             })),
         })
+    }
+
+    /// Sets how long and how many events are kept (applied at once).
+    pub fn set_event_retention(&self, retention: EventRetention) {
+        let mut inner = self.lock();
+        inner.retention = retention;
+        inner.expire_events(Instant::now());
+    }
+
+    /// Deletes the events that are past their time or over the cap; returns how many events
+    /// were removed this way since start. Run on every event created, and from a timer.
+    pub fn expire_events(&self) -> u64 {
+        let mut inner = self.lock();
+        inner.expire_events(Instant::now());
+        inner.expired_events
     }
 
     /// How many objects the cluster holds.
@@ -617,13 +680,61 @@ impl Inner {
         }
         self.resource_version = rv;
         let kind = key.0.clone();
+        let is_event = kind == EVENT;
         if deleted {
-            self.objects.remove(&key);
-        } else {
-            self.objects.insert(key, obj.clone());
+            if self.objects.remove(&key).is_some() && is_event {
+                self.live_events = self.live_events.saturating_sub(1);
+            }
+        } else if self.objects.insert(key.clone(), obj.clone()).is_none() && is_event {
+            self.live_events += 1;
+            let now = Instant::now();
+            self.events
+                .push_back((now, key, meta_str(&obj, "uid").to_owned()));
+            self.publish(&kind, event_type, &obj);
+            self.expire_events(now);
+            return Ok(obj);
         }
         self.publish(&kind, event_type, &obj);
         Ok(obj)
+    }
+
+    /// See [`EmbeddedCluster::expire_events`].
+    fn expire_events(&mut self, now: Instant) {
+        let EventRetention { ttl, max } = self.retention;
+        while let Some((created, key, uid)) = self.events.front().cloned() {
+            let current = self
+                .objects
+                .get(&key)
+                .is_some_and(|obj| meta_str(obj, "uid") == uid);
+            if !current {
+                self.events.pop_front(); // deleted (or re-created) since
+                continue;
+            }
+            if now.duration_since(created) < ttl && self.live_events <= max {
+                break;
+            }
+            let Some(obj) = self.objects.get(&key).cloned() else {
+                break;
+            };
+            match self.commit(key.clone(), obj, EventType::Deleted) {
+                Ok(_) => {
+                    self.events.pop_front();
+                    self.expired_events += 1;
+                }
+                // The datastore refused: try again on the next write or timer.
+                Err(_) => break,
+            }
+        }
+        // Entries of events deleted by clients are skipped when they reach the front; keep
+        // the queue from growing with them meanwhile.
+        if self.events.len() > 2 * max.max(1) + 1024 {
+            let objects = &self.objects;
+            self.events.retain(|(_, key, uid)| {
+                objects
+                    .get(key)
+                    .is_some_and(|obj| meta_str(obj, "uid") == uid.as_str())
+            });
+        }
     }
 
     fn publish(&self, kind: &str, event_type: EventType, obj: &Value) {
@@ -832,5 +943,51 @@ mod tests {
             cluster.create(pod("b")).unwrap()["metadata"]["resourceVersion"],
             "2"
         );
+    }
+
+    fn event(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
+               "message": "x", "involvedObject": {"kind": "Node", "name": "n1"}})
+    }
+
+    #[test]
+    fn events_are_kept_for_their_time_and_up_to_the_cap_oldest_first() {
+        let cluster = EmbeddedCluster::new();
+        cluster.set_event_retention(EventRetention {
+            ttl: Duration::from_secs(3600),
+            max: 3,
+        });
+        let mut watch = cluster.watch("Event");
+        for i in 0..5 {
+            cluster.create(event(&format!("e{i}"))).unwrap();
+        }
+        let (kept, _) = cluster.list("Event");
+        let names: Vec<&str> = kept.iter().map(|e| meta_str(e, "name")).collect();
+        assert_eq!(names, ["e2", "e3", "e4"]);
+        assert_eq!(cluster.expire_events(), 2);
+        let mut deleted = Vec::new();
+        while let Ok(event) = watch.rx.try_recv() {
+            if event.event_type == EventType::Deleted {
+                deleted.push(meta_str(&event.object, "name").to_owned());
+            }
+        }
+        assert_eq!(deleted, ["e0", "e1"], "watchers see the oldest go");
+        // A deleted event leaves no trace that could count against the cap.
+        cluster.delete("Event", None, "e3").unwrap();
+        cluster.create(event("e5")).unwrap();
+        assert_eq!(cluster.list("Event").0.len(), 3);
+
+        cluster.set_event_retention(EventRetention {
+            ttl: Duration::from_millis(30),
+            max: 3,
+        });
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(cluster.expire_events(), 5);
+        assert!(cluster.list("Event").0.is_empty(), "past their time");
+        assert!(
+            cluster.create(pod("p")).is_ok(),
+            "other kinds are not touched"
+        );
+        assert_eq!(cluster.list("Pod").0.len(), 1);
     }
 }

@@ -24,6 +24,8 @@ commonConfig:
 modules:
   cloudHub:
     nodeLimit: 20000
+    # The whole fleet comes from one address: let it have 64 handshakes in progress.
+    handshakesPerSource: 64
     websocket:
       address: 127.0.0.1
       port: 0
@@ -43,5 +45,5 @@ for _ in $(seq 50); do
 done
 websocket=$(head -1 "$work/cloud.out" | sed -n 's/.*WebSocket on \([^ ,]*\),.*/\1/p')
 [ -n "$websocket" ] || { echo "the cloud did not start: $(cat "$work/cloud.err")" >&2; exit 1; }
-"$load_bin" loadtest --cloud "$websocket" --edges "$edges" --hold "$hold" --heartbeat 15 \
+"$load_bin" loadtest --cloud "$websocket" --edges "$edges" --hold "$hold" --heartbeat 15 --concurrency 64 \
   --ca-cert "$work/ca/rootCA.crt" --ca-key "$work/ca/rootCA.key" --cloud-pid "$cloud"

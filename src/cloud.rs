@@ -149,8 +149,12 @@ impl CloudProcess {
             .context("cannot start cloudhub")?;
         let cert_server = match &tls {
             Some(tls) if hub_config.https.enable => Some(
-                CertServer::start(tls, &hub_config.cert_server_options(), Some(view))
-                    .context("cannot start the certificate server")?,
+                CertServer::start(
+                    tls,
+                    &hub_config.cert_server_options(hub.gate_metrics()),
+                    Some(view),
+                )
+                .context("cannot start the certificate server")?,
             ),
             _ => None,
         };

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use edgehive_actors::cloud::cloudhub::certserver::CertServerOptions;
-use edgehive_actors::cloud::cloudhub::options::WriteLimits;
+use edgehive_actors::cloud::cloudhub::gate::GateMetrics;
+use edgehive_actors::cloud::cloudhub::options::{HandshakeLimits, WriteLimits};
 use edgehive_actors::cloud::cloudhub::CloudHubOptions;
 use edgehive_actors::cloud::cluster::kube::KubeOptions;
 use edgehive_actors::cloud::cluster::EventRetention;
@@ -382,6 +383,12 @@ pub struct CloudHubConfig {
     pub node_write_qps: u32,
     /// Writes one node may make at once after a quiet spell (edgehive).
     pub node_write_burst: u32,
+    /// Seconds a TLS handshake, and then the first request, may take (edgehive).
+    pub handshake_timeout: u64,
+    /// TLS handshakes in progress from one source address, at most (edgehive).
+    pub handshakes_per_source: usize,
+    /// TLS handshakes in progress in all, at most, per port (edgehive).
+    pub handshakes_pending: usize,
     /// The WebSocket listener.
     pub websocket: HubWebSocket,
     /// The HTTPS certificate server edges bootstrap their certificates from.
@@ -452,6 +459,9 @@ impl Default for CloudHubConfig {
             max_event_size: options.write_limits.max_event_bytes,
             node_write_qps: options.write_limits.writes_per_second,
             node_write_burst: options.write_limits.write_burst,
+            handshake_timeout: options.handshake_limits.timeout.as_secs(),
+            handshakes_per_source: options.handshake_limits.per_source,
+            handshakes_pending: options.handshake_limits.total,
             websocket: HubWebSocket {
                 enable: true,
                 address: options.address,
@@ -485,6 +495,7 @@ impl CloudHubConfig {
             keepalive_interval: Duration::from_secs(self.keepalive_interval),
             node_limit: self.node_limit,
             max_frame_bytes: self.max_frame_size,
+            handshake_limits: self.handshake_limits(),
             write_limits: WriteLimits {
                 max_object_bytes: self.max_object_size,
                 max_event_bytes: self.max_event_size,
@@ -525,12 +536,23 @@ impl CloudHubConfig {
         Ok(ips)
     }
 
-    /// The certificate server's options.
-    pub fn cert_server_options(&self) -> CertServerOptions {
+    /// The certificate server's options; its gate counts in `gate_metrics` (CloudHub's).
+    pub fn cert_server_options(&self, gate_metrics: GateMetrics) -> CertServerOptions {
         CertServerOptions {
             address: self.https.address.clone(),
             port: self.https.port,
             edge_cert_validity: Duration::from_secs(self.edge_cert_signing_duration * 24 * 3600),
+            handshake_limits: self.handshake_limits(),
+            gate_metrics,
+        }
+    }
+
+    /// Bounds on TLS handshakes in progress, on both TLS ports.
+    pub fn handshake_limits(&self) -> HandshakeLimits {
+        HandshakeLimits {
+            timeout: Duration::from_secs(self.handshake_timeout),
+            per_source: self.handshakes_per_source,
+            total: self.handshakes_pending,
         }
     }
 

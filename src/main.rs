@@ -68,8 +68,9 @@ enum Command {
         /// Seconds to hold the fleet once connected.
         #[arg(long, default_value_t = 60)]
         hold: u64,
-        /// Connections opened at once.
-        #[arg(long, default_value_t = 64)]
+        /// Connections opened at once. A cloud lets one source address have
+        /// `handshakesPerSource` TLS handshakes in progress (32 by default); raise both together.
+        #[arg(long, default_value_t = 32)]
         concurrency: usize,
         /// The cloud's CA certificate (PEM): mutual TLS with certificates signed from it.
         #[arg(long, requires = "ca_key")]

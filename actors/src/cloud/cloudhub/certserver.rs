@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use actix_web::dev::ServerHandle;
-use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpRequest, HttpResponse};
 
 use super::auth::BindingView;
+use super::gate::{self, Gate, GateMetrics, HandshakeLimits};
 use crate::identity::certs::CertAuthority;
-use crate::identity::tls::{peer_node, record_peer_certificate, CloudTls};
+use crate::identity::tls::{peer_node, CloudTls};
 use crate::identity::token::verify_jwt;
 
 /// Largest CSR body accepted (a P-256 CSR is about 300 bytes).
@@ -47,6 +48,11 @@ pub struct CertServerOptions {
     pub port: u16,
     /// Lifetime of issued edge certificates (`edgeCertSigningDuration`, days in the config).
     pub edge_cert_validity: Duration,
+    /// Bounds on TLS handshakes in progress (see [`HandshakeLimits`]).
+    pub handshake_limits: HandshakeLimits,
+    /// Where the gate counts (CloudHub's, so one process has one set:
+    /// [`CloudHubServer::gate_metrics`](super::CloudHubServer::gate_metrics)).
+    pub gate_metrics: GateMetrics,
 }
 
 struct Context {
@@ -76,32 +82,33 @@ impl CertServer {
             view,
         });
         let address = format!("{}:{}", options.address, options.port);
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(context.clone())
-                .app_data(web::PayloadConfig::new(MAX_CSR_BYTES))
-                .route("/ca.crt", web::get().to(ca_crt))
-                .route("/edge.crt", web::get().to(edge_crt))
-                .route("/node/{name}", web::get().to(node))
-        })
-        .workers(1)
-        .disable_signals()
-        .on_connect(record_peer_certificate)
-        .bind_rustls_0_23((options.address.as_str(), options.port), config)
-        .map_err(|source| CertServerError::Bind {
+        let bind_error = |source: std::io::Error| CertServerError::Bind {
             address: address.clone(),
             source,
-        })?;
-        let local_addr =
-            server
-                .addrs()
-                .into_iter()
-                .next()
-                .ok_or_else(|| CertServerError::Bind {
-                    address,
-                    source: std::io::Error::other("no address bound"),
-                })?;
-        let server = server.run();
+        };
+        let listener = gate::listener(&options.address, options.port).map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+        let door = Gate::new(
+            "certificates",
+            options.handshake_limits,
+            options.gate_metrics.clone(),
+        );
+        let server = gate::serve(
+            "cloudhub-certificates",
+            listener,
+            1,
+            config,
+            door,
+            move || {
+                App::new()
+                    .app_data(context.clone())
+                    .app_data(web::PayloadConfig::new(MAX_CSR_BYTES))
+                    .route("/ca.crt", web::get().to(ca_crt))
+                    .route("/edge.crt", web::get().to(edge_crt))
+                    .route("/node/{name}", web::get().to(node))
+            },
+        )
+        .map_err(bind_error)?;
         let handle = server.handle();
         actix::spawn(async move {
             if let Err(error) = server.await {

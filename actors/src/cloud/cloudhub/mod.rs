@@ -25,6 +25,7 @@
 pub mod auth;
 pub mod certserver;
 mod dispatch;
+pub mod gate;
 pub mod limits;
 pub mod metrics;
 pub mod mirror;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use edgehive_protocols::DEFAULT_MAX_FRAME_BYTES;
 
 use super::auth;
+pub use super::gate::HandshakeLimits;
 pub use super::limits::WriteLimits;
 use super::pool::PoolLimits;
 use crate::identity::tls;
@@ -57,6 +58,8 @@ pub struct CloudHubOptions {
     pub noack_queue_capacity: usize,
     /// What one node may write (see [`WriteLimits`]).
     pub write_limits: WriteLimits,
+    /// Bounds on TLS handshakes in progress (see [`HandshakeLimits`]).
+    pub handshake_limits: HandshakeLimits,
 }
 
 impl Default for CloudHubOptions {
@@ -72,6 +75,7 @@ impl Default for CloudHubOptions {
             ack_queue_capacity: 10_000,
             noack_queue_capacity: 1024,
             write_limits: WriteLimits::default(),
+            handshake_limits: HandshakeLimits::default(),
         }
     }
 }

@@ -17,6 +17,7 @@ use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use actix_ws::{CloseCode, CloseReason};
 
+use super::gate::{self, Gate, GateMetrics};
 use super::session::{NodeSession, SessionConfig};
 use super::{
     Admit, AdmitAbandoned, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, Shared,
@@ -24,7 +25,7 @@ use super::{
 };
 use crate::hive::{Hive, HiveError};
 use crate::identity::check_node_name;
-use crate::identity::tls::{peer_node, record_peer_certificate};
+use crate::identity::tls::peer_node;
 
 /// Worker threads of the WebSocket server.
 const WORKERS: usize = 2;
@@ -55,12 +56,18 @@ pub enum CloudHubError {
 pub struct CloudHubServer {
     local_addr: SocketAddr,
     handle: ServerHandle,
+    gate_metrics: GateMetrics,
 }
 
 impl CloudHubServer {
     /// The address the server is bound to (the real port when 0 was configured).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The TLS gates' metrics of this process, for the certificate server's gate.
+    pub fn gate_metrics(&self) -> GateMetrics {
+        self.gate_metrics.clone()
     }
 
     /// Stops accepting connections and shuts the server down (open connections are dropped
@@ -94,6 +101,7 @@ pub async fn start_cloudhub_with(
         Some(tls) => Some(tls.websocket_config()?),
         None => None,
     };
+    let gate_metrics = GateMetrics::register(hive);
     let module = CloudHubModule::with_security(hive, options.clone(), security);
     let shared = module.shared();
     let context_tls = shared.hub.security.tls.is_some();
@@ -105,31 +113,52 @@ pub async fn start_cloudhub_with(
         hive: hive.clone(),
         shared,
     });
-    let server = HttpServer::new(move || {
-        App::new()
-            .app_data(context.clone())
-            .default_service(web::to(connect))
-    })
-    .workers(WORKERS)
-    .disable_signals()
-    .on_connect(record_peer_certificate);
-    let bound = match tls_config {
-        Some(config) => server.bind_rustls_0_23((options.address.as_str(), options.port), config),
-        None => server.bind((options.address.as_str(), options.port)),
-    };
-    let server = bound.map_err(|source| CloudHubError::Bind {
+    let bind_error = |source: std::io::Error| CloudHubError::Bind {
         address: address.clone(),
         source,
-    })?;
-    let local_addr = server
-        .addrs()
-        .into_iter()
-        .next()
-        .ok_or_else(|| CloudHubError::Bind {
-            address: address.clone(),
-            source: std::io::Error::other("no address bound"),
-        })?;
-    let server = server.run();
+    };
+    let (server, local_addr) = match tls_config {
+        // TLS: actix-web's parts behind the handshake gate (see `gate`).
+        Some(config) => {
+            let listener = gate::listener(&options.address, options.port).map_err(bind_error)?;
+            let local_addr = listener.local_addr().map_err(bind_error)?;
+            let door = Gate::new("websocket", options.handshake_limits, gate_metrics.clone());
+            let app_context = context.clone();
+            let server = gate::serve(
+                "cloudhub-websocket",
+                listener,
+                WORKERS,
+                config,
+                door,
+                move || {
+                    App::new()
+                        .app_data(app_context.clone())
+                        .default_service(web::to(connect))
+                },
+            )
+            .map_err(bind_error)?;
+            (server, local_addr)
+        }
+        // Plain ws:// (development and tests only).
+        None => {
+            let server = HttpServer::new(move || {
+                App::new()
+                    .app_data(context.clone())
+                    .default_service(web::to(connect))
+            })
+            .workers(WORKERS)
+            .disable_signals()
+            .client_request_timeout(options.handshake_limits.timeout)
+            .bind((options.address.as_str(), options.port))
+            .map_err(bind_error)?;
+            let local_addr = server
+                .addrs()
+                .into_iter()
+                .next()
+                .ok_or_else(|| bind_error(std::io::Error::other("no address bound")))?;
+            (server.run(), local_addr)
+        }
+    };
     let handle = server.handle();
     actix::spawn(async move {
         if let Err(err) = server.await {
@@ -137,7 +166,11 @@ pub async fn start_cloudhub_with(
         }
     });
     tracing::info!(%local_addr, tls = context_tls, "cloudhub listening");
-    Ok(CloudHubServer { local_addr, handle })
+    Ok(CloudHubServer {
+        local_addr,
+        handle,
+        gate_metrics,
+    })
 }
 
 struct ServerContext {

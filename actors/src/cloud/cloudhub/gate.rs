@@ -1,0 +1,329 @@
+//! The door of CloudHub's TLS ports (the WebSocket port and the certificate server): it
+//! bounds the TLS handshakes in progress, per source address and in all, before rustls reads
+//! a byte, so idle or slow connections from one place cannot keep edges from elsewhere out.
+//!
+//! Policy: a connection is refused at once (closed, counted) when its source address already
+//! has [`HandshakeLimits::per_source`] handshakes in progress, or when
+//! [`HandshakeLimits::total`] are in progress; a handshake not finished within
+//! [`HandshakeLimits::timeout`] is dropped (counted). Established connections are not
+//! counted: the limits bound only what a peer without credentials can hold. A request that
+//! does not come within the timeout after the handshake is dropped too (actix-http's client
+//! request timeout).
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_http::{HttpService, Protocol, Request};
+use actix_service::{
+    fn_factory, fn_service, map_config, IntoServiceFactory, ServiceFactory, ServiceFactoryExt,
+};
+use actix_tls::accept::rustls_0_23::{Acceptor, TlsStream};
+use actix_tls::accept::TlsError;
+use actix_web::body::MessageBody;
+use actix_web::dev::{AppConfig, Extensions, Server, Service};
+use actix_web::rt::net::TcpStream;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use rustls::ServerConfig;
+
+use crate::hive::Hive;
+use crate::identity::tls::record_peer_certificate;
+
+/// The bounds; see the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeLimits {
+    /// Longest a TLS handshake (and then the first request) may take.
+    pub timeout: Duration,
+    /// Most handshakes in progress from one source address.
+    pub per_source: usize,
+    /// Most handshakes in progress in all.
+    pub total: usize,
+}
+
+impl Default for HandshakeLimits {
+    fn default() -> Self {
+        HandshakeLimits {
+            timeout: Duration::from_secs(3),
+            per_source: 32,
+            total: 1024,
+        }
+    }
+}
+
+/// Labels of the gate's metrics: the port and, for refusals, why.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PortReason {
+    port: String,
+    reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PortLabel {
+    port: String,
+}
+
+/// Metrics of every gate of a process (one family each, a `port` label per gate).
+#[derive(Debug, Clone, Default)]
+pub struct GateMetrics {
+    pending: Family<PortLabel, Gauge>,
+    refused: Family<PortReason, Counter>,
+}
+
+impl GateMetrics {
+    /// Registers them with `hive`'s registry (once per process).
+    pub fn register(hive: &Hive) -> Self {
+        let metrics = GateMetrics::default();
+        let registry = hive.metrics();
+        registry.register(
+            "edgehive_tls_handshakes_pending",
+            "TLS handshakes in progress, per port",
+            metrics.pending.clone(),
+        );
+        registry.register(
+            "edgehive_tls_handshakes_refused",
+            "Connections closed before or during the TLS handshake, per port and reason (per_source, total, timeout, failed)",
+            metrics.refused.clone(),
+        );
+        metrics
+    }
+}
+
+struct GateState {
+    per_source: HashMap<IpAddr, usize>,
+    total: usize,
+}
+
+/// One port's gate. Cheap to clone; clones share the counts (all workers of a server).
+#[derive(Clone)]
+pub struct Gate {
+    port: String,
+    limits: HandshakeLimits,
+    state: Arc<Mutex<GateState>>,
+    metrics: GateMetrics,
+}
+
+/// A handshake in progress; leaving frees its place.
+struct Place {
+    gate: Gate,
+    source: Option<IpAddr>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut state = self.gate.lock();
+        state.total = state.total.saturating_sub(1);
+        if let Some(source) = self.source {
+            if let Some(count) = state.per_source.get_mut(&source) {
+                *count -= 1;
+                if *count == 0 {
+                    state.per_source.remove(&source);
+                }
+            }
+        }
+        self.gate.pending().dec();
+    }
+}
+
+impl Gate {
+    /// The gate of port `port` (a metrics label: `websocket`, `certificates`).
+    pub fn new(port: &str, limits: HandshakeLimits, metrics: GateMetrics) -> Self {
+        Gate {
+            port: port.to_owned(),
+            limits,
+            state: Arc::new(Mutex::new(GateState {
+                per_source: HashMap::new(),
+                total: 0,
+            })),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        // Counts only; a panic cannot leave them half-written.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn pending(&self) -> Gauge {
+        self.metrics
+            .pending
+            .get_or_create(&PortLabel {
+                port: self.port.clone(),
+            })
+            .clone()
+    }
+
+    fn refuse(&self, reason: &str) {
+        self.metrics
+            .refused
+            .get_or_create(&PortReason {
+                port: self.port.clone(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A place for a handshake from `source`, or why there is none.
+    fn enter(&self, source: Option<IpAddr>) -> Result<Place, &'static str> {
+        let mut state = self.lock();
+        if state.total >= self.limits.total {
+            return Err("total");
+        }
+        if let Some(source) = source {
+            let count = state.per_source.entry(source).or_insert(0);
+            if *count >= self.limits.per_source {
+                return Err("per_source");
+            }
+            *count += 1;
+        }
+        state.total += 1;
+        drop(state);
+        self.pending().inc();
+        Ok(Place {
+            gate: self.clone(),
+            source,
+        })
+    }
+
+    /// TCP connection -> TLS stream, through the gate.
+    fn tls(
+        &self,
+        config: Arc<ServerConfig>,
+    ) -> impl ServiceFactory<
+        TcpStream,
+        Config = (),
+        Response = (TlsStream<TcpStream>, Protocol, Option<SocketAddr>),
+        Error = (),
+        InitError = (),
+    > {
+        let gate = self.clone();
+        fn_factory(move || {
+            let gate = gate.clone();
+            let mut acceptor = Acceptor::new((*config).clone());
+            acceptor.set_handshake_timeout(gate.limits.timeout);
+            async move {
+                let acceptor = Rc::new(
+                    ServiceFactory::<TcpStream>::new_service(&acceptor, ())
+                        .await
+                        .map_err(|_| ())?,
+                );
+                Ok::<_, ()>(fn_service(move |io: TcpStream| {
+                    let gate = gate.clone();
+                    let acceptor = acceptor.clone();
+                    async move {
+                        let peer = io.peer_addr().ok();
+                        let place = match gate.enter(peer.map(|p| p.ip())) {
+                            Ok(place) => place,
+                            Err(reason) => {
+                                gate.refuse(reason);
+                                return Err(());
+                            }
+                        };
+                        let accepted = acceptor.call(io).await;
+                        drop(place);
+                        match accepted {
+                            Ok(tls) => {
+                                let _ = tls.get_ref().0.set_nodelay(true);
+                                Ok((tls, Protocol::Http1, peer))
+                            }
+                            Err(TlsError::Timeout) => {
+                                gate.refuse("timeout");
+                                Err(())
+                            }
+                            Err(_) => {
+                                gate.refuse("failed");
+                                Err(())
+                            }
+                        }
+                    }
+                }))
+            }
+        })
+    }
+}
+
+/// A listening socket for `address` with a deep accept queue (actix-web's default, 2048).
+pub fn listener(address: &str, port: u16) -> std::io::Result<std::net::TcpListener> {
+    let addr: SocketAddr = match (address, port).try_into_addr() {
+        Some(addr) => addr,
+        None => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("not an IP address: {address}"),
+            ))
+        }
+    };
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(2048)?.into_std()
+}
+
+trait TryIntoAddr {
+    fn try_into_addr(self) -> Option<SocketAddr>;
+}
+
+impl TryIntoAddr for (&str, u16) {
+    fn try_into_addr(self) -> Option<SocketAddr> {
+        let ip: IpAddr = self.0.parse().ok()?;
+        Some(SocketAddr::new(ip, self.1))
+    }
+}
+
+/// Serves the actix-web app `app` over TLS on `listener`, behind `gate`, on `workers`
+/// threads; the peer's client certificate is recorded for the handlers (as actix-web's
+/// `on_connect` did).
+pub fn serve<F, I, S, B>(
+    name: &str,
+    listener: std::net::TcpListener,
+    workers: usize,
+    tls: ServerConfig,
+    gate: Gate,
+    app: F,
+) -> std::io::Result<Server>
+where
+    F: Fn() -> I + Send + Clone + 'static,
+    I: IntoServiceFactory<S, Request>,
+    S: ServiceFactory<Request, Config = AppConfig> + 'static,
+    S::Error: Into<actix_web::Error> + 'static,
+    S::InitError: std::fmt::Debug,
+    S::Response: Into<actix_web::dev::Response<B>> + 'static,
+    <S::Service as Service<Request>>::Future: 'static,
+    S::Service: 'static,
+    B: MessageBody + 'static,
+{
+    let mut tls = tls;
+    // What actix-web's HttpServer offers over TLS (no HTTP/2 here).
+    tls.alpn_protocols.insert(0, b"http/1.1".to_vec());
+    let tls = Arc::new(tls);
+    let timeout = gate.limits.timeout;
+    Ok(Server::build()
+        .workers(workers)
+        .disable_signals()
+        .listen(name, listener, move || {
+            let http = HttpService::build()
+                .client_request_timeout(timeout)
+                .on_connect_ext(|io: &TlsStream<TcpStream>, extensions: &mut Extensions| {
+                    record_peer_certificate(io as &dyn Any, extensions)
+                })
+                .finish(map_config(
+                    app()
+                        .into_factory()
+                        .map_err(|err| err.into().error_response()),
+                    |_| AppConfig::default(),
+                ));
+            gate.tls(tls.clone()).and_then(http.map_err(|_| ()))
+        })?
+        .run())
+}

@@ -372,6 +372,8 @@ pub struct CloudHubConfig {
     pub keepalive_interval: u64,
     /// Most nodes connected at once.
     pub node_limit: usize,
+    /// Refuse connections of nodes the cluster has no Node object for (edgehive).
+    pub refuse_unknown_nodes: bool,
     /// Largest frame accepted from an edge, in bytes (edgehive).
     pub max_frame_size: usize,
     /// Largest object an edge may write, in bytes (its frame; edgehive).
@@ -454,6 +456,7 @@ impl Default for CloudHubConfig {
         CloudHubConfig {
             keepalive_interval: options.keepalive_interval.as_secs(),
             node_limit: options.node_limit,
+            refuse_unknown_nodes: options.refuse_unknown_nodes,
             max_frame_size: options.max_frame_bytes,
             max_object_size: options.write_limits.max_object_bytes,
             max_event_size: options.write_limits.max_event_bytes,
@@ -496,6 +499,7 @@ impl CloudHubConfig {
             node_limit: self.node_limit,
             max_frame_bytes: self.max_frame_size,
             handshake_limits: self.handshake_limits(),
+            refuse_unknown_nodes: self.refuse_unknown_nodes,
             write_limits: WriteLimits {
                 max_object_bytes: self.max_object_size,
                 max_event_bytes: self.max_event_size,

@@ -567,6 +567,51 @@ async fn at_the_node_limit_a_node_known_to_the_cluster_displaces_a_stranger() {
 }
 
 #[actix_rt::test]
+async fn with_refuse_unknown_nodes_a_node_the_cluster_lacks_is_refused_with_403() {
+    use edgehive_actors::cloud::cloudhub::{start_cloudhub_with, CloudHubSecurity};
+    let hive = Hive::new("cloud");
+    let cluster = EmbeddedCluster::new();
+    let security = CloudHubSecurity {
+        view: Some(std::sync::Arc::new(cluster.clone())),
+        ..CloudHubSecurity::default()
+    };
+    let options = CloudHubOptions {
+        refuse_unknown_nodes: true,
+        ..test_options()
+    };
+    let server = start_cloudhub_with(&hive, options, security).await.unwrap();
+    let cloud = Cloud {
+        hive,
+        cluster,
+        server,
+    };
+    cloud.edge_node("known");
+    let refused = request(cloud.addr(), "stranger").connect().await;
+    match refused {
+        Err(awc::error::WsClientError::InvalidResponseStatus(status)) => {
+            assert_eq!(status.as_u16(), 403)
+        }
+        other => panic!("expected 403, got {:?}", other.map(|_| ())),
+    }
+    let metrics = cloud.hive.metrics().encode();
+    assert!(
+        metrics.contains(r#"edgehive_cloudhub_denied_total{reason="unknown_node"} 1"#),
+        "{metrics}"
+    );
+    let _known = Edge::connect(cloud.addr(), "known").await;
+    cloud
+        .eventually("the known node is connected", || async {
+            cloud
+                .nodes()
+                .await
+                .iter()
+                .any(|n| n.node == "known" && n.connected)
+        })
+        .await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
 async fn a_refused_edge_backs_off_instead_of_retrying_at_its_shortest_interval() {
     use edgehive_actors::edge::edgehub::{EdgeHubModule, EdgeHubOptions};
     let cloud = Cloud::start(CloudHubOptions {

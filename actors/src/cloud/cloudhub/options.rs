@@ -60,6 +60,9 @@ pub struct CloudHubOptions {
     pub write_limits: WriteLimits,
     /// Bounds on TLS handshakes in progress (see [`HandshakeLimits`]).
     pub handshake_limits: HandshakeLimits,
+    /// Refuse (403) a connection from a node the cluster has no Node object for. Off: such
+    /// nodes are admitted, after the known ones when the node limit is reached.
+    pub refuse_unknown_nodes: bool,
 }
 
 impl Default for CloudHubOptions {
@@ -76,6 +79,7 @@ impl Default for CloudHubOptions {
             noack_queue_capacity: 1024,
             write_limits: WriteLimits::default(),
             handshake_limits: HandshakeLimits::default(),
+            refuse_unknown_nodes: false,
         }
     }
 }

@@ -244,6 +244,22 @@ async fn connect(
                 .body(text));
         }
     }
+    if hub_context.options.refuse_unknown_nodes {
+        let known = hub_context
+            .security
+            .view
+            .as_deref()
+            .is_none_or(|view| view.node_exists(&node));
+        if !known {
+            tracing::warn!(peer = ?req.peer_addr(), %node, "edge connection refused: no such Node in the cluster");
+            hub_context.metrics.deny("unknown_node");
+            return Ok(HttpResponse::Forbidden()
+                .content_type("text/plain; charset=utf-8")
+                .body(format!(
+                    "node {node} is not in the cluster (modules.cloudHub.refuseUnknownNodes)"
+                )));
+        }
+    }
     let hub = match context.hive.addr::<CloudHub>(CLOUDHUB_MODULE) {
         Ok(hub) => hub,
         Err(err) => {

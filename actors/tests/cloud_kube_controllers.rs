@@ -77,8 +77,32 @@ fn list(kind: &str, items: Vec<Value>) -> Value {
            "metadata": {"resourceVersion": "5"}, "items": items})
 }
 
+/// Log lines written while the guard lives, on this thread (the test's actors run here).
+fn capture_logs() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+    #[derive(Clone)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let buffer = Buffer(logs.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || buffer.clone())
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
 #[actix_rt::test]
 async fn pods_from_the_api_server_reach_the_edge_and_statuses_go_back() {
+    let (logs, _guard) = capture_logs();
     let node = json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "edge-k", "uid": "node-uid", "resourceVersion": "2",
                      "labels": {"node-role.kubernetes.io/edge": ""}}});
@@ -155,4 +179,12 @@ async fn pods_from_the_api_server_reach_the_edge_and_statuses_go_back() {
 
     server.stop(false).await;
     hive.shutdown();
+    // The watches' first lists are the normal start, not faults: no warning says otherwise.
+    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(
+        !logs
+            .lines()
+            .any(|line| line.contains("WARN") && line.contains("lagged")),
+        "{logs}"
+    );
 }

@@ -74,6 +74,17 @@ pub struct Watcher {
     objects: HashMap<ObjectRef, Value>,
 }
 
+/// Logs a watch that must be listed again: a warning when events were lost, quietly when the
+/// watch only (re)listed (the `kube` adapter's watcher does so at its start, which is not a
+/// fault).
+fn lagged(kind: &str, skipped: u64) {
+    if skipped > 0 {
+        tracing::warn!(kind, skipped, "watch lagged; listing again");
+    } else {
+        tracing::debug!(kind, "watch listed; comparing with what was seen");
+    }
+}
+
 /// The next event of `watch`, or `None` when it ended.
 async fn next(watch: &mut Watch) -> Option<Result<WatchEvent, WatchError>> {
     watch.next().await
@@ -117,7 +128,7 @@ impl Watcher {
                 event = next(&mut node_watch) => match event {
                     Some(Ok(event)) => self.on_node(event),
                     Some(Err(WatchError::Lagged { skipped })) => {
-                        tracing::warn!(skipped, "node watch lagged; listing again");
+                        lagged("node", skipped);
                         self.relist_nodes().await;
                     }
                     Some(Err(WatchError::Closed)) | None => return,
@@ -125,7 +136,7 @@ impl Watcher {
                 event = next(&mut cm_watch) => match event {
                     Some(Ok(event)) => self.on_object(RefKind::ConfigMap, event),
                     Some(Err(WatchError::Lagged { skipped })) => {
-                        tracing::warn!(skipped, "configmap watch lagged; listing again");
+                        lagged("configmap", skipped);
                         self.relist_objects(RefKind::ConfigMap).await;
                     }
                     Some(Err(WatchError::Closed)) | None => return,
@@ -133,7 +144,7 @@ impl Watcher {
                 event = next(&mut secret_watch) => match event {
                     Some(Ok(event)) => self.on_object(RefKind::Secret, event),
                     Some(Err(WatchError::Lagged { skipped })) => {
-                        tracing::warn!(skipped, "secret watch lagged; listing again");
+                        lagged("secret", skipped);
                         self.relist_objects(RefKind::Secret).await;
                     }
                     Some(Err(WatchError::Closed)) | None => return,
@@ -141,7 +152,7 @@ impl Watcher {
                 event = next(&mut pod_watch) => match event {
                     Some(Ok(event)) => self.on_pod(event),
                     Some(Err(WatchError::Lagged { skipped })) => {
-                        tracing::warn!(skipped, "pod watch lagged; listing again");
+                        lagged("pod", skipped);
                         self.relist_pods().await;
                     }
                     Some(Err(WatchError::Closed)) | None => return,

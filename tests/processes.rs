@@ -146,3 +146,43 @@ fn cloud_and_edge_processes_deliver_a_manifest_pod_into_the_edge_database() {
     // What the edge stored outlives the process.
     assert!(support::sqlite_row(&db, "default/pod/from-manifest").is_some());
 }
+
+/// `--log-format json`: every log line is one JSON object with the level, the message and the
+/// event's fields as fields of their own, for a log collector to read.
+#[test]
+fn json_logs_are_one_object_per_line_with_fields() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cloud.yaml");
+    std::fs::write(&config, support::process::plain_cloud_yaml(0, None)).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["--log-format", "json", "cloud", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut started = None;
+    for line in BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        let object: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|error| panic!("not a JSON object ({error}): {line}"));
+        assert!(
+            object["level"].is_string() && object["timestamp"].is_string(),
+            "{line}"
+        );
+        if object["message"] == "cloud started" {
+            started = Some(object);
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let started = started.expect("the cloud logged its start");
+    assert_eq!(started["level"], "INFO");
+    assert_eq!(started["cluster"], "embedded");
+    assert!(started["websocket"]
+        .as_str()
+        .is_some_and(|a| a.starts_with("127.0.0.1:")));
+}

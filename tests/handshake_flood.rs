@@ -1,5 +1,5 @@
 //! Idle connections cannot lock edges out: while one source address keeps opening TLS
-//! connections to both of the cloud's TLS ports and never says a word (200 new ones a second,
+//! connections to both of the cloud's TLS ports and never says a word (400 new ones a second,
 //! each holding a handshake until its timeout), an edge from another address bootstraps its
 //! certificate, connects with mutual TLS and receives its pod at once. The refusals show in
 //! `/metrics`, per port and reason.
@@ -59,7 +59,7 @@ async fn an_edge_joins_while_a_stranger_holds_idle_connections_to_both_tls_ports
     let cluster = cloud.cluster().unwrap().clone();
     cluster.apply(edge_node("flood-edge")).unwrap();
     let targets = vec![cloud.websocket_addr(), cloud.cert_server_addr().unwrap()];
-    let attack = flood(targets, 100, 1500);
+    let attack = flood(targets, 200, 2400);
     // Let the flood build up: a few seconds of idle connections waiting in handshakes.
     tokio::time::sleep(Duration::from_secs(2)).await;
 

@@ -710,7 +710,10 @@ mod raw {
 async fn websocket_protocol_errors_close_with_rfc_6455_codes_and_are_counted() {
     let cloud = Cloud::start(test_options()).await;
     let addr = cloud.addr();
-    let cases: [(&str, Vec<u8>, u16, &str); 3] = [
+    let mut reserved = raw::frame(0x1, b"hi", true);
+    reserved[0] |= 0x40; // RSV1, with no extension negotiated
+    let cases: [(&str, Vec<u8>, u16, &str); 4] = [
+        ("reserved bits", reserved, 1002, "reserved_bits"),
         (
             "unmasked",
             raw::frame(0x1, b"hi", false),

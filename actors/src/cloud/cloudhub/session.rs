@@ -348,6 +348,10 @@ fn protocol_violation(err: &ProtocolError) -> Option<(&'static str, CloseCode)> 
         ProtocolError::Io(io) if io.to_string().contains("maximum continuation size") => {
             ("too_large", CloseCode::Size)
         }
+        // actix-http reports reserved bits set without an extension as InvalidData too.
+        ProtocolError::Io(io) if io.to_string().contains("reserved bits") => {
+            ("reserved_bits", CloseCode::Protocol)
+        }
         // actix-ws reports a text frame that is not UTF-8 as InvalidData.
         ProtocolError::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
             ("invalid_utf8", CloseCode::Invalid)

@@ -75,12 +75,15 @@ impl CloudProcess {
                              Kubernetes API server: apply them with kubectl instead"
                     );
                 }
-                let required = if config.modules.device_controller.enable {
-                    DEVICE_KINDS
-                } else {
-                    &[]
-                };
-                let kube = KubeCluster::connect(&options, required)
+                let mut required: Vec<&str> = Vec::new();
+                if config.modules.device_controller.enable {
+                    required.extend_from_slice(DEVICE_KINDS);
+                }
+                if config.modules.sync_controller.enable {
+                    // KubeEdge's reliable-sync CRDs, as cloudcore needs them.
+                    required.extend_from_slice(&["ObjectSync", "ClusterObjectSync"]);
+                }
+                let kube = KubeCluster::connect(&options, &required)
                     .await
                     .context("cannot start on the Kubernetes API server")?;
                 (None, std::sync::Arc::new(kube))

@@ -61,6 +61,8 @@ pub const MAILBOX_CAPACITY: usize = 65_536;
 const BATCH: usize = 256;
 /// How often dirty records are written.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+/// The pause after a batch in which the cluster refused a record write.
+const WRITE_RETRY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 struct Metrics {
@@ -352,16 +354,27 @@ impl SyncController {
             }
             results
         };
-        ctx.spawn(fut.into_actor(self).map(|results, act, _| {
-            act.flushing = false;
+        ctx.spawn(fut.into_actor(self).map(|results, act, ctx| {
+            let mut failed = 0u64;
+            let mut first_error = None;
             for (w, result) in results {
                 let stored = result.map_err(|error| {
-                    act.metrics.write_errors.inc();
-                    tracing::warn!(node = %w.node, uid = %w.object.uid, %error, "cannot write sync record");
+                    failed += 1;
+                    first_error.get_or_insert_with(|| (w.node.clone(), error.to_string()));
                 });
                 act.records.written(&w, stored);
             }
             act.set_gauge();
+            match first_error {
+                None => act.flushing = false,
+                Some((node, error)) => {
+                    // One line per failed batch, and a pause: a cluster that refuses records
+                    // (CRDs missing, API server down) is not hammered every 100 ms.
+                    act.metrics.write_errors.inc_by(failed);
+                    tracing::warn!(failed, %node, %error, retry_in = ?WRITE_RETRY, "cannot write sync records");
+                    ctx.run_later(WRITE_RETRY, |act, _| act.flushing = false);
+                }
+            }
         }));
     }
 

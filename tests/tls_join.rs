@@ -464,9 +464,13 @@ async fn the_certificate_server_answers_like_cloudcore() {
         .1
         .to_owned();
 
+    let mut refusals = 0;
     for exchange in golden {
         let request = &exchange["request"];
         let path = request["path"].as_str().unwrap();
+        if path == "/edge.crt" && exchange["response"]["status"] != 200 {
+            refusals += 1;
+        }
         let mut outgoing = client.get(format!("{base}{path}"));
         for (name, value) in request["headers"].as_object().into_iter().flatten() {
             let value = value.as_str().unwrap().replace("<jwt>", &jwt);
@@ -519,6 +523,15 @@ async fn the_certificate_server_answers_like_cloudcore() {
             }
         }
     }
+    // Every refused certificate request is counted with its reason.
+    let (_, metrics) = http_get(cloud.admin_addr(), "/metrics").await;
+    let counted: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("edgehive_certserver_refused_total{reason="))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(refusals > 0, "the golden exchanges include refusals");
+    assert_eq!(counted, refusals, "{metrics}");
     cloud.stop().await;
 }
 

@@ -73,12 +73,50 @@ pub enum CsrError {
     /// The node name cannot be a Kubernetes node's.
     #[error("{0}")]
     InvalidNodeName(String),
+    /// The CSR's public key is of a type edge certificates cannot carry.
+    #[error("unsupported key type {0} in the certificate signing request: edge certificates take ECDSA P-256 or P-384 (KubeEdge's edgecore uses P-256), RSA or Ed25519 keys")]
+    UnsupportedKey(String),
     /// The CSR's subject does not name the node it is requested for.
     #[error("certificate signing request subject must be O={NODE_ORGANIZATION}, CN={NODE_CN_PREFIX}{node}")]
     WrongSubject {
         /// The node from the `NodeName` header.
         node: String,
     },
+}
+
+/// Refuses a CSR whose public key is not one TLS here can verify (checked before its
+/// signature, which for such a key could not be verified either: the answer must say why).
+fn check_key_type(csr_der: &[u8]) -> Result<(), CsrError> {
+    use x509_parser::prelude::FromDer;
+    const EC_PUBLIC_KEY: &str = "1.2.840.10045.2.1";
+    const RSA: &str = "1.2.840.113549.1.1.1";
+    const ED25519: &str = "1.3.101.112";
+    const P256: &str = "1.2.840.10045.3.1.7";
+    const P384: &str = "1.3.132.0.34";
+    let Ok((_, csr)) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
+    else {
+        // Not a CSR at all: rcgen says so next.
+        return Ok(());
+    };
+    let algorithm = &csr.certification_request_info.subject_pki.algorithm;
+    let oid = algorithm.algorithm.to_id_string();
+    match oid.as_str() {
+        RSA | ED25519 => Ok(()),
+        EC_PUBLIC_KEY => {
+            let curve = algorithm
+                .parameters
+                .as_ref()
+                .and_then(|p| p.as_oid().ok())
+                .map(|oid| oid.to_id_string())
+                .unwrap_or_default();
+            match curve.as_str() {
+                P256 | P384 => Ok(()),
+                other => Err(CsrError::UnsupportedKey(format!("ECDSA on curve {other}"))),
+            }
+        }
+        other => Err(CsrError::UnsupportedKey(other.to_owned())),
+    }
 }
 
 /// A cloud CA: its certificate and the key that signs server and edge certificates.
@@ -236,6 +274,7 @@ impl CertAuthority {
         validity: Duration,
     ) -> Result<Vec<u8>, CsrError> {
         crate::identity::check_node_name(node).map_err(CsrError::InvalidNodeName)?;
+        check_key_type(csr_der)?;
         let csr =
             CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
                 .map_err(|error| CsrError::Invalid(error.to_string()))?;
@@ -653,5 +692,25 @@ mod tests {
             ca.sign_node_csr(b"junk", "edge-1", Duration::from_secs(3600)),
             Err(CsrError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn a_key_type_tls_cannot_use_is_refused_saying_so() {
+        let ca = CertAuthority::generate().unwrap();
+        let key = generate_key().unwrap();
+        let mut csr = node_csr(&key, "edge-1").unwrap();
+        // The same request with a DSA public key algorithm (an OID of the same length).
+        let ec_public_key = [0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
+        let dsa = [0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x38, 0x04, 0x01];
+        let at = csr
+            .windows(ec_public_key.len())
+            .position(|w| w == ec_public_key)
+            .unwrap();
+        csr[at..at + dsa.len()].copy_from_slice(&dsa);
+        let err = ca
+            .sign_node_csr(&csr, "edge-1", Duration::from_secs(3600))
+            .unwrap_err();
+        assert_eq!(err, CsrError::UnsupportedKey("1.2.840.10040.4.1".into()));
+        assert!(err.to_string().contains("unsupported key type"), "{err}");
     }
 }

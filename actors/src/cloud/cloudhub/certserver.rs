@@ -16,6 +16,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse};
 
 use super::auth::BindingView;
 use super::gate::{self, Gate, GateMetrics, HandshakeLimits};
+use crate::hive::log::clip;
 use crate::identity::certs::CertAuthority;
 use crate::identity::tls::{peer_node, CloudTls};
 use crate::identity::token::verify_jwt;
@@ -56,6 +57,7 @@ pub struct CertServerOptions {
 }
 
 struct Context {
+    metrics: GateMetrics,
     ca: Arc<CertAuthority>,
     validity: Duration,
     view: Option<Arc<dyn BindingView>>,
@@ -77,6 +79,7 @@ impl CertServer {
     ) -> Result<CertServer, CertServerError> {
         let config = tls.https_config()?;
         let context = web::Data::new(Context {
+            metrics: options.gate_metrics.clone(),
             ca: tls.ca.clone(),
             validity: options.edge_cert_validity,
             view,
@@ -163,6 +166,7 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
             .and_then(|value| value.strip_prefix("Bearer "))
             .unwrap_or_default();
         if bearer.is_empty() {
+            context.metrics.certificate_refused("no_token");
             tracing::warn!(%node, "certificate request without token or client certificate");
             return text(
                 StatusCode::UNAUTHORIZED,
@@ -170,6 +174,7 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
             );
         }
         if let Err(error) = verify_jwt(bearer, context.ca.key_sec1_der(), SystemTime::now()) {
+            context.metrics.certificate_refused("bad_token");
             tracing::warn!(%node, %error, "certificate request with a bad token");
             return text(
                 StatusCode::UNAUTHORIZED,
@@ -184,14 +189,18 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
                 .content_type("application/octet-stream")
                 .body(cert)
         }
-        Err(error @ crate::identity::certs::CsrError::WrongSubject { .. }) => {
-            text(StatusCode::UNAUTHORIZED, error.to_string())
+        Err(error) => {
+            use crate::identity::certs::CsrError;
+            let (reason, status) = match &error {
+                CsrError::WrongSubject { .. } => ("wrong_subject", StatusCode::UNAUTHORIZED),
+                CsrError::InvalidNodeName(_) => ("invalid_node_name", StatusCode::BAD_REQUEST),
+                CsrError::UnsupportedKey(_) => ("unsupported_key", StatusCode::BAD_REQUEST),
+                CsrError::Invalid(_) => ("invalid_csr", StatusCode::BAD_REQUEST),
+            };
+            context.metrics.certificate_refused(reason);
+            tracing::warn!(node = %clip(&node), reason, %error, "certificate request refused");
+            text(status, error.to_string())
         }
-        Err(error @ crate::identity::certs::CsrError::InvalidNodeName(_)) => {
-            tracing::warn!(%error, "certificate request for an invalid node name");
-            text(StatusCode::BAD_REQUEST, error.to_string())
-        }
-        Err(error) => text(StatusCode::BAD_REQUEST, error.to_string()),
     }
 }
 

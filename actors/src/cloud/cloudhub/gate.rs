@@ -32,6 +32,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use rustls::ServerConfig;
 
+use super::metrics::ReasonLabels;
 use crate::hive::Hive;
 use crate::identity::tls::record_peer_certificate;
 
@@ -68,11 +69,13 @@ struct PortLabel {
     port: String,
 }
 
-/// Metrics of every gate of a process (one family each, a `port` label per gate).
+/// Metrics of every gate of a process (one family each, a `port` label per gate), and the
+/// certificate server's refusals.
 #[derive(Debug, Clone, Default)]
 pub struct GateMetrics {
     pending: Family<PortLabel, Gauge>,
     refused: Family<PortReason, Counter>,
+    certificates_refused: Family<ReasonLabels, Counter>,
 }
 
 impl GateMetrics {
@@ -86,11 +89,27 @@ impl GateMetrics {
             metrics.pending.clone(),
         );
         registry.register(
+            "edgehive_certserver_refused",
+            "Certificate requests refused, by reason (no_token, bad_token, wrong_subject, invalid_node_name, unsupported_key, invalid_csr)",
+            metrics.certificates_refused.clone(),
+        );
+        registry.register(
             "edgehive_tls_handshakes_refused",
             "Connections closed before or during the TLS handshake, per port and reason (per_source, total, timeout, failed)",
             metrics.refused.clone(),
         );
         metrics
+    }
+}
+
+impl GateMetrics {
+    /// Counts a refused certificate request.
+    pub fn certificate_refused(&self, reason: &str) {
+        self.certificates_refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 }
 

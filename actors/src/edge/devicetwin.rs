@@ -8,7 +8,8 @@
 //!   sent up as `device/{ns}/{name}/twin/edge_updated` or `.../state/update` (source `twin`,
 //!   group `resource`, operation `update`). Each upload stays in the confirm list until a
 //!   cloud message whose `parent_msg_id` is its id arrives, and is resent after every
-//!   reconnect and every [`RESEND_INTERVAL`] while connected.
+//!   reconnect and every [`RESEND_INTERVAL`] while connected. Reports are kept in the store
+//!   too (before they are sent) and taken back when the process starts again.
 //! - After each connect, twin asks for `membership/detail` (operation `get`) as a real edge
 //!   does, reusing the same message while it is unanswered.
 
@@ -181,6 +182,8 @@ struct Shared {
     node_name: String,
     connected: AtomicBool,
     unconfirmed: Mutex<Unconfirmed>,
+    /// The kept uploads were read back (see `load_kept`).
+    loaded: AtomicBool,
     metrics: TwinMetrics,
 }
 
@@ -232,6 +235,7 @@ impl Module for DeviceTwinModule {
                     node_name: self.node_name.clone(),
                     connected: AtomicBool::new(false),
                     unconfirmed: Mutex::new(Unconfirmed::default()),
+                    loaded: AtomicBool::new(false),
                     metrics: TwinMetrics::register(hive),
                 })
             })
@@ -254,6 +258,10 @@ impl Actor for DeviceTwin {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        let shared = self.shared.clone();
+        ctx.spawn(actix::fut::wrap_future(async move {
+            load_kept(&shared).await;
+        }));
         ctx.run_interval(RESEND_INTERVAL, |twin, ctx| {
             let (hive, shared) = (twin.hive.clone(), twin.shared.clone());
             ctx.spawn(actix::fut::wrap_future(async move {
@@ -301,7 +309,7 @@ impl Handler<ReportTwin> for DeviceTwin {
                 format!("device/{}/twin/edge_updated", report.id),
                 content,
             );
-            upload(&hive, &shared, message.clone()).await;
+            upload(&hive, &shared, message.clone()).await?;
             Ok(message)
         })
     }
@@ -337,7 +345,7 @@ impl Handler<ReportState> for DeviceTwin {
                 format!("device/{}/state/update", report.id),
                 Value::String(content),
             );
-            upload(&hive, &shared, message.clone()).await;
+            upload(&hive, &shared, message.clone()).await?;
             Ok(message)
         })
     }
@@ -352,14 +360,44 @@ fn refuse_when_full(shared: &Shared) -> Result<(), TwinError> {
     Ok(())
 }
 
-/// Remembers `message` until confirmed and sends it now if connected (else at reconnect).
-async fn upload(hive: &Hive, shared: &Shared, message: Message) {
+/// Remembers `message` until confirmed, in memory and in the store (so it survives a
+/// restart of the process), and sends it now if connected (else at reconnect).
+async fn upload(hive: &Hive, shared: &Shared, message: Message) -> Result<(), TwinError> {
+    shared.store.keep_upload(&message).await?;
     shared
         .unconfirmed()
         .insert(message.clone(), &shared.metrics);
     shared.metrics.uploads.inc();
     if shared.connected.load(Ordering::Relaxed) {
         to_cloud(hive, &message).await;
+    }
+    Ok(())
+}
+
+/// Takes back the uploads kept by an earlier run of the process (once per process: a
+/// restarted actor still has them in memory).
+async fn load_kept(shared: &Shared) {
+    if shared.loaded.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    match shared.store.kept_uploads(MAX_UNCONFIRMED).await {
+        Ok(kept) if !kept.is_empty() => {
+            tracing::info!(
+                uploads = kept.len(),
+                "twin uploads kept from an earlier run; sending them again"
+            );
+            let mut unconfirmed = shared.unconfirmed();
+            for message in kept {
+                if !unconfirmed.messages.contains_key(message.id()) {
+                    unconfirmed.insert(message, &shared.metrics);
+                }
+            }
+        }
+        Ok(_) => {}
+        Err(error) => {
+            shared.loaded.store(false, Ordering::Release);
+            tracing::error!(%error, "cannot read the kept twin uploads");
+        }
     }
 }
 
@@ -427,6 +465,10 @@ async fn on_message(hive: &Hive, shared: &Shared, msg: &Message) -> Option<Messa
         let confirmed = shared.unconfirmed().confirm(parent, &shared.metrics);
         if let Some(request) = confirmed {
             shared.metrics.confirmed.inc();
+            if let Err(error) = shared.store.confirmed(parent.to_owned()).await {
+                // Kept, so sent again after a restart: the cloud takes a report twice.
+                tracing::warn!(%error, "cannot forget a confirmed twin upload");
+            }
             if request.resource() == ResourceType::MembershipDetail.as_str() {
                 apply_detail(shared, msg).await;
             }

@@ -5,11 +5,14 @@
 //! plain value, `expected_meta`/`actual_meta` the JSON `{"timestamp": ms}`, `attr_type` the
 //! twin's type, `metadata` the JSON `{"type": ..}`. We add one unique index on
 //! `device_twin(deviceid, name)` so a redelivered twin update replaces its row instead of
-//! adding a second one.
+//! adding a second one, and our own table `edgehive_twin_uploads`: the reports sent to the
+//! cloud and not yet confirmed, in order, so they survive a restart of the process.
 
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
+
+use edgehive_protocols::Message;
 
 use super::store::{MetaStore, StoreError};
 
@@ -27,6 +30,8 @@ CREATE TABLE IF NOT EXISTS device_twin (
   expected_meta varchar(1024), actual_meta varchar(1024), expected_version varchar(1024),
   actual_version varchar(1024), optional bool, attr_type varchar(32), metadata varchar(1024));
 CREATE UNIQUE INDEX IF NOT EXISTS device_twin_deviceid_name ON device_twin (deviceid, name);
+CREATE TABLE IF NOT EXISTS edgehive_twin_uploads (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, message TEXT NOT NULL);
 ";
 
 /// A device as the edge API shows it: KubeEdge's edge-side Device shape.
@@ -225,6 +230,59 @@ impl TwinStore {
         self.store
             .exec(format!("read device {id}"), move |conn| {
                 Ok(read_devices(conn, Some(&id))?.into_iter().next())
+            })
+            .await
+    }
+
+    /// Keeps `message` (a report for the cloud) until [`TwinStore::confirmed`].
+    pub async fn keep_upload(&self, message: &Message) -> Result<(), StoreError> {
+        let id = message.id().to_owned();
+        let text = edgehive_protocols::encode(message);
+        self.store
+            .exec(format!("keep upload {id}"), move |conn| {
+                conn.execute(
+                    "INSERT OR IGNORE INTO edgehive_twin_uploads (id, message) VALUES (?1, ?2)",
+                    params![id, text],
+                )
+                .map(|_| ())
+            })
+            .await
+    }
+
+    /// The cloud confirmed upload `id`: it is forgotten.
+    pub async fn confirmed(&self, id: String) -> Result<(), StoreError> {
+        self.store
+            .exec(format!("forget upload {id}"), move |conn| {
+                conn.execute("DELETE FROM edgehive_twin_uploads WHERE id = ?1", [id])
+                    .map(|_| ())
+            })
+            .await
+    }
+
+    /// The kept uploads, oldest first; at most the newest `max` (older ones are deleted). A
+    /// row that is not a message is deleted and skipped.
+    pub async fn kept_uploads(&self, max: usize) -> Result<Vec<Message>, StoreError> {
+        self.store
+            .exec("read kept uploads".into(), move |conn| {
+                let mut statement =
+                    conn.prepare("SELECT seq, message FROM edgehive_twin_uploads ORDER BY seq")?;
+                let rows: Vec<(i64, String)> = statement
+                    .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                let skip = rows.len().saturating_sub(max);
+                let mut kept = Vec::new();
+                for (index, (seq, text)) in rows.into_iter().enumerate() {
+                    match edgehive_protocols::decode(text.as_bytes()) {
+                        Ok(message) if index >= skip => kept.push(message),
+                        _ => {
+                            conn.execute(
+                                "DELETE FROM edgehive_twin_uploads WHERE seq = ?1",
+                                [seq],
+                            )?;
+                        }
+                    }
+                }
+                Ok(kept)
             })
             .await
     }

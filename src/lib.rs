@@ -12,4 +12,5 @@ pub mod cloud;
 pub mod config;
 pub mod demo;
 pub mod edge;
+pub mod join;
 pub mod loadtest;

@@ -1,4 +1,5 @@
-//! `edgehive`: `cloud`, `edge`, `token`, `demo`, `apply`, `delete` and `version`.
+//! `edgehive`: `cloud`, `edge`, `join`, `token`, `status`, `demo`, `apply`, `delete`, `loadtest`
+//! and `version`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -122,6 +123,43 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Join this host to a cloud as `keadm join` does: write a complete edge.yaml (the cloud,
+    /// the token, where certificates and the database go) and, with --start, run the edge.
+    Join {
+        /// The cloud's WebSocket address, HOST:PORT (keadm's --cloudcore-ipport).
+        #[arg(long, alias = "cloudcore-ipport")]
+        cloud: String,
+        /// The join token (`edgehive token` on the cloud, or `keadm gettoken`).
+        #[arg(long)]
+        token: String,
+        /// The node name (keadm's --edgenode-name); the host name when absent.
+        #[arg(long, alias = "edgenode-name")]
+        node: Option<String>,
+        /// The certificate server's port on the cloud host (keadm's --certport).
+        #[arg(long, default_value_t = 10002)]
+        cert_port: u16,
+        /// Where to write the config.
+        #[arg(long, default_value = "/etc/kubeedge/config/edge.yaml")]
+        config: PathBuf,
+        /// Where the certificates (ca/, certs/) and the database (edgecore.db) go.
+        #[arg(long, default_value = "/etc/kubeedge")]
+        data_dir: PathBuf,
+        /// The edge's admin endpoint, HOST:PORT (loopback: it has no authentication).
+        #[arg(long, default_value = "127.0.0.1:10351")]
+        admin: String,
+        /// Replace an existing config file.
+        #[arg(long)]
+        force: bool,
+        /// Run the edge with the config once written.
+        #[arg(long)]
+        start: bool,
+    },
+    /// Print a running process's supervision tree and, for a cloud, its nodes, as tables (from
+    /// its admin endpoint: --admin 127.0.0.1:10351 for an edge).
+    Status {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Print the version.
     Version,
 }
@@ -219,6 +257,57 @@ fn run(command: Command) -> anyhow::Result<()> {
                 cloud.stop().await;
                 Ok(())
             })
+        }
+        Command::Join {
+            cloud,
+            token,
+            node,
+            cert_port,
+            config,
+            data_dir,
+            admin,
+            force,
+            start,
+        } => {
+            let options = edgehive::join::JoinOptions {
+                cloud,
+                cert_port,
+                token,
+                node,
+                data_dir,
+                admin,
+            };
+            let written = edgehive::join::write(&options, &config, force)?;
+            println!(
+                "edgehive join: wrote {} for node {} (cloud {}, certificates from {})",
+                config.display(),
+                written.node_name(),
+                written.modules.edge_hub.websocket.server,
+                written.modules.edge_hub.http_server
+            );
+            if !start {
+                println!("start it with: edgehive edge --config {}", config.display());
+                return Ok(());
+            }
+            run(Command::Edge {
+                config: Some(config),
+            })
+        }
+        Command::Status { admin } => {
+            let base = format!("http://{}", admin.address()?);
+            let get = |path: &str| {
+                admin_request(
+                    awc::http::Method::GET,
+                    &format!("{base}{path}"),
+                    String::new(),
+                )
+            };
+            let modules = get("/api/v1/modules")?;
+            print!("{}", status::modules_table(&modules));
+            if modules["process"] == "cloud" {
+                print!("{}", status::nodes_table(&get("/api/v1/nodes")?));
+            }
+            Ok(())
         }
         Command::Edge { config } => {
             let config = match config {
@@ -341,6 +430,125 @@ fn object_name(object: &serde_json::Value) -> String {
 }
 
 /// Sends one request to the cloud's admin endpoint; the JSON answer, or its error message.
+/// The tables `edgehive status` prints.
+mod status {
+    use serde_json::Value;
+
+    fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+        let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+        for row in &rows {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.len());
+            }
+        }
+        let line = |cells: Vec<String>| {
+            let padded: Vec<String> = cells
+                .iter()
+                .zip(&widths)
+                .map(|(cell, width)| format!("{cell:<width$}"))
+                .collect();
+            format!("{}\n", padded.join("  ").trim_end())
+        };
+        let mut out = line(header.iter().map(|h| h.to_string()).collect());
+        for row in rows {
+            out.push_str(&line(row));
+        }
+        out
+    }
+
+    fn text(value: &Value) -> String {
+        match value {
+            Value::String(s) => s.clone(),
+            Value::Null => "-".into(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The supervision tree: one line per module (and per child, indented).
+    pub fn modules_table(answer: &Value) -> String {
+        let mut rows = Vec::new();
+        for module in answer["modules"].as_array().into_iter().flatten() {
+            rows.push(vec![
+                text(&module["name"]),
+                text(&module["state"]),
+                text(&module["restarts"]),
+                text(&module["mailboxDepth"]),
+                text(&module["messagesHandled"]),
+            ]);
+            for child in module["children"].as_array().into_iter().flatten() {
+                rows.push(vec![
+                    format!("  {}", text(&child["name"])),
+                    text(&child["state"]),
+                    text(&child["restarts"]),
+                    text(&child["mailboxDepth"]),
+                    text(&child["messagesHandled"]),
+                ]);
+            }
+        }
+        format!(
+            "process {}\n{}",
+            text(&answer["process"]),
+            table(&["MODULE", "STATE", "RESTARTS", "DEPTH", "HANDLED"], rows)
+        )
+    }
+
+    /// The cloud's nodes, the troubled first (disconnected, parked, queued).
+    pub fn nodes_table(answer: &Value) -> String {
+        let mut nodes: Vec<&Value> = answer["nodes"].as_array().into_iter().flatten().collect();
+        let trouble = |n: &Value| {
+            (
+                n["connected"] != true,
+                n["parked"].as_u64().unwrap_or(0),
+                n["ackQueue"].as_u64().unwrap_or(0),
+            )
+        };
+        nodes.sort_by(|a, b| {
+            trouble(b)
+                .cmp(&trouble(a))
+                .then(text(&a["node"]).cmp(&text(&b["node"])))
+        });
+        let rows = nodes
+            .into_iter()
+            .map(|n| {
+                vec![
+                    text(&n["node"]),
+                    if n["connected"] == true {
+                        "yes".into()
+                    } else {
+                        "no".into()
+                    },
+                    text(&n["ackQueue"]),
+                    text(&n["noAckQueue"]),
+                    if n["inFlight"].is_null() {
+                        "-".into()
+                    } else {
+                        "1".into()
+                    },
+                    text(&n["parked"]),
+                    text(&n["resends"]),
+                    text(&n["restarts"]),
+                ]
+            })
+            .collect();
+        format!(
+            "\n{}",
+            table(
+                &[
+                    "NODE",
+                    "CONNECTED",
+                    "ACK-QUEUE",
+                    "NOACK-QUEUE",
+                    "IN-FLIGHT",
+                    "PARKED",
+                    "RESENDS",
+                    "RESTARTS"
+                ],
+                rows
+            )
+        )
+    }
+}
+
 fn admin_request(
     method: awc::http::Method,
     url: &str,

@@ -1,8 +1,10 @@
 //! Process configuration: KubeEdge's YAML shape and key names where KubeEdge has the key.
 //!
-//! Files are overlaid on the defaults (a missing key keeps its default, as in EdgeCore), and an
-//! unknown key is an error so a typo never silently falls back to a default. Every error names
-//! the file, the key and what was expected.
+//! Files are overlaid on the defaults (a missing key keeps its default, as in EdgeCore). A key
+//! of KubeEdge's file that edgehive does not implement is ignored and listed once at start, so
+//! an operator's own `cloudcore.yaml`/`edgecore.yaml` works; any other unknown key is an error
+//! (with the nearest valid key) so a typo never silently falls back to a default. Every error
+//! names the file, the key and what was expected.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -43,33 +45,203 @@ pub enum ConfigError {
     },
 }
 
-/// Reads `path` into `T`, naming the key of any mistake.
-fn load<T: DeserializeOwned + Validate>(path: &Path) -> Result<T, ConfigError> {
+/// Reads `path` into `T`, naming the key of any mistake. Keys of KubeEdge's file that
+/// edgehive does not implement are ignored and listed in one log line.
+fn load<T: Schema>(path: &Path) -> Result<T, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,
     })?;
-    parse(path, &text)
+    let (config, ignored) = parse_reporting::<T>(path, &text)?;
+    if !ignored.is_empty() {
+        tracing::info!(
+            file = %path.display(),
+            keys = %ignored.join(", "),
+            "keys of KubeEdge modules and settings edgehive does not implement are ignored"
+        );
+    }
+    Ok(config)
 }
 
-fn parse<T: DeserializeOwned + Validate>(path: &Path, text: &str) -> Result<T, ConfigError> {
+#[cfg(test)]
+fn parse<T: Schema>(path: &Path, text: &str) -> Result<T, ConfigError> {
+    parse_reporting(path, text).map(|(config, _)| config)
+}
+
+/// A config file's type: its defaults name every key edgehive knows; `KUBEEDGE` lists the
+/// keys (and subtrees) of KubeEdge's file of the same kind that edgehive does not implement.
+trait Schema: DeserializeOwned + Serialize + Default + Validate {
+    /// What the file is called in errors (`CloudCore`, `EdgeCore`).
+    const KIND: &'static str;
+    /// Dotted paths in KubeEdge's file that edgehive ignores (with everything below them).
+    const KUBEEDGE: &'static [&'static str];
+}
+
+/// Parses `text`: keys edgehive knows are used; keys in `T::KUBEEDGE` are dropped and
+/// returned; any other key is an error naming it, with the nearest valid key.
+fn parse_reporting<T: Schema>(path: &Path, text: &str) -> Result<(T, Vec<String>), ConfigError> {
     let invalid = |key: String, message: String| ConfigError::Invalid {
         path: path.to_owned(),
         key,
         message,
     };
+    let mut ignored = Vec::new();
     let config: T = if text.trim().is_empty() {
         // An empty file means "all defaults", as an empty YAML mapping would.
-        parse(path, "{}")?
+        T::default()
     } else {
-        let deserializer = serde_yaml_ng::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(deserializer)
+        let mut value: serde_json::Value = serde_yaml_ng::from_str(text)
+            .map_err(|error| invalid(".".into(), error.to_string()))?;
+        let known = serde_json::to_value(T::default())
+            .map_err(|error| invalid(".".into(), error.to_string()))?;
+        prune::<T>(&mut value, &known, "", &mut ignored)
+            .map_err(|(key, message)| invalid(key, message))?;
+        serde_path_to_error::deserialize(value)
             .map_err(|error| invalid(error.path().to_string(), error.inner().to_string()))?
     };
     config
         .validate()
         .map_err(|(key, message)| invalid(key.to_owned(), message))?;
-    Ok(config)
+    Ok((config, ignored))
+}
+
+/// Removes from `value` the keys `T::KUBEEDGE` names (recording them in `ignored`), and
+/// fails on a key that is neither in `known` (the defaults) nor KubeEdge's.
+fn prune<T: Schema>(
+    value: &mut serde_json::Value,
+    known: &serde_json::Value,
+    at: &str,
+    ignored: &mut Vec<String>,
+) -> Result<(), (String, String)> {
+    let (serde_json::Value::Object(map), serde_json::Value::Object(schema)) = (value, known) else {
+        return Ok(());
+    };
+    if schema.is_empty() {
+        return Ok(()); // a free-form mapping (none today); serde checks it
+    }
+    let keys: Vec<String> = map.keys().cloned().collect();
+    for key in keys {
+        let path = if at.is_empty() {
+            key.clone()
+        } else {
+            format!("{at}.{key}")
+        };
+        match schema.get(&key) {
+            Some(sub) => {
+                if let Some(child) = map.get_mut(&key) {
+                    prune::<T>(child, sub, &path, ignored)?;
+                }
+            }
+            None if is_kubeedge_key(T::KUBEEDGE, &path) => {
+                map.remove(&key);
+                ignored.push(path);
+            }
+            None => {
+                let nearest = schema
+                    .keys()
+                    .min_by_key(|candidate| edit_distance(candidate, &key))
+                    .map(|candidate| {
+                        if at.is_empty() {
+                            candidate.clone()
+                        } else {
+                            format!("{at}.{candidate}")
+                        }
+                    })
+                    .unwrap_or_default();
+                return Err((
+                    path,
+                    format!(
+                        "not a key of edgehive's or KubeEdge's {} config; did you mean {nearest}?",
+                        T::KIND
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` is one of `prefixes` or below one.
+fn is_kubeedge_key(prefixes: &[&str], path: &str) -> bool {
+    prefixes.iter().any(|prefix| {
+        path == *prefix
+            || path
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+/// Levenshtein distance, for suggesting the key that was meant.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let current = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                previous
+            } else {
+                1 + previous.min(row[j]).min(row[j + 1])
+            };
+            previous = current;
+        }
+    }
+    row[b.len()]
+}
+
+impl Schema for CloudConfig {
+    const KIND: &'static str = "CloudCore";
+    const KUBEEDGE: &'static [&'static str] = &[
+        "featureGates",
+        "commonConfig.tunnelPort",
+        "commonConfig.monitorServer.enableProfiling",
+        "modules.cloudHub.enable",
+        "modules.cloudHub.writeTimeout",
+        "modules.cloudHub.quic",
+        "modules.cloudHub.unixsocket",
+        "modules.cloudHub.authorization.debug",
+        "modules.cloudHub.authorization.modes",
+        "modules.edgeController.nodeUpdateFrequency",
+        "modules.edgeController.buffer",
+        "modules.edgeController.load",
+        "modules.deviceController.buffer",
+        "modules.deviceController.load",
+        "modules.dynamicController",
+        "modules.taskManager",
+        "modules.cloudStream",
+        "modules.router",
+        "modules.iptablesManager",
+        "modules.nodeUpgradeJobController",
+        "modules.imagePrePullController",
+        "modules.policyController",
+    ];
+}
+
+impl Schema for EdgeConfig {
+    const KIND: &'static str = "EdgeCore";
+    const KUBEEDGE: &'static [&'static str] = &[
+        "featureGates",
+        "database.driverName",
+        "database.aliasName",
+        "modules.edgeHub.enable",
+        "modules.edgeHub.quic",
+        "modules.edgeHub.rotateCertificates",
+        "modules.edgeHub.websocket.handshakeTimeout",
+        "modules.edgeHub.websocket.readDeadline",
+        "modules.edgeHub.websocket.writeDeadline",
+        "modules.metaManager.contextSendGroup",
+        "modules.metaManager.contextSendModule",
+        "modules.metaManager.metaServer",
+        "modules.deviceTwin.dmiSockPath",
+        "modules.edged",
+        "modules.eventBus",
+        "modules.serviceBus",
+        "modules.edgeStream",
+        "modules.taskManager",
+        "modules.dbTest",
+    ];
 }
 
 /// Checks that go beyond types; returns the offending key and what was expected.
@@ -923,6 +1095,59 @@ mod tests {
             "{error}"
         );
         assert!(error.contains("expected"), "{error}");
+    }
+
+    /// KubeEdge's own files (tests/kubeedge_config/) load: what edgehive knows is used, the rest
+    /// of KubeEdge's keys are listed as ignored.
+    #[test]
+    fn kubeedge_files_load_and_their_unimplemented_keys_are_listed() {
+        let fill = |text: &str| {
+            text.replace("@DIR@", "/tmp/x")
+                .replace("@CERTS@", "127.0.0.1:10002")
+                .replace("@WEBSOCKET@", "127.0.0.1:10000")
+                .replace("@TOKEN@", "t")
+        };
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kubeedge_config");
+        let text = fill(&std::fs::read_to_string(dir.join("cloudcore.yaml")).unwrap());
+        let (cloud, ignored) =
+            parse_reporting::<CloudConfig>(Path::new("cloudcore.yaml"), &text).unwrap();
+        assert_eq!(cloud.modules.cloud_hub.node_limit, 1000);
+        assert!(cloud.modules.cloud_hub.authorization.enable);
+        for key in [
+            "commonConfig.tunnelPort",
+            "modules.cloudHub.quic",
+            "modules.cloudHub.authorization.modes",
+            "modules.edgeController.buffer",
+            "modules.router",
+            "modules.iptablesManager",
+        ] {
+            assert!(ignored.contains(&key.to_owned()), "{key} in {ignored:?}");
+        }
+        let text = fill(&std::fs::read_to_string(dir.join("edgecore.yaml")).unwrap());
+        let (edge, ignored) =
+            parse_reporting::<EdgeConfig>(Path::new("edgecore.yaml"), &text).unwrap();
+        assert_eq!(edge.node_name(), "ke-edge");
+        assert_eq!(edge.modules.edge_hub.websocket.server, "127.0.0.1:10000");
+        for key in [
+            "database.driverName",
+            "modules.edgeHub.quic",
+            "modules.edged.tailoredKubeletConfig",
+            "modules.eventBus",
+        ] {
+            assert!(ignored.contains(&key.to_owned()), "{key} in {ignored:?}");
+        }
+    }
+
+    #[test]
+    fn a_key_in_neither_schema_names_the_nearest_valid_one() {
+        let error = cloud("modules:\n  cloudHub:\n    keepaliveIntervall: 5\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "cloud.yaml: modules.cloudHub.keepaliveIntervall: not a key of edgehive's or \
+             KubeEdge's CloudCore config; did you mean modules.cloudHub.keepaliveInterval?"
+        );
     }
 
     #[test]

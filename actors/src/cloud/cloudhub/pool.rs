@@ -387,7 +387,9 @@ impl NodePool {
                 continue;
             };
             let message = pending.message;
-            if !message.is_deleting() && !message.is_response() {
+            // A resend goes even at a version the pool has seen ACKed: the record that asked
+            // for it says otherwise, and only the edge's ACK settles it.
+            if !message.is_deleting() && !message.is_response() && !message.is_resend() {
                 if let (Some(rv), Some(acked)) = (message.resource_version(), self.acked.get(&key))
                 {
                     if !is_newer(rv, acked) {
@@ -690,6 +692,27 @@ mod tests {
             Enqueued::Replaced
         );
         assert_eq!(pool.parked(), 0);
+    }
+
+    #[test]
+    fn a_resend_goes_even_at_a_version_already_acked() {
+        let mut pool = NodePool::new(LIMITS);
+        let now = Instant::now();
+        pool.enqueue(pod("a", "5", Operation::Insert));
+        let first = written(pool.poll_ack_lane(now, RETRY, 5));
+        pool.ack(first.id());
+        assert_eq!(
+            pool.enqueue(pod("a", "5", Operation::Update)),
+            Enqueued::AlreadyAcked
+        );
+        let resend = NodeMessage::resend(msg("a", "5", Operation::Update));
+        assert_eq!(pool.enqueue(resend.clone()), Enqueued::Ack);
+        let sent = written(pool.poll_ack_lane(now, RETRY, 5));
+        assert_eq!(
+            sent.id(),
+            resend.id(),
+            "written, not dropped as already ACKed"
+        );
     }
 
     #[test]

@@ -293,6 +293,7 @@ impl SyncController {
     fn load(&mut self, ctx: &mut Context<Self>) {
         let cluster = self.cluster.clone();
         let fut = async move {
+            let listed_at = Instant::now();
             let (namespaced, _) = cluster.list("ObjectSync").await?;
             let (clustered, _) = cluster.list("ClusterObjectSync").await?;
             let (nodes, _) = cluster.list("Node").await?;
@@ -300,10 +301,10 @@ impl SyncController {
                 .iter()
                 .map(|n| meta_str(n, "name").to_owned())
                 .collect();
-            Ok::<_, ClusterError>((namespaced.into_iter().chain(clustered), nodes))
+            Ok::<_, ClusterError>((namespaced.into_iter().chain(clustered), nodes, listed_at))
         };
         ctx.spawn(fut.into_actor(self).map(|result, act, ctx| match result {
-            Ok((records, nodes)) => {
+            Ok((records, nodes, listed_at)) => {
                 let mut skipped = 0;
                 for record in records {
                     match parse_record(&record) {
@@ -318,7 +319,7 @@ impl SyncController {
                     .cloned()
                     .collect();
                 for node in &gone {
-                    act.records.node_gone(node);
+                    act.records.node_gone_before(node, Some(listed_at));
                 }
                 act.loaded = true;
                 act.set_gauge();
@@ -387,14 +388,26 @@ impl SyncController {
         let kinds = self.records.kinds();
         let cluster = self.cluster.clone();
         let fut = async move {
+            // Records made after this instant are not judged by these lists.
+            let listed_at = Instant::now();
             let (nodes, _) = cluster.list("Node").await?;
             let nodes: HashSet<String> = nodes
                 .iter()
                 .map(|n| meta_str(n, "name").to_owned())
                 .collect();
             let mut index = ClusterIndex::new();
+            let mut listed = HashSet::new();
             for kind in kinds {
-                let (objects, _) = cluster.list(&kind).await?;
+                // A kind that cannot be listed (unknown to the API server, say) is left out;
+                // the others are reconciled all the same.
+                let objects = match cluster.list(&kind).await {
+                    Ok((objects, _)) => objects,
+                    Err(error) => {
+                        tracing::warn!(%kind, %error, "reconcile cannot list a kind; its records wait");
+                        continue;
+                    }
+                };
+                listed.insert(kind.clone());
                 for obj in objects {
                     let key = (
                         kind.clone(),
@@ -404,14 +417,14 @@ impl SyncController {
                     index.insert(key, obj);
                 }
             }
-            Ok::<_, ClusterError>((nodes, index))
+            Ok::<_, ClusterError>((nodes, listed, index, listed_at))
         };
         ctx.spawn(fut.into_actor(self).map(move |result, act, _| {
             act.reconciling = false;
             match result {
-                Ok((nodes, index)) => {
+                Ok((nodes, listed, index, listed_at)) => {
                     // Records of nodes that are gone (an event about one that arrived after
-                    // its deletion) go too.
+                    // its deletion) go too; records made since the list was taken stay.
                     let gone: Vec<String> = act
                         .records
                         .node_names()
@@ -419,9 +432,11 @@ impl SyncController {
                         .cloned()
                         .collect();
                     for node in &gone {
-                        act.records.node_gone(node);
+                        act.records.node_gone_before(node, Some(listed_at));
                     }
-                    let plans = act.records.plan(&index, Instant::now(), RESEND_QUIET);
+                    let plans =
+                        act.records
+                            .plan(&index, &listed, listed_at, Instant::now(), RESEND_QUIET);
                     for plan in plans {
                         act.send(plan);
                     }

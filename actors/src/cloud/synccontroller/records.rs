@@ -29,6 +29,8 @@ pub struct Record {
     pub stored: Option<String>,
     /// The last resend: the version sent (`None` for a delete) and when.
     resent: Option<(Option<String>, Instant)>,
+    /// When the record was made here: a reconcile only judges records older than its lists.
+    born: Instant,
 }
 
 impl Record {
@@ -153,6 +155,7 @@ impl Records {
                     want: Some(QUEUED.to_owned()),
                     stored: None,
                     resent: None,
+                    born: Instant::now(),
                 },
             ),
         }
@@ -199,6 +202,7 @@ impl Records {
                         want: Some(rv.to_owned()),
                         stored: None,
                         resent: None,
+                        born: Instant::now(),
                     },
                 );
             }
@@ -227,6 +231,7 @@ impl Records {
                     want: Some(status.clone()),
                     stored: Some(status),
                     resent: None,
+                    born: Instant::now(),
                 },
             ),
         }
@@ -235,9 +240,16 @@ impl Records {
     /// `node` no longer exists: all its records are to be deleted (the writes find them by
     /// node; no other record is looked at).
     pub fn node_gone(&mut self, node: &str) {
+        self.node_gone_before(node, None);
+    }
+
+    /// [`Records::node_gone`] for the records made before `before` only (`None`: all): a
+    /// node missing from a list taken at `before` may have been created since.
+    pub fn node_gone_before(&mut self, node: &str, before: Option<Instant>) {
         let uids: Vec<String> = match self.nodes.get_mut(node) {
             Some(records) => records
                 .values_mut()
+                .filter(|record| before.is_none_or(|before| record.born <= before))
                 .map(|record| {
                     record.want = None;
                     record.object.uid.clone()
@@ -261,6 +273,11 @@ impl Records {
             let Some(record) = self.nodes.get(&node).and_then(|m| m.get(&uid)) else {
                 continue;
             };
+            if record.want.is_none() && record.stored.is_none() {
+                // Never written and no longer wanted: nothing to tell the cluster.
+                self.forget(&node, &uid);
+                continue;
+            }
             if record.want == record.stored {
                 continue;
             }
@@ -272,6 +289,18 @@ impl Records {
             });
         }
         writes
+    }
+
+    fn forget(&mut self, node: &str, uid: &str) {
+        let Some(records) = self.nodes.get_mut(node) else {
+            return;
+        };
+        if records.remove(uid).is_some() {
+            self.count -= 1;
+        }
+        if records.is_empty() {
+            self.nodes.remove(node);
+        }
     }
 
     /// A write finished: the cluster's record now says `stored` (`Err`: unchanged, try
@@ -288,11 +317,8 @@ impl Records {
             record.stored = stored;
         }
         if record.want.is_none() && record.stored.is_none() {
-            records.remove(uid);
-            self.count -= 1;
-            if records.is_empty() {
-                self.nodes.remove(&write.node);
-            }
+            let node = write.node.clone();
+            self.forget(&node, uid);
         } else if record.want != record.stored {
             let node = write.node.clone();
             self.mark(&node, uid);
@@ -305,13 +331,27 @@ impl Records {
     /// version (unknown) or being removed are skipped, and the same resend is not repeated
     /// within `quiet` (the pool is still delivering it). Resends of one object version to
     /// several nodes go together.
-    pub fn plan(&mut self, cluster: &ClusterIndex, now: Instant, quiet: Duration) -> Vec<Resend> {
+    ///
+    /// Only records made before `listed_at` (when the cluster was listed) and of a kind in
+    /// `listed` are judged: a newer record's object may be missing from the lists only
+    /// because it is newer, and a kind that could not be listed says nothing.
+    pub fn plan(
+        &mut self,
+        cluster: &ClusterIndex,
+        listed: &HashSet<String>,
+        listed_at: Instant,
+        now: Instant,
+        quiet: Duration,
+    ) -> Vec<Resend> {
         let mut plans: HashMap<(String, Option<String>), Resend> = HashMap::new();
         for (node, records) in &mut self.nodes {
             for record in records.values_mut() {
                 let Some(want) = record.want.as_deref().filter(|w| !w.is_empty()) else {
                     continue;
                 };
+                if record.born > listed_at || !listed.contains(&record.object.kind) {
+                    continue;
+                }
                 let id = &record.object;
                 let key = (id.kind.clone(), id.namespace.clone(), id.name.clone());
                 let current = cluster
@@ -429,6 +469,16 @@ mod tests {
     }
 
     #[test]
+    fn a_record_never_written_and_no_longer_wanted_is_forgotten() {
+        let mut records = Records::default();
+        records.queued("n1", &pod_id("a", "u1"));
+        records.acked("n1", "u1", None, true, None);
+        assert!(records.take_dirty(10).is_empty(), "nothing to write");
+        assert!(records.is_empty());
+        assert_eq!(records.node_names().count(), 0);
+    }
+
+    #[test]
     fn a_failed_write_is_tried_again() {
         let mut records = Records::default();
         records.queued("n1", &pod_id("a", "u1"));
@@ -459,7 +509,18 @@ mod tests {
         ]);
         let now = Instant::now();
         let quiet = Duration::from_secs(30);
-        let mut plans = records.plan(&cluster, now, quiet);
+        let kinds: HashSet<String> = ["Pod".to_owned()].into();
+        // A record made after the lists were taken is not judged by them.
+        assert!(records
+            .plan(&cluster, &kinds, now - Duration::from_secs(1), now, quiet)
+            .is_empty());
+        assert!(
+            records
+                .plan(&cluster, &HashSet::new(), now, now, quiet)
+                .is_empty(),
+            "a kind that was not listed says nothing"
+        );
+        let mut plans = records.plan(&cluster, &kinds, now, now, quiet);
         plans.sort_by(|a, b| a.object.name.cmp(&b.object.name));
         let summary: Vec<(&str, Vec<String>, bool)> = plans
             .iter()
@@ -473,15 +534,18 @@ mod tests {
                 ("replaced", vec!["n1".to_owned()], false),
             ]
         );
-        assert!(records.plan(&cluster, now, quiet).is_empty(), "quiet");
+        assert!(
+            records.plan(&cluster, &kinds, now, now, quiet).is_empty(),
+            "quiet"
+        );
         let resending = records.of("n1").filter(|r| r.resending()).count();
         assert_eq!(resending, 3, "newer, gone and replaced are being resent");
         records.acked("n1", "u1", Some("9"), false, None);
         assert_eq!(records.of("n1").filter(|r| r.resending()).count(), 2);
         let later = now + quiet;
-        assert_eq!(records.plan(&cluster, later, quiet).len(), 3);
+        assert_eq!(records.plan(&cluster, &kinds, now, later, quiet).len(), 3);
         records.unsent(&["n1".to_owned()], "u3");
-        assert_eq!(records.plan(&cluster, later, quiet).len(), 1);
+        assert_eq!(records.plan(&cluster, &kinds, now, later, quiet).len(), 1);
     }
 
     #[test]

@@ -462,6 +462,13 @@ async fn on_message(hive: &Hive, shared: &Shared, msg: &Message) -> Option<Messa
         return None;
     }
     if let Some(parent) = msg.parent_id() {
+        if *operation == Operation::Error {
+            // Refused (a limit, a busy cloud): not a confirmation; it goes again later.
+            if shared.unconfirmed().messages.contains_key(parent) {
+                tracing::warn!(%parent, error = %msg.content, "the cloud refused a twin upload; sending it again later");
+                return None;
+            }
+        }
         let confirmed = shared.unconfirmed().confirm(parent, &shared.metrics);
         if let Some(request) = confirmed {
             shared.metrics.confirmed.inc();
@@ -529,6 +536,29 @@ async fn apply_membership(shared: &Shared, msg: &Message) {
         .collect();
     if let Err(error) = shared.store.upsert_devices(added).await {
         tracing::error!(%error, "could not store added devices");
+    }
+    // Reports about a device no longer on this edge will never be confirmed: drop them.
+    let stale: Vec<String> = {
+        let mut unconfirmed = shared.unconfirmed();
+        let ids: Vec<String> = unconfirmed
+            .all()
+            .iter()
+            .filter(|upload| {
+                removed
+                    .iter()
+                    .any(|id| upload.resource().starts_with(&format!("device/{id}/")))
+            })
+            .map(|upload| upload.id().to_owned())
+            .collect();
+        for id in &ids {
+            unconfirmed.confirm(id, &shared.metrics);
+        }
+        ids
+    };
+    for id in stale {
+        if let Err(error) = shared.store.confirmed(id).await {
+            tracing::warn!(%error, "cannot forget an upload of a removed device");
+        }
     }
     if let Err(error) = shared.store.remove_devices(removed).await {
         tracing::error!(%error, "could not remove devices");

@@ -191,6 +191,7 @@ impl Gate {
 
     /// A place for a handshake from `source`, or why there is none.
     fn enter(&self, source: Option<IpAddr>) -> Result<Place, &'static str> {
+        let source = source.map(source_of);
         let mut state = self.lock();
         if state.total >= self.limits.total {
             return Err("total");
@@ -265,6 +266,22 @@ impl Gate {
                 }))
             }
         })
+    }
+}
+
+/// The source a connection counts against: its IPv4 address, or its IPv6 /64 (one host
+/// commonly holds a whole /64, so counting single IPv6 addresses would bound nothing).
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut segments = v6.segments();
+                segments[4..].fill(0);
+                IpAddr::V6(segments.into())
+            }
+        },
     }
 }
 
@@ -345,4 +362,40 @@ where
             gate.tls(tls.clone()).and_then(http.map_err(|_| ()))
         })?
         .run())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_source_is_its_slash_64_and_places_are_given_back() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(source_of(a), source_of(b));
+        assert_ne!(source_of(a), source_of(other));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(source_of(mapped), "10.0.0.1".parse::<IpAddr>().unwrap());
+
+        let limits = HandshakeLimits {
+            per_source: 2,
+            total: 3,
+            ..HandshakeLimits::default()
+        };
+        let gate = Gate::new("test", limits, GateMetrics::default());
+        let first = gate.enter(Some(a)).unwrap();
+        let _second = gate.enter(Some(b)).unwrap();
+        assert_eq!(gate.enter(Some(a)).err(), Some("per_source"), "same /64");
+        let _third = gate.enter(Some(other)).unwrap();
+        assert_eq!(
+            gate.enter(Some("10.0.0.9".parse().unwrap())).err(),
+            Some("total")
+        );
+        drop(first);
+        assert!(
+            gate.enter(Some(a)).is_ok(),
+            "a place given back is free again"
+        );
+    }
 }

@@ -215,11 +215,20 @@ impl EmbeddedCluster {
     pub fn open(path: &Path) -> Result<Self, ClusterError> {
         let (datastore, loaded) = Datastore::open(path)?;
         let now = Instant::now();
-        let events: VecDeque<(Instant, ObjectKey, String)> = loaded
+        // Oldest first, as written (their resourceVersions): the cap evicts by age.
+        let mut stored: Vec<(u64, ObjectKey, String)> = loaded
             .objects
             .iter()
             .filter(|(key, _)| key.0 == EVENT)
-            .map(|(key, obj)| (now, key.clone(), meta_str(obj, "uid").to_owned()))
+            .map(|(key, obj)| {
+                let rv = meta_str(obj, "resourceVersion").parse().unwrap_or(0);
+                (rv, key.clone(), meta_str(obj, "uid").to_owned())
+            })
+            .collect();
+        stored.sort();
+        let events: VecDeque<(Instant, ObjectKey, String)> = stored
+            .into_iter()
+            .map(|(_, key, uid)| (now, key, uid))
             .collect();
         Ok(EmbeddedCluster {
             inner: Arc::new(Mutex::new(Inner {

@@ -13,36 +13,17 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::process::{banner_field, plain_cloud_yaml, spawn, Process};
+use support::process::{banner_field, http, spawn, start_plain_cloud, Process};
 use support::proxy::{Proxy, Upstream};
 
 /// How long a scenario may take to converge after its fault ends.
 const CONVERGE: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------- HTTP and JSON helpers
-
-fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    Some((status, response.split_once("\r\n\r\n")?.1.to_owned()))
-}
 
 fn get(addr: &str, path: &str) -> Option<Value> {
     let (status, body) = http(addr, "GET", path, "")?;
@@ -147,22 +128,8 @@ impl Rig {
     }
 
     fn spawn_cloud(dir: &Path, port: u16) -> (Process, String, String) {
-        let config = dir.join("cloud.yaml");
-        std::fs::write(
-            &config,
-            plain_cloud_yaml(port, Some(&dir.join("cluster.db"))),
-        )
-        .unwrap();
-        let (process, banner) = spawn(&[
-            "cloud",
-            "--config",
-            config.to_str().unwrap(),
-            "--manifests",
-            dir.join("manifests").to_str().unwrap(),
-        ]);
-        let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
-        let admin = banner_field(&banner, "admin on http://", ' ').to_owned();
-        (process, websocket, admin)
+        let cloud = start_plain_cloud(dir, &dir.join("manifests"), port);
+        (cloud.process, cloud.websocket, cloud.admin)
     }
 
     fn kill_cloud(&mut self) {

@@ -47,17 +47,7 @@ fn from_cloud(edge: &EdgeProcess, module: &str, message: Message) {
 /// device) is waited out first, or its answer would remove what is set up here.
 async fn install_thermometer(edge: &EdgeProcess, connected: bool) -> Value {
     if connected {
-        eventually(
-            "the edge's membership request is answered",
-            WITHIN,
-            || async {
-                let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
-                (metrics.contains("edgehive_twin_confirmed_total 1")
-                    && metrics.contains("edgehive_twin_unconfirmed 0"))
-                .then_some(())
-            },
-        )
-        .await;
+        membership_exchanged(edge).await;
     }
     let membership = Message::new(
         ModuleName::DeviceController,

@@ -5,26 +5,17 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::process::{banner_field, plain_edge_yaml, spawn, spawn_plain_cloud, Process};
+use support::process::{banner_field, http, plain_edge_yaml, spawn, spawn_plain_cloud, Process};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
-/// A plain HTTP/1.0 GET on loopback: status and body.
+/// A GET on loopback: status and body.
 fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_owned();
-    Some((status, body))
+    http(addr, "GET", path, "")
 }
 
 /// The names of the pods the edge API lists.

@@ -183,17 +183,7 @@ async fn an_idle_connected_node_makes_the_cloud_handle_nothing_between_keepalive
     })
     .await;
     // The edge's own connect-time exchange (DeviceTwin asks for its membership) is over.
-    eventually(
-        "the edge's membership request is answered",
-        WITHIN,
-        || async {
-            let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
-            (metrics.contains("edgehive_twin_confirmed_total 1")
-                && metrics.contains("edgehive_twin_unconfirmed 0"))
-            .then_some(())
-        },
-    )
-    .await;
+    membership_exchanged(&edge).await;
 
     let counter = |metrics: &str, name: &str| -> u64 {
         metrics

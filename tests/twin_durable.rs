@@ -4,59 +4,26 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
-use support::process::{banner_field, plain_cloud_yaml, plain_edge_yaml, spawn, Process};
+use support::process::{
+    banner_field, http, plain_edge_yaml, spawn, start_plain_cloud, wait_until, Process,
+};
 
 const WITHIN: Duration = Duration::from_secs(30);
 const NODE: &str = "twin-edge";
 
-fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    Some((status, response.split_once("\r\n\r\n")?.1.to_owned()))
+fn wait_for(what: &str, check: impl FnMut() -> bool) {
+    wait_until(what, WITHIN, check);
 }
 
-fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WITHIN;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// A plain-ws cloud on `port` (0: any) with its cluster in `dir/cluster.db`: WebSocket and
-/// admin addresses.
+/// A plain-ws cloud on `port` (0: any) with its cluster in `dir/cluster.db`: the process, its
+/// WebSocket and admin addresses.
 fn cloud(dir: &Path, port: u16) -> (Process, String, String) {
-    let config = dir.join("cloud.yaml");
-    std::fs::write(
-        &config,
-        plain_cloud_yaml(port, Some(&dir.join("cluster.db"))),
-    )
-    .unwrap();
-    let (process, banner) = spawn(&[
-        "cloud",
-        "--config",
-        config.to_str().unwrap(),
-        "--manifests",
-        dir.join("manifests").to_str().unwrap(),
-    ]);
-    let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
-    let admin = banner_field(&banner, "admin on http://", ' ').to_owned();
-    (process, websocket, admin)
+    let cloud = start_plain_cloud(dir, &dir.join("manifests"), port);
+    (cloud.process, cloud.websocket, cloud.admin)
 }
 
 fn edge(config: &Path) -> (Process, String) {

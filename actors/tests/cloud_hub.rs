@@ -521,8 +521,8 @@ async fn a_connection_made_while_the_nodes_actor_restarts_is_served_after_the_re
     cloud.stop().await;
 }
 
-#[actix_rt::test]
-async fn at_the_node_limit_a_node_known_to_the_cluster_displaces_a_stranger() {
+/// A CloudHub (no controllers) that sees the cluster's nodes, started with `options`.
+async fn cloud_with_cluster_view(options: CloudHubOptions) -> Cloud {
     use edgehive_actors::cloud::cloudhub::{start_cloudhub_with, CloudHubSecurity};
     let hive = Hive::new("cloud");
     let cluster = EmbeddedCluster::new();
@@ -530,16 +530,21 @@ async fn at_the_node_limit_a_node_known_to_the_cluster_displaces_a_stranger() {
         view: Some(std::sync::Arc::new(cluster.clone())),
         ..CloudHubSecurity::default()
     };
-    let options = CloudHubOptions {
-        node_limit: 1,
-        ..test_options()
-    };
     let server = start_cloudhub_with(&hive, options, security).await.unwrap();
-    let cloud = Cloud {
+    Cloud {
         hive,
         cluster,
         server,
-    };
+    }
+}
+
+#[actix_rt::test]
+async fn at_the_node_limit_a_node_known_to_the_cluster_displaces_a_stranger() {
+    let cloud = cloud_with_cluster_view(CloudHubOptions {
+        node_limit: 1,
+        ..test_options()
+    })
+    .await;
     cloud.edge_node("known");
     let mut stranger = Edge::connect(cloud.addr(), "stranger").await;
     cloud
@@ -568,23 +573,11 @@ async fn at_the_node_limit_a_node_known_to_the_cluster_displaces_a_stranger() {
 
 #[actix_rt::test]
 async fn with_refuse_unknown_nodes_a_node_the_cluster_lacks_is_refused_with_403() {
-    use edgehive_actors::cloud::cloudhub::{start_cloudhub_with, CloudHubSecurity};
-    let hive = Hive::new("cloud");
-    let cluster = EmbeddedCluster::new();
-    let security = CloudHubSecurity {
-        view: Some(std::sync::Arc::new(cluster.clone())),
-        ..CloudHubSecurity::default()
-    };
-    let options = CloudHubOptions {
+    let cloud = cloud_with_cluster_view(CloudHubOptions {
         refuse_unknown_nodes: true,
         ..test_options()
-    };
-    let server = start_cloudhub_with(&hive, options, security).await.unwrap();
-    let cloud = Cloud {
-        hive,
-        cluster,
-        server,
-    };
+    })
+    .await;
     cloud.edge_node("known");
     let refused = request(cloud.addr(), "stranger").connect().await;
     match refused {

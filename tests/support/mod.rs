@@ -134,3 +134,20 @@ pub async fn http_json(addr: SocketAddr, path: &str) -> Value {
 }
 
 pub const WITHIN: Duration = Duration::from_secs(15);
+
+/// Waits until `edge`'s connect-time exchange is over: DeviceTwin asked the cloud for its
+/// membership and the answer came (a test that sets devices up by hand would otherwise have
+/// them removed by that answer, or count its messages).
+pub async fn membership_exchanged(edge: &edgehive::edge::EdgeProcess) {
+    eventually(
+        "the edge's membership request is answered",
+        WITHIN,
+        || async {
+            let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
+            (metrics.contains("edgehive_twin_confirmed_total 1")
+                && metrics.contains("edgehive_twin_unconfirmed 0"))
+            .then_some(())
+        },
+    )
+    .await;
+}

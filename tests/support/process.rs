@@ -102,27 +102,78 @@ pub fn plain_edge_yaml(
     )
 }
 
+/// A plain-`ws://` cloud process and where it listens.
+pub struct PlainCloud {
+    /// The process (killed when dropped).
+    pub process: Process,
+    /// `host:port` edges connect to.
+    pub websocket: String,
+    /// `host:port` of its admin endpoint.
+    pub admin: String,
+}
+
 /// Starts a plain-`ws://` cloud process (config written to `dir/cloud.yaml`, WebSocket on
 /// `port`, 0 for a free one, its cluster kept in `dir/cluster.db`) seeded from the manifests
-/// in `manifests`; returns it with the `host:port` edges connect to.
-pub fn spawn_plain_cloud(
+/// in `manifests`.
+pub fn start_plain_cloud(
     dir: &std::path::Path,
     manifests: &std::path::Path,
     port: u16,
-) -> (Process, String) {
+) -> PlainCloud {
     let config = dir.join("cloud.yaml");
     std::fs::write(
         &config,
         plain_cloud_yaml(port, Some(&dir.join("cluster.db"))),
     )
     .unwrap();
-    let (cloud, banner) = spawn(&[
+    let (process, banner) = spawn(&[
         "cloud",
         "--config",
         config.to_str().unwrap(),
         "--manifests",
         manifests.to_str().unwrap(),
     ]);
-    let websocket = banner_field(&banner, "WebSocket on ", ',').to_owned();
-    (cloud, websocket)
+    PlainCloud {
+        process,
+        websocket: banner_field(&banner, "WebSocket on ", ',').to_owned(),
+        admin: banner_field(&banner, "admin on http://", ' ').to_owned(),
+    }
+}
+
+/// [`start_plain_cloud`], returning the process and the `host:port` edges connect to.
+pub fn spawn_plain_cloud(
+    dir: &std::path::Path,
+    manifests: &std::path::Path,
+    port: u16,
+) -> (Process, String) {
+    let cloud = start_plain_cloud(dir, manifests, port);
+    (cloud.process, cloud.websocket)
+}
+
+/// One HTTP/1.0 request on loopback (blocking): status and body, `None` if unreachable.
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    Some((status, response.split_once("\r\n\r\n")?.1.to_owned()))
+}
+
+/// Polls `check` every 50 ms until it holds, failing the test after `within`.
+pub fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -289,6 +289,21 @@ impl SyncController {
             .set(i64::try_from(self.records.len()).unwrap_or(i64::MAX));
     }
 
+    /// Removes the records (made before `listed_at`) of nodes not in `nodes`, the cluster's
+    /// Nodes listed at `listed_at`; returns how many nodes that was.
+    fn drop_gone_nodes(&mut self, nodes: &HashSet<String>, listed_at: Instant) -> usize {
+        let gone: Vec<String> = self
+            .records
+            .node_names()
+            .filter(|node| !nodes.contains(*node))
+            .cloned()
+            .collect();
+        for node in &gone {
+            self.records.node_gone_before(node, Some(listed_at));
+        }
+        gone.len()
+    }
+
     /// Reads the records and the nodes; records of nodes that are gone are removed.
     fn load(&mut self, ctx: &mut Context<Self>) {
         let cluster = self.cluster.clone();
@@ -312,20 +327,12 @@ impl SyncController {
                         None => skipped += 1,
                     }
                 }
-                let gone: Vec<String> = act
-                    .records
-                    .node_names()
-                    .filter(|node| !nodes.contains(*node))
-                    .cloned()
-                    .collect();
-                for node in &gone {
-                    act.records.node_gone_before(node, Some(listed_at));
-                }
+                let gone = act.drop_gone_nodes(&nodes, listed_at);
                 act.loaded = true;
                 act.set_gauge();
                 tracing::info!(
                     records = act.records.len(),
-                    gone_nodes = gone.len(),
+                    gone_nodes = gone,
                     skipped,
                     "sync records loaded"
                 );
@@ -425,15 +432,7 @@ impl SyncController {
                 Ok((nodes, listed, index, listed_at)) => {
                     // Records of nodes that are gone (an event about one that arrived after
                     // its deletion) go too; records made since the list was taken stay.
-                    let gone: Vec<String> = act
-                        .records
-                        .node_names()
-                        .filter(|node| !nodes.contains(*node))
-                        .cloned()
-                        .collect();
-                    for node in &gone {
-                        act.records.node_gone_before(node, Some(listed_at));
-                    }
+                    act.drop_gone_nodes(&nodes, listed_at);
                     let plans =
                         act.records
                             .plan(&index, &listed, listed_at, Instant::now(), RESEND_QUIET);

@@ -604,6 +604,45 @@ async fn with_refuse_unknown_nodes_a_node_the_cluster_lacks_is_refused_with_403(
     cloud.stop().await;
 }
 
+/// A node back with another store is sent everything again; when EdgeController cannot be
+/// asked (here: it does not run), the node's next connection asks again.
+#[actix_rt::test]
+async fn a_replaced_store_that_could_not_be_resynced_is_resynced_on_the_next_connection() {
+    let cloud = cloud_with_cluster_view(test_options()).await;
+    let connect = |store: &'static str| {
+        let addr = cloud.addr();
+        async move {
+            let (_, framed) = request(addr, "edge-s")
+                .header(edgehive_protocols::STORE_ID_HEADER, store)
+                .connect()
+                .await
+                .unwrap();
+            framed
+        }
+    };
+    let replaced = || {
+        let metrics = cloud.hive.metrics().encode();
+        metrics
+            .lines()
+            .find(|l| l.starts_with("edgehive_cloudhub_stores_replaced_total"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let first = connect("store-a").await;
+    drop(first);
+    let second = connect("store-b").await;
+    cloud
+        .eventually("the new store noticed", || async { replaced() == 1 })
+        .await;
+    drop(second);
+    // No EdgeController took the resync: the same new store is noticed again.
+    let _third = connect("store-b").await;
+    cloud
+        .eventually("the new store noticed again", || async { replaced() == 2 })
+        .await;
+    cloud.stop().await;
+}
+
 #[actix_rt::test]
 async fn a_refused_edge_backs_off_instead_of_retrying_at_its_shortest_interval() {
     use edgehive_actors::edge::edgehub::{EdgeHubModule, EdgeHubOptions};

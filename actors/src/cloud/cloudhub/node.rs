@@ -319,12 +319,13 @@ impl NodeCell {
         store_id: Option<String>,
         hub: &HubContext,
     ) {
-        let (replaced, new_store) = {
+        let (replaced, new_store, previous) = {
             let mut state = self.lock();
             let new_store = match (&state.store_id, &store_id) {
                 (Some(known), Some(now)) => known != now,
                 _ => false,
             };
+            let previous = state.store_id.clone();
             if store_id.is_some() {
                 state.store_id = store_id;
             }
@@ -337,7 +338,7 @@ impl NodeCell {
                 since: SystemTime::now(),
                 stats,
             });
-            (replaced, new_store)
+            (replaced, new_store, previous)
         };
         if let Some(replaced) = replaced {
             close(&replaced, "replaced by a new connection");
@@ -349,7 +350,9 @@ impl NodeCell {
                 node: self.name.clone(),
             };
             if let Err(refused) = hub.hive.tell(route::EDGECONTROLLER, resync) {
-                tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController to send everything again");
+                // Keep the old identity, so the node's next connection asks again.
+                self.lock().store_id = previous;
+                tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController to send everything again; asking on the next connection");
             }
         }
         self.post(Attach);

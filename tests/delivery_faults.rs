@@ -37,11 +37,7 @@ fn metric(addr: &str, name: &str) -> u64 {
     let text = http(addr, "GET", "/metrics", "")
         .map(|r| r.1)
         .unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .sum()
+    support::metric_sum(&text, name)
 }
 
 /// (name, uid, resourceVersion)

@@ -43,15 +43,6 @@ fn flood(targets: Vec<SocketAddr>, per_wave: usize, keep: usize) -> tokio::task:
     })
 }
 
-fn counter(metrics: &str, line: &str) -> u64 {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(line))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[actix_rt::test]
 async fn an_edge_joins_while_a_stranger_holds_idle_connections_to_both_tls_ports() {
     let dir = tempfile::tempdir().unwrap();
@@ -80,7 +71,7 @@ async fn an_edge_joins_while_a_stranger_holds_idle_connections_to_both_tls_ports
 
     let (_, metrics) = http_get(cloud.admin_addr(), "/metrics").await;
     for port in ["websocket", "certificates"] {
-        let refused = counter(
+        let refused = metric_sum(
             &metrics,
             &format!(
                 "edgehive_tls_handshakes_refused_total{{port=\"{port}\",reason=\"per_source\"}}"

@@ -525,11 +525,7 @@ async fn the_certificate_server_answers_like_cloudcore() {
     }
     // Every refused certificate request is counted with its reason.
     let (_, metrics) = http_get(cloud.admin_addr(), "/metrics").await;
-    let counted: u64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("edgehive_certserver_refused_total{reason="))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum();
+    let counted = metric_sum(&metrics, "edgehive_certserver_refused_total{reason=");
     assert!(refusals > 0, "the golden exchanges include refusals");
     assert_eq!(counted, refusals, "{metrics}");
     cloud.stop().await;

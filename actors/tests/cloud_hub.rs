@@ -621,12 +621,10 @@ async fn a_replaced_store_that_could_not_be_resynced_is_resynced_on_the_next_con
         }
     };
     let replaced = || {
-        let metrics = cloud.hive.metrics().encode();
-        metrics
-            .lines()
-            .find(|l| l.starts_with("edgehive_cloudhub_stores_replaced_total"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .unwrap_or(0)
+        metric_sum(
+            &cloud.hive.metrics().encode(),
+            "edgehive_cloudhub_stores_replaced_total",
+        )
     };
     let first = connect("store-a").await;
     drop(first);

@@ -212,3 +212,14 @@ pub fn assert_pod_insert(message: &Message, pod: &Value) {
     assert_eq!(message.content["kind"], "Pod");
     assert_eq!(message.content["apiVersion"], "v1");
 }
+
+/// The sum of the Prometheus samples in `metrics` whose line starts with `prefix` (a metric
+/// name, or a name with its labels); 0 when there is none.
+pub fn metric_sum(metrics: &str, prefix: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(prefix))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|value| value as u64)
+        .sum()
+}

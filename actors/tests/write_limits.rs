@@ -25,12 +25,7 @@ fn event_insert(name: &str, message: &str) -> Message {
 }
 
 fn metric(cloud: &Cloud, line: &str) -> u64 {
-    let text = cloud.hive.metrics().encode();
-    text.lines()
-        .find(|l| l.starts_with(line))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    metric_sum(&cloud.hive.metrics().encode(), line)
 }
 
 #[actix_rt::test]

@@ -151,3 +151,14 @@ pub async fn membership_exchanged(edge: &edgehive::edge::EdgeProcess) {
     )
     .await;
 }
+
+/// The sum of the Prometheus samples in `metrics` whose line starts with `prefix` (a metric
+/// name, or a name with its labels); 0 when there is none.
+pub fn metric_sum(metrics: &str, prefix: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(prefix))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|value| value as u64)
+        .sum()
+}

@@ -287,15 +287,13 @@ fn source_of(ip: IpAddr) -> IpAddr {
 
 /// A listening socket for `address` with a deep accept queue (actix-web's default, 2048).
 pub fn listener(address: &str, port: u16) -> std::io::Result<std::net::TcpListener> {
-    let addr: SocketAddr = match (address, port).try_into_addr() {
-        Some(addr) => addr,
-        None => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("not an IP address: {address}"),
-            ))
-        }
-    };
+    let ip: IpAddr = address.parse().map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not an IP address: {address}"),
+        )
+    })?;
+    let addr = SocketAddr::new(ip, port);
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -304,17 +302,6 @@ pub fn listener(address: &str, port: u16) -> std::io::Result<std::net::TcpListen
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(2048)?.into_std()
-}
-
-trait TryIntoAddr {
-    fn try_into_addr(self) -> Option<SocketAddr>;
-}
-
-impl TryIntoAddr for (&str, u16) {
-    fn try_into_addr(self) -> Option<SocketAddr> {
-        let ip: IpAddr = self.0.parse().ok()?;
-        Some(SocketAddr::new(ip, self.1))
-    }
 }
 
 /// Serves the actix-web app `app` over TLS on `listener`, behind `gate`, on `workers`

@@ -24,9 +24,13 @@ pub mod route {
     pub const TWIN_GROUP: &str = "twin";
     /// The group of extension modules that take `user` messages (KubeEdge's EventBus).
     pub const BUS_GROUP: &str = "bus";
+    /// The node module's name (KubeEdge's `edged`).
+    pub const EDGED: &str = "edged";
+    /// The node module's group.
+    pub const EDGED_GROUP: &str = "edged";
 
     /// The groups told when the cloud connection comes and goes.
-    pub const CONNECTION_GROUPS: [&str; 3] = [TWIN_GROUP, META_GROUP, BUS_GROUP];
+    pub const CONNECTION_GROUPS: [&str; 4] = [TWIN_GROUP, META_GROUP, BUS_GROUP, EDGED_GROUP];
 
     /// The edge group a cloud message of `group` goes to, like KubeEdge's routeToEdge;
     /// `None` for a group no edge module serves.

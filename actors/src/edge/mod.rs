@@ -1,12 +1,14 @@
 //! Edge-side modules: [`edgehub`] keeps the WebSocket link to the cloud, [`metamanager`]
 //! stores what the cloud sends in the [`store`] (KubeEdge's SQLite `meta` table) and
 //! acknowledges it only once it is committed, [`devicetwin`] keeps devices and their twins in
-//! [`twin_store`], and [`watch`] turns the store's changes into a watch stream.
+//! [`twin_store`], [`edged`] registers the node, reports its status and carries a runtime's
+//! pod reports, and [`watch`] turns the store's changes into a watch stream.
 
 pub mod certmanager;
 pub mod contract;
 mod deliver;
 pub mod devicetwin;
+pub mod edged;
 pub mod edgehub;
 pub mod metamanager;
 pub mod remote;

@@ -373,9 +373,20 @@ async fn list_objects(
     HttpResponse::Ok().json(json!({"items": items, "resourceVersion": resource_version}))
 }
 
+/// `?gracePeriodSeconds=N`: as on a Kubernetes API server, a pod bound to a node is then
+/// only marked terminating (`deletionTimestamp`, `deletionGracePeriodSeconds`) and stays until
+/// its node confirms the deletion. Without it the embedded cluster deletes at once, since it
+/// has no kubelets to wait for.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteOptions {
+    grace_period_seconds: Option<u64>,
+}
+
 async fn delete_object(
     cluster: web::Data<EmbeddedCluster>,
     path: web::Path<(String, String, String)>,
+    options: web::Query<DeleteOptions>,
 ) -> HttpResponse {
     let (kind, namespace, name) = path.into_inner();
     let Some(resolved) = cluster.resolve_kind(&kind) else {
@@ -384,6 +395,30 @@ async fn delete_object(
             key: format!("{namespace}/{name}"),
         });
     };
+    let grace = options.grace_period_seconds.filter(|grace| *grace > 0);
+    let bound = cluster
+        .get(&resolved, Some(&namespace), &name)
+        .is_some_and(|pod| {
+            pod["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty())
+        });
+    if let (Some(grace), true, "Pod") = (grace, bound, resolved.as_str()) {
+        let marked = cluster.modify(&resolved, Some(&namespace), &name, |pod| {
+            let metadata = &mut pod["metadata"];
+            if metadata["deletionTimestamp"].is_null() {
+                metadata["deletionTimestamp"] = json!(edgehive_protocols::object::rfc3339(
+                    edgehive_protocols::object::now_ms() / 1000 + grace
+                ));
+                metadata["deletionGracePeriodSeconds"] = json!(grace);
+            }
+            Ok(())
+        });
+        return match marked {
+            Ok(pod) => HttpResponse::Ok().json(json!({ "terminating": summary(&pod) })),
+            Err(error) => cluster_error(&error),
+        };
+    }
     match cluster.delete(&resolved, Some(&namespace), &name) {
         Ok(deleted) => HttpResponse::Ok().json(json!({ "deleted": summary(&deleted) })),
         Err(error) => cluster_error(&error),

@@ -6,6 +6,7 @@
 //! (with the nearest valid key) so a typo never silently falls back to a default. Every error
 //! names the file, the key and what was expected.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,6 +18,7 @@ use edgehive_actors::cloud::cloudhub::CloudHubOptions;
 use edgehive_actors::cloud::cluster::kube::KubeOptions;
 use edgehive_actors::cloud::cluster::EventRetention;
 use edgehive_actors::edge::certmanager::EdgeTlsOptions;
+use edgehive_actors::edge::edged::NodeOptions;
 use edgehive_actors::edge::edgehub::EdgeHubOptions;
 use edgehive_actors::identity::tls::CloudTlsFiles;
 use serde::de::DeserializeOwned;
@@ -843,6 +845,30 @@ impl Validate for EdgeConfig {
                 "expected host:port of the cloud's WebSocket listener".into(),
             ));
         }
+        let kubelet = &self.modules.edged.tailored_kubelet_config;
+        match parse_go_duration(&kubelet.node_status_update_frequency) {
+            Some(interval) if !interval.is_zero() => {}
+            _ => {
+                return Err((
+                    "modules.edged.tailoredKubeletConfig.nodeStatusUpdateFrequency",
+                    format!(
+                        "expected a duration such as 10s or 1m0s, found {:?}",
+                        kubelet.node_status_update_frequency
+                    ),
+                ))
+            }
+        }
+        positive(
+            "modules.edged.tailoredKubeletConfig.nodeLeaseDurationSeconds",
+            u64::from(kubelet.node_lease_duration_seconds),
+        )?;
+        let node_ip = &self.modules.edged.tailored_kubelet_flag.node_ip;
+        if !node_ip.is_empty() && node_ip.parse::<IpAddr>().is_err() {
+            return Err((
+                "modules.edged.tailoredKubeletFlag.nodeIP",
+                format!("expected an IP address, found {node_ip:?}"),
+            ));
+        }
         if self.database.data_source.as_os_str().is_empty() {
             return Err(("database.dataSource", "expected a file path".into()));
         }
@@ -892,7 +918,7 @@ pub struct EdgeModules {
     pub meta_manager: MetaManagerConfig,
     /// `modules.deviceTwin`: device membership, twins and the devices API.
     pub device_twin: Enable,
-    /// `modules.edged`: only the node name is read; edgehive runs no kubelet.
+    /// `modules.edged`: the node name, and the node module.
     pub edged: Edged,
 }
 
@@ -916,12 +942,25 @@ impl Default for MetaManagerConfig {
     }
 }
 
-/// `modules.edged`.
+/// `modules.edged`: the node module (registration, status, lease, the runtime side of the
+/// local API). edgehive runs no kubelet; KubeEdge's other edged keys are ignored.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Edged {
+    /// Whether the node module runs (the node name below is used either way).
+    pub enable: bool,
     /// The node name used in the node_id header and every resource.
     pub hostname_override: String,
+    /// The namespace token of the node's own resources (KubeEdge: `default`).
+    pub register_node_namespace: String,
+    /// (edgehive) Confirm a pod's deletion as soon as the cluster starts deleting it, for
+    /// nodes with no container runtime (devices only). Otherwise a runtime confirms it through
+    /// the local API and the pod stays Terminating until then.
+    pub confirm_pod_deletion: bool,
+    /// The kubelet settings edgehive reads.
+    pub tailored_kubelet_config: TailoredKubeletConfig,
+    /// The kubelet flags edgehive reads.
+    pub tailored_kubelet_flag: TailoredKubeletFlag,
 }
 
 impl Default for Edged {
@@ -929,9 +968,77 @@ impl Default for Edged {
         // EdgeHub's default node name is the host name, as in EdgeCore; node names are
         // lowercase in Kubernetes.
         Edged {
+            enable: true,
             hostname_override: EdgeHubOptions::default().node_name.to_lowercase(),
+            register_node_namespace: "default".into(),
+            confirm_pod_deletion: false,
+            tailored_kubelet_config: TailoredKubeletConfig::default(),
+            tailored_kubelet_flag: TailoredKubeletFlag::default(),
         }
     }
+}
+
+/// `modules.edged.tailoredKubeletConfig` (the part edgehive uses).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TailoredKubeletConfig {
+    /// Whether the edge creates its Node.
+    pub register_node: bool,
+    /// How often the node's status is reported, a Go duration (`10s`, `1m0s`).
+    pub node_status_update_frequency: String,
+    /// The node Lease's duration; it is renewed every quarter of it.
+    pub node_lease_duration_seconds: u32,
+}
+
+impl Default for TailoredKubeletConfig {
+    fn default() -> Self {
+        TailoredKubeletConfig {
+            register_node: true,
+            node_status_update_frequency: "10s".into(),
+            node_lease_duration_seconds: 40,
+        }
+    }
+}
+
+/// `modules.edged.tailoredKubeletFlag` (the part edgehive uses).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TailoredKubeletFlag {
+    /// Labels the Node gets besides KubeEdge's own.
+    pub node_labels: BTreeMap<String, String>,
+    /// The address reported as InternalIP; empty: the local address of the route to the cloud.
+    #[serde(rename = "nodeIP")]
+    pub node_ip: String,
+}
+
+/// A Go duration as Kubernetes configs write them: numbers with units `h`, `m`, `s`, `ms`
+/// (`10s`, `1m30s`, `500ms`).
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += Duration::try_from_secs_f64(number * seconds).ok()?;
+    }
+    Some(total)
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -1015,6 +1122,26 @@ pub struct EdgeWebSocket {
 }
 
 impl EdgeConfig {
+    /// The node module's options (`modules.edged`).
+    pub fn node_options(&self) -> NodeOptions {
+        let edged = &self.modules.edged;
+        let kubelet = &edged.tailored_kubelet_config;
+        let mut options = NodeOptions::new(
+            self.node_name(),
+            self.modules.edge_hub.websocket.server.clone(),
+        );
+        options.namespace = edged.register_node_namespace.clone();
+        options.register = kubelet.register_node;
+        options.labels = edged.tailored_kubelet_flag.node_labels.clone();
+        options.status_interval = parse_go_duration(&kubelet.node_status_update_frequency)
+            .unwrap_or(options.status_interval);
+        options.lease_duration_secs = kubelet.node_lease_duration_seconds;
+        options.node_ip = edged.tailored_kubelet_flag.node_ip.parse().ok();
+        options.confirm_pod_deletion = edged.confirm_pod_deletion;
+        options.request_timeout = self.remote_query_timeout();
+        options
+    }
+
     /// The EdgeHub module's options.
     pub fn edge_hub_options(&self) -> EdgeHubOptions {
         let hub = &self.modules.edge_hub;
@@ -1131,7 +1258,7 @@ mod tests {
         for key in [
             "database.driverName",
             "modules.edgeHub.quic",
-            "modules.edged.tailoredKubeletConfig",
+            "modules.edged.tailoredKubeletConfig.cgroupDriver",
             "modules.eventBus",
         ] {
             assert!(ignored.contains(&key.to_owned()), "{key} in {ignored:?}");

@@ -9,6 +9,9 @@
 //! | `GET /api/v1/devices`, `GET /api/v1/devices/{ns}/{name}` | devices with their twins |
 //! | `PUT /api/v1/devices/{ns}/{name}/twins/{property}` | a mapper reports a value (body: the value) |
 //! | `PUT /api/v1/devices/{ns}/{name}/state` | a mapper reports the device state (body: the state) |
+//! | `GET /api/v1/node` | the node module: registered, last status and lease renewal, reports waiting |
+//! | `PUT /api/v1/pods/{ns}/{name}/status` | a runtime reports a pod's status (body: a PodStatus); 202, sent up as `podstatus` |
+//! | `DELETE /api/v1/pods/{ns}/{name}` | a runtime confirms a terminating pod is gone; 202, the cloud then removes it from the cluster |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +23,10 @@ use anyhow::Context as _;
 use edgehive_actors::edge::devicetwin::{
     DeviceTwin, DeviceTwinModule, ReportState, ReportTwin, TwinError,
 };
+use edgehive_actors::edge::edged;
+use edgehive_actors::edge::edged::{
+    ConfirmPodDeletion, GetNodeStatus, NodeError, NodeModule, ReportPodStatus,
+};
 use edgehive_actors::edge::edgehub::{
     self, EdgeHub, EdgeHubModule, EdgeHubStatus, GetEdgeHubStatus,
 };
@@ -27,7 +34,7 @@ use edgehive_actors::edge::metamanager::MetaManagerModule;
 use edgehive_actors::edge::store::MetaStore;
 use edgehive_actors::edge::twin_store::TwinStore;
 use edgehive_actors::edge::watch::watch_lines;
-use edgehive_actors::hive::Hive;
+use edgehive_actors::hive::{Hive, HiveError};
 use futures_util::StreamExt as _;
 use serde::Deserialize;
 use serde_json::json;
@@ -77,6 +84,10 @@ impl EdgeProcess {
         } else {
             None
         };
+        let node_module = config.modules.edged.enable;
+        if node_module {
+            hive.start_module(NodeModule::new(config.node_options(), store.clone()))?;
+        }
         if config.modules.edge_hub.websocket.enable {
             let mut options = config.edge_hub_options();
             options.store_id = Some(store.id().to_owned());
@@ -107,6 +118,18 @@ impl EdgeProcess {
                     .route("/api/v1/meta", web::get().to(list_meta))
                     .route("/api/v1/meta/{ns}/{type}/{name}", web::get().to(get_meta))
                     .route("/api/v1/edgehub", web::get().to(edgehub_status));
+                if node_module {
+                    routes
+                        .route("/api/v1/node", web::get().to(node_status))
+                        .route(
+                            "/api/v1/pods/{ns}/{name}/status",
+                            web::put().to(report_pod_status),
+                        )
+                        .route(
+                            "/api/v1/pods/{ns}/{name}",
+                            web::delete().to(confirm_deletion),
+                        );
+                }
                 if let Some(twins) = &twins {
                     routes
                         .app_data(web::Data::new(twins.clone()))
@@ -344,6 +367,78 @@ async fn report_state(
             edgehive_actors::edge::devicetwin::MODULE_NAME,
             report,
             Duration::from_secs(10),
+        )
+        .await,
+    )
+}
+
+/// How long the admin endpoint waits for the node module.
+const NODE_MODULE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `GET /api/v1/node`: what the node module has done.
+async fn node_status(hive: web::Data<Hive>) -> HttpResponse {
+    match hive
+        .ask(edged::MODULE_NAME, GetNodeStatus, NODE_MODULE_TIMEOUT)
+        .await
+    {
+        Ok(status) => HttpResponse::Ok().json(status),
+        Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
+    }
+}
+
+fn node_response(result: Result<Result<(), NodeError>, HiveError>) -> HttpResponse {
+    match result {
+        Ok(Ok(())) => HttpResponse::Accepted().json(json!({"accepted": true})),
+        Ok(Err(error @ NodeError::UnknownPod(_))) => {
+            HttpResponse::NotFound().body(format!("{error}\n"))
+        }
+        Ok(Err(error @ NodeError::NotTerminating(_))) => {
+            HttpResponse::Conflict().body(format!("{error}\n"))
+        }
+        Ok(Err(error @ NodeError::Busy)) => {
+            HttpResponse::TooManyRequests().body(format!("{error}\n"))
+        }
+        Ok(Err(error)) => HttpResponse::InternalServerError().body(format!("{error}\n")),
+        Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
+    }
+}
+
+/// `PUT /api/v1/pods/{ns}/{name}/status`: a runtime reports a pod's status.
+async fn report_pod_status(
+    hive: web::Data<Hive>,
+    path: web::Path<(String, String)>,
+    body: Bytes,
+) -> HttpResponse {
+    let (namespace, name) = path.into_inner();
+    let status = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(status) if status.is_object() => status,
+        Ok(_) => return HttpResponse::BadRequest().body("expected a PodStatus object\n"),
+        Err(error) => {
+            return HttpResponse::BadRequest().body(format!("the body is not JSON: {error}\n"))
+        }
+    };
+    let report = ReportPodStatus {
+        namespace,
+        name,
+        status,
+    };
+    node_response(
+        hive.ask(edged::MODULE_NAME, report, NODE_MODULE_TIMEOUT)
+            .await,
+    )
+}
+
+/// `DELETE /api/v1/pods/{ns}/{name}`: a runtime confirms that a terminating pod is gone.
+async fn confirm_deletion(
+    hive: web::Data<Hive>,
+    path: web::Path<(String, String)>,
+) -> HttpResponse {
+    let (namespace, name) = path.into_inner();
+    node_response(
+        hive.ask(
+            edged::MODULE_NAME,
+            ConfirmPodDeletion { namespace, name },
+            NODE_MODULE_TIMEOUT,
         )
         .await,
     )

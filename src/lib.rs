@@ -6,11 +6,17 @@
 //! - [`demo`]: a cloud and N edges delivering one Pod each.
 //! - [`admin`]: health, readiness, metrics and the supervision tree over HTTP.
 //! - [`loadtest`]: a fleet of simulated edges for measuring the cloud.
+//!
+//! `cloud`, `demo` and `loadtest` need the `cloud` feature (on by default); without it the
+//! binary is an edge only.
 
 pub mod admin;
+#[cfg(feature = "cloud")]
 pub mod cloud;
 pub mod config;
+#[cfg(feature = "cloud")]
 pub mod demo;
 pub mod edge;
 pub mod join;
+#[cfg(feature = "cloud")]
 pub mod loadtest;

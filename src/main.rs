@@ -7,11 +7,17 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+#[cfg(feature = "cloud")]
 use edgehive::cloud::CloudProcess;
-use edgehive::config::{CloudConfig, EdgeConfig};
+#[cfg(feature = "cloud")]
+use edgehive::config::CloudConfig;
+use edgehive::config::EdgeConfig;
+#[cfg(feature = "cloud")]
 use edgehive::demo::{self, DemoOptions};
 use edgehive::edge::EdgeProcess;
+#[cfg(feature = "cloud")]
 use edgehive_actors::identity::certs::CertAuthority;
+#[cfg(feature = "cloud")]
 use edgehive_actors::identity::token;
 use tracing_subscriber::EnvFilter;
 
@@ -38,6 +44,7 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    #[cfg(feature = "cloud")]
     /// Run the cloud: CloudHub and EdgeController on the embedded cluster.
     Cloud {
         /// cloud.yaml; built-in defaults (config/cloud.yaml) when absent.
@@ -53,6 +60,7 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    #[cfg(feature = "cloud")]
     /// Run a cloud and N edges in one process; each edge stores a Pod and ACKs it.
     Demo {
         /// How many edges.
@@ -65,6 +73,7 @@ enum Command {
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
+    #[cfg(feature = "cloud")]
     /// Hold a fleet of simulated edges on a running cloud and measure it (one JSON line out).
     Loadtest {
         /// CloudHub's WebSocket address, HOST:PORT.
@@ -96,6 +105,7 @@ enum Command {
         #[arg(long)]
         cloud_pid: Option<u32>,
     },
+    #[cfg(feature = "cloud")]
     /// Create or replace objects in a running cloud's embedded cluster (YAML or JSON).
     Apply {
         /// The manifest file (`-` reads standard input).
@@ -104,6 +114,7 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    #[cfg(feature = "cloud")]
     /// Delete one object from a running cloud's embedded cluster.
     Delete {
         /// The kind (`pod`, `ConfigMap`, `devices`, ...).
@@ -116,6 +127,7 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    #[cfg(feature = "cloud")]
     /// Print the current join token for edges, computed from the cloud's CA files (the cloud
     /// need not be running; it creates the CA on its first start).
     Token {
@@ -181,17 +193,30 @@ impl AdminArgs {
         if let Some(admin) = &self.admin {
             return Ok(admin.clone());
         }
-        let config = match &self.config {
-            Some(path) => CloudConfig::load(path)?,
-            None => CloudConfig::default(),
-        };
-        Ok(config.common_config.monitor_server.bind_address)
+        #[cfg(feature = "cloud")]
+        {
+            let config = match &self.config {
+                Some(path) => CloudConfig::load(path)?,
+                None => CloudConfig::default(),
+            };
+            Ok(config.common_config.monitor_server.bind_address)
+        }
+        #[cfg(not(feature = "cloud"))]
+        {
+            // An edge-only binary: the edge's admin endpoint (edge.yaml with --config).
+            let config = match &self.config {
+                Some(path) => EdgeConfig::load(path)?,
+                None => EdgeConfig::default(),
+            };
+            Ok(config.admin.bind_address)
+        }
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
+        #[cfg(feature = "cloud")]
         Command::Demo { .. } => "warn",
         _ => "info",
     };
@@ -222,6 +247,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             println!("wire: KubeEdge beehive JSON over WebSocket (as of KubeEdge v1.22)");
             Ok(())
         }
+        #[cfg(feature = "cloud")]
         Command::Token { config } => {
             let config = match config {
                 Some(path) => CloudConfig::load(&path)?,
@@ -236,6 +262,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        #[cfg(feature = "cloud")]
         Command::Cloud { config, manifests } => {
             let config = match config {
                 Some(path) => CloudConfig::load(&path)?,
@@ -327,6 +354,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 Ok(())
             })
         }
+        #[cfg(feature = "cloud")]
         Command::Apply { file, admin } => {
             let body = if file.as_os_str() == "-" {
                 let mut text = String::new();
@@ -349,6 +377,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        #[cfg(feature = "cloud")]
         Command::Delete {
             kind,
             name,
@@ -368,6 +397,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        #[cfg(feature = "cloud")]
         Command::Loadtest {
             cloud,
             edges,
@@ -393,6 +423,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }
+        #[cfg(feature = "cloud")]
         Command::Demo {
             edges,
             timeout,
@@ -421,6 +452,7 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 }
 
 /// `namespace/name`, or `name` for cluster-scoped objects.
+#[cfg(feature = "cloud")]
 fn object_name(object: &serde_json::Value) -> String {
     let name = object["name"].as_str().unwrap_or("?");
     match object["namespace"].as_str() {

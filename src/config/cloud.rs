@@ -1,0 +1,507 @@
+//! `cloud.yaml`: the cloud process's configuration (KubeEdge's `cloudcore.yaml` shape).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use edgehive_actors::cloud::cloudhub::certserver::CertServerOptions;
+use edgehive_actors::cloud::cloudhub::gate::GateMetrics;
+use edgehive_actors::cloud::cloudhub::options::{HandshakeLimits, WriteLimits};
+use edgehive_actors::cloud::cloudhub::CloudHubOptions;
+use edgehive_actors::cloud::cluster::kube::KubeOptions;
+use edgehive_actors::cloud::cluster::EventRetention;
+use edgehive_actors::identity::tls::CloudTlsFiles;
+use serde::{Deserialize, Serialize};
+
+use super::{expect_kind, load, positive, yes, ConfigError, Enable, Schema, Validate};
+
+impl Schema for CloudConfig {
+    const KIND: &'static str = "CloudCore";
+    const KUBEEDGE: &'static [&'static str] = &[
+        "featureGates",
+        "commonConfig.tunnelPort",
+        "commonConfig.monitorServer.enableProfiling",
+        "modules.cloudHub.enable",
+        "modules.cloudHub.writeTimeout",
+        "modules.cloudHub.quic",
+        "modules.cloudHub.unixsocket",
+        "modules.cloudHub.authorization.debug",
+        "modules.cloudHub.authorization.modes",
+        "modules.edgeController.nodeUpdateFrequency",
+        "modules.edgeController.buffer",
+        "modules.edgeController.load",
+        "modules.deviceController.buffer",
+        "modules.deviceController.load",
+        "modules.dynamicController",
+        "modules.taskManager",
+        "modules.cloudStream",
+        "modules.router",
+        "modules.iptablesManager",
+        "modules.nodeUpgradeJobController",
+        "modules.imagePrePullController",
+        "modules.policyController",
+    ];
+}
+
+/// `cloud.yaml`: the cloud process (KubeEdge's `cloudcore.yaml` shape).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct CloudConfig {
+    /// Always `cloudcore.config.kubeedge.io/v1alpha1`.
+    pub api_version: String,
+    /// Always `CloudCore`.
+    pub kind: String,
+    /// Settings shared by all modules.
+    pub common_config: CommonConfig,
+    /// Where the cluster is.
+    #[serde(rename = "kubeAPIConfig")]
+    pub kube_api_config: KubeApiConfig,
+    /// The embedded cluster's datastore, used when `kubeAPIConfig` names no API server
+    /// (edgehive).
+    pub embedded_cluster: EmbeddedClusterConfig,
+    /// Per-module settings.
+    pub modules: CloudModules,
+}
+
+/// `embeddedCluster` (edgehive): where the embedded cluster keeps its objects.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EmbeddedClusterConfig {
+    /// The SQLite file (created with its folder when missing). Empty: in memory only, gone
+    /// when the process ends.
+    pub database: PathBuf,
+    /// Seconds an Event is kept (the API server's `--event-ttl`).
+    #[serde(rename = "eventTTL")]
+    pub event_ttl: u64,
+    /// Most Events kept; creating one more deletes the oldest.
+    pub max_events: usize,
+}
+
+impl Default for EmbeddedClusterConfig {
+    fn default() -> Self {
+        let retention = EventRetention::default();
+        EmbeddedClusterConfig {
+            database: "/var/lib/kubeedge/edgehive-cluster.db".into(),
+            event_ttl: retention.ttl.as_secs(),
+            max_events: retention.max,
+        }
+    }
+}
+
+impl EmbeddedClusterConfig {
+    /// How long and how many events the embedded cluster keeps.
+    pub fn event_retention(&self) -> EventRetention {
+        EventRetention {
+            ttl: Duration::from_secs(self.event_ttl),
+            max: self.max_events,
+        }
+    }
+}
+
+impl Default for CloudConfig {
+    fn default() -> Self {
+        CloudConfig {
+            api_version: "cloudcore.config.kubeedge.io/v1alpha1".into(),
+            kind: "CloudCore".into(),
+            common_config: CommonConfig::default(),
+            kube_api_config: KubeApiConfig::default(),
+            embedded_cluster: EmbeddedClusterConfig::default(),
+            modules: CloudModules::default(),
+        }
+    }
+}
+
+impl CloudConfig {
+    /// Loads and checks a cloud config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        load(path)
+    }
+}
+
+impl Validate for CloudConfig {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let defaults = CloudConfig::default();
+        expect_kind(
+            &self.api_version,
+            &self.kind,
+            &defaults.api_version,
+            &defaults.kind,
+        )?;
+        let hub = &self.modules.cloud_hub;
+        positive("modules.cloudHub.keepaliveInterval", hub.keepalive_interval)?;
+        positive("modules.cloudHub.nodeLimit", hub.node_limit as u64)?;
+        positive("modules.cloudHub.maxFrameSize", hub.max_frame_size as u64)?;
+        positive("modules.cloudHub.maxObjectSize", hub.max_object_size as u64)?;
+        positive("modules.cloudHub.maxEventSize", hub.max_event_size as u64)?;
+        positive(
+            "modules.cloudHub.nodeWriteQPS",
+            u64::from(hub.node_write_qps),
+        )?;
+        positive(
+            "modules.cloudHub.nodeWriteBurst",
+            u64::from(hub.node_write_burst),
+        )?;
+        positive(
+            "modules.cloudHub.edgeCertSigningDuration",
+            hub.edge_cert_signing_duration,
+        )?;
+        positive(
+            "modules.cloudHub.tokenRefreshDuration",
+            hub.token_refresh_duration,
+        )?;
+        positive("embeddedCluster.eventTTL", self.embedded_cluster.event_ttl)?;
+        positive(
+            "embeddedCluster.maxEvents",
+            self.embedded_cluster.max_events as u64,
+        )?;
+        positive(
+            "modules.syncController.reconcileInterval",
+            self.modules.sync_controller.reconcile_interval,
+        )?;
+        if let Err(message) = hub.advertise_ips() {
+            return Err(("modules.cloudHub.advertiseAddress", message));
+        }
+        self.kube_api_config.validate()
+    }
+}
+
+impl KubeApiConfig {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !KUBE_CONTENT_TYPES.contains(&self.content_type.as_str()) {
+            return Err((
+                "kubeAPIConfig.contentType",
+                format!("expected one of {}", KUBE_CONTENT_TYPES.join(", ")),
+            ));
+        }
+        if !self.qps.is_finite() || self.qps <= 0.0 {
+            return Err((
+                "kubeAPIConfig.qps",
+                "expected a number greater than 0".into(),
+            ));
+        }
+        positive("kubeAPIConfig.burst", u64::from(self.burst))?;
+        Ok(())
+    }
+
+    /// Where the cluster is: `None` for the embedded cluster (both `kubeConfig` and `master`
+    /// empty), else the kube adapter's options (`kubeConfig` empty: the pod's in-cluster
+    /// service account, at `master`).
+    pub fn kube_options(&self) -> Option<KubeOptions> {
+        if self.kube_config.is_empty() && self.master.is_empty() {
+            return None;
+        }
+        Some(KubeOptions {
+            kube_config: (!self.kube_config.is_empty()).then(|| self.kube_config.clone().into()),
+            master: self.master.clone(),
+        })
+    }
+}
+
+/// `commonConfig`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct CommonConfig {
+    /// The admin endpoint (KubeEdge's monitor server).
+    pub monitor_server: MonitorServer,
+}
+
+/// `commonConfig.monitorServer`: where the admin endpoint listens.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MonitorServer {
+    /// `host:port`; loopback by default because the endpoint has no authentication.
+    pub bind_address: String,
+}
+
+impl Default for MonitorServer {
+    fn default() -> Self {
+        MonitorServer {
+            bind_address: "127.0.0.1:9091".into(),
+        }
+    }
+}
+
+/// The content types `kubeAPIConfig.contentType` accepts (KubeEdge's); edgehive speaks JSON
+/// to the API server whichever is set.
+pub const KUBE_CONTENT_TYPES: &[&str] =
+    &["application/vnd.kubernetes.protobuf", "application/json"];
+
+/// `kubeAPIConfig`: KubeEdge's keys. Both `kubeConfig` and `master` empty: the embedded
+/// cluster (see `embeddedCluster`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct KubeApiConfig {
+    /// The API server URL; overrides the kubeconfig's. Alone (no kubeConfig): the pod's
+    /// in-cluster service account is used against it.
+    pub master: String,
+    /// Path of a kubeconfig.
+    pub kube_config: String,
+    /// Accepted for KubeEdge compatibility; edgehive sends JSON either way.
+    pub content_type: String,
+    /// Accepted for KubeEdge compatibility; kube-rs has no client-side rate limiter, so it is
+    /// not enforced.
+    pub qps: f32,
+    /// Accepted for KubeEdge compatibility; not enforced (see `qps`).
+    pub burst: u32,
+}
+
+impl Default for KubeApiConfig {
+    fn default() -> Self {
+        // KubeEdge's defaults (5 x and 10 x the default node limit of 500).
+        KubeApiConfig {
+            master: String::new(),
+            kube_config: String::new(),
+            content_type: KUBE_CONTENT_TYPES[0].into(),
+            qps: 2500.0,
+            burst: 5000,
+        }
+    }
+}
+
+/// `modules` of the cloud.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct CloudModules {
+    /// `modules.cloudHub`.
+    pub cloud_hub: CloudHubConfig,
+    /// `modules.edgeController`.
+    pub edge_controller: Enable,
+    /// `modules.deviceController`.
+    pub device_controller: Enable,
+    /// `modules.syncController`.
+    pub sync_controller: SyncControllerConfig,
+}
+
+/// `modules.syncController`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SyncControllerConfig {
+    /// Whether ObjectSync records are kept and reconciled.
+    pub enable: bool,
+    /// Seconds between reconcile runs (edgehive; KubeEdge's fixed period is 5).
+    pub reconcile_interval: u64,
+}
+
+impl Default for SyncControllerConfig {
+    fn default() -> Self {
+        SyncControllerConfig {
+            enable: true,
+            reconcile_interval: 5,
+        }
+    }
+}
+
+/// `modules.cloudHub`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct CloudHubConfig {
+    /// Seconds without a keepalive before a node's session is closed.
+    pub keepalive_interval: u64,
+    /// Most nodes connected at once.
+    pub node_limit: usize,
+    /// Refuse connections of nodes the cluster has no Node object for (edgehive).
+    pub refuse_unknown_nodes: bool,
+    /// Largest frame accepted from an edge, in bytes (edgehive).
+    pub max_frame_size: usize,
+    /// Largest object an edge may write, in bytes (its frame; edgehive).
+    pub max_object_size: usize,
+    /// Largest event an edge may write, in bytes (edgehive).
+    pub max_event_size: usize,
+    /// Writes a second one node may make, sustained (edgehive).
+    #[serde(rename = "nodeWriteQPS")]
+    pub node_write_qps: u32,
+    /// Writes one node may make at once after a quiet spell (edgehive).
+    pub node_write_burst: u32,
+    /// Seconds a TLS handshake, and then the first request, may take (edgehive).
+    pub handshake_timeout: u64,
+    /// TLS handshakes in progress from one source address, at most (edgehive).
+    pub handshakes_per_source: usize,
+    /// TLS handshakes in progress in all, at most, per port (edgehive).
+    pub handshakes_pending: usize,
+    /// The WebSocket listener.
+    pub websocket: HubWebSocket,
+    /// The HTTPS certificate server edges bootstrap their certificates from.
+    pub https: Listener,
+    /// The CA certificate (PEM); created with the key on first start when both are missing.
+    #[serde(rename = "tlsCAFile")]
+    pub tls_ca_file: PathBuf,
+    /// The CA key (`EC PRIVATE KEY` PEM, mode 0600).
+    #[serde(rename = "tlsCAKeyFile")]
+    pub tls_ca_key_file: PathBuf,
+    /// CloudHub's server certificate (PEM); issued by the CA on first start when missing.
+    pub tls_cert_file: PathBuf,
+    /// Its key.
+    pub tls_private_key_file: PathBuf,
+    /// IP addresses edges reach the cloud at: SANs of a generated server certificate.
+    /// Empty: 127.0.0.1 plus the WebSocket address when it is a specific IP.
+    pub advertise_address: Vec<String>,
+    /// DNS names edges reach the cloud at: SANs of a generated server certificate.
+    pub dns_names: Vec<String>,
+    /// Days an issued edge certificate is valid.
+    pub edge_cert_signing_duration: u64,
+    /// Hours between join token rotations; a token is valid for one to two of these.
+    pub token_refresh_duration: u64,
+    /// Node identity checks on upstream messages.
+    pub authorization: Authorization,
+}
+
+/// `modules.cloudHub.authorization`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Authorization {
+    /// Refuse (with an `error` reply) upstream messages about objects not bound to the
+    /// sending node. On by default in edgehive (KubeEdge's default is off).
+    pub enable: bool,
+}
+
+impl Default for Authorization {
+    fn default() -> Self {
+        Authorization { enable: true }
+    }
+}
+
+/// `modules.cloudHub.websocket`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HubWebSocket {
+    /// Whether it listens.
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// The address to bind.
+    pub address: String,
+    /// The port; 0 picks a free one.
+    pub port: u16,
+    /// (edgehive) Serve plain `ws://` without TLS or node certificates. Only for local
+    /// development and tests: anyone who can reach the port can claim any node.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
+}
+
+impl Default for CloudHubConfig {
+    fn default() -> Self {
+        let options = CloudHubOptions::default();
+        CloudHubConfig {
+            keepalive_interval: options.keepalive_interval.as_secs(),
+            node_limit: options.node_limit,
+            refuse_unknown_nodes: options.refuse_unknown_nodes,
+            max_frame_size: options.max_frame_bytes,
+            max_object_size: options.write_limits.max_object_bytes,
+            max_event_size: options.write_limits.max_event_bytes,
+            node_write_qps: options.write_limits.writes_per_second,
+            node_write_burst: options.write_limits.write_burst,
+            handshake_timeout: options.handshake_limits.timeout.as_secs(),
+            handshakes_per_source: options.handshake_limits.per_source,
+            handshakes_pending: options.handshake_limits.total,
+            websocket: HubWebSocket {
+                enable: true,
+                address: options.address,
+                port: options.port,
+                insecure_plaintext: false,
+            },
+            https: Listener {
+                enable: true,
+                address: "0.0.0.0".into(),
+                port: 10002,
+            },
+            tls_ca_file: "/etc/kubeedge/ca/rootCA.crt".into(),
+            tls_ca_key_file: "/etc/kubeedge/ca/rootCA.key".into(),
+            tls_cert_file: "/etc/kubeedge/certs/server.crt".into(),
+            tls_private_key_file: "/etc/kubeedge/certs/server.key".into(),
+            advertise_address: Vec::new(),
+            dns_names: Vec::new(),
+            edge_cert_signing_duration: 365,
+            token_refresh_duration: 12,
+            authorization: Authorization::default(),
+        }
+    }
+}
+
+impl CloudHubConfig {
+    /// The CloudHub module's options.
+    pub fn options(&self) -> CloudHubOptions {
+        CloudHubOptions {
+            address: self.websocket.address.clone(),
+            port: self.websocket.port,
+            keepalive_interval: Duration::from_secs(self.keepalive_interval),
+            node_limit: self.node_limit,
+            max_frame_bytes: self.max_frame_size,
+            handshake_limits: self.handshake_limits(),
+            refuse_unknown_nodes: self.refuse_unknown_nodes,
+            write_limits: WriteLimits {
+                max_object_bytes: self.max_object_size,
+                max_event_bytes: self.max_event_size,
+                writes_per_second: self.node_write_qps,
+                write_burst: self.node_write_burst,
+            },
+            ..CloudHubOptions::default()
+        }
+    }
+
+    /// Where the CA and server certificate live.
+    pub fn tls_files(&self) -> CloudTlsFiles {
+        CloudTlsFiles {
+            ca_file: self.tls_ca_file.clone(),
+            ca_key_file: self.tls_ca_key_file.clone(),
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_private_key_file.clone(),
+        }
+    }
+
+    /// The server certificate's IP SANs (see [`CloudHubConfig::advertise_address`]).
+    pub fn advertise_ips(&self) -> Result<Vec<IpAddr>, String> {
+        let mut ips = Vec::new();
+        for text in &self.advertise_address {
+            let ip = text
+                .parse::<IpAddr>()
+                .map_err(|_| format!("expected IP addresses, found {text:?}"))?;
+            ips.push(ip);
+        }
+        if ips.is_empty() {
+            ips.push(IpAddr::from([127, 0, 0, 1]));
+            if let Ok(ip) = self.websocket.address.parse::<IpAddr>() {
+                if !ip.is_unspecified() && !ips.contains(&ip) {
+                    ips.push(ip);
+                }
+            }
+        }
+        Ok(ips)
+    }
+
+    /// The certificate server's options; its gate counts in `gate_metrics` (CloudHub's).
+    pub fn cert_server_options(&self, gate_metrics: GateMetrics) -> CertServerOptions {
+        CertServerOptions {
+            address: self.https.address.clone(),
+            port: self.https.port,
+            edge_cert_validity: Duration::from_secs(self.edge_cert_signing_duration * 24 * 3600),
+            handshake_limits: self.handshake_limits(),
+            gate_metrics,
+        }
+    }
+
+    /// Bounds on TLS handshakes in progress, on both TLS ports.
+    pub fn handshake_limits(&self) -> HandshakeLimits {
+        HandshakeLimits {
+            timeout: Duration::from_secs(self.handshake_timeout),
+            per_source: self.handshakes_per_source,
+            total: self.handshakes_pending,
+        }
+    }
+
+    /// How often the join token rotates.
+    pub fn token_refresh(&self) -> Duration {
+        Duration::from_secs(self.token_refresh_duration * 3600)
+    }
+}
+
+/// A listener: `enable`, `address`, `port`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Listener {
+    /// Whether it listens.
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// The address to bind.
+    pub address: String,
+    /// The port; 0 picks a free one.
+    pub port: u16,
+}

@@ -1,0 +1,452 @@
+//! `edge.yaml`: the edge process's configuration (KubeEdge's `edgecore.yaml` shape).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use edgehive_actors::edge::certmanager::EdgeTlsOptions;
+use edgehive_actors::edge::edged::NodeOptions;
+use edgehive_actors::edge::edgehub::EdgeHubOptions;
+use serde::{Deserialize, Serialize};
+
+use super::{expect_kind, load, positive, yes, ConfigError, Enable, Schema, Validate};
+
+impl Schema for EdgeConfig {
+    const KIND: &'static str = "EdgeCore";
+    const KUBEEDGE: &'static [&'static str] = &[
+        "featureGates",
+        "database.driverName",
+        "database.aliasName",
+        "modules.edgeHub.enable",
+        "modules.edgeHub.quic",
+        "modules.edgeHub.rotateCertificates",
+        "modules.edgeHub.websocket.handshakeTimeout",
+        "modules.edgeHub.websocket.readDeadline",
+        "modules.edgeHub.websocket.writeDeadline",
+        "modules.metaManager.contextSendGroup",
+        "modules.metaManager.contextSendModule",
+        "modules.metaManager.metaServer",
+        "modules.deviceTwin.dmiSockPath",
+        "modules.edged",
+        "modules.eventBus",
+        "modules.serviceBus",
+        "modules.edgeStream",
+        "modules.taskManager",
+        "modules.dbTest",
+    ];
+}
+
+/// `edge.yaml`: the edge process (KubeEdge's `edgecore.yaml` shape).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EdgeConfig {
+    /// Always `edgecore.config.kubeedge.io/v1alpha2`.
+    pub api_version: String,
+    /// Always `EdgeCore`.
+    pub kind: String,
+    /// The SQLite store.
+    pub database: Database,
+    /// The edge admin endpoint (edgehive; EdgeCore has none).
+    pub admin: Admin,
+    /// Per-module settings.
+    pub modules: EdgeModules,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        EdgeConfig {
+            api_version: "edgecore.config.kubeedge.io/v1alpha2".into(),
+            kind: "EdgeCore".into(),
+            database: Database::default(),
+            admin: Admin::default(),
+            modules: EdgeModules::default(),
+        }
+    }
+}
+
+impl EdgeConfig {
+    /// Loads and checks an edge config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        load(path)
+    }
+
+    /// `modules.metaManager.remoteQueryTimeout`.
+    pub fn remote_query_timeout(&self) -> Duration {
+        Duration::from_secs(self.modules.meta_manager.remote_query_timeout)
+    }
+
+    /// The node name: `modules.edged.hostnameOverride`, as in EdgeCore.
+    pub fn node_name(&self) -> &str {
+        &self.modules.edged.hostname_override
+    }
+}
+
+impl Validate for EdgeConfig {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let defaults = EdgeConfig::default();
+        expect_kind(
+            &self.api_version,
+            &self.kind,
+            &defaults.api_version,
+            &defaults.kind,
+        )?;
+        let node = self.node_name();
+        if node.is_empty()
+            || !node
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        {
+            return Err((
+                "modules.edged.hostnameOverride",
+                format!("expected a node name of lowercase letters, digits, '-' and '.', found {node:?}"),
+            ));
+        }
+        positive("modules.edgeHub.heartbeat", self.modules.edge_hub.heartbeat)?;
+        positive(
+            "modules.edgeHub.reconnectMinMillis",
+            self.modules.edge_hub.reconnect_min_millis,
+        )?;
+        positive(
+            "modules.edgeHub.messageQPS",
+            u64::from(self.modules.edge_hub.message_qps),
+        )?;
+        positive(
+            "modules.edgeHub.messageBurst",
+            u64::from(self.modules.edge_hub.message_burst),
+        )?;
+        positive(
+            "modules.metaManager.remoteQueryTimeout",
+            self.modules.meta_manager.remote_query_timeout,
+        )?;
+        if self.modules.edge_hub.websocket.server.is_empty() {
+            return Err((
+                "modules.edgeHub.websocket.server",
+                "expected host:port of the cloud's WebSocket listener".into(),
+            ));
+        }
+        let kubelet = &self.modules.edged.tailored_kubelet_config;
+        match parse_go_duration(&kubelet.node_status_update_frequency) {
+            Some(interval) if !interval.is_zero() => {}
+            _ => {
+                return Err((
+                    "modules.edged.tailoredKubeletConfig.nodeStatusUpdateFrequency",
+                    format!(
+                        "expected a duration such as 10s or 1m0s, found {:?}",
+                        kubelet.node_status_update_frequency
+                    ),
+                ))
+            }
+        }
+        positive(
+            "modules.edged.tailoredKubeletConfig.nodeLeaseDurationSeconds",
+            u64::from(kubelet.node_lease_duration_seconds),
+        )?;
+        let node_ip = &self.modules.edged.tailored_kubelet_flag.node_ip;
+        if !node_ip.is_empty() && node_ip.parse::<IpAddr>().is_err() {
+            return Err((
+                "modules.edged.tailoredKubeletFlag.nodeIP",
+                format!("expected an IP address, found {node_ip:?}"),
+            ));
+        }
+        if self.database.data_source.as_os_str().is_empty() {
+            return Err(("database.dataSource", "expected a file path".into()));
+        }
+        Ok(())
+    }
+}
+
+/// `database`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Database {
+    /// The SQLite file holding KubeEdge's `meta` table.
+    pub data_source: PathBuf,
+}
+
+impl Default for Database {
+    fn default() -> Self {
+        Database {
+            data_source: "/var/lib/kubeedge/edgecore.db".into(),
+        }
+    }
+}
+
+/// `admin` (edgehive): where the edge admin endpoint listens.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Admin {
+    /// `host:port`; loopback by default because the endpoint has no authentication.
+    pub bind_address: String,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Admin {
+            bind_address: "127.0.0.1:10351".into(),
+        }
+    }
+}
+
+/// `modules` of the edge.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EdgeModules {
+    /// `modules.edgeHub`.
+    pub edge_hub: EdgeHubConfig,
+    /// `modules.metaManager`.
+    pub meta_manager: MetaManagerConfig,
+    /// `modules.deviceTwin`: device membership, twins and the devices API.
+    pub device_twin: Enable,
+    /// `modules.edged`: the node name, and the node module.
+    pub edged: Edged,
+}
+
+/// `modules.metaManager`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MetaManagerConfig {
+    /// Whether MetaManager (and the SQLite store it writes) runs.
+    pub enable: bool,
+    /// Seconds a remote query (configmap, secret, ...) waits for the cloud before the stored
+    /// copy is served.
+    pub remote_query_timeout: u64,
+}
+
+impl Default for MetaManagerConfig {
+    fn default() -> Self {
+        MetaManagerConfig {
+            enable: true,
+            remote_query_timeout: 60,
+        }
+    }
+}
+
+/// `modules.edged`: the node module (registration, status, lease, the runtime side of the
+/// local API). edgehive runs no kubelet; KubeEdge's other edged keys are ignored.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Edged {
+    /// Whether the node module runs (the node name below is used either way).
+    pub enable: bool,
+    /// The node name used in the node_id header and every resource.
+    pub hostname_override: String,
+    /// The namespace token of the node's own resources (KubeEdge: `default`).
+    pub register_node_namespace: String,
+    /// (edgehive) Confirm a pod's deletion as soon as the cluster starts deleting it, for
+    /// nodes with no container runtime (devices only). Otherwise a runtime confirms it through
+    /// the local API and the pod stays Terminating until then.
+    pub confirm_pod_deletion: bool,
+    /// The kubelet settings edgehive reads.
+    pub tailored_kubelet_config: TailoredKubeletConfig,
+    /// The kubelet flags edgehive reads.
+    pub tailored_kubelet_flag: TailoredKubeletFlag,
+}
+
+impl Default for Edged {
+    fn default() -> Self {
+        // EdgeHub's default node name is the host name, as in EdgeCore; node names are
+        // lowercase in Kubernetes.
+        Edged {
+            enable: true,
+            hostname_override: EdgeHubOptions::default().node_name.to_lowercase(),
+            register_node_namespace: "default".into(),
+            confirm_pod_deletion: false,
+            tailored_kubelet_config: TailoredKubeletConfig::default(),
+            tailored_kubelet_flag: TailoredKubeletFlag::default(),
+        }
+    }
+}
+
+/// `modules.edged.tailoredKubeletConfig` (the part edgehive uses).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TailoredKubeletConfig {
+    /// Whether the edge creates its Node.
+    pub register_node: bool,
+    /// How often the node's status is reported, a Go duration (`10s`, `1m0s`).
+    pub node_status_update_frequency: String,
+    /// The node Lease's duration; it is renewed every quarter of it.
+    pub node_lease_duration_seconds: u32,
+}
+
+impl Default for TailoredKubeletConfig {
+    fn default() -> Self {
+        TailoredKubeletConfig {
+            register_node: true,
+            node_status_update_frequency: "10s".into(),
+            node_lease_duration_seconds: 40,
+        }
+    }
+}
+
+/// `modules.edged.tailoredKubeletFlag` (the part edgehive uses).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TailoredKubeletFlag {
+    /// Labels the Node gets besides KubeEdge's own.
+    pub node_labels: BTreeMap<String, String>,
+    /// The address reported as InternalIP; empty: the local address of the route to the cloud.
+    #[serde(rename = "nodeIP")]
+    pub node_ip: String,
+}
+
+/// A Go duration as Kubernetes configs write them: numbers with units `h`, `m`, `s`, `ms`
+/// (`10s`, `1m30s`, `500ms`).
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += Duration::try_from_secs_f64(number * seconds).ok()?;
+    }
+    Some(total)
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `modules.edgeHub`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EdgeHubConfig {
+    /// Seconds between keepalives (the first goes at once).
+    pub heartbeat: u64,
+    /// KubeEdge project id, sent in the `project_id` header and the URL.
+    #[serde(rename = "projectID")]
+    pub project_id: String,
+    /// Largest frame accepted from the cloud, in bytes (edgehive).
+    pub max_frame_size: usize,
+    /// First wait before dialling again after a connection ended, in milliseconds; doubles
+    /// up to `reconnectMaxMillis` until a connection lasts 10 s (edgehive).
+    pub reconnect_min_millis: u64,
+    /// Longest wait between dials, in milliseconds (edgehive).
+    pub reconnect_max_millis: u64,
+    /// The WebSocket connection.
+    pub websocket: EdgeWebSocket,
+    /// Sustained messages per second written to the cloud.
+    #[serde(rename = "messageQPS")]
+    pub message_qps: u32,
+    /// Messages that may be written at once after a quiet spell.
+    pub message_burst: u32,
+    /// The cloud CA (PEM); downloaded during bootstrap.
+    pub tls_ca_file: PathBuf,
+    /// This node's certificate (PEM); requested with the token when missing.
+    pub tls_cert_file: PathBuf,
+    /// Its key (`EC PRIVATE KEY` PEM, mode 0600).
+    pub tls_private_key_file: PathBuf,
+    /// The cloud's certificate server, `https://host:10002`.
+    pub http_server: String,
+    /// The join token (`edgehive token` on the cloud, or `keadm gettoken` on KubeEdge);
+    /// needed only while the node has no certificate.
+    pub token: String,
+}
+
+impl Default for EdgeHubConfig {
+    fn default() -> Self {
+        let options = EdgeHubOptions::default();
+        EdgeHubConfig {
+            heartbeat: options.heartbeat.as_secs(),
+            project_id: options.project_id,
+            max_frame_size: options.max_frame_bytes,
+            reconnect_min_millis: millis(options.reconnect_min),
+            reconnect_max_millis: millis(options.reconnect_max),
+            websocket: EdgeWebSocket {
+                enable: true,
+                server: options.server,
+                insecure_plaintext: false,
+            },
+            message_qps: options.message_qps,
+            message_burst: options.message_burst,
+            tls_ca_file: "/etc/kubeedge/ca/rootCA.crt".into(),
+            tls_cert_file: "/etc/kubeedge/certs/server.crt".into(),
+            tls_private_key_file: "/etc/kubeedge/certs/server.key".into(),
+            http_server: "https://127.0.0.1:10002".into(),
+            token: String::new(),
+        }
+    }
+}
+
+/// `modules.edgeHub.websocket`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EdgeWebSocket {
+    /// Whether to connect over WebSocket (the only transport).
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// `host:port` of the cloud's WebSocket listener.
+    pub server: String,
+    /// (edgehive) Dial plain `ws://` with no certificate; the cloud must allow it too
+    /// (`modules.cloudHub.websocket.insecurePlaintext`). Only for local development and tests.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
+}
+
+impl EdgeConfig {
+    /// The node module's options (`modules.edged`).
+    pub fn node_options(&self) -> NodeOptions {
+        let edged = &self.modules.edged;
+        let kubelet = &edged.tailored_kubelet_config;
+        let mut options = NodeOptions::new(
+            self.node_name(),
+            self.modules.edge_hub.websocket.server.clone(),
+        );
+        options.namespace = edged.register_node_namespace.clone();
+        options.register = kubelet.register_node;
+        options.labels = edged.tailored_kubelet_flag.node_labels.clone();
+        options.status_interval = parse_go_duration(&kubelet.node_status_update_frequency)
+            .unwrap_or(options.status_interval);
+        options.lease_duration_secs = kubelet.node_lease_duration_seconds;
+        options.node_ip = edged.tailored_kubelet_flag.node_ip.parse().ok();
+        options.confirm_pod_deletion = edged.confirm_pod_deletion;
+        options.request_timeout = self.remote_query_timeout();
+        options
+    }
+
+    /// The EdgeHub module's options.
+    pub fn edge_hub_options(&self) -> EdgeHubOptions {
+        let hub = &self.modules.edge_hub;
+        EdgeHubOptions {
+            server: hub.websocket.server.clone(),
+            project_id: hub.project_id.clone(),
+            node_name: self.node_name().to_owned(),
+            heartbeat: Duration::from_secs(hub.heartbeat),
+            max_frame_bytes: hub.max_frame_size,
+            reconnect_min: Duration::from_millis(hub.reconnect_min_millis),
+            reconnect_max: Duration::from_millis(
+                hub.reconnect_max_millis.max(hub.reconnect_min_millis),
+            ),
+            message_qps: hub.message_qps,
+            message_burst: hub.message_burst,
+            tls: (!hub.websocket.insecure_plaintext).then(|| EdgeTlsOptions {
+                ca_file: hub.tls_ca_file.clone(),
+                cert_file: hub.tls_cert_file.clone(),
+                key_file: hub.tls_private_key_file.clone(),
+                http_server: hub.http_server.clone(),
+                token: hub.token.clone(),
+            }),
+            // A cloud reply later than this goes to MetaManager, which stores and ACKs it.
+            request_timeout: self.remote_query_timeout(),
+            ..EdgeHubOptions::default()
+        }
+    }
+}

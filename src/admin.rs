@@ -1,5 +1,6 @@
-//! The admin HTTP endpoint both processes serve: health, readiness, Prometheus metrics and the
-//! supervision tree, plus routes each process adds (connected nodes, stored metadata).
+//! The admin HTTP endpoint both processes serve: health, readiness, Prometheus metrics, the
+//! supervision tree and the last refusals, plus routes each process adds (connected nodes,
+//! stored metadata).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ impl AdminServer {
                 .route("/readyz", web::get().to(readyz))
                 .route("/metrics", web::get().to(metrics))
                 .route("/api/v1/modules", web::get().to(modules))
+                .route("/api/v1/refusals", web::get().to(refusals))
                 .configure(move |config| extra(config))
         })
         .workers(1)
@@ -102,4 +104,10 @@ async fn modules(hive: web::Data<Hive>) -> HttpResponse {
         "process": hive.process(),
         "modules": hive.modules(),
     }))
+}
+
+/// `GET /api/v1/refusals`: how many refusals the process recorded and the last ones, newest
+/// first (see [`edgehive_actors::hive::RefusalLog`]).
+async fn refusals(hive: web::Data<Hive>) -> HttpResponse {
+    HttpResponse::Ok().json(hive.refusals().snapshot())
 }

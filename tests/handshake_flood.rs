@@ -70,6 +70,7 @@ async fn an_edge_joins_while_a_stranger_holds_idle_connections_to_both_tls_ports
     attack.abort();
 
     let (_, metrics) = http_get(cloud.admin_addr(), "/metrics").await;
+    let mut counted = 0;
     for port in ["websocket", "certificates"] {
         let refused = metric_sum(
             &metrics,
@@ -81,6 +82,18 @@ async fn an_edge_joins_while_a_stranger_holds_idle_connections_to_both_tls_ports
             refused > 0,
             "{port}: per-source refusals counted:\n{metrics}"
         );
+        counted += refused;
     }
     assert!(metrics.contains("edgehive_tls_handshakes_pending{port=\"websocket\"}"));
+    // The admin endpoint's last refusals: every counted one was recorded, 32 are kept.
+    let log = http_json(cloud.admin_addr(), "/api/v1/refusals").await;
+    let total = log["total"].as_u64().unwrap();
+    assert!(total >= counted, "{counted} counted, {total} recorded");
+    let kept = log["refusals"].as_array().unwrap();
+    assert_eq!(kept.len() as u64, total.min(32), "{log}");
+    assert!(
+        kept.iter()
+            .any(|refusal| refusal["kind"] == "handshake" && refusal["peer"].is_string()),
+        "{log}"
+    );
 }

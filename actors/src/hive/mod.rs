@@ -53,6 +53,7 @@ mod error;
 pub mod log;
 mod metrics;
 mod module;
+mod refusals;
 mod registry;
 pub mod supervisor;
 
@@ -61,6 +62,7 @@ pub use envelope::Envelope;
 pub use error::HiveError;
 pub use metrics::{HiveMetrics, ModuleLabels};
 pub use module::{Module, DEFAULT_MAILBOX_CAPACITY};
+pub use refusals::{Refusal, RefusalKind, RefusalLog, Refusals};
 pub use registry::{
     Accepts, ChildInfo, ChildrenView, GroupDelivery, Hive, ModuleInfo, ModuleState, Refused,
     DEFAULT_REQUEST_TIMEOUT,

@@ -12,7 +12,7 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use super::metrics::ModuleStats;
-use super::{supervisor, Envelope, HiveError, HiveMetrics, Module};
+use super::{supervisor, Envelope, HiveError, HiveMetrics, Module, RefusalLog};
 
 /// beehive's default `SendSync` timeout.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -173,6 +173,7 @@ struct Inner {
     process: String,
     modules: RwLock<BTreeMap<String, Entry>>,
     metrics: HiveMetrics,
+    refusals: RefusalLog,
     shutting_down: AtomicBool,
     /// Flips to `true` once; every module instance stops when it does.
     stop_signal: tokio::sync::watch::Sender<bool>,
@@ -202,6 +203,7 @@ impl Hive {
                 process: process.to_owned(),
                 modules: RwLock::new(BTreeMap::new()),
                 metrics: HiveMetrics::new(),
+                refusals: RefusalLog::default(),
                 shutting_down: AtomicBool::new(false),
                 stop_signal: tokio::sync::watch::Sender::new(false),
             }),
@@ -216,6 +218,12 @@ impl Hive {
     /// The process's metrics registry.
     pub fn metrics(&self) -> &HiveMetrics {
         &self.inner.metrics
+    }
+
+    /// The process's last refusals (connections, messages, certificate requests), kept where
+    /// they are counted and shown on the admin endpoint.
+    pub fn refusals(&self) -> &RefusalLog {
+        &self.inner.refusals
     }
 
     /// Starts `module` on the current arbiter, registers it and supervises it.

@@ -166,7 +166,12 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
             .and_then(|value| value.strip_prefix("Bearer "))
             .unwrap_or_default();
         if bearer.is_empty() {
-            context.metrics.certificate_refused("no_token");
+            context.metrics.certificate_refused(
+                "no_token",
+                &node,
+                req.peer_addr(),
+                "no token and no client certificate for the node",
+            );
             tracing::warn!(%node, "certificate request without token or client certificate");
             return text(
                 StatusCode::UNAUTHORIZED,
@@ -174,7 +179,12 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
             );
         }
         if let Err(error) = verify_jwt(bearer, context.ca.key_sec1_der(), SystemTime::now()) {
-            context.metrics.certificate_refused("bad_token");
+            context.metrics.certificate_refused(
+                "bad_token",
+                &node,
+                req.peer_addr(),
+                &error.to_string(),
+            );
             tracing::warn!(%node, %error, "certificate request with a bad token");
             return text(
                 StatusCode::UNAUTHORIZED,
@@ -197,7 +207,9 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
                 CsrError::UnsupportedKey(_) => ("unsupported_key", StatusCode::BAD_REQUEST),
                 CsrError::Invalid(_) => ("invalid_csr", StatusCode::BAD_REQUEST),
             };
-            context.metrics.certificate_refused(reason);
+            context
+                .metrics
+                .certificate_refused(reason, &node, req.peer_addr(), &error.to_string());
             tracing::warn!(node = %clip(&node), reason, %error, "certificate request refused");
             text(status, error.to_string())
         }

@@ -33,7 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use rustls::ServerConfig;
 
 use super::metrics::ReasonLabels;
-use crate::hive::Hive;
+use crate::hive::{Hive, RefusalKind, RefusalLog};
 use crate::identity::tls::record_peer_certificate;
 
 /// The bounds; see the [module docs](self).
@@ -76,12 +76,18 @@ pub struct GateMetrics {
     pending: Family<PortLabel, Gauge>,
     refused: Family<PortReason, Counter>,
     certificates_refused: Family<ReasonLabels, Counter>,
+    /// Where refusals are recorded beside their counters (the hive's log once registered).
+    refusals: RefusalLog,
 }
 
 impl GateMetrics {
-    /// Registers them with `hive`'s registry (once per process).
+    /// Registers them with `hive`'s registry (once per process); refusals also go to the
+    /// hive's [`RefusalLog`].
     pub fn register(hive: &Hive) -> Self {
-        let metrics = GateMetrics::default();
+        let metrics = GateMetrics {
+            refusals: hive.refusals().clone(),
+            ..GateMetrics::default()
+        };
         let registry = hive.metrics();
         registry.register(
             "edgehive_tls_handshakes_pending",
@@ -103,13 +109,23 @@ impl GateMetrics {
 }
 
 impl GateMetrics {
-    /// Counts a refused certificate request.
-    pub fn certificate_refused(&self, reason: &str) {
+    /// Counts a refused certificate request (and records it: the node it named, if any,
+    /// the peer, and what was wrong).
+    pub fn certificate_refused(
+        &self,
+        reason: &str,
+        node: &str,
+        peer: Option<SocketAddr>,
+        detail: &str,
+    ) {
         self.certificates_refused
             .get_or_create(&ReasonLabels {
                 reason: reason.to_owned(),
             })
             .inc();
+        let node = (!node.is_empty()).then_some(node);
+        self.refusals
+            .record(RefusalKind::Certificate, reason, node, peer, detail);
     }
 }
 
@@ -179,7 +195,7 @@ impl Gate {
             .clone()
     }
 
-    fn refuse(&self, reason: &str) {
+    fn refuse(&self, reason: &str, peer: Option<SocketAddr>) {
         self.metrics
             .refused
             .get_or_create(&PortReason {
@@ -187,6 +203,10 @@ impl Gate {
                 reason: reason.to_owned(),
             })
             .inc();
+        let detail = format!("{} port", self.port);
+        self.metrics
+            .refusals
+            .record(RefusalKind::Handshake, reason, None, peer, &detail);
     }
 
     /// A place for a handshake from `source`, or why there is none.
@@ -242,7 +262,7 @@ impl Gate {
                         let place = match gate.enter(peer.map(|p| p.ip())) {
                             Ok(place) => place,
                             Err(reason) => {
-                                gate.refuse(reason);
+                                gate.refuse(reason, peer);
                                 return Err(());
                             }
                         };
@@ -254,11 +274,11 @@ impl Gate {
                                 Ok((tls, Protocol::Http1, peer))
                             }
                             Err(TlsError::Timeout) => {
-                                gate.refuse("timeout");
+                                gate.refuse("timeout", peer);
                                 Err(())
                             }
                             Err(_) => {
-                                gate.refuse("failed");
+                                gate.refuse("failed", peer);
                                 Err(())
                             }
                         }

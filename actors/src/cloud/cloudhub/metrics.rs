@@ -5,7 +5,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::hive::Hive;
+use crate::hive::{Hive, RefusalKind, RefusalLog};
 
 /// Label set of CloudHub's reason-labelled counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,10 +47,14 @@ pub struct CloudHubMetrics {
     pub dropped: Family<ReasonLabels, Counter>,
     /// Connections and messages refused for identity or authorization, by reason.
     pub denied: Family<ReasonLabels, Counter>,
+    /// The last refusals, beside their counters (the hive's log once registered).
+    pub refusals: RefusalLog,
 }
 
 impl CloudHubMetrics {
-    pub(crate) fn register(&self, hive: &Hive) {
+    /// Registers the metrics with `hive`'s registry and records refusals in its log.
+    pub(crate) fn register(&mut self, hive: &Hive) {
+        self.refusals = hive.refusals().clone();
         let m = hive.metrics();
         m.register(
             "edgehive_cloudhub_parked_messages",
@@ -135,6 +139,18 @@ impl CloudHubMetrics {
                 reason: reason.to_owned(),
             })
             .inc();
+    }
+
+    /// Records a refusal in the hive's log (the counter is the caller's).
+    pub(crate) fn record_refusal(
+        &self,
+        kind: RefusalKind,
+        reason: &str,
+        node: Option<&str>,
+        peer: Option<std::net::SocketAddr>,
+        detail: &str,
+    ) {
+        self.refusals.record(kind, reason, node, peer, detail);
     }
 
     pub(crate) fn drop_reason(&self, reason: &str) {

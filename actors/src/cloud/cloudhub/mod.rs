@@ -44,7 +44,9 @@ use edgehive_protocols::Message;
 
 pub use crate::cloud::contract::DisconnectNode;
 use crate::cloud::contract::{route, Lane, NodeDeleted, Queued, ToNodes};
-use crate::hive::{supervise, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, Refused};
+use crate::hive::{
+    supervise, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, RefusalKind, Refused,
+};
 pub use metrics::{CloudHubMetrics, ReasonLabels};
 use node::{HubContext, NodeCell, NodeRecipe};
 pub use node::{NodeActor, NodeInfo, NODE_MAILBOX_CAPACITY};
@@ -125,7 +127,7 @@ impl CloudHubModule {
         options: CloudHubOptions,
         security: CloudHubSecurity,
     ) -> Self {
-        let metrics = CloudHubMetrics::default();
+        let mut metrics = CloudHubMetrics::default();
         metrics.register(hive);
         CloudHubModule {
             shared: Shared {
@@ -214,6 +216,13 @@ impl CloudHub {
         if let Some(stranger) = stranger {
             tracing::warn!(node = %stranger.name(), for_node = %node, "node limit reached: disconnecting a node the cluster does not know");
             hub.metrics.refused.inc();
+            hub.metrics.record_refusal(
+                RefusalKind::Connection,
+                "node_limit",
+                Some(stranger.name()),
+                None,
+                &format!("node limit reached: disconnected to make room for {node}, a node the cluster knows"),
+            );
             stranger.disconnect(
                 "node limit reached: room made for a node known to the cluster",
                 hub,
@@ -280,6 +289,8 @@ pub struct Downstream(pub Message);
 pub(crate) struct Admit {
     pub(crate) node: String,
     pub(crate) session_id: u64,
+    /// Where the connection comes from, for the refusal log.
+    pub(crate) peer: Option<std::net::SocketAddr>,
 }
 
 /// The server gave up waiting for the answer to its [`Admit`]: if the connection was
@@ -353,6 +364,13 @@ impl Handler<Admit> for CloudHub {
         let Some(cell) = admitted else {
             tracing::warn!(node = %admit.node, limit, "node limit reached; connection refused");
             self.shared.hub.metrics.refused.inc();
+            self.shared.hub.metrics.record_refusal(
+                RefusalKind::Connection,
+                "node_limit",
+                Some(&admit.node),
+                admit.peer,
+                &format!("node limit ({limit}) reached"),
+            );
             return None;
         };
         Some(cell)

@@ -37,7 +37,7 @@ use super::session::{CloseSession, NodeSession, WriteFrame};
 use super::{auth, dispatch};
 use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
 use crate::hive::log::{clip, WarnBudget};
-use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, Refused};
+use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, RefusalKind, Refused};
 
 /// Mailbox of a node actor. Senders never overrun it by much: wakes are coalesced,
 /// connection events are one per connection, and a session whose frame finds the mailbox full
@@ -813,6 +813,13 @@ impl NodeActor {
                             tracing::warn!(%node, id = %clip(message.id()), reason = %clip(&denied.text), held_back, "upstream message refused");
                         }
                         self.hub.metrics.deny(denied.reason);
+                        self.hub.metrics.record_refusal(
+                            RefusalKind::Message,
+                            denied.reason,
+                            Some(node),
+                            None,
+                            &denied.text,
+                        );
                         let reply = dispatch::refusal(node, &message, denied.text);
                         self.cell.enqueue(reply, &self.hub);
                     }

@@ -2,7 +2,8 @@
 //!
 //! A connection must carry `node_id` (a valid Kubernetes node name), `project_id` and
 //! `ConnectionUse: msg`. KubeEdge upgrades and then ignores a connection without them; we
-//! answer HTTP 400 with the reason instead, so a misconfigured edge learns why.
+//! answer HTTP 400 with the reason instead, so a misconfigured edge learns why (counted as
+//! `bad_headers` in `edgehive_cloudhub_denied_total`).
 //!
 //! With TLS (see [`super::tls`]) the edge must present a client certificate signed by the
 //! cloud CA whose CN is `system:node:{node_id}`; a certificate for another node (or none that
@@ -23,7 +24,7 @@ use super::{
     Admit, AdmitAbandoned, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, Shared,
     CLOUDHUB_MODULE,
 };
-use crate::hive::{Hive, HiveError};
+use crate::hive::{Hive, HiveError, RefusalKind};
 use crate::identity::check_node_name;
 use crate::identity::tls::peer_node;
 
@@ -212,6 +213,14 @@ async fn connect(
         Ok(node) => node,
         Err(reason) => {
             tracing::warn!(peer = ?req.peer_addr(), %reason, "edge connection refused");
+            context.shared.hub.metrics.deny("bad_headers");
+            context.shared.hub.metrics.record_refusal(
+                RefusalKind::Connection,
+                "bad_headers",
+                None,
+                req.peer_addr(),
+                &reason,
+            );
             return Ok(HttpResponse::BadRequest()
                 .content_type("text/plain; charset=utf-8")
                 .body(reason));
@@ -239,6 +248,13 @@ async fn connect(
         if let Some((reason, text)) = refusal {
             tracing::warn!(peer = ?req.peer_addr(), %node, %text, "edge connection refused");
             hub_context.metrics.deny(reason);
+            hub_context.metrics.record_refusal(
+                RefusalKind::Connection,
+                reason,
+                Some(&node),
+                req.peer_addr(),
+                &text,
+            );
             return Ok(HttpResponse::Forbidden()
                 .content_type("text/plain; charset=utf-8")
                 .body(text));
@@ -253,6 +269,13 @@ async fn connect(
         if !known {
             tracing::warn!(peer = ?req.peer_addr(), %node, "edge connection refused: no such Node in the cluster");
             hub_context.metrics.deny("unknown_node");
+            hub_context.metrics.record_refusal(
+                RefusalKind::Connection,
+                "unknown_node",
+                Some(&node),
+                req.peer_addr(),
+                "no such Node in the cluster (modules.cloudHub.refuseUnknownNodes)",
+            );
             return Ok(HttpResponse::Forbidden()
                 .content_type("text/plain; charset=utf-8")
                 .body(format!(
@@ -277,6 +300,7 @@ async fn connect(
     let admit = Admit {
         node: node.clone(),
         session_id,
+        peer: req.peer_addr(),
     };
     // The client cannot send frames before it has this response, so the session is attached
     // to its node before anything it sends arrives.

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use super::metrics::CloudHubMetrics;
 use super::node::{ConnectionStats, FromEdge, HubContext, NodeActor, NodeCell};
 use crate::hive::log::{clip, WarnBudget};
+use crate::hive::RefusalKind;
 
 /// Frames waiting for the socket. Overflow policy: when the peer does not read and this many
 /// frames are queued, the connection is closed (its ACK-lane message is resent on the next
@@ -188,6 +189,13 @@ impl NodeSession {
 
     fn malformed(&mut self, reason: &str, detail: &str) {
         self.metrics().malformed(reason);
+        self.metrics().record_refusal(
+            RefusalKind::Frame,
+            reason,
+            Some(self.cell.name()),
+            None,
+            detail,
+        );
         match self.warnings.take(std::time::Instant::now()) {
             Some(held_back) => {
                 tracing::warn!(node = %self.cell.name(), session = self.session_id, reason, detail = %clip(detail), held_back, "malformed frame ignored");

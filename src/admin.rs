@@ -1,6 +1,6 @@
-//! The admin HTTP endpoint both processes serve: health, readiness, Prometheus metrics, the
-//! supervision tree and the last refusals, plus routes each process adds (connected nodes,
-//! stored metadata).
+//! The admin HTTP endpoint both processes serve: a status page, health, readiness, Prometheus
+//! metrics, the supervision tree and the last refusals, plus routes each process adds
+//! (connected nodes, stored metadata).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +33,7 @@ impl AdminServer {
             let extra = extra.clone();
             App::new()
                 .app_data(web::Data::new(hive.clone()))
+                .route("/", web::get().to(status_page))
                 .route("/healthz", web::get().to(healthz))
                 .route("/readyz", web::get().to(readyz))
                 .route("/metrics", web::get().to(metrics))
@@ -104,6 +105,26 @@ async fn modules(hive: web::Data<Hive>) -> HttpResponse {
         "process": hive.process(),
         "modules": hive.modules(),
     }))
+}
+
+/// The status page: one self-contained file (inline CSS and script, nothing fetched from
+/// elsewhere) that polls the JSON endpoints and `/metrics`.
+const STATUS_PAGE: &str = include_str!("status.html");
+
+/// `GET /`: the status page. The content security policy lets it load nothing but itself and
+/// the endpoint's own answers.
+async fn status_page() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header((
+            "Content-Security-Policy",
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; \
+             frame-ancestors 'none'",
+        ))
+        .insert_header(("X-Content-Type-Options", "nosniff"))
+        .insert_header(("Cache-Control", "no-cache"))
+        .body(STATUS_PAGE)
 }
 
 /// `GET /api/v1/refusals`: how many refusals the process recorded and the last ones, newest

@@ -32,6 +32,17 @@ impl AdminServer {
         let server = HttpServer::new(move || {
             let extra = extra.clone();
             App::new()
+                .wrap_fn(|request, service| {
+                    use actix_web::dev::Service as _;
+                    use futures_util::future::{ready, Either};
+                    if cross_site_write(&request) {
+                        let refused = HttpResponse::Forbidden()
+                            .body("a change from another origin is refused\n");
+                        Either::Left(ready(Ok(request.into_response(refused))))
+                    } else {
+                        Either::Right(service.call(request))
+                    }
+                })
                 .app_data(web::Data::new(hive.clone()))
                 .route("/", web::get().to(status_page))
                 .route("/healthz", web::get().to(healthz))
@@ -64,6 +75,30 @@ impl AdminServer {
     pub async fn stop(&self) {
         self.handle.stop(true).await;
     }
+}
+
+/// A request that would change something (any method but GET and HEAD) sent by a browser from
+/// another origin: a page the operator visits could otherwise write to this endpoint, which has
+/// no authentication. Tools (`edgehive apply`, curl, a runtime) send no `Origin` and pass.
+fn cross_site_write(request: &actix_web::dev::ServiceRequest) -> bool {
+    let method = request.method();
+    if method == actix_web::http::Method::GET || method == actix_web::http::Method::HEAD {
+        return false;
+    }
+    let Some(origin) = request.headers().get(actix_web::http::header::ORIGIN) else {
+        return false;
+    };
+    let host = request
+        .headers()
+        .get(actix_web::http::header::HOST)
+        .and_then(|host| host.to_str().ok())
+        .unwrap_or_default();
+    let same = origin
+        .to_str()
+        .ok()
+        .and_then(|origin| origin.strip_prefix("http://"))
+        .is_some_and(|origin| origin == host);
+    !same
 }
 
 async fn healthz() -> HttpResponse {

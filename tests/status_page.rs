@@ -144,6 +144,56 @@ fn refusals_are_recorded_counted_and_bounded() {
     );
 }
 
+/// `method path` with `headers`, returning the status code.
+fn request_with(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> u16 {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_page_from_another_origin_cannot_change_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    write_manifests(&dir.path().join("manifests"), &[]);
+    let cloud = start_plain_cloud(dir.path(), &dir.path().join("manifests"), 0);
+    let manifest =
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: written\n  namespace: default\n";
+    // What a browser sends for a form or fetch() from a page elsewhere: refused.
+    let status = request_with(
+        &cloud.admin,
+        "POST",
+        "/api/v1/apply",
+        "Origin: http://attacker.example\r\nContent-Type: text/plain\r\n",
+        manifest,
+    );
+    assert_eq!(status, 403);
+    let (_, configmaps) = http(&cloud.admin, "GET", "/api/v1/objects/configmaps", "").unwrap();
+    assert!(!configmaps.contains("written"), "{configmaps}");
+    // The page itself (same origin) and tools (no Origin) may.
+    let own = format!("Origin: http://{}\r\n", cloud.admin);
+    assert_eq!(
+        request_with(&cloud.admin, "POST", "/api/v1/apply", &own, manifest),
+        200
+    );
+    assert_eq!(
+        request_with(&cloud.admin, "POST", "/api/v1/apply", "", manifest),
+        200
+    );
+    // Reading stays open.
+    let foreign = "Origin: http://attacker.example\r\n";
+    assert_eq!(
+        request_with(&cloud.admin, "GET", "/healthz", foreign, ""),
+        200
+    );
+}
+
 /// Where the browser and its driver are (Debian's packages by default).
 fn tool(variable: &str, default: &str) -> PathBuf {
     let path = PathBuf::from(std::env::var(variable).unwrap_or_else(|_| default.to_owned()));

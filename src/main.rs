@@ -19,7 +19,9 @@ use edgehive::edge::EdgeProcess;
 use edgehive_actors::identity::certs::CertAuthority;
 #[cfg(feature = "cloud")]
 use edgehive_actors::identity::token;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::Layer as _;
 
 /// KubeEdge's cloud-edge message routing as an actix actor system.
 #[derive(Debug, Parser)]
@@ -220,16 +222,38 @@ fn main() -> ExitCode {
         Command::Demo { .. } => "warn",
         _ => "info",
     };
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    // RUST_LOG: tracing's EnvFilter syntax; in an edge-only build (no regex engine) a list of
+    // `target=level` directives and a default level.
+    #[cfg(feature = "cloud")]
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    #[cfg(not(feature = "cloud"))]
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|directives| {
+            directives
+                .parse::<tracing_subscriber::filter::Targets>()
+                .ok()
+        })
+        .unwrap_or_else(|| {
+            tracing_subscriber::filter::Targets::new().with_default(
+                default_level
+                    .parse::<tracing::Level>()
+                    .unwrap_or(tracing::Level::INFO),
+            )
+        });
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry();
     match cli.log_format {
-        LogFormat::Text => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        LogFormat::Text => registry
+            .with(
+                logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_filter(filter),
+            )
             .init(),
-        LogFormat::Json => logs.json().flatten_event(true).init(),
+        LogFormat::Json => registry
+            .with(logs.json().flatten_event(true).with_filter(filter))
+            .init(),
     }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,

@@ -413,6 +413,7 @@ const PAGE_STATE: &str = r##"
         refusals: [...document.querySelectorAll("#refusals tr[data-reason]")].map(r => r.dataset.reason),
         denied: document.querySelector('#counters tr[data-metric="edgehive_cloudhub_denied_total"] td')?.textContent,
         edgehub: document.getElementById("edgehub").dataset.connected,
+        edgehubText: document.getElementById("edgehub").textContent,
     };
 "##;
 
@@ -520,6 +521,9 @@ fn status_page_in_headless_chromium() {
         let page = state();
         page["process"] == stays
             && page["edgehub"] == "true"
+            && page["edgehubText"]
+                .as_str()
+                .is_some_and(|text| text.contains(&format!("node {stays}registered")))
             && page["modules"]
                 .as_array()
                 .unwrap()

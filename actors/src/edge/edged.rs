@@ -341,6 +341,7 @@ struct Shared {
     status_busy: AtomicBool,
     lease_busy: AtomicBool,
     flush_busy: AtomicBool,
+    flush_again: AtomicBool,
 }
 
 impl Shared {
@@ -666,11 +667,30 @@ async fn stored_pod(
     }))
 }
 
-/// Sends every waiting pod status and deletion; keeps what the cloud did not take.
+/// Sends every waiting pod status and deletion; keeps what the cloud did not take. A flush
+/// asked for while one runs makes that one go round again, so a report never waits for the
+/// next interval.
 async fn flush(hive: &Hive, shared: &Shared) {
-    if !shared.connected() || shared.flush_busy.swap(true, Ordering::AcqRel) {
+    if !shared.connected() {
         return;
     }
+    shared.flush_again.store(true, Ordering::Release);
+    loop {
+        if shared.flush_busy.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        while shared.flush_again.swap(false, Ordering::AcqRel) && shared.connected() {
+            flush_once(hive, shared).await;
+        }
+        shared.flush_busy.store(false, Ordering::Release);
+        // Asked again between the last round and letting go: go round once more.
+        if !shared.flush_again.load(Ordering::Acquire) || !shared.connected() {
+            return;
+        }
+    }
+}
+
+async fn flush_once(hive: &Hive, shared: &Shared) {
     let (statuses, deletions) = {
         let state = shared.state();
         (state.pod_statuses.clone(), state.deletions.clone())
@@ -752,7 +772,6 @@ async fn flush(hive: &Hive, shared: &Shared) {
             Err(error) => shared.fail("pod deletion got no answer", error),
         }
     }
-    shared.flush_busy.store(false, Ordering::Release);
 }
 
 fn confirm(shared: &Shared, namespace: String, name: String, uid: String) -> Result<(), NodeError> {
@@ -854,6 +873,7 @@ impl Module for NodeModule {
                     status_busy: AtomicBool::new(false),
                     lease_busy: AtomicBool::new(false),
                     flush_busy: AtomicBool::new(false),
+                    flush_again: AtomicBool::new(false),
                 })
             })
             .clone();

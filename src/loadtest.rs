@@ -3,10 +3,22 @@
 //!
 //! Each simulated edge opens a WebSocket with KubeEdge's headers (optionally mutual TLS with
 //! a certificate for `system:node:{name}` signed from the cloud's CA files), sends a keepalive
-//! every `heartbeat`, and ACKs every message it receives that is not itself a reply. The
-//! scenario here is "connect N and hold": when all are connected the tool samples the cloud
-//! process (`--cloud-pid`: CPU time and resident memory from `/proc`) over the hold window
-//! and prints one JSON line with the result.
+//! every `heartbeat`, and ACKs every message it receives that is not itself a reply.
+//! Scenarios (`--scenario`):
+//!
+//! - `hold`: connect N and hold; the tool samples the cloud process (`--cloud-pid`: CPU time
+//!   and resident memory from `/proc`) over the hold window.
+//! - `fanout`: connect N, then write `--changes` pod changes at `--rate` per second through
+//!   the cloud's admin endpoint (`--admin`, the embedded cluster), one pod per node updated
+//!   round-robin. Each write carries its time in an annotation; an edge that receives it ACKs
+//!   and notes the latency from the write to its ACK. The run ends when every pod's last
+//!   version has arrived.
+//! - `storm`: connect N, then every edge drops its connection at once; one change per node is
+//!   written while they are away; all reconnect together. Reports the time until every edge
+//!   has its change again, the connection attempts refused, and the cloud's peak memory.
+//!
+//! Progress goes to standard error; the result is one JSON line (and, with `--markdown`, a
+//! table row).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -20,7 +32,22 @@ use edgehive_actors::identity::tls::edge_client_config;
 use edgehive_protocols::{decode, encode, Message, Operation};
 use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
+
+/// The annotation carrying a change's write time (unix microseconds).
+const WRITTEN_AT: &str = "edgehive.io/written-at";
+
+/// What the tool does once the fleet is connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// Hold the fleet and sample the cloud.
+    Hold,
+    /// Object changes spread over the nodes: latency and deliveries per second.
+    Fanout,
+    /// Every edge drops and reconnects at once: time until all are caught up.
+    Storm,
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -42,6 +69,14 @@ pub struct LoadOptions {
     pub ca: Option<(PathBuf, PathBuf)>,
     /// The cloud process to sample (Linux `/proc`).
     pub cloud_pid: Option<u32>,
+    /// What to run once connected.
+    pub scenario: Scenario,
+    /// The cloud's admin endpoint (`host:port`), where `fanout` and `storm` write.
+    pub admin: Option<String>,
+    /// `fanout`: changes per second.
+    pub rate: u32,
+    /// `fanout`: changes in all.
+    pub changes: u64,
 }
 
 /// One run's outcome, printed as JSON.
@@ -73,6 +108,40 @@ pub struct LoadReport {
     /// The cloud's resident memory divided by the connected edges (KiB), not subtracting
     /// the process's base.
     pub cloud_rss_kib_per_edge: Option<f64>,
+    /// The cloud's peak resident memory over the run (KiB).
+    pub cloud_peak_rss_kib: Option<u64>,
+    /// The scenario run.
+    pub scenario: Scenario,
+    /// `fanout`/`storm`: what the changes did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes: Option<ChangeReport>,
+}
+
+/// Changes written and what reached the edges.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangeReport {
+    /// Changes written to the cluster.
+    pub written: u64,
+    /// Changes the edges received and ACKed (fewer than written when a newer version of a
+    /// pod replaced one still queued: the cloud sends the newest).
+    pub delivered: u64,
+    /// Pods whose last version reached their edge, of all pods changed.
+    pub final_versions_delivered: usize,
+    /// Pods changed.
+    pub pods: usize,
+    /// From the first write to the last delivery, seconds.
+    pub seconds: f64,
+    /// Deliveries per second over that time.
+    pub deliveries_per_second: f64,
+    /// Latency from the write to the edge's ACK, milliseconds.
+    pub latency_ms_p50: f64,
+    /// 99th percentile.
+    pub latency_ms_p99: f64,
+    /// Largest.
+    pub latency_ms_max: f64,
+    /// `storm`: connection attempts that failed while everyone reconnected.
+    pub reconnects_refused: u64,
 }
 
 #[derive(Default)]
@@ -81,6 +150,24 @@ struct Fleet {
     failed: AtomicUsize,
     frames_in: AtomicU64,
     acks: AtomicU64,
+    /// Connection attempts refused after the first connect (the storm).
+    refused_again: AtomicU64,
+    /// Changes received (with a write time) and ACKed.
+    delivered: AtomicU64,
+    /// Latencies from write to ACK, microseconds.
+    latencies: std::sync::Mutex<Vec<u64>>,
+    /// Highest change number received per node index.
+    seen: Vec<AtomicU64>,
+    /// When the last change was received (microseconds since the epoch).
+    last_delivery: AtomicU64,
+}
+
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
 }
 
 /// Runs the fleet and returns its report.
@@ -91,8 +178,24 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         )),
         None => None,
     };
-    let fleet = Arc::new(Fleet::default());
+    let admin = match options.scenario {
+        Scenario::Hold => None,
+        Scenario::Fanout | Scenario::Storm => Some(options.admin.clone().context(
+            "--admin HOST:PORT (the cloud's admin endpoint) is needed to write changes",
+        )?),
+    };
+    if let Some(admin) = &admin {
+        create_nodes(admin, &options.prefix, options.edges).await?;
+    }
+    let fleet = Arc::new(Fleet {
+        seen: (0..options.edges).map(|_| AtomicU64::new(0)).collect(),
+        ..Fleet::default()
+    });
     let gate = Arc::new(Semaphore::new(options.concurrency.max(1)));
+    let (storm, storm_signal) = watch::channel(0u64);
+    let peak = options
+        .cloud_pid
+        .map(|pid| Arc::new(PeakSampler::start(pid)));
     let started = Instant::now();
     let mut connecting = Vec::with_capacity(options.edges);
     for index in 0..options.edges {
@@ -108,22 +211,40 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         );
         let (fleet, gate) = (fleet.clone(), gate.clone());
         let heartbeat = options.heartbeat;
+        let mut storm = storm_signal.clone();
         connecting.push(actix_rt::spawn(async move {
-            let permit = gate.acquire_owned().await;
-            let request = client
-                .ws(url.as_str())
-                .header("node_id", node.as_str())
-                .header("project_id", "e632aba927ea4ac2b575ec1603d56f10")
-                .header("ConnectionUse", "msg");
-            match tokio::time::timeout(Duration::from_secs(30), request.connect()).await {
-                Ok(Ok((_, socket))) => {
-                    drop(permit);
-                    fleet.connected.fetch_add(1, Ordering::Relaxed);
-                    edge(socket, heartbeat, &fleet).await;
-                    fleet.connected.fetch_sub(1, Ordering::Relaxed);
-                }
-                _ => {
-                    fleet.failed.fetch_add(1, Ordering::Relaxed);
+            let mut first = true;
+            loop {
+                let permit = gate.clone().acquire_owned().await;
+                let request = client
+                    .ws(url.as_str())
+                    .header("node_id", node.as_str())
+                    .header("project_id", "e632aba927ea4ac2b575ec1603d56f10")
+                    .header("ConnectionUse", "msg");
+                match tokio::time::timeout(Duration::from_secs(30), request.connect()).await {
+                    Ok(Ok((_, socket))) => {
+                        drop(permit);
+                        first = false;
+                        fleet.connected.fetch_add(1, Ordering::Relaxed);
+                        let stormed = edge(socket, heartbeat, &fleet, index, &mut storm).await;
+                        fleet.connected.fetch_sub(1, Ordering::Relaxed);
+                        if !stormed {
+                            return;
+                        }
+                        // Wait for the word to come back, then dial with everyone else.
+                        if storm.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    _ if first => {
+                        fleet.failed.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    _ => {
+                        drop(permit);
+                        fleet.refused_again.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
             }
         }));
@@ -147,7 +268,16 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     let frames_before = fleet.frames_in.load(Ordering::Relaxed);
     let cpu_before = options.cloud_pid.and_then(cpu_ticks);
     let hold_started = Instant::now();
-    tokio::time::sleep(options.hold).await;
+    let changes = match (options.scenario, &admin) {
+        (Scenario::Fanout, Some(admin)) => Some(fanout(&options, admin, &fleet).await?),
+        (Scenario::Storm, Some(admin)) => {
+            Some(reconnect_storm(&options, admin, &fleet, &storm).await?)
+        }
+        _ => {
+            tokio::time::sleep(options.hold).await;
+            None
+        }
+    };
     let hold_seconds = hold_started.elapsed().as_secs_f64();
     let cpu_after = options.cloud_pid.and_then(cpu_ticks);
     let cloud_cpu_percent = match (cpu_before, cpu_after) {
@@ -175,7 +305,261 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         cloud_rss_kib_per_edge: cloud_rss_kib
             .filter(|_| connected > 0)
             .map(|rss| rss as f64 / connected as f64),
+        cloud_peak_rss_kib: peak.map(|peak| peak.peak()),
+        scenario: options.scenario,
+        changes,
     })
+}
+
+/// The report as a markdown table (header and one row).
+pub fn markdown(report: &LoadReport) -> String {
+    let mut table = String::from(
+        "| scenario | edges | connected | tls | cloud CPU % | cloud RSS KiB | KiB/edge | peak RSS KiB | written | delivered | final versions | deliveries/s | p50 ms | p99 ms | max ms | refused on reconnect | seconds |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let opt = |value: Option<f64>| value.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    let changes = report.changes.as_ref();
+    table.push_str(&format!(
+        "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        report.scenario,
+        report.edges,
+        report.connected,
+        report.tls,
+        opt(report.cloud_cpu_percent),
+        report.cloud_rss_kib.map_or("-".into(), |v| v.to_string()),
+        opt(report.cloud_rss_kib_per_edge),
+        report.cloud_peak_rss_kib.map_or("-".into(), |v| v.to_string()),
+        changes.map_or("-".into(), |c| c.written.to_string()),
+        changes.map_or("-".into(), |c| c.delivered.to_string()),
+        changes.map_or("-".into(), |c| format!("{}/{}", c.final_versions_delivered, c.pods)),
+        opt(changes.map(|c| c.deliveries_per_second)),
+        opt(changes.map(|c| c.latency_ms_p50)),
+        opt(changes.map(|c| c.latency_ms_p99)),
+        opt(changes.map(|c| c.latency_ms_max)),
+        changes.map_or("-".into(), |c| c.reconnects_refused.to_string()),
+        changes.map_or(format!("{:.1}", report.hold_seconds), |c| format!("{:.1}", c.seconds)),
+    ));
+    table
+}
+
+/// Creates the fleet's Node objects (edge label) through the admin endpoint, 500 a request.
+async fn create_nodes(admin: &str, prefix: &str, edges: usize) -> anyhow::Result<()> {
+    let indices: Vec<usize> = (0..edges).collect();
+    for chunk in indices.chunks(500) {
+        let body: String = chunk
+            .iter()
+            .map(|index| {
+                format!(
+                    "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {prefix}{index}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n"
+                )
+            })
+            .collect();
+        apply(admin, body).await?;
+    }
+    Ok(())
+}
+
+async fn apply(admin: &str, body: String) -> anyhow::Result<()> {
+    let client = awc::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .finish();
+    let mut response = client
+        .post(format!("http://{admin}/api/v1/apply"))
+        .send_body(body)
+        .await
+        .map_err(|error| anyhow::anyhow!("apply at {admin}: {error}"))?;
+    if !response.status().is_success() {
+        let text = response.body().limit(64 * 1024).await.unwrap_or_default();
+        anyhow::bail!(
+            "apply at {admin}: {} {}",
+            response.status(),
+            String::from_utf8_lossy(&text)
+        );
+    }
+    Ok(())
+}
+
+/// The pod of node `index` at change number `seq`, stamped with the write time.
+fn pod_change(prefix: &str, index: usize, seq: u64) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
+         \x20 labels:\n    seq: \"{seq}\"\n  annotations:\n    {WRITTEN_AT}: \"{}\"\n\
+         spec:\n  nodeName: {prefix}{index}\n  containers:\n  - name: c\n    image: nginx\n",
+        now_micros()
+    )
+}
+
+/// Writes `--changes` changes at `--rate`, round-robin over the nodes, then waits until every
+/// pod's last version arrived (at most 60 s after the last write).
+async fn fanout(options: &LoadOptions, admin: &str, fleet: &Fleet) -> anyhow::Result<ChangeReport> {
+    let edges = options.edges.max(1);
+    let rate = u64::from(options.rate.max(1));
+    // Ten batches a second; each batch is one apply request.
+    let per_batch = rate.div_ceil(10);
+    let first_write = now_micros();
+    let began = Instant::now();
+    let mut written = 0u64;
+    let mut last_seq = vec![0u64; edges];
+    while written < options.changes {
+        let batch = per_batch.min(options.changes - written);
+        let mut body = String::new();
+        for k in written..written + batch {
+            let index = usize::try_from(k % edges as u64).unwrap_or(0);
+            let seq = k / edges as u64 + 1;
+            last_seq[index] = seq;
+            body.push_str(&pod_change(&options.prefix, index, seq));
+        }
+        apply(admin, body).await?;
+        written += batch;
+        if written % (rate * 2) < batch {
+            eprintln!(
+                "loadtest: {written} of {} changes written, {} delivered",
+                options.changes,
+                fleet.delivered.load(Ordering::Relaxed)
+            );
+        }
+        // Keep to the rate: batch n goes out at n/10 s.
+        let due = Duration::from_millis(written * 1000 / rate);
+        if let Some(wait) = due.checked_sub(began.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    wait_for_final(fleet, &last_seq).await;
+    Ok(change_report(fleet, written, &last_seq, first_write, 0))
+}
+
+/// Every edge drops its connection at once; one change per node is written while they are
+/// away; all reconnect together. Ends when every node has its change (at most 60 s after).
+async fn reconnect_storm(
+    options: &LoadOptions,
+    admin: &str,
+    fleet: &Fleet,
+    storm: &watch::Sender<u64>,
+) -> anyhow::Result<ChangeReport> {
+    let edges = options.edges;
+    storm.send_modify(|generation| *generation += 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fleet.connected.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let last_seq = vec![1u64; edges];
+    let indices: Vec<usize> = (0..edges).collect();
+    for chunk in indices.chunks(500) {
+        let body: String = chunk
+            .iter()
+            .map(|index| pod_change(&options.prefix, *index, 1))
+            .collect();
+        apply(admin, body).await?;
+    }
+    eprintln!("loadtest: {edges} edges away, one change each written; all reconnect now");
+    let reconnect_began = now_micros();
+    storm.send_modify(|generation| *generation += 1);
+    wait_for_final(fleet, &last_seq).await;
+    Ok(change_report(
+        fleet,
+        edges as u64,
+        &last_seq,
+        reconnect_began,
+        fleet.refused_again.load(Ordering::Relaxed),
+    ))
+}
+
+/// Waits until every node has seen its last change, at most 60 s without progress.
+async fn wait_for_final(fleet: &Fleet, last_seq: &[u64]) {
+    let mut progress = (0, Instant::now());
+    loop {
+        let done = final_versions(fleet, last_seq);
+        if done == last_seq.len() {
+            return;
+        }
+        if done != progress.0 {
+            progress = (done, Instant::now());
+            eprintln!(
+                "loadtest: {done} of {} pods have their last version",
+                last_seq.len()
+            );
+        } else if progress.1.elapsed() > Duration::from_secs(60) {
+            eprintln!("loadtest: no progress for 60 s; reporting what arrived");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn final_versions(fleet: &Fleet, last_seq: &[u64]) -> usize {
+    last_seq
+        .iter()
+        .zip(&fleet.seen)
+        .filter(|(last, seen)| seen.load(Ordering::Relaxed) >= **last)
+        .count()
+}
+
+fn change_report(
+    fleet: &Fleet,
+    written: u64,
+    last_seq: &[u64],
+    since_micros: u64,
+    reconnects_refused: u64,
+) -> ChangeReport {
+    let mut latencies = fleet
+        .latencies
+        .lock()
+        .map(|latencies| latencies.clone())
+        .unwrap_or_default();
+    latencies.sort_unstable();
+    let percentile = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let rank = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len());
+        latencies[rank - 1] as f64 / 1000.0
+    };
+    let delivered = fleet.delivered.load(Ordering::Relaxed);
+    let seconds = fleet
+        .last_delivery
+        .load(Ordering::Relaxed)
+        .saturating_sub(since_micros) as f64
+        / 1e6;
+    ChangeReport {
+        written,
+        delivered,
+        final_versions_delivered: final_versions(fleet, last_seq),
+        pods: last_seq.len(),
+        seconds,
+        deliveries_per_second: if seconds > 0.0 {
+            delivered as f64 / seconds
+        } else {
+            0.0
+        },
+        latency_ms_p50: percentile(0.50),
+        latency_ms_p99: percentile(0.99),
+        latency_ms_max: percentile(1.0),
+        reconnects_refused,
+    }
+}
+
+/// Samples a process's VmHWM-like peak: its VmRSS every 100 ms (VmHWM would include the
+/// time before the run).
+struct PeakSampler {
+    peak: Arc<AtomicU64>,
+}
+
+impl PeakSampler {
+    fn start(pid: u32) -> PeakSampler {
+        let peak = Arc::new(AtomicU64::new(0));
+        let sampled = peak.clone();
+        actix_rt::spawn(async move {
+            while let Some(rss) = rss_kib(pid) {
+                sampled.fetch_max(rss, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        PeakSampler { peak }
+    }
+
+    fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
 }
 
 fn tls_client(ca: &CertAuthority, node: &str) -> anyhow::Result<awc::Client> {
@@ -190,20 +574,32 @@ fn tls_client(ca: &CertAuthority, node: &str) -> anyhow::Result<awc::Client> {
         .finish())
 }
 
-/// One simulated edge: keepalives on time, an ACK for every message that wants one.
-async fn edge<S>(mut socket: S, heartbeat: Duration, fleet: &Fleet)
+/// One simulated edge: keepalives on time, an ACK for every message that wants one, and the
+/// latency of each stamped change. Returns `true` when it left because of a storm.
+async fn edge<S>(
+    mut socket: S,
+    heartbeat: Duration,
+    fleet: &Fleet,
+    index: usize,
+    storm: &mut watch::Receiver<u64>,
+) -> bool
 where
     S: futures_util::Stream<Item = Result<Frame, awc::error::WsProtocolError>>
         + futures_util::Sink<WsMessage, Error = awc::error::WsProtocolError>
         + Unpin,
 {
     let mut keepalive = tokio::time::interval(heartbeat);
+    storm.borrow_and_update();
     loop {
         tokio::select! {
+            _ = storm.changed() => {
+                let _ = socket.close().await;
+                return true;
+            }
             _ = keepalive.tick() => {
                 let frame = encode(&Message::keepalive());
                 if socket.send(WsMessage::Text(frame.into())).await.is_err() {
-                    return;
+                    return false;
                 }
             }
             frame = socket.next() => {
@@ -213,7 +609,7 @@ where
                         let _ = socket.send(WsMessage::Pong(bytes)).await;
                         continue;
                     }
-                    Some(Ok(Frame::Close(_))) | Some(Err(_)) | None => return,
+                    Some(Ok(Frame::Close(_))) | Some(Err(_)) | None => return false,
                     Some(Ok(_)) => continue,
                 };
                 fleet.frames_in.fetch_add(1, Ordering::Relaxed);
@@ -223,11 +619,37 @@ where
                 }
                 let ack = Message::response_to(&message, serde_json::Value::from("OK"));
                 if socket.send(WsMessage::Text(encode(&ack).into())).await.is_err() {
-                    return;
+                    return false;
                 }
                 fleet.acks.fetch_add(1, Ordering::Relaxed);
+                note_change(fleet, index, &message);
             }
         }
+    }
+}
+
+/// A stamped change that reached this edge (and was just ACKed): its latency and number.
+fn note_change(fleet: &Fleet, index: usize, message: &Message) {
+    let metadata = &message.content["metadata"];
+    let Some(written) = metadata["annotations"][WRITTEN_AT]
+        .as_str()
+        .and_then(|text| text.parse::<u64>().ok())
+    else {
+        return;
+    };
+    let now = now_micros();
+    fleet.delivered.fetch_add(1, Ordering::Relaxed);
+    fleet.last_delivery.fetch_max(now, Ordering::Relaxed);
+    if let Ok(mut latencies) = fleet.latencies.lock() {
+        latencies.push(now.saturating_sub(written));
+    }
+    if let (Some(seen), Some(seq)) = (
+        fleet.seen.get(index),
+        metadata["labels"]["seq"]
+            .as_str()
+            .and_then(|text| text.parse::<u64>().ok()),
+    ) {
+        seen.fetch_max(seq, Ordering::Relaxed);
     }
 }
 

@@ -106,6 +106,23 @@ enum Command {
         /// PID of the cloud process, to report its CPU and resident memory.
         #[arg(long)]
         cloud_pid: Option<u32>,
+        /// What to run once connected: hold, fanout (changes spread over the nodes) or
+        /// storm (every edge drops and reconnects at once).
+        #[arg(long, value_enum, default_value = "hold")]
+        scenario: edgehive::loadtest::Scenario,
+        /// The cloud's admin endpoint, HOST:PORT: fanout and storm create the fleet's Nodes
+        /// and write their changes there (the embedded cluster).
+        #[arg(long)]
+        admin: Option<String>,
+        /// fanout: changes per second.
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
+        /// fanout: changes in all.
+        #[arg(long, default_value_t = 10000)]
+        changes: u64,
+        /// Also print the result as a markdown table.
+        #[arg(long)]
+        markdown: bool,
     },
     #[cfg(feature = "cloud")]
     /// Create or replace objects in a running cloud's embedded cluster (YAML or JSON).
@@ -432,8 +449,17 @@ fn run(command: Command) -> anyhow::Result<()> {
             ca_cert,
             ca_key,
             cloud_pid,
+            scenario,
+            admin,
+            rate,
+            changes,
+            markdown,
         } => {
             let options = edgehive::loadtest::LoadOptions {
+                scenario,
+                admin,
+                rate,
+                changes,
                 cloud,
                 edges,
                 prefix,
@@ -445,6 +471,9 @@ fn run(command: Command) -> anyhow::Result<()> {
             };
             let report = actix_rt::System::new().block_on(edgehive::loadtest::run(options))?;
             println!("{}", serde_json::to_string(&report)?);
+            if markdown {
+                print!("{}", edgehive::loadtest::markdown(&report));
+            }
             Ok(())
         }
         #[cfg(feature = "cloud")]

@@ -54,3 +54,79 @@ fn a_small_fleet_connects_holds_and_acks_every_pod() {
     assert!(report["cloudCpuPercent"].as_f64().is_some(), "{report}");
     cloud.terminate();
 }
+
+/// Runs `edgehive loadtest` with `args` against `cloud` and returns its JSON report.
+fn loadtest(cloud: &support::process::PlainCloud, args: &[&str]) -> Value {
+    let output = Command::new(BIN)
+        .args([
+            "loadtest",
+            "--cloud",
+            &cloud.websocket,
+            "--admin",
+            &cloud.admin,
+        ])
+        .args(["--cloud-pid", &cloud.process.id().to_string()])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "loadtest failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(stdout.lines().next().unwrap()).unwrap()
+}
+
+#[test]
+fn fanout_smoke_every_pod_gets_its_last_version_and_every_delivery_is_acked() {
+    const EDGES: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    // The tool creates the fleet's Nodes itself.
+    let cloud = support::process::start_plain_cloud(dir.path(), &manifests, 0);
+    let report = loadtest(
+        &cloud,
+        &[
+            "--edges",
+            "200",
+            "--scenario",
+            "fanout",
+            "--rate",
+            "400",
+            "--changes",
+            "800",
+        ],
+    );
+    assert_eq!(report["connected"], EDGES, "{report}");
+    assert_eq!(report["connectedAtEnd"], EDGES, "{report}");
+    let changes = &report["changes"];
+    assert_eq!(changes["written"], 800, "{report}");
+    assert_eq!(changes["pods"], EDGES, "{report}");
+    assert_eq!(changes["finalVersionsDelivered"], EDGES, "{report}");
+    // Every change that arrived was ACKed (newer versions may replace queued ones).
+    let delivered = changes["delivered"].as_u64().unwrap();
+    assert!((EDGES as u64..=800).contains(&delivered), "{report}");
+    assert!(
+        report["acksSent"].as_u64().unwrap() >= delivered,
+        "{report}"
+    );
+}
+
+#[test]
+fn storm_smoke_every_edge_reconnects_and_gets_what_changed_while_away() {
+    const EDGES: usize = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    let cloud = support::process::start_plain_cloud(dir.path(), &manifests, 0);
+    let report = loadtest(&cloud, &["--edges", "100", "--scenario", "storm"]);
+    assert_eq!(report["connected"], EDGES, "{report}");
+    assert_eq!(report["connectedAtEnd"], EDGES, "{report}");
+    assert_eq!(
+        report["changes"]["finalVersionsDelivered"], EDGES,
+        "{report}"
+    );
+    assert!(report["cloudPeakRssKib"].as_u64().unwrap() > 0, "{report}");
+}

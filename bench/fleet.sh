@@ -12,7 +12,9 @@ scenario=${1:?scenario: hold, fanout or storm}
 edges=${2:?edges}
 shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
+# EDGEHIVE: the load tool's binary; CLOUD_EDGEHIVE: the cloud's (an older build to compare).
 bin=${EDGEHIVE:-$root/target/release/edgehive}
+cloud_bin=${CLOUD_EDGEHIVE:-$bin}
 # One socket per edge on each side; this machine allows 20,000 open files per process.
 ulimit -Sn "$(ulimit -Hn)"
 work=$(mktemp -d)
@@ -39,7 +41,7 @@ modules:
     tlsCertFile: $work/certs/server.crt
     tlsPrivateKeyFile: $work/certs/server.key
 YAML
-"$bin" cloud --config "$work/cloud.yaml" > "$work/cloud.out" 2> "$work/cloud.err" &
+"$cloud_bin" cloud --config "$work/cloud.yaml" > "$work/cloud.out" 2> "$work/cloud.err" &
 cloud=$!
 for _ in $(seq 50); do
   [ -s "$work/cloud.out" ] && break

@@ -47,6 +47,8 @@ pub enum Scenario {
     Fanout,
     /// Every edge drops and reconnects at once: time until all are caught up.
     Storm,
+    /// One ConfigMap every node's pod uses, changed at a rate: each change goes to all nodes.
+    Broadcast,
 }
 
 /// What to run.
@@ -103,6 +105,9 @@ pub struct LoadReport {
     pub acks_sent: u64,
     /// The cloud's CPU use over the hold, in percent of one core.
     pub cloud_cpu_percent: Option<f64>,
+    /// The tool's own CPU use over the same window (it shares the machine), percent of one
+    /// core.
+    pub tool_cpu_percent: Option<f64>,
     /// The cloud's resident memory at the end (KiB).
     pub cloud_rss_kib: Option<u64>,
     /// The cloud's resident memory divided by the connected edges (KiB), not subtracting
@@ -180,9 +185,11 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     };
     let admin = match options.scenario {
         Scenario::Hold => None,
-        Scenario::Fanout | Scenario::Storm => Some(options.admin.clone().context(
-            "--admin HOST:PORT (the cloud's admin endpoint) is needed to write changes",
-        )?),
+        Scenario::Fanout | Scenario::Storm | Scenario::Broadcast => {
+            Some(options.admin.clone().context(
+                "--admin HOST:PORT (the cloud's admin endpoint) is needed to write changes",
+            )?)
+        }
     };
     if let Some(admin) = &admin {
         create_nodes(admin, &options.prefix, options.edges).await?;
@@ -267,12 +274,14 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     let connected = fleet.connected.load(Ordering::Relaxed);
     let frames_before = fleet.frames_in.load(Ordering::Relaxed);
     let cpu_before = options.cloud_pid.and_then(cpu_ticks);
+    let tool_before = cpu_ticks(std::process::id());
     let hold_started = Instant::now();
     let changes = match (options.scenario, &admin) {
         (Scenario::Fanout, Some(admin)) => Some(fanout(&options, admin, &fleet).await?),
         (Scenario::Storm, Some(admin)) => {
             Some(reconnect_storm(&options, admin, &fleet, &storm).await?)
         }
+        (Scenario::Broadcast, Some(admin)) => Some(broadcast(&options, admin, &fleet).await?),
         _ => {
             tokio::time::sleep(options.hold).await;
             None
@@ -280,6 +289,9 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     };
     let hold_seconds = hold_started.elapsed().as_secs_f64();
     let cpu_after = options.cloud_pid.and_then(cpu_ticks);
+    let tool_cpu_percent = tool_before
+        .zip(cpu_ticks(std::process::id()))
+        .map(|(before, after)| (after - before) as f64 / hold_seconds);
     let cloud_cpu_percent = match (cpu_before, cpu_after) {
         // Linux reports CPU time in clock ticks of 1/100 s.
         (Some(before), Some(after)) => Some((after - before) as f64 / hold_seconds),
@@ -301,6 +313,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         frames_received_while_holding: fleet.frames_in.load(Ordering::Relaxed) - frames_before,
         acks_sent: fleet.acks.load(Ordering::Relaxed),
         cloud_cpu_percent,
+        tool_cpu_percent,
         cloud_rss_kib,
         cloud_rss_kib_per_edge: cloud_rss_kib
             .filter(|_| connected > 0)
@@ -314,18 +327,19 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
 /// The report as a markdown table (header and one row).
 pub fn markdown(report: &LoadReport) -> String {
     let mut table = String::from(
-        "| scenario | edges | connected | tls | cloud CPU % | cloud RSS KiB | KiB/edge | peak RSS KiB | written | delivered | final versions | deliveries/s | p50 ms | p99 ms | max ms | refused on reconnect | seconds |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| scenario | edges | connected | tls | cloud CPU % | tool CPU % | cloud RSS KiB | KiB/edge | peak RSS KiB | written | delivered | final versions | deliveries/s | p50 ms | p99 ms | max ms | refused on reconnect | seconds |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let opt = |value: Option<f64>| value.map_or("-".to_owned(), |v| format!("{v:.1}"));
     let changes = report.changes.as_ref();
     table.push_str(&format!(
-        "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
         report.scenario,
         report.edges,
         report.connected,
         report.tls,
         opt(report.cloud_cpu_percent),
+        opt(report.tool_cpu_percent),
         report.cloud_rss_kib.map_or("-".into(), |v| v.to_string()),
         opt(report.cloud_rss_kib_per_edge),
         report.cloud_peak_rss_kib.map_or("-".into(), |v| v.to_string()),
@@ -387,6 +401,75 @@ fn pod_change(prefix: &str, index: usize, seq: u64) -> String {
          spec:\n  nodeName: {prefix}{index}\n  containers:\n  - name: c\n    image: nginx\n",
         now_micros()
     )
+}
+
+/// Gives every node a pod that mounts ConfigMap `fan-shared`, waits until each has its pod,
+/// then changes the ConfigMap `--changes` times at `--rate` per second: every change goes to
+/// every node (encoded once in the cloud). Ends when every node has the last version.
+async fn broadcast(
+    options: &LoadOptions,
+    admin: &str,
+    fleet: &Fleet,
+) -> anyhow::Result<ChangeReport> {
+    let edges = options.edges;
+    let indices: Vec<usize> = (0..edges).collect();
+    for chunk in indices.chunks(500) {
+        let body: String = chunk
+            .iter()
+            .map(|index| {
+                format!(
+                    "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
+                     spec:\n  nodeName: {}{index}\n  containers:\n  - name: c\n    image: nginx\n\
+                     \x20 volumes:\n  - name: shared\n    configMap:\n      name: fan-shared\n",
+                    options.prefix
+                )
+            })
+            .collect();
+        apply(admin, body).await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while fleet.acks.load(Ordering::Relaxed) < edges as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "loadtest: {} pods ACKed; changing the ConfigMap they all use",
+        fleet.acks.load(Ordering::Relaxed)
+    );
+    let rate = u64::from(options.rate.max(1));
+    let first_write = now_micros();
+    let began = Instant::now();
+    for seq in 1..=options.changes {
+        apply(
+            admin,
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fan-shared\n  namespace: default\n\
+                 \x20 labels:\n    seq: \"{seq}\"\n  annotations:\n    {WRITTEN_AT}: \"{}\"\n\
+                 data:\n  seq: \"{seq}\"\n",
+                now_micros()
+            ),
+        )
+        .await?;
+        if seq % rate.max(1) == 0 {
+            eprintln!(
+                "loadtest: {seq} of {} changes written, {} delivered",
+                options.changes,
+                fleet.delivered.load(Ordering::Relaxed)
+            );
+        }
+        let due = Duration::from_millis(seq * 1000 / rate);
+        if let Some(wait) = due.checked_sub(began.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    let last_seq = vec![options.changes; edges];
+    wait_for_final(fleet, &last_seq).await;
+    Ok(change_report(
+        fleet,
+        options.changes,
+        &last_seq,
+        first_write,
+        0,
+    ))
 }
 
 /// Writes `--changes` changes at `--rate`, round-robin over the nodes, then waits until every

@@ -106,18 +106,19 @@ enum Command {
         /// PID of the cloud process, to report its CPU and resident memory.
         #[arg(long)]
         cloud_pid: Option<u32>,
-        /// What to run once connected: hold, fanout (changes spread over the nodes) or
-        /// storm (every edge drops and reconnects at once).
+        /// What to run once connected: hold, fanout (changes spread over the nodes), storm
+        /// (every edge drops and reconnects at once) or broadcast (one ConfigMap all nodes'
+        /// pods use, changed --changes times at --rate).
         #[arg(long, value_enum, default_value = "hold")]
         scenario: edgehive::loadtest::Scenario,
         /// The cloud's admin endpoint, HOST:PORT: fanout and storm create the fleet's Nodes
         /// and write their changes there (the embedded cluster).
         #[arg(long)]
         admin: Option<String>,
-        /// fanout: changes per second.
+        /// fanout, broadcast: changes per second.
         #[arg(long, default_value_t = 1000)]
         rate: u32,
-        /// fanout: changes in all.
+        /// fanout, broadcast: changes in all.
         #[arg(long, default_value_t = 10000)]
         changes: u64,
         /// Also print the result as a markdown table.

@@ -130,3 +130,39 @@ fn storm_smoke_every_edge_reconnects_and_gets_what_changed_while_away() {
     );
     assert!(report["cloudPeakRssKib"].as_u64().unwrap() > 0, "{report}");
 }
+
+#[test]
+fn broadcast_smoke_every_node_gets_the_last_version_of_the_shared_configmap() {
+    const EDGES: usize = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    let cloud = support::process::start_plain_cloud(dir.path(), &manifests, 0);
+    let report = loadtest(
+        &cloud,
+        &[
+            "--edges",
+            "50",
+            "--scenario",
+            "broadcast",
+            "--rate",
+            "10",
+            "--changes",
+            "5",
+        ],
+    );
+    assert_eq!(report["connectedAtEnd"], EDGES, "{report}");
+    let changes = &report["changes"];
+    assert_eq!(changes["written"], 5, "{report}");
+    assert_eq!(changes["finalVersionsDelivered"], EDGES, "{report}");
+    let delivered = changes["delivered"].as_u64().unwrap();
+    assert!(
+        (EDGES as u64..=5 * EDGES as u64).contains(&delivered),
+        "{report}"
+    );
+    // Every pod and every ConfigMap version that arrived was ACKed.
+    assert!(
+        report["acksSent"].as_u64().unwrap() >= delivered + EDGES as u64,
+        "{report}"
+    );
+}

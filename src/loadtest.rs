@@ -356,21 +356,27 @@ pub fn markdown(report: &LoadReport) -> String {
     table
 }
 
-/// Creates the fleet's Node objects (edge label) through the admin endpoint, 500 a request.
-async fn create_nodes(admin: &str, prefix: &str, edges: usize) -> anyhow::Result<()> {
+/// Applies one manifest per node (`manifest(index)`), 500 a request.
+async fn apply_per_node(
+    admin: &str,
+    edges: usize,
+    manifest: impl Fn(usize) -> String,
+) -> anyhow::Result<()> {
     let indices: Vec<usize> = (0..edges).collect();
     for chunk in indices.chunks(500) {
-        let body: String = chunk
-            .iter()
-            .map(|index| {
-                format!(
-                    "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {prefix}{index}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n"
-                )
-            })
-            .collect();
-        apply(admin, body).await?;
+        apply(admin, chunk.iter().map(|index| manifest(*index)).collect()).await?;
     }
     Ok(())
+}
+
+/// Creates the fleet's Node objects (edge label) through the admin endpoint.
+async fn create_nodes(admin: &str, prefix: &str, edges: usize) -> anyhow::Result<()> {
+    apply_per_node(admin, edges, |index| {
+        format!(
+            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {prefix}{index}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n"
+        )
+    })
+    .await
 }
 
 async fn apply(admin: &str, body: String) -> anyhow::Result<()> {
@@ -412,21 +418,15 @@ async fn broadcast(
     fleet: &Fleet,
 ) -> anyhow::Result<ChangeReport> {
     let edges = options.edges;
-    let indices: Vec<usize> = (0..edges).collect();
-    for chunk in indices.chunks(500) {
-        let body: String = chunk
-            .iter()
-            .map(|index| {
-                format!(
-                    "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
-                     spec:\n  nodeName: {}{index}\n  containers:\n  - name: c\n    image: nginx\n\
-                     \x20 volumes:\n  - name: shared\n    configMap:\n      name: fan-shared\n",
-                    options.prefix
-                )
-            })
-            .collect();
-        apply(admin, body).await?;
-    }
+    apply_per_node(admin, edges, |index| {
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
+             spec:\n  nodeName: {}{index}\n  containers:\n  - name: c\n    image: nginx\n\
+             \x20 volumes:\n  - name: shared\n    configMap:\n      name: fan-shared\n",
+            options.prefix
+        )
+    })
+    .await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     while fleet.acks.load(Ordering::Relaxed) < edges as u64 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -449,17 +449,7 @@ async fn broadcast(
             ),
         )
         .await?;
-        if seq % rate.max(1) == 0 {
-            eprintln!(
-                "loadtest: {seq} of {} changes written, {} delivered",
-                options.changes,
-                fleet.delivered.load(Ordering::Relaxed)
-            );
-        }
-        let due = Duration::from_millis(seq * 1000 / rate);
-        if let Some(wait) = due.checked_sub(began.elapsed()) {
-            tokio::time::sleep(wait).await;
-        }
+        keep_pace(options, fleet, began, seq, 1, rate).await;
     }
     let last_seq = vec![options.changes; edges];
     wait_for_final(fleet, &last_seq).await;
@@ -470,6 +460,29 @@ async fn broadcast(
         first_write,
         0,
     ))
+}
+
+/// After `written` changes (the last `batch` of them just now): progress about every two
+/// seconds' worth of changes, then a wait so that change n goes out at n / `rate` seconds.
+async fn keep_pace(
+    options: &LoadOptions,
+    fleet: &Fleet,
+    began: Instant,
+    written: u64,
+    batch: u64,
+    rate: u64,
+) {
+    if written % (rate * 2) < batch {
+        eprintln!(
+            "loadtest: {written} of {} changes written, {} delivered",
+            options.changes,
+            fleet.delivered.load(Ordering::Relaxed)
+        );
+    }
+    let due = Duration::from_millis(written * 1000 / rate);
+    if let Some(wait) = due.checked_sub(began.elapsed()) {
+        tokio::time::sleep(wait).await;
+    }
 }
 
 /// Writes `--changes` changes at `--rate`, round-robin over the nodes, then waits until every
@@ -494,18 +507,7 @@ async fn fanout(options: &LoadOptions, admin: &str, fleet: &Fleet) -> anyhow::Re
         }
         apply(admin, body).await?;
         written += batch;
-        if written % (rate * 2) < batch {
-            eprintln!(
-                "loadtest: {written} of {} changes written, {} delivered",
-                options.changes,
-                fleet.delivered.load(Ordering::Relaxed)
-            );
-        }
-        // Keep to the rate: batch n goes out at n/10 s.
-        let due = Duration::from_millis(written * 1000 / rate);
-        if let Some(wait) = due.checked_sub(began.elapsed()) {
-            tokio::time::sleep(wait).await;
-        }
+        keep_pace(options, fleet, began, written, batch, rate).await;
     }
     wait_for_final(fleet, &last_seq).await;
     Ok(change_report(fleet, written, &last_seq, first_write, 0))
@@ -526,14 +528,7 @@ async fn reconnect_storm(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let last_seq = vec![1u64; edges];
-    let indices: Vec<usize> = (0..edges).collect();
-    for chunk in indices.chunks(500) {
-        let body: String = chunk
-            .iter()
-            .map(|index| pod_change(&options.prefix, *index, 1))
-            .collect();
-        apply(admin, body).await?;
-    }
+    apply_per_node(admin, edges, |index| pod_change(&options.prefix, index, 1)).await?;
     eprintln!("loadtest: {edges} edges away, one change each written; all reconnect now");
     let reconnect_began = now_micros();
     storm.send_modify(|generation| *generation += 1);

@@ -55,6 +55,16 @@ fn a_small_fleet_connects_holds_and_acks_every_pod() {
     cloud.terminate();
 }
 
+/// A cloud process with an empty cluster (the tool creates the fleet's Nodes itself) and the
+/// folder it keeps its files in.
+fn empty_cloud() -> (tempfile::TempDir, support::process::PlainCloud) {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    let cloud = support::process::start_plain_cloud(dir.path(), &manifests, 0);
+    (dir, cloud)
+}
+
 /// Runs `edgehive loadtest` with `args` against `cloud` and returns its JSON report.
 fn loadtest(cloud: &support::process::PlainCloud, args: &[&str]) -> Value {
     let output = Command::new(BIN)
@@ -81,11 +91,7 @@ fn loadtest(cloud: &support::process::PlainCloud, args: &[&str]) -> Value {
 #[test]
 fn fanout_smoke_every_pod_gets_its_last_version_and_every_delivery_is_acked() {
     const EDGES: usize = 200;
-    let dir = tempfile::tempdir().unwrap();
-    let manifests = dir.path().join("manifests");
-    std::fs::create_dir(&manifests).unwrap();
-    // The tool creates the fleet's Nodes itself.
-    let cloud = support::process::start_plain_cloud(dir.path(), &manifests, 0);
+    let (_dir, cloud) = empty_cloud();
     let report = loadtest(
         &cloud,
         &[
@@ -117,10 +123,7 @@ fn fanout_smoke_every_pod_gets_its_last_version_and_every_delivery_is_acked() {
 #[test]
 fn storm_smoke_every_edge_reconnects_and_gets_what_changed_while_away() {
     const EDGES: usize = 100;
-    let dir = tempfile::tempdir().unwrap();
-    let manifests = dir.path().join("manifests");
-    std::fs::create_dir(&manifests).unwrap();
-    let cloud = support::process::start_plain_cloud(dir.path(), &manifests, 0);
+    let (_dir, cloud) = empty_cloud();
     let report = loadtest(&cloud, &["--edges", "100", "--scenario", "storm"]);
     assert_eq!(report["connected"], EDGES, "{report}");
     assert_eq!(report["connectedAtEnd"], EDGES, "{report}");
@@ -134,10 +137,7 @@ fn storm_smoke_every_edge_reconnects_and_gets_what_changed_while_away() {
 #[test]
 fn broadcast_smoke_every_node_gets_the_last_version_of_the_shared_configmap() {
     const EDGES: usize = 50;
-    let dir = tempfile::tempdir().unwrap();
-    let manifests = dir.path().join("manifests");
-    std::fs::create_dir(&manifests).unwrap();
-    let cloud = support::process::start_plain_cloud(dir.path(), &manifests, 0);
+    let (_dir, cloud) = empty_cloud();
     let report = loadtest(
         &cloud,
         &[

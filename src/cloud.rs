@@ -255,7 +255,12 @@ impl CloudProcess {
         &self.hive
     }
 
-    /// Where edges connect.
+    /// CloudHub's WebSocket server (and its in-process connector).
+    pub fn hub(&self) -> &CloudHubServer {
+        &self.hub
+    }
+
+    /// The address CloudHub's WebSocket server listens on.
     pub fn websocket_addr(&self) -> SocketAddr {
         self.hub.local_addr()
     }

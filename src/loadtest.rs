@@ -20,19 +20,24 @@
 //! Progress goes to standard error; the result is one JSON line (and, with `--markdown`, a
 //! table row).
 
+use std::cell::RefCell;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use awc::ws::{Frame, Message as WsMessage};
+use edgehive_actors::cloud::cloudhub::{ByteString, EdgeInbox, FromCloud, MemoryConnector};
 use edgehive_actors::identity::certs::{self, CertAuthority};
 use edgehive_actors::identity::tls::edge_client_config;
 use edgehive_protocols::{decode, encode, Message, Operation};
 use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
-use tokio::sync::{watch, Semaphore};
+
+use crate::cloud::CloudProcess;
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 /// The annotation carrying a change's write time (unix microseconds).
 const WRITTEN_AT: &str = "edgehive.io/written-at";
@@ -79,6 +84,9 @@ pub struct LoadOptions {
     pub rate: u32,
     /// `fanout`: changes in all.
     pub changes: u64,
+    /// Run the cloud in this process and link the fleet to it over channels instead of
+    /// sockets (`cloud`, `ca` and `cloud_pid` are then ignored).
+    pub in_process: bool,
 }
 
 /// One run's outcome, printed as JSON.
@@ -95,6 +103,9 @@ pub struct LoadReport {
     pub failed: usize,
     /// Whether the links used mutual TLS.
     pub tls: bool,
+    /// Whether the cloud ran in the tool's process with the fleet linked over channels (no
+    /// sockets, HTTP or TLS; the figures are then the whole process's, fleet included).
+    pub in_process: bool,
     /// Seconds until every edge was connected (or gave up).
     pub connect_seconds: f64,
     /// Seconds held.
@@ -113,6 +124,10 @@ pub struct LoadReport {
     /// The cloud's resident memory divided by the connected edges (KiB), not subtracting
     /// the process's base.
     pub cloud_rss_kib_per_edge: Option<f64>,
+    /// The cloud's resident memory before the fleet connected (KiB).
+    pub cloud_base_rss_kib: Option<u64>,
+    /// What each connected edge added: (end - before) / connected, KiB.
+    pub cloud_rss_kib_per_edge_above_base: Option<f64>,
     /// The cloud's peak resident memory over the run (KiB).
     pub cloud_peak_rss_kib: Option<u64>,
     /// The scenario run.
@@ -177,6 +192,21 @@ fn now_micros() -> u64 {
 
 /// Runs the fleet and returns its report.
 pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
+    let mut options = options;
+    // In-process: the cloud lives here, its embedded cluster in memory.
+    let in_process = if options.in_process {
+        let work = tempfile::tempdir().context("cannot create a temporary folder")?;
+        let mut config = crate::demo::loopback_cloud_config(work.path(), false);
+        config.embedded_cluster.database = PathBuf::new();
+        config.modules.cloud_hub.node_limit = options.edges + 16;
+        let cloud = CloudProcess::start(&config, None).await?;
+        options.admin = Some(cloud.admin_addr().to_string());
+        options.cloud_pid = Some(std::process::id());
+        options.ca = None;
+        Some((cloud, work))
+    } else {
+        None
+    };
     let ca = match &options.ca {
         Some((cert, key)) => Some(Arc::new(
             CertAuthority::load(cert, key).context("cannot load the cloud's CA")?,
@@ -198,16 +228,108 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         seen: (0..options.edges).map(|_| AtomicU64::new(0)).collect(),
         ..Fleet::default()
     });
-    let gate = Arc::new(Semaphore::new(options.concurrency.max(1)));
     let (storm, storm_signal) = watch::channel(0u64);
     let peak = options
         .cloud_pid
         .map(|pid| Arc::new(PeakSampler::start(pid)));
+    let cloud_base_rss_kib = options.cloud_pid.and_then(rss_kib);
     let started = Instant::now();
+    let connecting = match &in_process {
+        Some((cloud, _)) => {
+            let connector = cloud.hub().memory_connector();
+            memory_fleet(connector, &options, fleet.clone(), storm_signal)
+        }
+        None => socket_fleet(&options, ca.as_ref(), &fleet, &storm_signal)?,
+    };
+    // Progress, until every edge connected or failed.
+    loop {
+        let connected = fleet.connected.load(Ordering::Relaxed);
+        let failed = fleet.failed.load(Ordering::Relaxed);
+        eprintln!(
+            "loadtest: {connected} connected, {failed} failed of {} after {:.0?}",
+            options.edges,
+            started.elapsed()
+        );
+        if connected + failed >= options.edges {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let connect_seconds = started.elapsed().as_secs_f64();
+    let connected = fleet.connected.load(Ordering::Relaxed);
+    let frames_before = fleet.frames_in.load(Ordering::Relaxed);
+    let cpu_before = options.cloud_pid.and_then(cpu_ticks);
+    let tool_before = cpu_ticks(std::process::id());
+    let hold_started = Instant::now();
+    let changes = match (options.scenario, &admin) {
+        (Scenario::Fanout, Some(admin)) => Some(fanout(&options, admin, &fleet).await?),
+        (Scenario::Storm, Some(admin)) => {
+            Some(reconnect_storm(&options, admin, &fleet, &storm).await?)
+        }
+        (Scenario::Broadcast, Some(admin)) => Some(broadcast(&options, admin, &fleet).await?),
+        _ => {
+            tokio::time::sleep(options.hold).await;
+            None
+        }
+    };
+    let hold_seconds = hold_started.elapsed().as_secs_f64();
+    let cpu_after = options.cloud_pid.and_then(cpu_ticks);
+    let tool_cpu_percent = tool_before
+        .zip(cpu_ticks(std::process::id()))
+        .filter(|_| in_process.is_none())
+        .map(|(before, after)| (after - before) as f64 / hold_seconds);
+    let cloud_cpu_percent = match (cpu_before, cpu_after) {
+        // Linux reports CPU time in clock ticks of 1/100 s.
+        (Some(before), Some(after)) => Some((after - before) as f64 / hold_seconds),
+        _ => None,
+    };
+    let cloud_rss_kib = options.cloud_pid.and_then(rss_kib);
+    let cloud_rss_kib_per_edge_above_base = cloud_rss_kib
+        .zip(cloud_base_rss_kib)
+        .filter(|_| connected > 0)
+        .map(|(end, base)| end.saturating_sub(base) as f64 / connected as f64);
+    let connected_at_end = fleet.connected.load(Ordering::Relaxed);
+    for task in connecting {
+        task.abort();
+    }
+    Ok(LoadReport {
+        edges: options.edges,
+        connected,
+        connected_at_end,
+        failed: fleet.failed.load(Ordering::Relaxed),
+        tls: ca.is_some(),
+        in_process: in_process.is_some(),
+        connect_seconds,
+        hold_seconds,
+        frames_received_while_holding: fleet.frames_in.load(Ordering::Relaxed) - frames_before,
+        acks_sent: fleet.acks.load(Ordering::Relaxed),
+        cloud_cpu_percent,
+        tool_cpu_percent,
+        cloud_rss_kib,
+        cloud_rss_kib_per_edge: cloud_rss_kib
+            .filter(|_| connected > 0)
+            .map(|rss| rss as f64 / connected as f64),
+        cloud_base_rss_kib,
+        cloud_rss_kib_per_edge_above_base,
+        cloud_peak_rss_kib: peak.map(|peak| peak.peak()),
+        scenario: options.scenario,
+        changes,
+    })
+}
+
+/// Dials every edge over WebSocket (TLS when `ca` is given), at most `--concurrency` at once;
+/// each edge runs [`edge`] and, in a storm, dials again when told.
+fn socket_fleet(
+    options: &LoadOptions,
+    ca: Option<&Arc<CertAuthority>>,
+    fleet: &Arc<Fleet>,
+    storm_signal: &watch::Receiver<u64>,
+) -> anyhow::Result<Vec<actix_rt::task::JoinHandle<()>>> {
+    let gate = Arc::new(Semaphore::new(options.concurrency.max(1)));
     let mut connecting = Vec::with_capacity(options.edges);
     for index in 0..options.edges {
         let node = format!("{}{index}", options.prefix);
-        let client = match &ca {
+        let client = match ca {
             Some(ca) => tls_client(ca, &node)?,
             None => awc::Client::new(),
         };
@@ -256,72 +378,198 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
             }
         }));
     }
-    // Progress, until every edge connected or failed.
-    loop {
-        let connected = fleet.connected.load(Ordering::Relaxed);
-        let failed = fleet.failed.load(Ordering::Relaxed);
-        eprintln!(
-            "loadtest: {connected} connected, {failed} failed of {} after {:.0?}",
-            options.edges,
-            started.elapsed()
-        );
-        if connected + failed >= options.edges {
-            break;
+    Ok(connecting)
+}
+
+/// Session arbiters of the in-process mode: as many as CloudHub's WebSocket workers.
+const MEMORY_ARBITERS: usize = 2;
+
+/// The in-process fleet's links: per edge, the sender into its session and the tag it was
+/// linked under (a storm's old session may still say goodbye after the new one is linked).
+type Links = Rc<RefCell<Vec<Option<(u32, mpsc::Sender<ByteString>)>>>>;
+
+/// Links every edge to the in-process cloud over channels. The fleet costs no task per edge:
+/// one task reads every edge's frames from the cloud (and ACKs), one sends the keepalives
+/// spread over the heartbeat, one follows the storm signal. Sessions run on
+/// [`MEMORY_ARBITERS`] arbiters of their own, as socket sessions run on the server's workers.
+fn memory_fleet(
+    connector: MemoryConnector,
+    options: &LoadOptions,
+    fleet: Arc<Fleet>,
+    mut storm: watch::Receiver<u64>,
+) -> Vec<actix_rt::task::JoinHandle<()>> {
+    let edges = options.edges;
+    let links: Links = Rc::new(RefCell::new(vec![None; edges]));
+    let (inbox, mut from_cloud) = mpsc::channel::<(u32, FromCloud)>(4096);
+    let arbiters: Vec<actix_rt::Arbiter> = (0..MEMORY_ARBITERS)
+        .map(|_| actix_rt::Arbiter::new())
+        .collect();
+    let dialer = Rc::new(MemoryDialer {
+        connector,
+        inbox,
+        arbiters,
+        gate: Semaphore::new(options.concurrency.max(1)),
+        prefix: options.prefix.clone(),
+        links: links.clone(),
+        fleet: fleet.clone(),
+    });
+    let mut tasks = Vec::new();
+    tasks.push(actix_rt::spawn(dialer.clone().dial_all(0, true)));
+    let reader_links = links.clone();
+    let reader_fleet = fleet.clone();
+    tasks.push(actix_rt::spawn(async move {
+        while let Some((tag, frame)) = from_cloud.recv().await {
+            let index = tag as usize % edges.max(1);
+            let text = match frame {
+                FromCloud::Text(text) => text,
+                FromCloud::Closed { .. } => {
+                    let mut links = reader_links.borrow_mut();
+                    if links[index]
+                        .as_ref()
+                        .is_some_and(|(linked, _)| *linked == tag)
+                    {
+                        links[index] = None;
+                        reader_fleet.connected.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    continue;
+                }
+            };
+            reader_fleet.frames_in.fetch_add(1, Ordering::Relaxed);
+            let Ok(message) = decode(text.as_bytes()) else {
+                continue;
+            };
+            if matches!(
+                message.operation(),
+                Some(Operation::Response | Operation::Error)
+            ) {
+                continue;
+            }
+            let ack = ByteString::from(encode(&Message::response_to(
+                &message,
+                serde_json::Value::from("OK"),
+            )));
+            let link = reader_links.borrow()[index].clone();
+            if let Some((_, link)) = link {
+                match link.try_send(ack) {
+                    Ok(()) => {}
+                    // The session is behind: wait for room, as a socket write would, without
+                    // holding up the other edges.
+                    Err(mpsc::error::TrySendError::Full(ack)) => {
+                        actix_rt::spawn(async move {
+                            let _ = link.send(ack).await;
+                        });
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => continue,
+                }
+                reader_fleet.acks.fetch_add(1, Ordering::Relaxed);
+                note_change(&reader_fleet, index, &message);
+            }
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    }));
+    // Keepalives: every edge once per heartbeat, a slice of the fleet every 100 ms.
+    let heartbeat = options.heartbeat;
+    let keepalive_links = links.clone();
+    tasks.push(actix_rt::spawn(async move {
+        let keepalive = ByteString::from(encode(&Message::keepalive()));
+        let slots = (heartbeat.as_millis() / 100).max(1) as usize;
+        let per_slot = edges.div_ceil(slots).max(1);
+        let mut next = 0;
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            let links = keepalive_links.borrow();
+            for _ in 0..per_slot.min(edges) {
+                if let Some((_, link)) = &links[next] {
+                    // A full link means the session is behind; the next heartbeat will do.
+                    let _ = link.try_send(keepalive.clone());
+                }
+                next = (next + 1) % edges.max(1);
+            }
+        }
+    }));
+    // The storm: on the first word every edge drops its link, on the second all dial again.
+    tasks.push(actix_rt::spawn(async move {
+        storm.borrow_and_update();
+        let mut generation = 0u32;
+        while storm.changed().await.is_ok() {
+            let dropped = links
+                .borrow_mut()
+                .iter_mut()
+                .filter_map(Option::take)
+                .count();
+            fleet.connected.fetch_sub(dropped, Ordering::Relaxed);
+            if storm.changed().await.is_err() {
+                return;
+            }
+            generation += 1;
+            actix_rt::spawn(dialer.clone().dial_all(generation, false));
+        }
+    }));
+    tasks
+}
+
+/// What linking the in-process fleet needs.
+struct MemoryDialer {
+    connector: MemoryConnector,
+    inbox: EdgeInbox,
+    arbiters: Vec<actix_rt::Arbiter>,
+    gate: Semaphore,
+    prefix: String,
+    links: Links,
+    fleet: Arc<Fleet>,
+}
+
+impl MemoryDialer {
+    /// Links every edge, at most `--concurrency` admissions at once. The tag of edge `index`
+    /// is `index + edges * (generation % 2)`; on the first round a refusal counts as failed,
+    /// later ones are retried (and counted as refused on reconnect).
+    async fn dial_all(self: Rc<Self>, generation: u32, first: bool) {
+        let edges = self.links.borrow().len();
+        for index in 0..edges {
+            let Ok(permit) = self.gate.acquire().await else {
+                return;
+            };
+            permit.forget();
+            let dialer = self.clone();
+            actix_rt::spawn(async move {
+                dialer.dial(index, generation, first).await;
+                dialer.gate.add_permits(1);
+            });
+        }
     }
-    let connect_seconds = started.elapsed().as_secs_f64();
-    let connected = fleet.connected.load(Ordering::Relaxed);
-    let frames_before = fleet.frames_in.load(Ordering::Relaxed);
-    let cpu_before = options.cloud_pid.and_then(cpu_ticks);
-    let tool_before = cpu_ticks(std::process::id());
-    let hold_started = Instant::now();
-    let changes = match (options.scenario, &admin) {
-        (Scenario::Fanout, Some(admin)) => Some(fanout(&options, admin, &fleet).await?),
-        (Scenario::Storm, Some(admin)) => {
-            Some(reconnect_storm(&options, admin, &fleet, &storm).await?)
+
+    async fn dial(&self, index: usize, generation: u32, first: bool) {
+        let edges = self.links.borrow().len();
+        let Ok(tag) = u32::try_from(index + edges * (generation as usize % 2)) else {
+            self.fleet.failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let node = format!("{}{index}", self.prefix);
+        loop {
+            let (answer, linked) = oneshot::channel();
+            let (connector, inbox, node) =
+                (self.connector.clone(), self.inbox.clone(), node.clone());
+            // The session starts on the arbiter that runs its admission.
+            self.arbiters[index % self.arbiters.len()].spawn(async move {
+                let _ = answer.send(connector.connect(&node, tag, inbox).await);
+            });
+            match linked.await {
+                Ok(Ok(link)) => {
+                    self.links.borrow_mut()[index] = Some((tag, link));
+                    self.fleet.connected.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                _ if first => {
+                    self.fleet.failed.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                _ => {
+                    self.fleet.refused_again.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
         }
-        (Scenario::Broadcast, Some(admin)) => Some(broadcast(&options, admin, &fleet).await?),
-        _ => {
-            tokio::time::sleep(options.hold).await;
-            None
-        }
-    };
-    let hold_seconds = hold_started.elapsed().as_secs_f64();
-    let cpu_after = options.cloud_pid.and_then(cpu_ticks);
-    let tool_cpu_percent = tool_before
-        .zip(cpu_ticks(std::process::id()))
-        .map(|(before, after)| (after - before) as f64 / hold_seconds);
-    let cloud_cpu_percent = match (cpu_before, cpu_after) {
-        // Linux reports CPU time in clock ticks of 1/100 s.
-        (Some(before), Some(after)) => Some((after - before) as f64 / hold_seconds),
-        _ => None,
-    };
-    let cloud_rss_kib = options.cloud_pid.and_then(rss_kib);
-    let connected_at_end = fleet.connected.load(Ordering::Relaxed);
-    for task in connecting {
-        task.abort();
     }
-    Ok(LoadReport {
-        edges: options.edges,
-        connected,
-        connected_at_end,
-        failed: fleet.failed.load(Ordering::Relaxed),
-        tls: ca.is_some(),
-        connect_seconds,
-        hold_seconds,
-        frames_received_while_holding: fleet.frames_in.load(Ordering::Relaxed) - frames_before,
-        acks_sent: fleet.acks.load(Ordering::Relaxed),
-        cloud_cpu_percent,
-        tool_cpu_percent,
-        cloud_rss_kib,
-        cloud_rss_kib_per_edge: cloud_rss_kib
-            .filter(|_| connected > 0)
-            .map(|rss| rss as f64 / connected as f64),
-        cloud_peak_rss_kib: peak.map(|peak| peak.peak()),
-        scenario: options.scenario,
-        changes,
-    })
 }
 
 /// The report as a markdown table (header and one row).

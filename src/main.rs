@@ -79,8 +79,13 @@ enum Command {
     /// Hold a fleet of simulated edges on a running cloud and measure it (one JSON line out).
     Loadtest {
         /// CloudHub's WebSocket address, HOST:PORT.
-        #[arg(long)]
-        cloud: String,
+        #[arg(long, required_unless_present = "in_process")]
+        cloud: Option<String>,
+        /// Run the cloud in this process (embedded cluster in memory, plain links) and link
+        /// the fleet to it over channels instead of sockets: past the file limit's reach.
+        /// The cloud's figures are then the whole process's.
+        #[arg(long, conflicts_with_all = ["cloud", "ca_cert", "cloud_pid", "admin"])]
+        in_process: bool,
         /// How many edges.
         #[arg(long, default_value_t = 100)]
         edges: usize,
@@ -454,6 +459,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             admin,
             rate,
             changes,
+            in_process,
             markdown,
         } => {
             let options = edgehive::loadtest::LoadOptions {
@@ -461,7 +467,8 @@ fn run(command: Command) -> anyhow::Result<()> {
                 admin,
                 rate,
                 changes,
-                cloud,
+                cloud: cloud.unwrap_or_default(),
+                in_process,
                 edges,
                 prefix,
                 heartbeat: Duration::from_secs(heartbeat.max(1)),

@@ -166,3 +166,63 @@ fn broadcast_smoke_every_node_gets_the_last_version_of_the_shared_configmap() {
         "{report}"
     );
 }
+
+/// `edgehive loadtest --in-process`: the cloud in the tool's process, its fleet linked over
+/// channels to real sessions and node actors.
+fn in_process(args: &[&str]) -> Value {
+    let output = Command::new(BIN)
+        .args(["loadtest", "--in-process"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "loadtest failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(stdout.lines().next().unwrap()).unwrap()
+}
+
+#[test]
+fn in_process_fanout_smoke_every_pod_gets_its_last_version_and_every_delivery_is_acked() {
+    const EDGES: usize = 2000;
+    let report = in_process(&[
+        "--edges",
+        "2000",
+        "--scenario",
+        "fanout",
+        "--rate",
+        "2000",
+        "--changes",
+        "4000",
+    ]);
+    assert_eq!(report["inProcess"], true, "{report}");
+    assert_eq!(report["connected"], EDGES, "{report}");
+    assert_eq!(report["connectedAtEnd"], EDGES, "{report}");
+    let changes = &report["changes"];
+    assert_eq!(changes["written"], 4000, "{report}");
+    assert_eq!(changes["finalVersionsDelivered"], EDGES, "{report}");
+    let delivered = changes["delivered"].as_u64().unwrap();
+    assert!((EDGES as u64..=4000).contains(&delivered), "{report}");
+    assert!(
+        report["acksSent"].as_u64().unwrap() >= delivered,
+        "{report}"
+    );
+    assert!(
+        report["cloudRssKibPerEdgeAboveBase"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+}
+
+#[test]
+fn in_process_storm_smoke_every_edge_relinks_and_gets_what_changed_while_away() {
+    const EDGES: usize = 500;
+    let report = in_process(&["--edges", "500", "--scenario", "storm"]);
+    assert_eq!(report["connected"], EDGES, "{report}");
+    assert_eq!(report["connectedAtEnd"], EDGES, "{report}");
+    assert_eq!(
+        report["changes"]["finalVersionsDelivered"], EDGES,
+        "{report}"
+    );
+}

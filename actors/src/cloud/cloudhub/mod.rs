@@ -27,6 +27,7 @@ pub mod certserver;
 mod dispatch;
 pub mod gate;
 pub mod limits;
+pub mod memory;
 pub mod metrics;
 pub mod mirror;
 pub mod node;
@@ -47,12 +48,16 @@ use crate::cloud::contract::{route, Lane, NodeDeleted, Queued, ToNodes};
 use crate::hive::{
     supervise, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, RefusalKind, Refused,
 };
+pub use memory::{ByteString, EdgeInbox, FromCloud};
 pub use metrics::{CloudHubMetrics, ReasonLabels};
 use node::{HubContext, NodeCell, NodeRecipe};
 pub use node::{NodeActor, NodeInfo, NODE_MAILBOX_CAPACITY};
 pub use options::{CloudHubOptions, CloudHubSecurity};
 use pool::Enqueued;
-pub use server::{start_cloudhub, start_cloudhub_with, CloudHubError, CloudHubServer};
+pub use server::{
+    start_cloudhub, start_cloudhub_with, CloudHubError, CloudHubServer, MemoryConnector,
+    MemoryRefused,
+};
 pub use session::NodeSession;
 
 /// The module name other modules address CloudHub by.

@@ -14,12 +14,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix::Addr;
 use actix_web::dev::ServerHandle;
+use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use actix_ws::{CloseCode, CloseReason};
+use bytestring::ByteString;
+use tokio::sync::mpsc;
 
 use super::gate::{self, Gate, GateMetrics};
-use super::session::{NodeSession, SessionConfig};
+use super::memory::{EdgeInbox, MemoryLink, MEMORY_LINK_CAPACITY};
+use super::node::NodeCell;
+use super::session::{Link, NodeSession, SessionConfig};
 use super::{
     Admit, AdmitAbandoned, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, Shared,
     CLOUDHUB_MODULE,
@@ -58,6 +64,7 @@ pub struct CloudHubServer {
     local_addr: SocketAddr,
     handle: ServerHandle,
     gate_metrics: GateMetrics,
+    memory: MemoryConnector,
 }
 
 impl CloudHubServer {
@@ -69,6 +76,12 @@ impl CloudHubServer {
     /// The TLS gates' metrics of this process, for the certificate server's gate.
     pub fn gate_metrics(&self) -> GateMetrics {
         self.gate_metrics.clone()
+    }
+
+    /// Links edges over channels in this process instead of sockets (the load tool's
+    /// in-process mode).
+    pub fn memory_connector(&self) -> MemoryConnector {
+        self.memory.clone()
     }
 
     /// Stops accepting connections and shuts the server down (open connections are dropped
@@ -114,6 +127,9 @@ pub async fn start_cloudhub_with(
         hive: hive.clone(),
         shared,
     });
+    let memory = MemoryConnector {
+        context: context.clone(),
+    };
     let bind_error = |source: std::io::Error| CloudHubError::Bind {
         address: address.clone(),
         source,
@@ -171,6 +187,7 @@ pub async fn start_cloudhub_with(
         local_addr,
         handle,
         gate_metrics,
+        memory,
     })
 }
 
@@ -260,87 +277,183 @@ async fn connect(
                 .body(text));
         }
     }
+    let hub = match before_handshake(&context, &node, req.peer_addr()) {
+        Ok(hub) => hub,
+        Err(refused) => {
+            return Ok(HttpResponse::build(refused.status)
+                .content_type("text/plain; charset=utf-8")
+                .body(refused.text));
+        }
+    };
+    let (response, ws, stream) = actix_ws::handle(&req, body)?;
+    // The client cannot send frames before it has this response, so the session is attached
+    // to its node before anything it sends arrives.
+    match admit(&context, hub, &node, req.peer_addr()).await {
+        Ok((cell, session_id)) => {
+            start_session(
+                &context,
+                cell,
+                session_id,
+                Link::Socket(ws, stream),
+                store_id,
+            );
+        }
+        Err(refusal) => {
+            // No session: the close frame is all this connection gets.
+            actix::spawn(async move {
+                let _stream = stream;
+                let _ = ws.close(Some(refusal)).await;
+            });
+        }
+    }
+    Ok(response)
+}
+
+/// A connection refused before its WebSocket handshake: the HTTP answer.
+struct Refused {
+    status: StatusCode,
+    text: String,
+}
+
+/// The checks before a session is asked for (the node must be in the cluster when
+/// `refuseUnknownNodes` says so, CloudHub must be running): CloudHub's address, or the
+/// refusal, counted.
+fn before_handshake(
+    context: &ServerContext,
+    node: &str,
+    peer: Option<SocketAddr>,
+) -> Result<Addr<CloudHub>, Refused> {
+    let hub_context = &context.shared.hub;
     if hub_context.options.refuse_unknown_nodes {
         let known = hub_context
             .security
             .view
             .as_deref()
-            .is_none_or(|view| view.node_exists(&node));
+            .is_none_or(|view| view.node_exists(node));
         if !known {
-            tracing::warn!(peer = ?req.peer_addr(), %node, "edge connection refused: no such Node in the cluster");
+            tracing::warn!(?peer, %node, "edge connection refused: no such Node in the cluster");
             hub_context.metrics.deny("unknown_node");
             hub_context.metrics.record_refusal(
                 RefusalKind::Connection,
                 "unknown_node",
-                Some(&node),
-                req.peer_addr(),
+                Some(node),
+                peer,
                 "no such Node in the cluster (modules.cloudHub.refuseUnknownNodes)",
             );
-            return Ok(HttpResponse::Forbidden()
-                .content_type("text/plain; charset=utf-8")
-                .body(format!(
+            return Err(Refused {
+                status: StatusCode::FORBIDDEN,
+                text: format!(
                     "node {node} is not in the cluster (modules.cloudHub.refuseUnknownNodes)"
-                )));
+                ),
+            });
         }
     }
-    let hub = match context.hive.addr::<CloudHub>(CLOUDHUB_MODULE) {
-        Ok(hub) => hub,
-        Err(err) => {
-            return Ok(HttpResponse::ServiceUnavailable()
-                .content_type("text/plain; charset=utf-8")
-                .body(format!("cloudhub unavailable: {err}")));
-        }
-    };
-    let (response, ws, stream) = actix_ws::handle(&req, body)?;
-    let options = &hub_context.options;
+    context
+        .hive
+        .addr::<CloudHub>(CLOUDHUB_MODULE)
+        .map_err(|err| Refused {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            text: format!("cloudhub unavailable: {err}"),
+        })
+}
+
+/// Asks CloudHub to admit a session for `node` (the node limit): its cell and session
+/// number, or the close frame that refuses it.
+async fn admit(
+    context: &ServerContext,
+    hub: Addr<CloudHub>,
+    node: &str,
+    peer: Option<SocketAddr>,
+) -> Result<(Arc<NodeCell>, u64), CloseReason> {
     let session_id = context
         .shared
         .next_session_id
         .fetch_add(1, Ordering::Relaxed);
     let admit = Admit {
-        node: node.clone(),
+        node: node.to_owned(),
         session_id,
-        peer: req.peer_addr(),
+        peer,
     };
-    // The client cannot send frames before it has this response, so the session is attached
-    // to its node before anything it sends arrives.
-    let refusal = match tokio::time::timeout(ADMISSION_TIMEOUT, hub.send(admit)).await {
-        Ok(Ok(Some(cell))) => {
-            let config = SessionConfig {
-                keepalive_interval: options.keepalive_interval,
-                max_frame_bytes: options.max_frame_bytes,
-            };
-            let (addr, stats) = NodeSession::start(
-                cell.clone(),
-                hub_context.clone(),
-                session_id,
-                config,
-                ws,
-                stream,
-            );
-            cell.attach(session_id, addr, stats, store_id, hub_context);
-            return Ok(response);
-        }
-        Ok(Ok(None)) => CloseReason {
+    match tokio::time::timeout(ADMISSION_TIMEOUT, hub.send(admit)).await {
+        Ok(Ok(Some(cell))) => Ok((cell, session_id)),
+        Ok(Ok(None)) => Err(CloseReason {
             code: CloseCode::Policy,
             description: Some("node limit reached".into()),
-        },
+        }),
         Ok(Err(_)) | Err(_) => {
             // It may have been admitted after all: give the node's slot back.
             hub.do_send(AdmitAbandoned {
-                node: node.clone(),
+                node: node.to_owned(),
                 session_id,
             });
-            CloseReason {
+            Err(CloseReason {
                 code: CloseCode::Again,
                 description: Some("cloudhub unavailable".into()),
-            }
+            })
         }
+    }
+}
+
+/// Starts an admitted session on the current arbiter and attaches it to its node.
+fn start_session(
+    context: &ServerContext,
+    cell: Arc<NodeCell>,
+    session_id: u64,
+    link: Link,
+    store_id: Option<String>,
+) {
+    let hub_context = &context.shared.hub;
+    let config = SessionConfig {
+        keepalive_interval: hub_context.options.keepalive_interval,
+        max_frame_bytes: hub_context.options.max_frame_bytes,
     };
-    // No session: the close frame is all this connection gets.
-    actix::spawn(async move {
-        let _stream = stream;
-        let _ = ws.close(Some(refusal)).await;
-    });
-    Ok(response)
+    let (addr, stats) =
+        NodeSession::start(cell.clone(), hub_context.clone(), session_id, config, link);
+    cell.attach(session_id, addr, stats, store_id, hub_context);
+}
+
+/// Links edges to a running CloudHub over channels in this process (see [`super::memory`]).
+#[derive(Clone)]
+pub struct MemoryConnector {
+    context: web::Data<ServerContext>,
+}
+
+impl std::fmt::Debug for MemoryConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryConnector").finish_non_exhaustive()
+    }
+}
+
+/// Why CloudHub did not link an edge: the same reasons a socket would be refused for.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct MemoryRefused(String);
+
+impl MemoryConnector {
+    /// Links edge `node` as a WebSocket connection would be admitted, with its session on the
+    /// current arbiter. The cloud's frames for it go to `to_edge` tagged with `tag`; what the
+    /// edge sends goes into the returned sender (one message per send, as a text frame), and
+    /// dropping it is the connection ending.
+    pub async fn connect(
+        &self,
+        node: &str,
+        tag: u32,
+        to_edge: EdgeInbox,
+    ) -> Result<mpsc::Sender<ByteString>, MemoryRefused> {
+        check_node_name(node)
+            .map_err(|reason| MemoryRefused(format!("invalid node name {node:?}: {reason}")))?;
+        let hub = before_handshake(&self.context, node, None)
+            .map_err(|refused| MemoryRefused(refused.text))?;
+        let (cell, session_id) = admit(&self.context, hub, node, None)
+            .await
+            .map_err(|close| MemoryRefused(close.description.unwrap_or_default()))?;
+        let (sender, from_edge) = mpsc::channel(MEMORY_LINK_CAPACITY);
+        let link = Link::Memory(MemoryLink {
+            from_edge,
+            to_edge,
+            tag,
+        });
+        start_session(&self.context, cell, session_id, link, None);
+        Ok(sender)
+    }
 }

@@ -48,10 +48,19 @@ pub struct CloseSession {
     pub reason: String,
 }
 
-enum Outgoing {
+/// What a session's writer sends, in order.
+pub(crate) enum Outgoing {
     Text(ByteString),
     Pong(actix_web::web::Bytes),
     Close(CloseReason),
+}
+
+/// What carries a session's frames.
+pub(crate) enum Link {
+    /// A WebSocket connection (what edges use).
+    Socket(actix_ws::Session, actix_ws::MessageStream),
+    /// Channels in this process (the load tool's in-process mode).
+    Memory(super::memory::MemoryLink),
 }
 
 /// Settings a session needs.
@@ -86,22 +95,31 @@ impl NodeSession {
         hub: Arc<HubContext>,
         session_id: u64,
         config: SessionConfig,
-        ws: actix_ws::Session,
-        stream: actix_ws::MessageStream,
+        link: Link,
     ) -> (Addr<NodeSession>, Arc<ConnectionStats>) {
         let (writer, queue) = mpsc::channel(WRITE_QUEUE_CAPACITY);
-        // The writer lives outside the actor so a close frame queued just before the actor
-        // stops is still written.
-        actix::spawn(write_loop(ws, queue));
-        let stream = stream
-            .max_frame_size(config.max_frame_bytes)
-            .aggregate_continuations()
-            .max_continuation_size(config.max_frame_bytes);
         let stats = Arc::new(ConnectionStats::default());
         let session_stats = stats.clone();
         let addr = NodeSession::create(move |ctx| {
             ctx.set_mailbox_capacity(SESSION_MAILBOX_CAPACITY);
-            ctx.add_stream(stream);
+            // The writer lives outside the actor so a close frame queued just before the
+            // actor stops is still written.
+            match link {
+                Link::Socket(ws, stream) => {
+                    actix::spawn(write_loop(ws, queue));
+                    ctx.add_stream(
+                        stream
+                            .max_frame_size(config.max_frame_bytes)
+                            .aggregate_continuations()
+                            .max_continuation_size(config.max_frame_bytes),
+                    );
+                }
+                Link::Memory(link) => {
+                    let (frames, edge) = link.split();
+                    actix::spawn(edge.write_loop(queue));
+                    ctx.add_stream(frames);
+                }
+            }
             NodeSession {
                 node: cell.addr(),
                 cell,

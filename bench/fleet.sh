@@ -5,6 +5,11 @@
 #   bench/fleet.sh SCENARIO EDGES [loadtest arguments...]
 #   bench/fleet.sh fanout 1000 --rate 1000 --changes 30000
 #   bench/fleet.sh storm 10000
+#   TOOLS=2 bench/fleet.sh hold 19900   # the fleet split over 2 tool processes
+#
+# TOOLS (hold only, default 1): tool processes, each with EDGES/TOOLS edges (named
+# load-T-N): one process may hold 20,000 open files here, and the cloud needs one per edge,
+# so a fleet near that limit needs its edges split. A last JSON line then sums the tools.
 #
 # The tool creates the fleet's Nodes and writes the changes through the cloud's admin endpoint.
 set -euo pipefail
@@ -51,6 +56,39 @@ banner=$(head -1 "$work/cloud.out")
 websocket=$(sed -n 's/.*WebSocket on \([^ ,]*\),.*/\1/p' <<<"$banner")
 admin=$(sed -n 's/.*admin on http:\/\/\([^ ,]*\).*/\1/p' <<<"$banner")
 [ -n "$websocket" ] || { echo "the cloud did not start: $(cat "$work/cloud.err")" >&2; exit 1; }
-"$bin" loadtest --cloud "$websocket" --admin "$admin" --edges "$edges" --scenario "$scenario" \
-  --heartbeat 15 --concurrency 64 --ca-cert "$work/ca/rootCA.crt" --ca-key "$work/ca/rootCA.key" \
-  --cloud-pid "$cloud" --markdown "$@"
+tools=${TOOLS:-1}
+if [ "$tools" -le 1 ]; then
+  "$bin" loadtest --cloud "$websocket" --admin "$admin" --edges "$edges" --scenario "$scenario" \
+    --heartbeat 15 --concurrency 64 --ca-cert "$work/ca/rootCA.crt" --ca-key "$work/ca/rootCA.key" \
+    --cloud-pid "$cloud" --markdown "$@"
+  exit
+fi
+[ "$scenario" = hold ] || { echo "TOOLS > 1 is for the hold scenario" >&2; exit 1; }
+tool_pids=()
+for t in $(seq "$tools"); do
+  "$bin" loadtest --cloud "$websocket" --edges $((edges / tools)) --prefix "load-$t-" \
+    --scenario hold --heartbeat 15 --concurrency $((64 / tools)) \
+    --ca-cert "$work/ca/rootCA.crt" --ca-key "$work/ca/rootCA.key" --cloud-pid "$cloud" "$@" \
+    > "$work/tool-$t.json" 2> "$work/tool-$t.err" &
+  tool_pids+=($!)
+done
+for pid in "${tool_pids[@]}"; do wait "$pid"; done
+cat "$work"/tool-*.json
+# The first tool to finish sampled the cloud while every fleet was still connected.
+python3 - "$work"/tool-*.json <<'PY'
+import json, sys
+reports = [json.loads(open(path).readline()) for path in sys.argv[1:]]
+connected = sum(r["connected"] for r in reports)
+first = min(reports, key=lambda r: r["connectSeconds"] + r["holdSeconds"])
+rss, base = first["cloudRssKib"], min(r["cloudBaseRssKib"] for r in reports)
+print(json.dumps({
+    "tools": len(reports), "edges": sum(r["edges"] for r in reports), "connected": connected,
+    "connectedAtEnd": sum(r["connectedAtEnd"] for r in reports),
+    "failed": sum(r["failed"] for r in reports), "tls": first["tls"],
+    "cloudCpuPercent": sum(r["cloudCpuPercent"] for r in reports) / len(reports),
+    "toolCpuPercent": sum(r["toolCpuPercent"] for r in reports),
+    "cloudRssKib": rss, "cloudBaseRssKib": base,
+    "cloudRssKibPerEdge": rss / connected,
+    "cloudRssKibPerEdgeAboveBase": (rss - base) / connected,
+}))
+PY

@@ -16,6 +16,16 @@
 //! - `storm`: connect N, then every edge drops its connection at once; one change per node is
 //!   written while they are away; all reconnect together. Reports the time until every edge
 //!   has its change again, the connection attempts refused, and the cloud's peak memory.
+//! - `broadcast`: a pod per node mounting one ConfigMap, which is changed `--changes` times at
+//!   `--rate`: each change goes to every node.
+//! - `upstream`: a pod per node, then the edges send `--changes` requests at `--rate`, node
+//!   status (`nodepatch`) and pod status (`podstatus`) in turn as edged does; reports replies
+//!   per second, the latency from send to reply, and failed replies.
+//!
+//! `--in-process` runs the cloud inside the tool and links each edge to a real CloudHub
+//! session over channels instead of a socket (see `cloudhub::memory`): the same admission,
+//! sessions, node actors and controllers, without sockets, HTTP or TLS, so a fleet can be
+//! larger than the file limit allows sockets. Its figures are the whole process's.
 //!
 //! Progress goes to standard error; the result is one JSON line (and, with `--markdown`, a
 //! table row).
@@ -32,9 +42,10 @@ use awc::ws::{Frame, Message as WsMessage};
 use edgehive_actors::cloud::cloudhub::{ByteString, EdgeInbox, FromCloud, MemoryConnector};
 use edgehive_actors::identity::certs::{self, CertAuthority};
 use edgehive_actors::identity::tls::edge_client_config;
-use edgehive_protocols::{decode, encode, Message, Operation};
+use edgehive_protocols::{decode, encode, Group, Message, ModuleName, Operation};
 use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
+use serde_json::Value;
 
 use crate::cloud::CloudProcess;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
@@ -54,6 +65,8 @@ pub enum Scenario {
     Storm,
     /// One ConfigMap every node's pod uses, changed at a rate: each change goes to all nodes.
     Broadcast,
+    /// The edges report node status and pod status at a rate: replies and their latency.
+    Upstream,
 }
 
 /// What to run.
@@ -162,6 +175,12 @@ pub struct ChangeReport {
     pub latency_ms_max: f64,
     /// `storm`: connection attempts that failed while everyone reconnected.
     pub reconnects_refused: u64,
+    /// `upstream`: replies that said the request failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_failures: Option<u64>,
+    /// `upstream`: requests not sent because the edge's previous one still waited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<u64>,
 }
 
 #[derive(Default)]
@@ -180,6 +199,137 @@ struct Fleet {
     seen: Vec<AtomicU64>,
     /// When the last change was received (microseconds since the epoch).
     last_delivery: AtomicU64,
+    /// `upstream`: when each edge sent its request still waiting for a reply (microseconds
+    /// since the epoch; 0 when none waits).
+    upstream_sent: Vec<AtomicU64>,
+    /// `upstream`: the requests each edge has been asked to send.
+    upstream_seq: Vec<AtomicU64>,
+    /// `upstream`: replies saying the request failed.
+    reply_failures: AtomicU64,
+    /// `upstream`: requests not sent because the edge's previous one was still waiting.
+    upstream_skipped: AtomicU64,
+    /// `upstream`: how an edge is told to send its next request.
+    due: Due,
+}
+
+/// How the `upstream` pacer reaches an edge.
+enum Due {
+    /// Socket edges: each waits on its own.
+    Notify(Vec<tokio::sync::Notify>),
+    /// In-process edges: one task sends for all.
+    Channel(mpsc::UnboundedSender<usize>),
+}
+
+impl Default for Due {
+    fn default() -> Self {
+        Due::Notify(Vec::new())
+    }
+}
+
+impl Fleet {
+    fn new(edges: usize, due: Due) -> Fleet {
+        let counters = || (0..edges).map(|_| AtomicU64::new(0)).collect();
+        Fleet {
+            seen: counters(),
+            upstream_sent: counters(),
+            upstream_seq: counters(),
+            due,
+            ..Fleet::default()
+        }
+    }
+
+    /// Asks edge `index` for its next upstream request, unless its last one still waits.
+    fn request_upstream(&self, index: usize) {
+        let waiting = self
+            .upstream_sent
+            .get(index)
+            .is_some_and(|sent| sent.load(Ordering::Relaxed) != 0);
+        if waiting {
+            self.upstream_skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if let Some(seq) = self.upstream_seq.get(index) {
+            seq.fetch_add(1, Ordering::Relaxed);
+        }
+        match &self.due {
+            Due::Notify(edges) => {
+                if let Some(edge) = edges.get(index) {
+                    edge.notify_one();
+                }
+            }
+            Due::Channel(sender) => {
+                let _ = sender.send(index);
+            }
+        }
+    }
+
+    /// Edge `index`'s next upstream request, noting when it leaves: node status and pod
+    /// status in turn, as edged sends them.
+    fn upstream_request(&self, prefix: &str, index: usize) -> Message {
+        let seq = self
+            .upstream_seq
+            .get(index)
+            .map_or(0, |seq| seq.load(Ordering::Relaxed));
+        if let Some(sent) = self.upstream_sent.get(index) {
+            sent.store(now_micros().max(1), Ordering::Relaxed);
+        }
+        upstream_request(prefix, index, seq)
+    }
+
+    /// A reply reached edge `index`: its latency, and whether it says the request failed.
+    fn note_reply(&self, index: usize, reply: &Message) {
+        let Some(sent) = self.upstream_sent.get(index) else {
+            return;
+        };
+        let sent = sent.swap(0, Ordering::Relaxed);
+        if sent == 0 {
+            return;
+        }
+        let failed = match &reply.content {
+            Value::String(text) => text != "OK",
+            content => !content["Err"].is_null(),
+        };
+        if failed || matches!(reply.operation(), Some(Operation::Error)) {
+            self.reply_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = now_micros();
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+        self.last_delivery.fetch_max(now, Ordering::Relaxed);
+        if let Ok(mut latencies) = self.latencies.lock() {
+            latencies.push(now.saturating_sub(sent));
+        }
+    }
+}
+
+/// Request `seq` of edge `index`: a `nodepatch` with a Ready condition when odd, a
+/// `podstatus` update of its pod when even.
+fn upstream_request(prefix: &str, index: usize, seq: u64) -> Message {
+    let node = format!("{prefix}{index}");
+    let now = edgehive_protocols::object::now_rfc3339();
+    if seq % 2 == 1 {
+        let patch = serde_json::json!({"status": {"conditions": [{
+            "type": "Ready", "status": "True", "reason": "EdgeReady",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }]}});
+        Message::new(
+            ModuleName::Edged,
+            Group::Meta,
+            Operation::Patch,
+            format!("default/nodepatch/{node}"),
+            Value::String(patch.to_string()),
+        )
+    } else {
+        let status = serde_json::json!({"phase": "Running", "conditions": [{
+            "type": "Ready", "status": "True", "lastTransitionTime": now,
+        }]});
+        Message::new(
+            ModuleName::Edged,
+            Group::Meta,
+            Operation::Update,
+            format!("default/podstatus/fan-{index}"),
+            serde_json::json!({"UID": "", "Name": format!("fan-{index}"), "Status": status}),
+        )
+    }
 }
 
 fn now_micros() -> u64 {
@@ -193,11 +343,11 @@ fn now_micros() -> u64 {
 /// Runs the fleet and returns its report.
 pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     let mut options = options;
-    // In-process: the cloud lives here, its embedded cluster in memory.
+    // In-process: the cloud lives here, its embedded cluster in a SQLite file as `edgehive
+    // cloud` keeps it (in a temporary folder).
     let in_process = if options.in_process {
         let work = tempfile::tempdir().context("cannot create a temporary folder")?;
         let mut config = crate::demo::loopback_cloud_config(work.path(), false);
-        config.embedded_cluster.database = PathBuf::new();
         config.modules.cloud_hub.node_limit = options.edges + 16;
         let cloud = CloudProcess::start(&config, None).await?;
         options.admin = Some(cloud.admin_addr().to_string());
@@ -215,7 +365,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     };
     let admin = match options.scenario {
         Scenario::Hold => None,
-        Scenario::Fanout | Scenario::Storm | Scenario::Broadcast => {
+        Scenario::Fanout | Scenario::Storm | Scenario::Broadcast | Scenario::Upstream => {
             Some(options.admin.clone().context(
                 "--admin HOST:PORT (the cloud's admin endpoint) is needed to write changes",
             )?)
@@ -224,10 +374,18 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     if let Some(admin) = &admin {
         create_nodes(admin, &options.prefix, options.edges).await?;
     }
-    let fleet = Arc::new(Fleet {
-        seen: (0..options.edges).map(|_| AtomicU64::new(0)).collect(),
-        ..Fleet::default()
-    });
+    let (due, due_requests) = match (options.scenario, &in_process) {
+        (Scenario::Upstream, Some(_)) => {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            (Due::Channel(sender), Some(receiver))
+        }
+        (Scenario::Upstream, None) => (
+            Due::Notify((0..options.edges).map(|_| Default::default()).collect()),
+            None,
+        ),
+        _ => (Due::default(), None),
+    };
+    let fleet = Arc::new(Fleet::new(options.edges, due));
     let (storm, storm_signal) = watch::channel(0u64);
     let peak = options
         .cloud_pid
@@ -237,7 +395,13 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     let connecting = match &in_process {
         Some((cloud, _)) => {
             let connector = cloud.hub().memory_connector();
-            memory_fleet(connector, &options, fleet.clone(), storm_signal)
+            memory_fleet(
+                connector,
+                &options,
+                fleet.clone(),
+                storm_signal,
+                due_requests,
+            )
         }
         None => socket_fleet(&options, ca.as_ref(), &fleet, &storm_signal)?,
     };
@@ -267,6 +431,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
             Some(reconnect_storm(&options, admin, &fleet, &storm).await?)
         }
         (Scenario::Broadcast, Some(admin)) => Some(broadcast(&options, admin, &fleet).await?),
+        (Scenario::Upstream, Some(admin)) => Some(upstream(&options, admin, &fleet).await?),
         _ => {
             tokio::time::sleep(options.hold).await;
             None
@@ -341,6 +506,7 @@ fn socket_fleet(
         let (fleet, gate) = (fleet.clone(), gate.clone());
         let heartbeat = options.heartbeat;
         let mut storm = storm_signal.clone();
+        let prefix = options.prefix.clone();
         connecting.push(actix_rt::spawn(async move {
             let mut first = true;
             loop {
@@ -355,7 +521,8 @@ fn socket_fleet(
                         drop(permit);
                         first = false;
                         fleet.connected.fetch_add(1, Ordering::Relaxed);
-                        let stormed = edge(socket, heartbeat, &fleet, index, &mut storm).await;
+                        let me = (prefix.as_str(), index);
+                        let stormed = edge(socket, heartbeat, &fleet, me, &mut storm).await;
                         fleet.connected.fetch_sub(1, Ordering::Relaxed);
                         if !stormed {
                             return;
@@ -397,6 +564,7 @@ fn memory_fleet(
     options: &LoadOptions,
     fleet: Arc<Fleet>,
     mut storm: watch::Receiver<u64>,
+    due_requests: Option<mpsc::UnboundedReceiver<usize>>,
 ) -> Vec<actix_rt::task::JoinHandle<()>> {
     let edges = options.edges;
     let links: Links = Rc::new(RefCell::new(vec![None; edges]));
@@ -442,6 +610,7 @@ fn memory_fleet(
                 message.operation(),
                 Some(Operation::Response | Operation::Error)
             ) {
+                reader_fleet.note_reply(index, &message);
                 continue;
             }
             let ack = ByteString::from(encode(&Message::response_to(
@@ -466,6 +635,22 @@ fn memory_fleet(
             }
         }
     }));
+    // Upstream requests, sent for the edge the pacer names.
+    if let Some(mut due_requests) = due_requests {
+        let (links, fleet, prefix) = (links.clone(), fleet.clone(), options.prefix.clone());
+        tasks.push(actix_rt::spawn(async move {
+            while let Some(index) = due_requests.recv().await {
+                let link = links.borrow().get(index).cloned().flatten();
+                if let Some((_, link)) = link {
+                    let request = ByteString::from(encode(&fleet.upstream_request(&prefix, index)));
+                    // Waits for room as a socket write would; the pacer does not wait.
+                    actix_rt::spawn(async move {
+                        let _ = link.send(request).await;
+                    });
+                }
+            }
+        }));
+    }
     // Keepalives: every edge once per heartbeat, a slice of the fleet every 100 ms.
     let heartbeat = options.heartbeat;
     let keepalive_links = links.clone();
@@ -710,6 +895,61 @@ async fn broadcast(
     ))
 }
 
+/// Gives every node a pod, waits until each has it, then has the edges send `--changes`
+/// requests at `--rate`, round-robin: node status (`nodepatch`) and pod status (`podstatus`)
+/// in turn, as edged does. Ends when every request sent has its reply (at most 60 s without
+/// progress). Latency is from the edge's send to the reply's arrival.
+async fn upstream(
+    options: &LoadOptions,
+    admin: &str,
+    fleet: &Fleet,
+) -> anyhow::Result<ChangeReport> {
+    let edges = options.edges.max(1);
+    apply_per_node(admin, edges, |index| {
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
+             spec:\n  nodeName: {}{index}\n  containers:\n  - name: c\n    image: nginx\n",
+            options.prefix
+        )
+    })
+    .await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while fleet.acks.load(Ordering::Relaxed) < edges as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "loadtest: {} pods ACKed; the edges report status now",
+        fleet.acks.load(Ordering::Relaxed)
+    );
+    let rate = u64::from(options.rate.max(1));
+    let first_request = now_micros();
+    let began = Instant::now();
+    for k in 0..options.changes {
+        fleet.request_upstream(usize::try_from(k % edges as u64).unwrap_or(0));
+        keep_pace(options, fleet, began, k + 1, 1, rate).await;
+    }
+    let sent = options.changes - fleet.upstream_skipped.load(Ordering::Relaxed);
+    let mut progress = (0, Instant::now());
+    loop {
+        let replied = fleet.delivered.load(Ordering::Relaxed);
+        if replied >= sent {
+            break;
+        }
+        if replied != progress.0 {
+            progress = (replied, Instant::now());
+        } else if progress.1.elapsed() > Duration::from_secs(60) {
+            eprintln!("loadtest: no reply for 60 s; reporting what arrived");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut report = change_report(fleet, sent, &[], first_request, 0);
+    report.pods = 0;
+    report.reply_failures = Some(fleet.reply_failures.load(Ordering::Relaxed));
+    report.skipped = Some(fleet.upstream_skipped.load(Ordering::Relaxed));
+    Ok(report)
+}
+
 /// After `written` changes (the last `batch` of them just now): progress about every two
 /// seconds' worth of changes, then a wait so that change n goes out at n / `rate` seconds.
 async fn keep_pace(
@@ -722,7 +962,7 @@ async fn keep_pace(
 ) {
     if written % (rate * 2) < batch {
         eprintln!(
-            "loadtest: {written} of {} changes written, {} delivered",
+            "loadtest: {written} of {} changes or requests sent, {} delivered or answered",
             options.changes,
             fleet.delivered.load(Ordering::Relaxed)
         );
@@ -861,6 +1101,8 @@ fn change_report(
         latency_ms_p99: percentile(0.99),
         latency_ms_max: percentile(1.0),
         reconnects_refused,
+        reply_failures: None,
+        skipped: None,
     }
 }
 
@@ -906,7 +1148,7 @@ async fn edge<S>(
     mut socket: S,
     heartbeat: Duration,
     fleet: &Fleet,
-    index: usize,
+    (prefix, index): (&str, usize),
     storm: &mut watch::Receiver<u64>,
 ) -> bool
 where
@@ -928,6 +1170,12 @@ where
                     return false;
                 }
             }
+            _ = upstream_due(fleet, index) => {
+                let frame = encode(&fleet.upstream_request(prefix, index));
+                if socket.send(WsMessage::Text(frame.into())).await.is_err() {
+                    return false;
+                }
+            }
             frame = socket.next() => {
                 let bytes = match frame {
                     Some(Ok(Frame::Text(bytes) | Frame::Binary(bytes))) => bytes,
@@ -941,6 +1189,7 @@ where
                 fleet.frames_in.fetch_add(1, Ordering::Relaxed);
                 let Ok(message) = decode(&bytes) else { continue };
                 if matches!(message.operation(), Some(Operation::Response | Operation::Error)) {
+                    fleet.note_reply(index, &message);
                     continue;
                 }
                 let ack = Message::response_to(&message, serde_json::Value::from("OK"));
@@ -951,6 +1200,15 @@ where
                 note_change(fleet, index, &message);
             }
         }
+    }
+}
+
+/// Resolves when socket edge `index` is due to send an upstream request (never in other
+/// scenarios).
+async fn upstream_due(fleet: &Fleet, index: usize) {
+    match &fleet.due {
+        Due::Notify(edges) if index < edges.len() => edges[index].notified().await,
+        _ => std::future::pending().await,
     }
 }
 

@@ -81,7 +81,7 @@ enum Command {
         /// CloudHub's WebSocket address, HOST:PORT.
         #[arg(long, required_unless_present = "in_process")]
         cloud: Option<String>,
-        /// Run the cloud in this process (embedded cluster in memory, plain links) and link
+        /// Run the cloud in this process (embedded cluster in a temporary SQLite file) and link
         /// the fleet to it over channels instead of sockets: past the file limit's reach.
         /// The cloud's figures are then the whole process's.
         #[arg(long, conflicts_with_all = ["cloud", "ca_cert", "cloud_pid", "admin"])]

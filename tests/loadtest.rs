@@ -226,3 +226,73 @@ fn in_process_storm_smoke_every_edge_relinks_and_gets_what_changed_while_away() 
         "{report}"
     );
 }
+
+/// The upstream scenario's report: every request sent got its reply, none failed.
+fn assert_every_request_answered(report: &Value, requests: u64) {
+    let changes = &report["changes"];
+    assert_eq!(changes["skipped"], 0, "{report}");
+    assert_eq!(changes["written"], requests, "{report}");
+    assert_eq!(
+        changes["delivered"], requests,
+        "every request answered: {report}"
+    );
+    assert_eq!(changes["replyFailures"], 0, "{report}");
+    assert!(changes["latencyMsMax"].as_f64().unwrap() > 0.0, "{report}");
+}
+
+#[test]
+fn upstream_smoke_node_and_pod_status_from_every_edge_get_their_replies() {
+    let (_dir, cloud) = empty_cloud();
+    let report = loadtest(
+        &cloud,
+        &[
+            "--edges",
+            "100",
+            "--scenario",
+            "upstream",
+            "--rate",
+            "200",
+            "--changes",
+            "400",
+        ],
+    );
+    assert_eq!(report["connectedAtEnd"], 100, "{report}");
+    assert_every_request_answered(&report, 400);
+    // What the edges reported is in the cluster: every pod Running, every node Ready.
+    let admin = cloud.admin.parse().unwrap();
+    let (pods, nodes) = actix_rt::System::new().block_on(async {
+        (
+            support::http_json(admin, "/api/v1/objects/pod").await,
+            support::http_json(admin, "/api/v1/objects/node").await,
+        )
+    });
+    let pods = pods["items"].as_array().unwrap();
+    assert_eq!(pods.len(), 100, "{pods:?}");
+    for pod in pods {
+        assert_eq!(pod["status"]["phase"], "Running", "{pod}");
+    }
+    let nodes = nodes["items"].as_array().unwrap();
+    assert_eq!(nodes.len(), 100);
+    for node in nodes {
+        assert_eq!(
+            node["status"]["conditions"][0]["reason"], "EdgeReady",
+            "{node}"
+        );
+    }
+}
+
+#[test]
+fn in_process_upstream_smoke_node_and_pod_status_get_their_replies() {
+    let report = in_process(&[
+        "--edges",
+        "1000",
+        "--scenario",
+        "upstream",
+        "--rate",
+        "1000",
+        "--changes",
+        "2000",
+    ]);
+    assert_eq!(report["connectedAtEnd"], 1000, "{report}");
+    assert_every_request_answered(&report, 2000);
+}

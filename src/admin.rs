@@ -134,12 +134,33 @@ async fn metrics(hive: web::Data<Hive>) -> HttpResponse {
         .body(hive.metrics().encode())
 }
 
-/// The supervision tree: the process and the modules it supervises.
-async fn modules(hive: web::Data<Hive>) -> HttpResponse {
+/// The supervision tree: the process and the modules it supervises (`?children=N`: at most N
+/// children per module).
+async fn modules(hive: web::Data<Hive>, query: web::Query<ModulesQuery>) -> HttpResponse {
+    let mut modules = json!(hive.modules());
+    if let (Some(limit), Some(modules)) = (query.children, modules.as_array_mut()) {
+        for module in modules {
+            if let Some(children) = module["children"].as_array_mut() {
+                if children.len() > limit {
+                    let total = children.len();
+                    children.truncate(limit);
+                    module["childrenTotal"] = json!(total);
+                }
+            }
+        }
+    }
     HttpResponse::Ok().json(json!({
         "process": hive.process(),
-        "modules": hive.modules(),
+        "modules": modules,
     }))
+}
+
+/// What `GET /api/v1/modules` may be asked for.
+#[derive(Debug, serde::Deserialize)]
+struct ModulesQuery {
+    /// At most this many children per module (`childrenTotal` then says how many there are):
+    /// CloudHub has one per node.
+    children: Option<usize>,
 }
 
 /// The status page: one self-contained file (inline CSS and script, nothing fetched from

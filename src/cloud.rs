@@ -291,12 +291,39 @@ async fn nodes(hive: &Hive) -> Result<Vec<NodeInfo>, HiveError> {
         .await
 }
 
-/// `GET /api/v1/nodes`: nodes with their queues, in-flight message and last keepalive.
-async fn list_nodes(hive: web::Data<Hive>) -> HttpResponse {
-    match nodes(&hive).await {
-        Ok(nodes) => HttpResponse::Ok().json(json!({ "nodes": nodes })),
-        Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
+/// What `GET /api/v1/nodes` may be asked for.
+#[derive(Debug, serde::Deserialize)]
+struct NodesQuery {
+    /// Only nodes whose name contains this (case-insensitive).
+    filter: Option<String>,
+    /// At most this many, troubled first ([`NodeInfo::by_trouble`]); all, by name, without.
+    limit: Option<usize>,
+}
+
+/// `GET /api/v1/nodes[?filter=TEXT][&limit=N]`: nodes with their queues, in-flight message
+/// and last keepalive, and how many there are (`total`, `connected`, `matched`), so a page
+/// of 100,000 nodes can ask for the few it shows.
+async fn list_nodes(hive: web::Data<Hive>, query: web::Query<NodesQuery>) -> HttpResponse {
+    let mut nodes = match nodes(&hive).await {
+        Ok(nodes) => nodes,
+        Err(error) => return HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
+    };
+    let total = nodes.len();
+    let connected = nodes.iter().filter(|node| node.connected).count();
+    if let Some(needle) = query.filter.as_deref().map(str::to_lowercase) {
+        nodes.retain(|node| node.node.to_lowercase().contains(&needle));
     }
+    let matched = nodes.len();
+    if let Some(limit) = query.limit {
+        nodes.sort_unstable_by(NodeInfo::by_trouble);
+        nodes.truncate(limit);
+    }
+    HttpResponse::Ok().json(json!({
+        "nodes": nodes,
+        "total": total,
+        "connected": connected,
+        "matched": matched,
+    }))
 }
 
 /// `GET /api/v1/sync[/{node}]`: SyncController's records per node (with a node: its records

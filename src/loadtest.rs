@@ -350,6 +350,10 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         let mut config = crate::demo::loopback_cloud_config(work.path(), false);
         config.modules.cloud_hub.node_limit = options.edges + 16;
         let cloud = CloudProcess::start(&config, None).await?;
+        eprintln!(
+            "loadtest: cloud in this process; its admin endpoint and status page on http://{}/",
+            cloud.admin_addr()
+        );
         options.admin = Some(cloud.admin_addr().to_string());
         options.cloud_pid = Some(std::process::id());
         options.ca = None;

@@ -259,3 +259,67 @@ async fn an_idle_connected_node_makes_the_cloud_handle_nothing_between_keepalive
     edge.stop().await;
     cloud.stop().await;
 }
+
+/// Many nodes linked in memory (the load tool's transport: real sessions and node actors, no
+/// sockets): the admin endpoint answers for the few a page shows, troubled first, and says how
+/// many there are.
+#[actix_rt::test]
+async fn the_admin_endpoint_pages_and_filters_many_nodes_troubled_first() {
+    const NODES: usize = 40;
+    let cloud = start_cloud().await;
+    let connector = cloud.hub().memory_connector();
+    let (inbox, mut from_cloud) = tokio::sync::mpsc::channel(1024);
+    actix_rt::spawn(async move { while from_cloud.recv().await.is_some() {} });
+    let mut links = Vec::new();
+    for index in 0..NODES {
+        let node = format!("many-{index:02}");
+        let tag = u32::try_from(index).unwrap();
+        links.push(connector.connect(&node, tag, inbox.clone()).await.unwrap());
+    }
+    // Two edges go away.
+    links.remove(17);
+    links.remove(3);
+    eventually("two nodes disconnected", WITHIN, || async {
+        let nodes = cloud.nodes().await.unwrap();
+        (nodes.iter().filter(|n| n.connected).count() == NODES - 2).then_some(())
+    })
+    .await;
+
+    let admin = cloud.admin_addr();
+    let page = http_json(admin, "/api/v1/nodes?limit=5").await;
+    let names: Vec<&str> = page["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 5, "{page}");
+    assert_eq!(
+        &names[..2],
+        ["many-03", "many-17"],
+        "disconnected first: {page}"
+    );
+    assert_eq!(page["total"], NODES, "{page}");
+    assert_eq!(page["connected"], NODES - 2, "{page}");
+    assert_eq!(page["matched"], NODES, "{page}");
+
+    let filtered = http_json(admin, "/api/v1/nodes?limit=5&filter=MANY-1").await;
+    assert_eq!(filtered["matched"], 10, "many-10 to many-19: {filtered}");
+    assert_eq!(filtered["nodes"][0]["node"], "many-17", "{filtered}");
+    assert_eq!(filtered["nodes"].as_array().unwrap().len(), 5, "{filtered}");
+
+    // Without a limit: every node, as before.
+    let all = http_json(admin, "/api/v1/nodes").await;
+    assert_eq!(all["nodes"].as_array().unwrap().len(), NODES, "{all}");
+
+    let tree = http_json(admin, "/api/v1/modules?children=3").await;
+    let hub = tree["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|module| module["name"] == CLOUDHUB_MODULE)
+        .cloned()
+        .unwrap();
+    assert_eq!(hub["children"].as_array().unwrap().len(), 3, "{hub}");
+    assert_eq!(hub["childrenTotal"], NODES, "{hub}");
+}

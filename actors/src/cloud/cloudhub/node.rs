@@ -153,6 +153,26 @@ pub struct NodeInfo {
     pub resends: u64,
     /// Restarts of the node's actor.
     pub restarts: u64,
+    /// Messages waiting in the node actor's mailbox.
+    pub mailbox_depth: i64,
+}
+
+impl NodeInfo {
+    /// Troubled first: disconnected, then parked objects, deep queues, restarts; then by
+    /// name. What the status page and `?limit=` show first.
+    pub fn by_trouble(a: &NodeInfo, b: &NodeInfo) -> std::cmp::Ordering {
+        let trouble = |n: &NodeInfo| {
+            (
+                !n.connected,
+                n.parked,
+                n.ack_queue + n.no_ack_queue,
+                n.restarts,
+            )
+        };
+        trouble(b)
+            .cmp(&trouble(a))
+            .then_with(|| a.node.cmp(&b.node))
+    }
 }
 
 impl NodeCell {
@@ -433,6 +453,7 @@ impl NodeCell {
             acked: state.pool.stats.acked,
             resends: state.pool.stats.resends,
             restarts: self.restarts.load(Ordering::Relaxed),
+            mailbox_depth: self.depth.load(Ordering::Relaxed).max(0),
         }
     }
 

@@ -137,21 +137,9 @@ async fn metrics(hive: web::Data<Hive>) -> HttpResponse {
 /// The supervision tree: the process and the modules it supervises (`?children=N`: at most N
 /// children per module).
 async fn modules(hive: web::Data<Hive>, query: web::Query<ModulesQuery>) -> HttpResponse {
-    let mut modules = json!(hive.modules());
-    if let (Some(limit), Some(modules)) = (query.children, modules.as_array_mut()) {
-        for module in modules {
-            if let Some(children) = module["children"].as_array_mut() {
-                if children.len() > limit {
-                    let total = children.len();
-                    children.truncate(limit);
-                    module["childrenTotal"] = json!(total);
-                }
-            }
-        }
-    }
     HttpResponse::Ok().json(json!({
         "process": hive.process(),
-        "modules": modules,
+        "modules": hive.modules_with(query.children.unwrap_or(usize::MAX)),
     }))
 }
 

@@ -63,9 +63,17 @@ pub struct ModuleInfo {
     pub mailbox_depth: i64,
     /// Its mailbox capacity.
     pub mailbox_capacity: usize,
-    /// The actors it supervises (CloudHub: one per edge node), if it has any.
+    /// The actors it supervises (CloudHub: one per edge node), if it has any; the first ones
+    /// by name when [`Hive::modules_with`] was given a limit.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<ChildInfo>,
+    /// How many actors it supervises (more than `children` holds when a limit cut them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub children_total: usize,
+}
+
+fn is_zero(count: &usize) -> bool {
+    *count == 0
 }
 
 /// An actor supervised by a module (or by another child), as the admin endpoint shows it.
@@ -89,8 +97,9 @@ pub struct ChildInfo {
     pub children: Vec<ChildInfo>,
 }
 
-/// How a module reports the actors it supervises (see [`Hive::set_children`]).
-pub type ChildrenView = Arc<dyn Fn() -> Vec<ChildInfo> + Send + Sync>;
+/// How a module reports the actors it supervises (see [`Hive::set_children`]): given a limit,
+/// the first that many by name, and how many there are in all.
+pub type ChildrenView = Arc<dyn Fn(usize) -> (Vec<ChildInfo>, usize) + Send + Sync>;
 
 /// The typed messages a module accepts by name (see [`Module::accepts`]).
 pub struct Accepts<A: Actor> {
@@ -445,9 +454,23 @@ impl Hive {
 
     /// Every registered module with its supervision state and counters, in name order.
     pub fn modules(&self) -> Vec<ModuleInfo> {
+        self.modules_with(usize::MAX)
+    }
+
+    /// [`Hive::modules`] with at most `children` children per module (CloudHub has one per
+    /// node; a page showing a few need not build 100,000).
+    pub fn modules_with(&self, children: usize) -> Vec<ModuleInfo> {
         self.read_modules()
             .iter()
-            .map(|(name, entry)| ModuleInfo {
+            .map(|(name, entry)| {
+                let (children, children_total) = entry
+                    .children
+                    .as_ref()
+                    .map(|view| view(children))
+                    .unwrap_or_default();
+                (name, entry, children, children_total)
+            })
+            .map(|(name, entry, children, children_total)| ModuleInfo {
                 name: name.clone(),
                 group: entry.stats.group.clone(),
                 parent: self.inner.process.clone(),
@@ -458,11 +481,8 @@ impl Hive {
                 messages_dropped: entry.stats.dropped.get(),
                 mailbox_depth: entry.stats.depth.get(),
                 mailbox_capacity: entry.capacity,
-                children: entry
-                    .children
-                    .as_ref()
-                    .map(|view| view())
-                    .unwrap_or_default(),
+                children,
+                children_total,
             })
             .collect()
     }

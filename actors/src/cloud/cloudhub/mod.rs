@@ -108,9 +108,17 @@ impl Shared {
         cells
     }
 
-    /// The supervision tree below CloudHub, for `/api/v1/modules`.
-    pub(crate) fn children(&self) -> Vec<ChildInfo> {
-        self.cells().iter().map(|cell| cell.child_info()).collect()
+    /// The supervision tree below CloudHub, for `/api/v1/modules`: the first `limit` nodes by
+    /// name, and how many there are.
+    pub(crate) fn children(&self, limit: usize) -> (Vec<ChildInfo>, usize) {
+        let mut cells: Vec<_> = self.nodes().values().cloned().collect();
+        let total = cells.len();
+        if limit < total {
+            cells.select_nth_unstable_by(limit, |a, b| a.name().cmp(b.name()));
+            cells.truncate(limit);
+        }
+        cells.sort_by(|a, b| a.name().cmp(b.name()));
+        (cells.iter().map(|cell| cell.child_info()).collect(), total)
     }
 }
 

@@ -121,7 +121,7 @@ pub async fn start_cloudhub_with(
     let context_tls = shared.hub.security.tls.is_some();
     hive.start_module(module)?;
     let tree = shared.clone();
-    hive.set_children(CLOUDHUB_MODULE, Arc::new(move || tree.children()))?;
+    hive.set_children(CLOUDHUB_MODULE, Arc::new(move |limit| tree.children(limit)))?;
     let address = format!("{}:{}", options.address, options.port);
     let context = web::Data::new(ServerContext {
         hive: hive.clone(),

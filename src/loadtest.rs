@@ -846,20 +846,19 @@ fn pod_change(prefix: &str, index: usize, seq: u64) -> String {
     )
 }
 
-/// Gives every node a pod that mounts ConfigMap `fan-shared`, waits until each has its pod,
-/// then changes the ConfigMap `--changes` times at `--rate` per second: every change goes to
-/// every node (encoded once in the cloud). Ends when every node has the last version.
-async fn broadcast(
+/// Gives node `index` pod `fan-{index}` (with `volumes`, YAML lines of its spec) and waits
+/// until every edge has ACKed its pod (at most 120 s).
+async fn pod_per_node(
     options: &LoadOptions,
     admin: &str,
     fleet: &Fleet,
-) -> anyhow::Result<ChangeReport> {
+    volumes: &str,
+) -> anyhow::Result<()> {
     let edges = options.edges;
     apply_per_node(admin, edges, |index| {
         format!(
             "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
-             spec:\n  nodeName: {}{index}\n  containers:\n  - name: c\n    image: nginx\n\
-             \x20 volumes:\n  - name: shared\n    configMap:\n      name: fan-shared\n",
+             spec:\n  nodeName: {}{index}\n  containers:\n  - name: c\n    image: nginx\n{volumes}",
             options.prefix
         )
     })
@@ -869,9 +868,24 @@ async fn broadcast(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     eprintln!(
-        "loadtest: {} pods ACKed; changing the ConfigMap they all use",
+        "loadtest: {} of {edges} pods ACKed",
         fleet.acks.load(Ordering::Relaxed)
     );
+    Ok(())
+}
+
+/// Gives every node a pod that mounts ConfigMap `fan-shared`, waits until each has its pod,
+/// then changes the ConfigMap `--changes` times at `--rate` per second: every change goes to
+/// every node (encoded once in the cloud). Ends when every node has the last version.
+async fn broadcast(
+    options: &LoadOptions,
+    admin: &str,
+    fleet: &Fleet,
+) -> anyhow::Result<ChangeReport> {
+    let edges = options.edges;
+    let volumes = "  volumes:\n  - name: shared\n    configMap:\n      name: fan-shared\n";
+    pod_per_node(options, admin, fleet, volumes).await?;
+    eprintln!("loadtest: changing the ConfigMap every pod uses");
     let rate = u64::from(options.rate.max(1));
     let first_write = now_micros();
     let began = Instant::now();
@@ -909,22 +923,8 @@ async fn upstream(
     fleet: &Fleet,
 ) -> anyhow::Result<ChangeReport> {
     let edges = options.edges.max(1);
-    apply_per_node(admin, edges, |index| {
-        format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
-             spec:\n  nodeName: {}{index}\n  containers:\n  - name: c\n    image: nginx\n",
-            options.prefix
-        )
-    })
-    .await?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while fleet.acks.load(Ordering::Relaxed) < edges as u64 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    eprintln!(
-        "loadtest: {} pods ACKed; the edges report status now",
-        fleet.acks.load(Ordering::Relaxed)
-    );
+    pod_per_node(options, admin, fleet, "").await?;
+    eprintln!("loadtest: the edges report status now");
     let rate = u64::from(options.rate.max(1));
     let first_request = now_micros();
     let began = Instant::now();

@@ -67,15 +67,15 @@ fn empty_cloud() -> (tempfile::TempDir, support::process::PlainCloud) {
 
 /// Runs `edgehive loadtest` with `args` against `cloud` and returns its JSON report.
 fn loadtest(cloud: &support::process::PlainCloud, args: &[&str]) -> Value {
+    let pid = cloud.process.id().to_string();
+    let target = ["--cloud", &cloud.websocket, "--admin", &cloud.admin];
+    run_tool(&[&target[..], &["--cloud-pid", &pid], args].concat())
+}
+
+/// `edgehive loadtest ARGS`: its JSON report.
+fn run_tool(args: &[&str]) -> Value {
     let output = Command::new(BIN)
-        .args([
-            "loadtest",
-            "--cloud",
-            &cloud.websocket,
-            "--admin",
-            &cloud.admin,
-        ])
-        .args(["--cloud-pid", &cloud.process.id().to_string()])
+        .arg("loadtest")
         .args(args)
         .output()
         .unwrap();
@@ -170,18 +170,7 @@ fn broadcast_smoke_every_node_gets_the_last_version_of_the_shared_configmap() {
 /// `edgehive loadtest --in-process`: the cloud in the tool's process, its fleet linked over
 /// channels to real sessions and node actors.
 fn in_process(args: &[&str]) -> Value {
-    let output = Command::new(BIN)
-        .args(["loadtest", "--in-process"])
-        .args(args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "loadtest failed: {stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_str(stdout.lines().next().unwrap()).unwrap()
+    run_tool(&[&["--in-process"], args].concat())
 }
 
 #[test]

@@ -43,17 +43,21 @@ fn edge_pods(db: &Path) -> BTreeMap<String, String> {
     versions(rows.iter())
 }
 
-/// The child `node` of CloudHub in `/api/v1/modules`.
-async fn node_child(cloud: &edgehive::cloud::CloudProcess, node: &str) -> Value {
-    let tree = http_json(cloud.admin_addr(), "/api/v1/modules").await;
-    let hub = tree["modules"]
+/// CloudHub in an `/api/v1/modules` answer.
+fn cloudhub_in(tree: &Value) -> Value {
+    tree["modules"]
         .as_array()
         .unwrap()
         .iter()
         .find(|module| module["name"] == CLOUDHUB_MODULE)
         .cloned()
-        .unwrap();
-    hub["children"]
+        .unwrap()
+}
+
+/// The child `node` of CloudHub in `/api/v1/modules`.
+async fn node_child(cloud: &edgehive::cloud::CloudProcess, node: &str) -> Value {
+    let tree = http_json(cloud.admin_addr(), "/api/v1/modules").await;
+    cloudhub_in(&tree)["children"]
         .as_array()
         .unwrap_or(&Vec::new())
         .iter()
@@ -312,14 +316,7 @@ async fn the_admin_endpoint_pages_and_filters_many_nodes_troubled_first() {
     let all = http_json(admin, "/api/v1/nodes").await;
     assert_eq!(all["nodes"].as_array().unwrap().len(), NODES, "{all}");
 
-    let tree = http_json(admin, "/api/v1/modules?children=3").await;
-    let hub = tree["modules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|module| module["name"] == CLOUDHUB_MODULE)
-        .cloned()
-        .unwrap();
+    let hub = cloudhub_in(&http_json(admin, "/api/v1/modules?children=3").await);
     assert_eq!(hub["children"].as_array().unwrap().len(), 3, "{hub}");
     assert_eq!(hub["childrenTotal"], NODES, "{hub}");
 }

@@ -6,6 +6,7 @@
 #
 #   bench/edge-footprint.sh [PODS=100] [IDLE=10]
 #   EDGEHIVE=target/release/edgehive-edge bench/edge-footprint.sh 100   # another binary for the edge
+#   INSPECT='python3 bench/edge-pages.py' bench/edge-footprint.sh 100   # then runs `$INSPECT PID`
 #
 # Needs python3 (its sqlite3 module counts the stored pods).
 set -euo pipefail
@@ -135,3 +136,5 @@ PSS=$(kib Pss "$ROLLUP")
 SIZE=$(stat -c %s "$(readlink -f "$EDGE_BIN")")
 printf '{"pods": %d, "idle_s": %d, "vmrss_kib": %d, "vmhwm_kib": %d, "rss_anon_kib": %d, "rss_file_kib": %d, "pss_kib": %d, "threads": %d, "binary_bytes": %d, "binary": "%s"}\n' \
   "$PODS" "$IDLE" "$RSS" "$HWM" "$ANON" "$FILE" "$PSS" "$THREADS" "$SIZE" "$EDGE_BIN"
+# INSPECT: a command to run on the idle edge (its PID appended) before it is stopped.
+[[ -z ${INSPECT:-} ]] || $INSPECT "$EDGE" >&2

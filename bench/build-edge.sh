@@ -10,6 +10,10 @@
 #   non-PIE executable has no start-up relocations, so .data.rel.ro stays clean file pages
 #   and .rela.dyn is not read. The price: the binary's own code and data are at fixed
 #   addresses (no ASLR for them; stack, heap and libraries are still randomized).
+# - SQLite without what edgehive never uses: FTS3/FTS5, R-tree, dbstat, STAT4, soundex, the
+#   JSON functions, extension loading, column metadata, deprecated APIs, shared cache; and no
+#   lookaside (SQLite's per-connection small-allocation cache: its 120 KB buffer goes,
+#   those allocations go to malloc).
 # `--target` keeps these flags off build scripts and proc macros, and the output apart from
 # `cargo build --profile edge --no-default-features` (target/edge/edgehive).
 set -euo pipefail
@@ -23,6 +27,11 @@ if [[ ${1:-} == --dynamic ]]; then
 else
   FLAGS+=(-C target-feature=+crt-static -C relocation-model=static)
 fi
+export LIBSQLITE3_FLAGS="-USQLITE_ENABLE_FTS3 -USQLITE_ENABLE_FTS3_PARENTHESIS -USQLITE_ENABLE_FTS5
+  -USQLITE_ENABLE_RTREE -USQLITE_ENABLE_DBSTAT_VTAB -USQLITE_ENABLE_STAT4 -USQLITE_SOUNDEX
+  -USQLITE_ENABLE_JSON1 -DSQLITE_OMIT_JSON -USQLITE_ENABLE_LOAD_EXTENSION
+  -DSQLITE_OMIT_LOAD_EXTENSION -USQLITE_ENABLE_COLUMN_METADATA -DSQLITE_OMIT_DEPRECATED
+  -DSQLITE_OMIT_SHARED_CACHE -DSQLITE_DEFAULT_LOOKASIDE=1200,0"
 # CARGO_ENCODED_RUSTFLAGS: one flag per \x1f-separated field (a path may hold spaces).
 CARGO_ENCODED_RUSTFLAGS=$(IFS=$'\x1f'; echo "${FLAGS[*]}")
 export CARGO_ENCODED_RUSTFLAGS

@@ -10,6 +10,8 @@
 #   non-PIE executable has no start-up relocations, so .data.rel.ro stays clean file pages
 #   and .rela.dyn is not read. The price: the binary's own code and data are at fixed
 #   addresses (no ASLR for them; stack, heap and libraries are still randomized).
+# - bench/edge-layout.ld: the unwind tables after .rodata (see the file). Panics unwind as
+#   before.
 # - SQLite without what edgehive never uses: FTS3/FTS5, R-tree, dbstat, STAT4, soundex, the
 #   JSON functions, extension loading, column metadata, deprecated APIs, shared cache; and no
 #   lookaside (SQLite's per-connection small-allocation cache: its 120 KB buffer goes,
@@ -19,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=x86_64-unknown-linux-gnu
-FLAGS=()
+FLAGS=(-C "link-arg=-Wl,-T,$PWD/bench/edge-layout.ld")
 ARGS=()
 if [[ ${1:-} == --dynamic ]]; then
   shift

@@ -3,13 +3,15 @@
 # (profile `edge`), and for resident memory:
 #
 #   bench/build-edge.sh             # static glibc, non-PIE: target/x86_64-unknown-linux-gnu/edge/edgehive
+#   bench/build-edge.sh --pie       # static glibc, PIE:     target/edge-pie/x86_64-unknown-linux-gnu/edge/edgehive
 #   bench/build-edge.sh --dynamic   # dynamic glibc, PIE:    target/edge-dynamic/x86_64-unknown-linux-gnu/edge/edgehive
 #
 # Extra arguments go to cargo. What each setting saves is in BENCHMARKS.md ("Edge footprint").
 # - static: `+crt-static` (no shared libraries to map) and `relocation-model=static`: a
 #   non-PIE executable has no start-up relocations, so .data.rel.ro stays clean file pages
 #   and .rela.dyn is not read. The price: the binary's own code and data are at fixed
-#   addresses (no ASLR for them; stack, heap and libraries are still randomized).
+#   addresses (no ASLR for them; stack, heap and libraries are still randomized). `--pie`
+#   keeps ASLR for the whole binary at the cost of those relocations (BENCHMARKS.md).
 # - bench/edge-layout.ld: the unwind tables after .rodata (see the file). Panics unwind as
 #   before.
 # - SQLite without what edgehive never uses: FTS3/FTS5, R-tree, dbstat, STAT4, soundex, the
@@ -26,6 +28,10 @@ ARGS=()
 if [[ ${1:-} == --dynamic ]]; then
   shift
   ARGS=(--target-dir target/edge-dynamic)
+elif [[ ${1:-} == --pie ]]; then
+  shift
+  ARGS=(--target-dir target/edge-pie)
+  FLAGS+=(-C target-feature=+crt-static)
 else
   FLAGS+=(-C target-feature=+crt-static -C relocation-model=static)
 fi

@@ -164,8 +164,13 @@ pub fn record_peer_certificate(connection: &dyn Any, extensions: &mut Extensions
 /// The node named by a request's client certificate, if it presented one with a
 /// `system:node:{node}` CN.
 pub fn peer_node(req: &actix_web::HttpRequest) -> Option<String> {
-    let cert = req.conn_data::<PeerCertificate>()?;
-    super::certs::node_of_cert(&cert.0)
+    certificate_node(req.conn_data::<PeerCertificate>())
+}
+
+/// The node named by a connection's recorded client certificate (see
+/// [`record_peer_certificate`]), if it has one with a `system:node:{node}` CN.
+pub fn certificate_node(cert: Option<&PeerCertificate>) -> Option<String> {
+    super::certs::node_of_cert(&cert?.0)
 }
 
 /// An edge's client config: trusts only `ca_der`, presents `cert_der` with `key`.

@@ -17,7 +17,8 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix_http::{HttpService, Protocol, Request};
+use actix_codec::Framed;
+use actix_http::{h1, HttpService, Protocol, Request};
 use actix_service::{
     fn_factory, fn_service, map_config, IntoServiceFactory, ServiceFactory, ServiceFactoryExt,
 };
@@ -346,10 +347,7 @@ where
     S::Service: 'static,
     B: MessageBody + 'static,
 {
-    let mut tls = tls;
-    // What actix-web's HttpServer offers over TLS (no HTTP/2 here).
-    tls.alpn_protocols.insert(0, b"http/1.1".to_vec());
-    let tls = Arc::new(tls);
+    let tls = with_alpn(tls);
     let timeout = gate.limits.timeout;
     Ok(Server::build()
         .workers(workers)
@@ -369,6 +367,68 @@ where
             gate.tls(tls.clone()).and_then(http.map_err(|_| ()))
         })?
         .run())
+}
+
+/// As [`serve`], and a request for a WebSocket upgrade goes to the service `upgrade` makes,
+/// with its connection (actix-http's `HttpService::upgrade`) instead of to `app`.
+pub fn serve_upgrading<F, I, S, B, G, U>(
+    name: &str,
+    listener: std::net::TcpListener,
+    workers: usize,
+    tls: ServerConfig,
+    gate: Gate,
+    app: F,
+    upgrade: G,
+) -> std::io::Result<Server>
+where
+    F: Fn() -> I + Send + Clone + 'static,
+    I: IntoServiceFactory<S, Request>,
+    S: ServiceFactory<Request, Config = AppConfig> + 'static,
+    S::Error: Into<actix_web::Error> + 'static,
+    S::InitError: std::fmt::Debug,
+    S::Response: Into<actix_web::dev::Response<B>> + 'static,
+    <S::Service as Service<Request>>::Future: 'static,
+    S::Service: 'static,
+    B: MessageBody + 'static,
+    G: Fn() -> U + Send + Clone + 'static,
+    U: ServiceFactory<
+            (Request, Framed<TlsStream<TcpStream>, h1::Codec>),
+            Config = (),
+            Response = (),
+            Error = actix_web::Error,
+            InitError = (),
+        > + 'static,
+    U::Future: 'static,
+    U::Service: 'static,
+    <U::Service as Service<(Request, Framed<TlsStream<TcpStream>, h1::Codec>)>>::Future: 'static,
+{
+    let tls = with_alpn(tls);
+    let timeout = gate.limits.timeout;
+    Ok(Server::build()
+        .workers(workers)
+        .disable_signals()
+        .listen(name, listener, move || {
+            let http = HttpService::build()
+                .client_request_timeout(timeout)
+                .on_connect_ext(|io: &TlsStream<TcpStream>, extensions: &mut Extensions| {
+                    record_peer_certificate(io as &dyn Any, extensions)
+                })
+                .upgrade(upgrade())
+                .finish(map_config(
+                    app()
+                        .into_factory()
+                        .map_err(|err| err.into().error_response()),
+                    |_| AppConfig::default(),
+                ));
+            gate.tls(tls.clone()).and_then(http.map_err(|_| ()))
+        })?
+        .run())
+}
+
+/// What actix-web's HttpServer offers over TLS (no HTTP/2 here).
+fn with_alpn(mut tls: ServerConfig) -> Arc<ServerConfig> {
+    tls.alpn_protocols.insert(0, b"http/1.1".to_vec());
+    Arc::new(tls)
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ pub mod options;
 pub mod pool;
 pub mod server;
 pub mod session;
+mod socket;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -5,7 +5,13 @@
 //! answer HTTP 400 with the reason instead, so a misconfigured edge learns why (counted as
 //! `bad_headers` in `edgehive_cloudhub_denied_total`).
 //!
-//! With TLS (see [`super::tls`]) the edge must present a client certificate signed by the
+//! A WebSocket upgrade request is answered on the connection itself (actix-http hands it over
+//! with the request): the checks below, the 101, then the session reads and writes frames on
+//! the connection through [`super::socket`] and actix-http's dispatcher, its buffers and the
+//! connection's task are gone. Any other request gets the same checks and then the handshake
+//! error actix-web would give it.
+//!
+//! With TLS (see [`crate::identity::tls`]) the edge must present a client certificate signed by the
 //! cloud CA whose CN is `system:node:{node_id}`; a certificate for another node (or none that
 //! names a node) is answered 403 and counted (`edgehive_cloudhub_denied_total`).
 
@@ -15,24 +21,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
-use actix_web::dev::ServerHandle;
+use actix_codec::{AsyncRead, AsyncWrite, Encoder, Framed};
+use actix_http::body::{BodySize, BoxBody, MessageBody};
+use actix_http::{h1, ws, HttpMessage as _, HttpService, Request, Response};
+use actix_service::{fn_service, map_config, IntoServiceFactory, ServiceFactoryExt};
+use actix_web::dev::{AppConfig, ServerHandle};
+use actix_web::http::header::HeaderMap;
 use actix_web::http::StatusCode;
-use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use actix_web::web::{Bytes, BytesMut};
+use actix_web::{web, App, HttpRequest, HttpResponse};
 use actix_ws::{CloseCode, CloseReason};
 use bytestring::ByteString;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use super::gate::{self, Gate, GateMetrics};
 use super::memory::{EdgeInbox, MemoryLink, MEMORY_LINK_CAPACITY};
 use super::node::NodeCell;
 use super::session::{Link, NodeSession, SessionConfig};
+use super::socket::SocketLink;
 use super::{
     Admit, AdmitAbandoned, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, Shared,
     CLOUDHUB_MODULE,
 };
 use crate::hive::{Hive, HiveError, RefusalKind};
 use crate::identity::check_node_name;
-use crate::identity::tls::peer_node;
+use crate::identity::tls::{certificate_node, PeerCertificate};
 
 /// Worker threads of the WebSocket server.
 const WORKERS: usize = 2;
@@ -141,7 +155,7 @@ pub async fn start_cloudhub_with(
             let local_addr = listener.local_addr().map_err(bind_error)?;
             let door = Gate::new("websocket", options.handshake_limits, gate_metrics.clone());
             let app_context = context.clone();
-            let server = gate::serve(
+            let server = gate::serve_upgrading(
                 "cloudhub-websocket",
                 listener,
                 WORKERS,
@@ -150,30 +164,41 @@ pub async fn start_cloudhub_with(
                 move || {
                     App::new()
                         .app_data(app_context.clone())
-                        .default_service(web::to(connect))
+                        .default_service(web::to(not_upgraded))
                 },
+                upgrade_factory(context.clone()),
             )
             .map_err(bind_error)?;
             (server, local_addr)
         }
-        // Plain ws:// (development and tests only).
+        // Plain ws:// (development and tests only): the same parts without TLS.
         None => {
-            let server = HttpServer::new(move || {
-                App::new()
-                    .app_data(context.clone())
-                    .default_service(web::to(connect))
-            })
-            .workers(WORKERS)
-            .disable_signals()
-            .client_request_timeout(options.handshake_limits.timeout)
-            .bind((options.address.as_str(), options.port))
-            .map_err(bind_error)?;
-            let local_addr = server
-                .addrs()
-                .into_iter()
-                .next()
-                .ok_or_else(|| bind_error(std::io::Error::other("no address bound")))?;
-            (server.run(), local_addr)
+            let listener = gate::listener(&options.address, options.port).map_err(bind_error)?;
+            let local_addr = listener.local_addr().map_err(bind_error)?;
+            let timeout = options.handshake_limits.timeout;
+            let app_context = context.clone();
+            let upgrade = upgrade_factory(context.clone());
+            let server = actix_web::dev::Server::build()
+                .workers(WORKERS)
+                .disable_signals()
+                .listen("cloudhub-websocket", listener, move || {
+                    let app_context = app_context.clone();
+                    HttpService::build()
+                        .client_request_timeout(timeout)
+                        .upgrade(upgrade())
+                        .finish(map_config(
+                            App::new()
+                                .app_data(app_context)
+                                .default_service(web::to(not_upgraded))
+                                .into_factory()
+                                .map_err(|err| err.error_response()),
+                            |_| AppConfig::default(),
+                        ))
+                        .tcp()
+                })
+                .map_err(bind_error)?
+                .run();
+            (server, local_addr)
         }
     };
     let handle = server.handle();
@@ -196,23 +221,21 @@ struct ServerContext {
     shared: Shared,
 }
 
-fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
-    req.headers()
-        .get(name)
-        .and_then(|value| value.to_str().ok())
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
 }
 
 /// The node name from the headers, or why the request is refused.
-fn check_headers(req: &HttpRequest) -> Result<String, String> {
-    let node = header(req, "node_id").unwrap_or_default();
+fn check_headers(headers: &HeaderMap) -> Result<String, String> {
+    let node = header(headers, "node_id").unwrap_or_default();
     if node.is_empty() {
         return Err("missing node_id header".into());
     }
     check_node_name(node).map_err(|reason| format!("invalid node_id: {reason}"))?;
-    if header(req, "project_id").is_none_or(str::is_empty) {
+    if header(headers, "project_id").is_none_or(str::is_empty) {
         return Err("missing project_id header".into());
     }
-    match header(req, "ConnectionUse") {
+    match header(headers, "ConnectionUse") {
         Some("msg") => Ok(node.to_owned()),
         Some(other) => Err(format!(
             "unsupported ConnectionUse {other:?}: expected \"msg\""
@@ -221,35 +244,46 @@ fn check_headers(req: &HttpRequest) -> Result<String, String> {
     }
 }
 
-async fn connect(
-    req: HttpRequest,
-    body: web::Payload,
-    context: web::Data<ServerContext>,
-) -> actix_web::Result<HttpResponse> {
-    let node = match check_headers(&req) {
+/// A request that passed the checks before its handshake.
+struct Checked {
+    node: String,
+    store_id: Option<String>,
+    hub: Addr<CloudHub>,
+}
+
+/// The checks every request to the WebSocket port gets, in order (headers, the client
+/// certificate's node, [`before_handshake`]), each refusal counted and recorded.
+fn check_request(
+    context: &ServerContext,
+    headers: &HeaderMap,
+    certificate: Option<&PeerCertificate>,
+    peer: Option<SocketAddr>,
+) -> Result<Checked, Refused> {
+    let node = match check_headers(headers) {
         Ok(node) => node,
         Err(reason) => {
-            tracing::warn!(peer = ?req.peer_addr(), %reason, "edge connection refused");
+            tracing::warn!(?peer, %reason, "edge connection refused");
             context.shared.hub.metrics.deny("bad_headers");
             context.shared.hub.metrics.record_refusal(
                 RefusalKind::Connection,
                 "bad_headers",
                 None,
-                req.peer_addr(),
+                peer,
                 &reason,
             );
-            return Ok(HttpResponse::BadRequest()
-                .content_type("text/plain; charset=utf-8")
-                .body(reason));
+            return Err(Refused {
+                status: StatusCode::BAD_REQUEST,
+                text: reason,
+            });
         }
     };
     let hub_context = &context.shared.hub;
     // An edgehive edge's store identity (a UUID); anything else is ignored.
-    let store_id = header(&req, edgehive_protocols::STORE_ID_HEADER)
+    let store_id = header(headers, edgehive_protocols::STORE_ID_HEADER)
         .filter(|id| id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
         .map(str::to_owned);
     if hub_context.security.tls.is_some() {
-        let refusal = match peer_node(&req) {
+        let refusal = match certificate_node(certificate) {
             Some(cert_node) if cert_node == node => None,
             Some(cert_node) => Some((
                 "cert_mismatch",
@@ -263,56 +297,207 @@ async fn connect(
             )),
         };
         if let Some((reason, text)) = refusal {
-            tracing::warn!(peer = ?req.peer_addr(), %node, %text, "edge connection refused");
+            tracing::warn!(?peer, %node, %text, "edge connection refused");
             hub_context.metrics.deny(reason);
             hub_context.metrics.record_refusal(
                 RefusalKind::Connection,
                 reason,
                 Some(&node),
-                req.peer_addr(),
+                peer,
                 &text,
             );
-            return Ok(HttpResponse::Forbidden()
-                .content_type("text/plain; charset=utf-8")
-                .body(text));
+            return Err(Refused {
+                status: StatusCode::FORBIDDEN,
+                text,
+            });
         }
     }
-    let hub = match before_handshake(&context, &node, req.peer_addr()) {
-        Ok(hub) => hub,
+    let hub = before_handshake(context, &node, peer)?;
+    Ok(Checked {
+        node,
+        store_id,
+        hub,
+    })
+}
+
+/// A request that is not a WebSocket upgrade (actix-http hands those to [`upgrade`]): the
+/// same checks, then the handshake's own error.
+async fn not_upgraded(
+    req: HttpRequest,
+    context: web::Data<ServerContext>,
+) -> actix_web::Result<HttpResponse> {
+    if let Err(refused) = check_request(
+        &context,
+        req.headers(),
+        req.conn_data::<PeerCertificate>(),
+        req.peer_addr(),
+    ) {
+        return Ok(refused.response());
+    }
+    // A request whose headers pass the handshake's checks but that actix-http did not take
+    // for an upgrade (an `Upgrade` header naming more than `websocket`) cannot be upgraded
+    // here: it is answered as one without the header.
+    ws::verify_handshake(req.head())?;
+    Err(ws::HandshakeError::NoWebsocketUpgrade.into())
+}
+
+/// The service actix-http calls with a WebSocket upgrade request and its connection, on the
+/// connection's worker.
+fn upgrade_factory<T>(
+    context: web::Data<ServerContext>,
+) -> impl Fn() -> UpgradeFactory<T> + Send + Clone + 'static
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    move || {
+        let context = context.clone();
+        actix_service::boxed::factory(fn_service(
+            move |(req, framed): (Request, Framed<T, h1::Codec>)| {
+                upgrade(context.clone(), req, framed)
+            },
+        ))
+    }
+}
+
+/// What [`upgrade_factory`] makes.
+pub(crate) type UpgradeFactory<T> = actix_service::boxed::BoxServiceFactory<
+    (),
+    (Request, Framed<T, h1::Codec>),
+    (),
+    actix_web::Error,
+    (),
+>;
+
+/// Answers a WebSocket upgrade request on its connection and, when admitted, starts its
+/// session there. It returns once the session is started (or the connection answered), so
+/// the connection's HTTP task ends and only the session's reader and writer remain; the
+/// session lives on this worker's arbiter and ends with it.
+async fn upgrade<T>(
+    context: web::Data<ServerContext>,
+    req: Request,
+    framed: Framed<T, h1::Codec>,
+) -> Result<(), actix_web::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let parts = framed.into_parts();
+    let mut io = parts.io;
+    let mut codec = parts.codec;
+    // Frames the client sent right behind its request; the HTTP buffers go now.
+    let leftover = BytesMut::from(&parts.read_buf[..]);
+    let mut out = BytesMut::from(&parts.write_buf[..]);
+    drop(parts.read_buf);
+    drop(parts.write_buf);
+    let peer = req.peer_addr();
+    let checked = match check_request(
+        &context,
+        req.headers(),
+        req.conn_data::<PeerCertificate>(),
+        peer,
+    ) {
+        Ok(checked) => checked,
         Err(refused) => {
-            return Ok(HttpResponse::build(refused.status)
-                .content_type("text/plain; charset=utf-8")
-                .body(refused.text));
+            let (head, body) = refused.parts();
+            answer(&mut io, &mut codec, out, head, body).await;
+            return Ok(());
         }
     };
-    let (response, ws, stream) = actix_ws::handle(&req, body)?;
-    // The client cannot send frames before it has this response, so the session is attached
-    // to its node before anything it sends arrives.
-    match admit(&context, hub, &node, req.peer_addr()).await {
+    let accept = match ws::handshake(req.head()) {
+        Ok(mut accept) => accept.finish().drop_body(),
+        Err(err) => {
+            let (head, body) = Response::<BoxBody>::from(err).into_parts();
+            let body = body.try_into_bytes().unwrap_or_default();
+            answer(&mut io, &mut codec, out, head, body).await;
+            return Ok(());
+        }
+    };
+    // The client cannot send frames before it has the 101, so the session is attached to its
+    // node before anything it sends is read.
+    let admitted = admit(&context, checked.hub, &checked.node, peer).await;
+    if let Err(err) = codec.encode(h1::Message::Item((accept, BodySize::None)), &mut out) {
+        tracing::debug!(?peer, error = %err, "cannot encode the handshake answer");
+    }
+    match admitted {
         Ok((cell, session_id)) => {
+            // A connection that fails here ends its session at the first read.
+            if let Err(err) = write_out(&mut io, &out).await {
+                tracing::debug!(?peer, error = %err, "handshake answer not written");
+            }
+            drop(out);
+            let max_frame_bytes = context.shared.hub.options.max_frame_bytes;
+            let link = SocketLink::new(io, leftover, max_frame_bytes);
             start_session(
                 &context,
                 cell,
                 session_id,
-                Link::Socket(ws, stream),
-                store_id,
+                Link::Socket(link),
+                checked.store_id,
             );
         }
         Err(refusal) => {
             // No session: the close frame is all this connection gets.
-            actix::spawn(async move {
-                let _stream = stream;
-                let _ = ws.close(Some(refusal)).await;
-            });
+            let close = ws::Message::Close(Some(refusal));
+            if ws::Codec::new().encode(close, &mut out).is_ok() {
+                let _ = write_out(&mut io, &out).await;
+            }
+            let _ = io.shutdown().await;
         }
     }
-    Ok(response)
+    Ok(())
+}
+
+/// Writes `bytes` and flushes them.
+async fn write_out<T: AsyncWrite + Unpin>(io: &mut T, bytes: &[u8]) -> std::io::Result<()> {
+    io.write_all(bytes).await?;
+    io.flush().await
+}
+
+/// Answers an upgrade request with `head` and `body` (as actix-http's dispatcher would: the
+/// request asked for `Connection: upgrade`, so the connection ends after the answer).
+async fn answer<T: AsyncWrite + Unpin>(
+    io: &mut T,
+    codec: &mut h1::Codec,
+    mut out: BytesMut,
+    head: Response<()>,
+    body: Bytes,
+) {
+    let size = BodySize::Sized(body.len() as u64);
+    let encoded = codec
+        .encode(h1::Message::Item((head, size)), &mut out)
+        .and_then(|()| {
+            if body.is_empty() {
+                Ok(())
+            } else {
+                codec.encode(h1::Message::Chunk(Some(body)), &mut out)
+            }
+        })
+        .and_then(|()| codec.encode(h1::Message::Chunk(None), &mut out));
+    if encoded.is_ok() && write_out(io, &out).await.is_ok() {
+        let _ = io.shutdown().await;
+    }
 }
 
 /// A connection refused before its WebSocket handshake: the HTTP answer.
 struct Refused {
     status: StatusCode,
     text: String,
+}
+
+impl Refused {
+    fn response(self) -> HttpResponse {
+        HttpResponse::build(self.status)
+            .content_type("text/plain; charset=utf-8")
+            .body(self.text)
+    }
+
+    /// The same answer as [`Refused::response`], as a head and a body to encode.
+    fn parts(self) -> (Response<()>, Bytes) {
+        let head = Response::build(self.status)
+            .content_type("text/plain; charset=utf-8")
+            .finish()
+            .drop_body();
+        (head, Bytes::from(self.text))
+    }
 }
 
 /// The checks before a session is asked for (the node must be in the cluster when

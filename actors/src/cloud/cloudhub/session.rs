@@ -4,7 +4,8 @@
 //! `max_frame_bytes`), decodes them and hands valid messages to its node's actor (see
 //! [`super::node`]). Bad frames are logged and counted and the connection stays up; an
 //! oversized frame closes it with a Size close frame, so a peer cannot make the cloud buffer
-//! more than that. Writes go through a writer task in order.
+//! more than that. Writes go through a writer task in order. A WebSocket connection's frames
+//! are read and written by [`super::socket`], on the connection itself.
 //!
 //! Keepalives stay here: the session notes the time in the node's cell and moves its own
 //! deadline; no keepalive for `keepalive_interval` closes the connection. So a healthy idle
@@ -18,7 +19,7 @@ use actix::prelude::*;
 use actix_ws::{AggregatedMessage, CloseCode, CloseReason, ProtocolError};
 use bytestring::ByteString;
 use edgehive_protocols::{decode_with_limit, DecodeError, Message, Operation};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::CloudHubMetrics;
 use super::node::{ConnectionStats, FromEdge, HubContext, NodeActor, NodeCell};
@@ -57,8 +58,8 @@ pub(crate) enum Outgoing {
 
 /// What carries a session's frames.
 pub(crate) enum Link {
-    /// A WebSocket connection (what edges use).
-    Socket(actix_ws::Session, actix_ws::MessageStream),
+    /// A WebSocket connection (what edges use), after its upgrade.
+    Socket(super::socket::SocketLink),
     /// Channels in this process (the load tool's in-process mode).
     Memory(super::memory::MemoryLink),
 }
@@ -81,6 +82,8 @@ pub struct NodeSession {
     config: SessionConfig,
     stats: Arc<ConnectionStats>,
     writer: mpsc::Sender<Outgoing>,
+    /// Tells a socket's writer to give up when its queue has no room for the close frame.
+    abort_writer: Option<oneshot::Sender<()>>,
     /// Closes the connection unless a keepalive moves it.
     deadline: Option<SpawnHandle>,
     /// How many warnings about this edge's frames may be logged.
@@ -104,22 +107,21 @@ impl NodeSession {
             ctx.set_mailbox_capacity(SESSION_MAILBOX_CAPACITY);
             // The writer lives outside the actor so a close frame queued just before the
             // actor stops is still written.
-            match link {
-                Link::Socket(ws, stream) => {
-                    actix::spawn(write_loop(ws, queue));
-                    ctx.add_stream(
-                        stream
-                            .max_frame_size(config.max_frame_bytes)
-                            .aggregate_continuations()
-                            .max_continuation_size(config.max_frame_bytes),
-                    );
+            let abort_writer = match link {
+                Link::Socket(link) => {
+                    let mut writer = link.writer;
+                    let abort = writer.abort_handle();
+                    actix::spawn(writer.write_loop(queue));
+                    ctx.add_stream(link.reader);
+                    Some(abort)
                 }
                 Link::Memory(link) => {
                     let (frames, edge) = link.split();
                     actix::spawn(edge.write_loop(queue));
                     ctx.add_stream(frames);
+                    None
                 }
-            }
+            };
             NodeSession {
                 node: cell.addr(),
                 cell,
@@ -128,6 +130,7 @@ impl NodeSession {
                 config,
                 stats: session_stats,
                 writer,
+                abort_writer,
                 deadline: None,
                 warnings: WarnBudget::default(),
                 closing: false,
@@ -159,8 +162,13 @@ impl NodeSession {
                 code,
                 description: Some(reason.to_owned()),
             };
-            // A full queue means the peer is not reading; it will not read the close either.
-            let _ = self.writer.try_send(Outgoing::Close(close));
+            // A full queue means the peer is not reading; it will not read the close either,
+            // so the writer stops waiting on it and the connection is dropped.
+            if self.writer.try_send(Outgoing::Close(close)).is_err() {
+                if let Some(abort) = self.abort_writer.take() {
+                    let _ = abort.send(());
+                }
+            }
         }
         ctx.stop();
     }
@@ -264,24 +272,6 @@ impl NodeSession {
         tracing::warn!(node = %self.cell.name(), "node actor restarting; upstream frame dropped");
         self.metrics().drop_reason("node_restarting");
     }
-}
-
-async fn write_loop(mut ws: actix_ws::Session, mut queue: mpsc::Receiver<Outgoing>) {
-    while let Some(outgoing) = queue.recv().await {
-        let written = match outgoing {
-            Outgoing::Text(text) => ws.text(text).await,
-            Outgoing::Pong(bytes) => ws.pong(&bytes).await,
-            Outgoing::Close(reason) => {
-                let _ = ws.close(Some(reason)).await;
-                return;
-            }
-        };
-        if written.is_err() {
-            return;
-        }
-    }
-    // The actor is gone without a close of its own (peer closed, error): end the stream.
-    let _ = ws.close(None).await;
 }
 
 impl Actor for NodeSession {

@@ -1,0 +1,333 @@
+//! A session's WebSocket over the connection itself, after the HTTP upgrade: frames are read
+//! and written here with actix-http's WebSocket codec, in buffers sized to what is in flight.
+//!
+//! actix-http's HTTP/1 dispatcher (and actix-ws on top of it) keeps an 8 KiB read buffer and
+//! an 8 KiB write buffer, a channel and the connection's task for as long as a WebSocket is
+//! open; an idle edge needs none of it. Here the reader's buffer is empty between frames (it
+//! grows to hold a frame that arrives in pieces, up to the frame limit, and is let go once
+//! the frame is decoded) and the writer's buffer holds one batch of frames at a time.
+//!
+//! What the session sees is what actix-ws's `aggregate_continuations` stream gave it: the
+//! same [`AggregatedMessage`]s and the same [`ProtocolError`]s (oversized frames, reserved
+//! bits, bad opcodes and masking, text that is not UTF-8, messages in continuation frames
+//! larger than the frame limit), so the session's answers (close codes, counters) are the
+//! same.
+
+use std::io;
+use std::mem;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use actix_codec::{Decoder, Encoder};
+use actix_http::ws::{Codec, Frame, Item, Message, ProtocolError};
+use actix_web::web::{Bytes, BytesMut};
+use actix_ws::{AggregatedMessage, CloseReason};
+use bytestring::ByteString;
+use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::{mpsc, oneshot};
+
+use super::session::Outgoing;
+
+/// Bytes asked of the connection per read (on the stack, copied into the frame buffer).
+const READ_CHUNK: usize = 2048;
+/// A buffer larger than this is let go when it empties instead of kept for the next frame.
+const KEEP_BUFFER: usize = 1024;
+/// RFC 6455 §5.5: control frame payloads are at most 125 bytes, so a close reason at most 123.
+const MAX_CONTROL_PAYLOAD: usize = 125;
+const MAX_CLOSE_REASON: usize = MAX_CONTROL_PAYLOAD - 2;
+
+/// The two halves of an upgraded connection, for a session.
+pub(crate) struct SocketLink {
+    pub(crate) reader: SocketReader,
+    pub(crate) writer: SocketWriter,
+}
+
+impl SocketLink {
+    /// Splits `io`; `leftover` is what the client sent after its upgrade request and the
+    /// HTTP layer had already read. Frames up to `max_frame_bytes` (a whole message in
+    /// continuation frames too) are accepted.
+    pub(crate) fn new<T>(io: T, leftover: BytesMut, max_frame_bytes: usize) -> Self
+    where
+        T: AsyncRead + AsyncWrite + Unpin + 'static,
+    {
+        let (read, write) = tokio::io::split(io);
+        SocketLink {
+            reader: SocketReader {
+                io: Box::new(read),
+                buf: leftover,
+                codec: Codec::new().max_size(max_frame_bytes),
+                max_size: max_frame_bytes,
+                parts: Vec::new(),
+                size: 0,
+                text: false,
+                overflowed: false,
+                eof: false,
+                done: false,
+            },
+            writer: SocketWriter {
+                io: Box::new(write),
+                abort: None,
+            },
+        }
+    }
+}
+
+trait ReadIo: AsyncRead + Unpin {}
+impl<T: AsyncRead + Unpin> ReadIo for T {}
+
+trait WriteIo: AsyncWrite + Unpin {}
+impl<T: AsyncWrite + Unpin> WriteIo for T {}
+
+/// The frames an edge sends, as a stream of messages (see the [module docs](self)).
+pub(crate) struct SocketReader {
+    io: Box<dyn ReadIo>,
+    buf: BytesMut,
+    codec: Codec,
+    max_size: usize,
+    /// The message in continuation frames so far (as actix-ws's `AggregatedMessageStream`).
+    parts: Vec<Bytes>,
+    size: usize,
+    text: bool,
+    /// Past the limit: the rest of that message is skipped (the session closes anyway).
+    overflowed: bool,
+    eof: bool,
+    /// An error was given out or the connection ended: nothing more comes.
+    done: bool,
+}
+
+fn continuation_too_large() -> ProtocolError {
+    ProtocolError::Io(io::Error::other("Exceeded maximum continuation size"))
+}
+
+fn text(bytes: Bytes) -> Result<AggregatedMessage, ProtocolError> {
+    ByteString::try_from(bytes)
+        .map(AggregatedMessage::Text)
+        .map_err(|err| ProtocolError::Io(io::Error::new(io::ErrorKind::InvalidData, err)))
+}
+
+impl SocketReader {
+    /// A decoded frame as a message, or `None` while a message in pieces is incomplete.
+    fn aggregate(&mut self, frame: Frame) -> Option<Result<AggregatedMessage, ProtocolError>> {
+        let item = match frame {
+            Frame::Text(bytes) => return Some(text(bytes)),
+            Frame::Binary(bytes) => return Some(Ok(AggregatedMessage::Binary(bytes))),
+            Frame::Ping(bytes) => return Some(Ok(AggregatedMessage::Ping(bytes))),
+            Frame::Pong(bytes) => return Some(Ok(AggregatedMessage::Pong(bytes))),
+            Frame::Close(reason) => return Some(Ok(AggregatedMessage::Close(reason))),
+            Frame::Continuation(item) => item,
+        };
+        let (bytes, last) = match item {
+            Item::FirstText(bytes) => {
+                if !self.overflowed {
+                    self.text = true;
+                }
+                (bytes, false)
+            }
+            Item::FirstBinary(bytes) => {
+                if !self.overflowed {
+                    self.text = false;
+                }
+                (bytes, false)
+            }
+            Item::Continue(bytes) => (bytes, false),
+            Item::Last(bytes) => (bytes, true),
+        };
+        if self.overflowed {
+            if last {
+                self.overflowed = false;
+                self.parts = Vec::new();
+                self.size = 0;
+            }
+            return None;
+        }
+        self.size += bytes.len();
+        if self.size > self.max_size {
+            self.parts = Vec::new();
+            self.size = 0;
+            // The rest of the message is skipped; a last frame ends it here.
+            self.overflowed = !last;
+            return Some(Err(continuation_too_large()));
+        }
+        if !bytes.is_empty() {
+            self.parts.push(bytes);
+        }
+        if !last {
+            return None;
+        }
+        let parts = mem::take(&mut self.parts);
+        let mut whole = BytesMut::with_capacity(self.size);
+        self.size = 0;
+        for part in parts {
+            whole.extend_from_slice(&part);
+        }
+        let whole = whole.freeze();
+        Some(if self.text {
+            text(whole)
+        } else {
+            Ok(AggregatedMessage::Binary(whole))
+        })
+    }
+
+    /// Lets go of a large buffer once it is empty (an idle connection holds no buffer).
+    fn shrink(&mut self) {
+        if self.buf.is_empty() && self.buf.capacity() > KEEP_BUFFER {
+            self.buf = BytesMut::new();
+        }
+    }
+}
+
+impl Stream for SocketReader {
+    type Item = Result<AggregatedMessage, ProtocolError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            // Whole frames first: what is buffered, then what the connection has.
+            match this.codec.decode(&mut this.buf) {
+                Ok(Some(frame)) => {
+                    this.shrink();
+                    if let Some(message) = this.aggregate(frame) {
+                        this.done = message.is_err();
+                        return Poll::Ready(Some(message));
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(err)));
+                }
+            }
+            this.shrink();
+            if this.eof {
+                this.done = true;
+                return Poll::Ready(None);
+            }
+            let mut chunk = [0u8; READ_CHUNK];
+            let mut read = ReadBuf::new(&mut chunk);
+            match Pin::new(&mut this.io).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) => {
+                    let filled = read.filled();
+                    if filled.is_empty() {
+                        this.eof = true;
+                    } else {
+                        this.buf.extend_from_slice(filled);
+                    }
+                }
+                // As actix-ws reported a failed connection: not a protocol violation.
+                Poll::Ready(Err(err)) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(ProtocolError::Io(io::Error::other(err)))));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// Writes a session's frames to the connection, in order (see the [module docs](self)).
+pub(crate) struct SocketWriter {
+    io: Box<dyn WriteIo>,
+    /// Fired by the session when it ends without room for its close frame (a peer that does
+    /// not read): the writer gives up instead of waiting on the peer.
+    abort: Option<oneshot::Receiver<()>>,
+}
+
+impl SocketWriter {
+    /// The session's end of [`SocketWriter::abort`].
+    pub(crate) fn abort_handle(&mut self) -> oneshot::Sender<()> {
+        let (abort, aborted) = oneshot::channel();
+        self.abort = Some(aborted);
+        abort
+    }
+
+    /// Writes what the session queues until it closes or the connection fails; a close frame
+    /// (or, when the session ends without one, an empty close frame) ends the connection.
+    pub(crate) async fn write_loop(mut self, queue: mpsc::Receiver<Outgoing>) {
+        let aborted = self.abort.take();
+        let writing = self.write_all(queue);
+        match aborted {
+            Some(aborted) => {
+                // A dropped handle (the session ended normally) is no abort.
+                tokio::select! {
+                    () = writing => {}
+                    Ok(()) = aborted => {}
+                }
+            }
+            None => writing.await,
+        }
+    }
+
+    async fn write_all(&mut self, mut queue: mpsc::Receiver<Outgoing>) {
+        let mut codec = Codec::new();
+        let mut buf = BytesMut::new();
+        loop {
+            let Some(first) = queue.recv().await else {
+                // The session is gone without a close of its own (peer closed, error).
+                let _ = self.finish(&mut codec, &mut buf, None).await;
+                return;
+            };
+            let mut next = Some(first);
+            // What is queued already goes in one write.
+            while let Some(outgoing) = next.take() {
+                let message = match outgoing {
+                    Outgoing::Text(text) => Message::Text(text),
+                    Outgoing::Pong(mut bytes) => {
+                        if bytes.len() > MAX_CONTROL_PAYLOAD {
+                            bytes = bytes.slice(..MAX_CONTROL_PAYLOAD);
+                        }
+                        Message::Pong(bytes)
+                    }
+                    Outgoing::Close(reason) => {
+                        let _ = self.finish(&mut codec, &mut buf, Some(reason)).await;
+                        return;
+                    }
+                };
+                if codec.encode(message, &mut buf).is_err() {
+                    return;
+                }
+                if buf.len() < KEEP_BUFFER {
+                    next = queue.try_recv().ok();
+                }
+            }
+            if self.io.write_all(&buf).await.is_err() || self.io.flush().await.is_err() {
+                return;
+            }
+            buf.clear();
+            if buf.capacity() > KEEP_BUFFER {
+                buf = BytesMut::new();
+            }
+        }
+    }
+
+    /// Writes what is buffered and the close frame, then ends the connection's sending side.
+    async fn finish(
+        &mut self,
+        codec: &mut Codec,
+        buf: &mut BytesMut,
+        reason: Option<CloseReason>,
+    ) -> io::Result<()> {
+        let reason = reason.map(|mut reason| {
+            if let Some(description) = reason.description.as_mut() {
+                if description.len() > MAX_CLOSE_REASON {
+                    let mut end = MAX_CLOSE_REASON;
+                    while !description.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    description.truncate(end);
+                }
+            }
+            reason
+        });
+        codec
+            .encode(Message::Close(reason), buf)
+            .map_err(|err| io::Error::other(err.to_string()))?;
+        self.io.write_all(buf).await?;
+        self.io.flush().await?;
+        self.io.shutdown().await
+    }
+}

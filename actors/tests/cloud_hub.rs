@@ -725,6 +725,43 @@ mod raw {
         out
     }
 
+    /// A masked frame with any payload under 64 KiB, final or not.
+    pub fn any_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mask = [9u8, 8, 7, 6];
+        let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
+        if payload.len() < 126 {
+            out.push(0x80 | payload.len() as u8);
+        } else {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        }
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        out
+    }
+
+    /// The next frame from the server (unmasked): its opcode and payload.
+    pub fn read_frame(stream: &mut TcpStream) -> (u8, Vec<u8>) {
+        let mut head = [0u8; 2];
+        stream.read_exact(&mut head).unwrap();
+        let len = match head[1] & 0x7f {
+            126 => {
+                let mut len = [0u8; 2];
+                stream.read_exact(&mut len).unwrap();
+                usize::from(u16::from_be_bytes(len))
+            }
+            127 => {
+                let mut len = [0u8; 8];
+                stream.read_exact(&mut len).unwrap();
+                u64::from_be_bytes(len) as usize
+            }
+            len => usize::from(len),
+        };
+        let mut payload = vec![0u8; len];
+        stream.read_exact(&mut payload).unwrap();
+        (head[0] & 0x0f, payload)
+    }
+
     /// The close code of the next frame, which must be a close frame.
     pub fn close_code(stream: &mut TcpStream) -> u16 {
         let mut head = [0u8; 2];
@@ -781,5 +818,59 @@ async fn websocket_protocol_errors_close_with_rfc_6455_codes_and_are_counted() {
             "{what}: {metrics}"
         );
     }
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_frame_in_many_reads_and_a_message_in_continuation_frames_arrive_whole() {
+    let cloud = Cloud::start(test_options()).await;
+    let addr = cloud.addr();
+    cloud.edge_node("edge-1");
+    cloud.pod("web", "edge-1");
+    // The hand-written client blocks, so it runs on a thread of its own.
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut stream = raw::connect(addr, "edge-1");
+        stream.set_nodelay(true).unwrap();
+        let (opcode, insert) = raw::read_frame(&mut stream);
+        assert_eq!(opcode, 0x1, "a text frame");
+        let insert = decode(&insert).unwrap();
+        // A frame larger than the reader's buffers, written a few bytes at a time.
+        let big = raw::any_frame(true, 0x1, &[b'x'; 6000]);
+        for piece in big.chunks(7) {
+            stream.write_all(piece).unwrap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // The ACK in three continuation frames, in one write.
+        let ack = encode(&Message::response_to(&insert, json!("OK")));
+        let (first, rest) = ack.as_bytes().split_at(10);
+        let (middle, last) = rest.split_at(rest.len() / 2);
+        let mut pieces = raw::any_frame(false, 0x1, first);
+        pieces.extend(raw::any_frame(false, 0x0, middle));
+        pieces.extend(raw::any_frame(true, 0x0, last));
+        stream.write_all(&pieces).unwrap();
+        // A ping is answered with a pong carrying its payload.
+        stream
+            .write_all(&raw::frame(0x9, b"are you there", true))
+            .unwrap();
+        let pong = raw::read_frame(&mut stream);
+        // The connection stays open until the test is done with it.
+        let _ = done.send((pong, stream));
+    });
+    let ((opcode, payload), _stream) = result.await.unwrap();
+    assert_eq!((opcode, payload.as_slice()), (0xA, &b"are you there"[..]));
+    cloud
+        .eventually("the ACK in continuation frames is accepted", || async {
+            cloud.node("edge-1").await.acked == 1
+        })
+        .await;
+    let metrics = cloud.hive.metrics().encode();
+    // The 6,000-byte frame arrived whole: one text frame that is not JSON.
+    assert!(
+        metrics.contains(r#"edgehive_cloudhub_malformed_frames_total{reason="not_json"} 1"#),
+        "{metrics}"
+    );
+    assert!(cloud.node("edge-1").await.connected);
     cloud.stop().await;
 }

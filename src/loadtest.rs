@@ -178,9 +178,6 @@ pub struct ChangeReport {
     /// `upstream`: replies that said the request failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reply_failures: Option<u64>,
-    /// `upstream`: requests not sent because the edge's previous one still waited.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub skipped: Option<u64>,
 }
 
 #[derive(Default)]
@@ -199,15 +196,15 @@ struct Fleet {
     seen: Vec<AtomicU64>,
     /// When the last change was received (microseconds since the epoch).
     last_delivery: AtomicU64,
-    /// `upstream`: when each edge sent its request still waiting for a reply (microseconds
-    /// since the epoch; 0 when none waits).
-    upstream_sent: Vec<AtomicU64>,
     /// `upstream`: the requests each edge has been asked to send.
-    upstream_seq: Vec<AtomicU64>,
+    upstream_asked: Vec<AtomicU64>,
+    /// `upstream`: the requests each edge has sent.
+    upstream_made: Vec<AtomicU64>,
+    /// `upstream`: requests waiting for their reply: msg_id → when sent (microseconds since
+    /// the epoch).
+    upstream_waiting: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// `upstream`: replies saying the request failed.
     reply_failures: AtomicU64,
-    /// `upstream`: requests not sent because the edge's previous one was still waiting.
-    upstream_skipped: AtomicU64,
     /// `upstream`: how an edge is told to send its next request.
     due: Due,
 }
@@ -231,25 +228,17 @@ impl Fleet {
         let counters = || (0..edges).map(|_| AtomicU64::new(0)).collect();
         Fleet {
             seen: counters(),
-            upstream_sent: counters(),
-            upstream_seq: counters(),
+            upstream_asked: counters(),
+            upstream_made: counters(),
             due,
             ..Fleet::default()
         }
     }
 
-    /// Asks edge `index` for its next upstream request, unless its last one still waits.
+    /// Asks edge `index` for one more upstream request.
     fn request_upstream(&self, index: usize) {
-        let waiting = self
-            .upstream_sent
-            .get(index)
-            .is_some_and(|sent| sent.load(Ordering::Relaxed) != 0);
-        if waiting {
-            self.upstream_skipped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if let Some(seq) = self.upstream_seq.get(index) {
-            seq.fetch_add(1, Ordering::Relaxed);
+        if let Some(asked) = self.upstream_asked.get(index) {
+            asked.fetch_add(1, Ordering::Relaxed);
         }
         match &self.due {
             Due::Notify(edges) => {
@@ -263,28 +252,35 @@ impl Fleet {
         }
     }
 
-    /// Edge `index`'s next upstream request, noting when it leaves: node status and pod
-    /// status in turn, as edged sends them.
-    fn upstream_request(&self, prefix: &str, index: usize) -> Message {
-        let seq = self
-            .upstream_seq
-            .get(index)
-            .map_or(0, |seq| seq.load(Ordering::Relaxed));
-        if let Some(sent) = self.upstream_sent.get(index) {
-            sent.store(now_micros().max(1), Ordering::Relaxed);
+    /// Edge `index`'s next upstream request if it has been asked for one it has not sent
+    /// (node status and pod status in turn, as edged sends them), noted as waiting.
+    fn next_upstream(&self, prefix: &str, index: usize) -> Option<Message> {
+        let (asked, made) = (
+            self.upstream_asked.get(index)?,
+            self.upstream_made.get(index)?,
+        );
+        if made.load(Ordering::Relaxed) >= asked.load(Ordering::Relaxed) {
+            return None;
         }
-        upstream_request(prefix, index, seq)
+        let seq = made.fetch_add(1, Ordering::Relaxed) + 1;
+        let request = upstream_request(prefix, index, seq);
+        if let Ok(mut waiting) = self.upstream_waiting.lock() {
+            waiting.insert(request.id().to_owned(), now_micros());
+        }
+        Some(request)
     }
 
-    /// A reply reached edge `index`: its latency, and whether it says the request failed.
-    fn note_reply(&self, index: usize, reply: &Message) {
-        let Some(sent) = self.upstream_sent.get(index) else {
+    /// A reply reached an edge: if it answers a waiting request, its latency, and whether it
+    /// says the request failed.
+    fn note_reply(&self, reply: &Message) {
+        let Some(sent) = reply.parent_id().and_then(|parent| {
+            self.upstream_waiting
+                .lock()
+                .ok()
+                .and_then(|mut waiting| waiting.remove(parent))
+        }) else {
             return;
         };
-        let sent = sent.swap(0, Ordering::Relaxed);
-        if sent == 0 {
-            return;
-        }
         let failed = match &reply.content {
             Value::String(text) => text != "OK",
             content => !content["Err"].is_null(),
@@ -614,7 +610,7 @@ fn memory_fleet(
                 message.operation(),
                 Some(Operation::Response | Operation::Error)
             ) {
-                reader_fleet.note_reply(index, &message);
+                reader_fleet.note_reply(&message);
                 continue;
             }
             let ack = ByteString::from(encode(&Message::response_to(
@@ -645,8 +641,9 @@ fn memory_fleet(
         tasks.push(actix_rt::spawn(async move {
             while let Some(index) = due_requests.recv().await {
                 let link = links.borrow().get(index).cloned().flatten();
-                if let Some((_, link)) = link {
-                    let request = ByteString::from(encode(&fleet.upstream_request(&prefix, index)));
+                let request = fleet.next_upstream(&prefix, index);
+                if let (Some((_, link)), Some(request)) = (link, request) {
+                    let request = ByteString::from(encode(&request));
                     // Waits for room as a socket write would; the pacer does not wait.
                     actix_rt::spawn(async move {
                         let _ = link.send(request).await;
@@ -932,7 +929,7 @@ async fn upstream(
         fleet.request_upstream(usize::try_from(k % edges as u64).unwrap_or(0));
         keep_pace(options, fleet, began, k + 1, 1, rate).await;
     }
-    let sent = options.changes - fleet.upstream_skipped.load(Ordering::Relaxed);
+    let sent = options.changes;
     let mut progress = (0, Instant::now());
     loop {
         let replied = fleet.delivered.load(Ordering::Relaxed);
@@ -950,7 +947,6 @@ async fn upstream(
     let mut report = change_report(fleet, sent, &[], first_request, 0);
     report.pods = 0;
     report.reply_failures = Some(fleet.reply_failures.load(Ordering::Relaxed));
-    report.skipped = Some(fleet.upstream_skipped.load(Ordering::Relaxed));
     Ok(report)
 }
 
@@ -1106,7 +1102,6 @@ fn change_report(
         latency_ms_max: percentile(1.0),
         reconnects_refused,
         reply_failures: None,
-        skipped: None,
     }
 }
 
@@ -1175,9 +1170,11 @@ where
                 }
             }
             _ = upstream_due(fleet, index) => {
-                let frame = encode(&fleet.upstream_request(prefix, index));
-                if socket.send(WsMessage::Text(frame.into())).await.is_err() {
-                    return false;
+                while let Some(request) = fleet.next_upstream(prefix, index) {
+                    let frame = encode(&request);
+                    if socket.send(WsMessage::Text(frame.into())).await.is_err() {
+                        return false;
+                    }
                 }
             }
             frame = socket.next() => {
@@ -1193,7 +1190,7 @@ where
                 fleet.frames_in.fetch_add(1, Ordering::Relaxed);
                 let Ok(message) = decode(&bytes) else { continue };
                 if matches!(message.operation(), Some(Operation::Response | Operation::Error)) {
-                    fleet.note_reply(index, &message);
+                    fleet.note_reply(&message);
                     continue;
                 }
                 let ack = Message::response_to(&message, serde_json::Value::from("OK"));

@@ -70,8 +70,11 @@ fn a_report_kept_by_a_killed_edge_reaches_the_cloud_after_both_restart() {
     .unwrap();
     let (edge_process, admin) = edge(&edge_config);
     let device = "/api/v1/devices/default/thermo-1";
-    wait_for("the device on the edge", || {
-        http(&admin, "GET", device, "").is_some_and(|(status, _)| status == 200)
+    // The device's membership arrives before the Device with its properties: wait for the
+    // twin the mapper reports to, not just the device.
+    wait_for("the device and its temperature twin on the edge", || {
+        http(&admin, "GET", device, "")
+            .is_some_and(|(status, body)| status == 200 && body.contains("\"temperature\""))
     });
 
     // The cloud goes away; a mapper reports; the edge is killed before anyone confirms it.

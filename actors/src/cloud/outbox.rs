@@ -10,9 +10,18 @@ use prometheus_client::metrics::counter::Counter;
 use crate::cloud::contract::{route, NodeDeleted, ToNodes};
 use crate::hive::Hive;
 
-/// Messages kept while CloudHub is full or restarting. Overflow policy: the oldest message
-/// is dropped, logged and counted in the owner's overflow counter.
+/// Messages kept while CloudHub is full or restarting. A controller waits for
+/// [`Outbox::room`] before taking its next cluster event, so the buffer holds at most this
+/// many plus what one event produces; a watch that falls behind meanwhile is relisted.
 pub const BUFFER_CAPACITY: usize = 1024;
+
+/// The last resort, never reached while the controllers wait for room: past this many kept
+/// messages the oldest is dropped, logged and counted in the owner's overflow counter (the
+/// reconcile repairs what it carried).
+pub const BUFFER_LIMIT: usize = 16 * BUFFER_CAPACITY;
+
+/// How long a controller waits before offering kept messages to CloudHub again.
+pub const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A bounded buffer in front of CloudHub; see [`BUFFER_CAPACITY`].
 #[derive(Debug)]
@@ -37,6 +46,25 @@ impl Outbox {
     /// Whether messages wait for CloudHub.
     pub fn is_empty(&self) -> bool {
         self.buffer.is_empty()
+    }
+
+    /// Whether the buffer is at [`BUFFER_CAPACITY`]: take no more cluster events until
+    /// [`Outbox::room`].
+    pub fn is_full(&self) -> bool {
+        self.buffer.len() >= BUFFER_CAPACITY
+    }
+
+    /// Waits until CloudHub has taken enough of what is kept for the buffer to be below
+    /// [`BUFFER_CAPACITY`]: the backpressure that keeps a burst of cluster events (a list of
+    /// 100,000 pods) from overflowing it.
+    pub async fn room(&mut self) {
+        loop {
+            self.flush();
+            if !self.is_full() {
+                return;
+            }
+            tokio::time::sleep(RETRY_INTERVAL).await;
+        }
     }
 
     /// Sends `message` (resource in cloud form, naming its node) now, or keeps it (behind
@@ -77,11 +105,11 @@ impl Outbox {
     }
 
     fn keep(&mut self, message: ToNodes) {
-        if self.buffer.len() >= BUFFER_CAPACITY {
+        if self.buffer.len() >= BUFFER_LIMIT {
             if let Some(lost) = self.buffer.pop_front() {
                 tracing::warn!(
                     resource = lost.message.resource(),
-                    "cloudhub unavailable and buffer full; oldest message dropped"
+                    "cloudhub unavailable and buffer at its limit; oldest message dropped"
                 );
                 self.overflow.inc();
             }
@@ -117,5 +145,103 @@ pub fn offer_message(hive: &Hive, sent: &Counter, message: Message) -> Result<bo
     match ToNodes::from_message(message) {
         Some(to_nodes) => offer(hive, sent, to_nodes).map_or(Ok(true), Err),
         None => Ok(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hive::{Accepts, Envelope, Module};
+    use actix::{Actor, Context, Handler};
+    use edgehive_protocols::{Group, ModuleName, Operation};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    /// Stands in for CloudHub: notes the (edge-form) resource of every message it takes.
+    struct Hub(Arc<Mutex<Vec<String>>>);
+    impl Actor for Hub {
+        type Context = Context<Self>;
+    }
+    impl Handler<Envelope> for Hub {
+        type Result = Option<Message>;
+        fn handle(&mut self, _: Envelope, _: &mut Context<Self>) -> Option<Message> {
+            None
+        }
+    }
+    impl Handler<ToNodes> for Hub {
+        type Result = ();
+        fn handle(&mut self, message: ToNodes, _: &mut Context<Self>) {
+            if let Ok(mut taken) = self.0.lock() {
+                taken.push(message.message.resource().to_owned());
+            }
+        }
+    }
+    struct HubModule(Arc<Mutex<Vec<String>>>);
+    impl Module for HubModule {
+        type Actor = Hub;
+        fn name(&self) -> &str {
+            route::CLOUDHUB
+        }
+        fn group(&self) -> &str {
+            "cloudhub"
+        }
+        fn mailbox_capacity(&self) -> usize {
+            256
+        }
+        fn create(&self, _: &Hive) -> Hub {
+            Hub(self.0.clone())
+        }
+        fn accepts(&self, accepts: &mut Accepts<Hub>) {
+            accepts.message::<ToNodes>();
+        }
+    }
+
+    fn pod(index: usize) -> Message {
+        Message::new(
+            ModuleName::EdgeController,
+            Group::Resource,
+            Operation::Update,
+            format!("node/edge-1/default/pod/p{index}"),
+            serde_json::Value::Null,
+        )
+    }
+
+    #[actix_rt::test]
+    async fn a_burst_while_cloudhub_is_away_waits_for_room_and_loses_nothing() {
+        let hive = Hive::new("test");
+        let overflow = Counter::default();
+        let mut outbox = Outbox::new(hive.clone(), Counter::default(), overflow.clone());
+        // CloudHub is not running: a burst bigger than the buffer is kept whole.
+        let burst = BUFFER_CAPACITY + 100;
+        for index in 0..burst {
+            outbox.send(pod(index));
+        }
+        assert!(outbox.is_full());
+        assert_eq!(overflow.get(), 0, "nothing dropped below the limit");
+        // The controller would now wait for room; there is none while CloudHub is away.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), outbox.room())
+                .await
+                .is_err(),
+            "room while CloudHub is away"
+        );
+        // CloudHub starts (with a mailbox smaller than the burst): room comes, and everything arrives in order.
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        hive.start_module(HubModule(taken.clone())).unwrap();
+        outbox.room().await;
+        while !outbox.is_empty() {
+            outbox.room().await;
+            outbox.flush();
+            tokio::time::sleep(RETRY_INTERVAL).await;
+        }
+        let expected: Vec<String> = (0..burst)
+            .map(|index| format!("default/pod/p{index}"))
+            .collect();
+        while taken.lock().unwrap().len() < burst {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let taken = taken.lock().unwrap().clone();
+        assert!(taken == expected, "all {burst}, in order");
+        assert_eq!(overflow.get(), 0);
     }
 }

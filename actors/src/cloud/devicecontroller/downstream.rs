@@ -19,6 +19,8 @@ impl DeviceWatcher {
         self.relist("Device").await;
         let mut retry = tokio::time::interval(RETRY_INTERVAL);
         loop {
+            // No event is taken while CloudHub has not taken what the last ones produced.
+            self.outbox.room().await;
             // Biased: a model written before its device is known when the device arrives.
             tokio::select! {
                 biased;
@@ -52,6 +54,7 @@ impl DeviceWatcher {
         };
         let mut present = std::collections::HashSet::new();
         for obj in objects {
+            self.outbox.room().await;
             let key = key_of(&obj);
             present.insert(key.clone());
             let event_type = match seen.get(&key) {
@@ -80,6 +83,7 @@ impl DeviceWatcher {
             if present.contains(&key) {
                 continue;
             }
+            self.outbox.room().await;
             let event = WatchEvent {
                 event_type: EventType::Deleted,
                 object: old,

@@ -24,11 +24,11 @@
 mod downstream;
 mod upstream;
 
+use crate::cloud::outbox::RETRY_INTERVAL;
 use downstream::DeviceWatcher;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
@@ -54,8 +54,6 @@ pub const STATUS_WORKERS: usize = 1;
 /// logged and counted (`edgehive_devicecontroller_busy_total`); devicetwin resends
 /// unconfirmed reports itself.
 pub const WAITING_CAPACITY: usize = 1024;
-
-const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Default)]
 struct Metrics {

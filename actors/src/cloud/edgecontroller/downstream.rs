@@ -17,7 +17,6 @@
 //! CloudHub's pools skip what the edges already ACKed.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
 use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
 use futures_util::StreamExt;
@@ -27,11 +26,8 @@ use super::location::{LocationCache, ObjectRef, RefKind};
 use super::EDGE_NODE_LABEL;
 use crate::cloud::cluster::{EventType, SharedCluster, Watch, WatchError, WatchEvent};
 use crate::cloud::contract::{NodeMessage, ToNodes};
-use crate::cloud::outbox::Outbox;
+use crate::cloud::outbox::{Outbox, RETRY_INTERVAL};
 use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
-
-/// How often buffered messages are offered to CloudHub again.
-const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What was last seen of a pod.
 struct PodSeen {
@@ -121,6 +117,8 @@ impl Watcher {
         self.relist_pods().await;
         let mut retry = tokio::time::interval(RETRY_INTERVAL);
         loop {
+            // No event is taken while CloudHub has not taken what the last ones produced.
+            self.outbox.room().await;
             // Biased: of changes that are all ready, nodes, ConfigMaps and Secrets go
             // first, so an object written before a pod that uses it reaches the node first.
             tokio::select! {
@@ -186,6 +184,7 @@ impl Watcher {
         };
         let mut present = HashSet::new();
         for node in nodes {
+            self.outbox.room().await;
             present.insert(meta_str(&node, "name").to_owned());
             self.on_node(WatchEvent {
                 event_type: EventType::Modified,
@@ -199,6 +198,7 @@ impl Watcher {
             .cloned()
             .collect();
         for name in gone {
+            self.outbox.room().await;
             self.node_deleted(&name);
         }
     }
@@ -354,6 +354,7 @@ impl Watcher {
         };
         let mut present = HashSet::new();
         for pod in &pods {
+            self.outbox.room().await;
             let key = namespaced_key(pod);
             present.insert(key.clone());
             let event_type = match self.pods.get(&key) {
@@ -375,6 +376,7 @@ impl Watcher {
             .cloned()
             .collect();
         for key in gone {
+            self.outbox.room().await;
             let Some(seen) = self.pods.get(&key) else {
                 continue;
             };
@@ -413,6 +415,7 @@ impl Watcher {
         };
         let mut present = HashSet::new();
         for obj in objects {
+            self.outbox.room().await;
             let object = Self::object_ref(kind, &obj);
             present.insert(object.clone());
             let event_type = match self.objects.get(&object) {
@@ -442,6 +445,7 @@ impl Watcher {
             .cloned()
             .collect();
         for object in gone {
+            self.outbox.room().await;
             if let Some(mut obj) = self.objects.get(&object).cloned() {
                 obj["metadata"]["resourceVersion"] = Value::from(list_rv.clone());
                 self.on_object(

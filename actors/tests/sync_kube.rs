@@ -138,6 +138,7 @@ async fn objectsync_records_are_created_updated_and_deleted_as_kubeedge_names_th
     let queued = Queued {
         nodes: vec!["edge-1".into()],
         object: object.clone(),
+        resource_version: Some("1".into()),
     };
     let mut tell = hive.tell(route::SYNCCONTROLLER, queued);
     while let Err(refused) = tell {

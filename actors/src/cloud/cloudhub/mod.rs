@@ -246,15 +246,15 @@ impl CloudHub {
 
     fn deliver(&self, ToNodes { nodes, message }: ToNodes) {
         let hub = &self.shared.hub;
-        // Nodes that now owe the edge an object they had nothing waiting for: SyncController
-        // records them, also for offline nodes (see `Queued`).
+        // Nodes whose pool now holds (a newer version of) an object: SyncController records
+        // them, also for offline nodes (see `Queued`).
         let record = message
             .object()
             .filter(|_| message.lane() == Lane::Ack && !message.is_deleting());
         let mut queued = Vec::new();
         for node in nodes {
             let outcome = self.shared.node(&node).enqueue(message.clone(), hub);
-            if record.is_some() && outcome == Enqueued::Ack {
+            if record.is_some() && matches!(outcome, Enqueued::Ack | Enqueued::Replaced) {
                 queued.push(node);
             }
         }
@@ -262,6 +262,7 @@ impl CloudHub {
             let event = Queued {
                 nodes: queued,
                 object: object.clone(),
+                resource_version: message.resource_version().map(str::to_owned),
             };
             match hub.hive.tell(route::SYNCCONTROLLER, event) {
                 Ok(())

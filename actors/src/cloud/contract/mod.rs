@@ -300,9 +300,10 @@ pub struct Acked {
     pub object: Option<Arc<ObjectId>>,
 }
 
-/// Objects were queued for nodes that had no message for them waiting: SyncController
-/// records them (status `"0"`) so a restarted cloud knows they are owed, also to nodes that
-/// are offline. One per [`ToNodes`], for all of its nodes.
+/// Objects were queued for nodes (a new entry in the pool, or a newer version replacing a
+/// waiting one): SyncController records them (status `"0"` when new) so a restarted cloud
+/// knows they are owed, also to nodes that are offline, and its reconcile does not resend
+/// what a pool already holds. One per [`ToNodes`], for all of its nodes.
 #[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
 #[rtype(result = "()")]
 pub struct Queued {
@@ -310,6 +311,8 @@ pub struct Queued {
     pub nodes: Vec<String>,
     /// The object.
     pub object: Arc<ObjectId>,
+    /// The resourceVersion now waiting in those nodes' pools.
+    pub resource_version: Option<String>,
 }
 
 /// A node was deleted from the cluster: CloudHub closes its connection.

@@ -436,8 +436,23 @@ impl SyncController {
                     let plans =
                         act.records
                             .plan(&index, &listed, listed_at, Instant::now(), RESEND_QUIET);
+                    // One line per run, not per object: a reconcile at 100,000 nodes may
+                    // resend as many.
+                    let (mut objects, mut sent, mut refused) = (0, 0, 0);
                     for plan in plans {
-                        act.send(plan);
+                        let nodes = plan.nodes.len();
+                        objects += 1;
+                        if act.send(plan) {
+                            sent += nodes;
+                        } else {
+                            refused += nodes;
+                        }
+                    }
+                    if sent > 0 {
+                        tracing::info!(objects, nodes = sent, "reconcile: sent again what edges lack");
+                    }
+                    if refused > 0 {
+                        tracing::warn!(nodes = refused, "reconcile cannot reach cloudhub for some resends; trying again on the next run");
                     }
                 }
                 Err(error) => tracing::warn!(%error, "reconcile cannot list the cluster"),
@@ -449,9 +464,11 @@ impl SyncController {
         }));
     }
 
-    fn send(&mut self, plan: Resend) {
+    /// Hands a resend to CloudHub; `false` if CloudHub did not take it (the next run tries
+    /// again).
+    fn send(&mut self, plan: Resend) -> bool {
         let Some(first) = plan.nodes.first() else {
-            return;
+            return true;
         };
         let id = &plan.object;
         let message = match &plan.update {
@@ -479,7 +496,7 @@ impl SyncController {
             }
         };
         let count = plan.nodes.len() as u64;
-        tracing::info!(nodes = count, kind = %id.kind, namespace = %id.namespace, name = %id.name,
+        tracing::debug!(nodes = count, kind = %id.kind, namespace = %id.namespace, name = %id.name,
             delete = plan.update.is_none(), "reconcile: sending again what the edge lacks");
         let to_nodes = ToNodes {
             nodes: plan.nodes.clone(),
@@ -492,10 +509,12 @@ impl SyncController {
                 } else {
                     self.metrics.deletes.inc_by(count);
                 }
+                true
             }
             Err(refused) => {
-                tracing::warn!(error = %refused.error, "reconcile cannot reach cloudhub; trying again later");
+                tracing::debug!(error = %refused.error, "reconcile cannot reach cloudhub");
                 self.records.unsent(&plan.nodes, &id.uid);
+                false
             }
         }
     }
@@ -579,7 +598,8 @@ impl Handler<Queued> for SyncController {
 
     fn handle(&mut self, queued: Queued, _: &mut Context<Self>) {
         for node in &queued.nodes {
-            self.records.queued(node, &queued.object);
+            self.records
+                .queued(node, &queued.object, queued.resource_version.as_deref());
         }
     }
 }

@@ -31,6 +31,9 @@ pub struct Record {
     resent: Option<(Option<String>, Instant)>,
     /// When the record was made here: a reconcile only judges records older than its lists.
     born: Instant,
+    /// The newest version this process put in the node's pool: the pool keeps it until the
+    /// edge ACKs (across disconnects), so the reconcile does not send it again.
+    queued: Option<String>,
 }
 
 impl Record {
@@ -141,13 +144,31 @@ impl Records {
         }
     }
 
-    /// `object` was queued for `node` with nothing waiting for it: recorded at [`QUEUED`]
-    /// unless a record exists (or is being removed).
-    pub fn queued(&mut self, node: &str, object: &Arc<ObjectId>) {
-        match self.nodes.get(node).and_then(|m| m.get(&object.uid)) {
-            // Recorded already, or being removed (its delete was ACKed, or the node is gone:
-            // a late event must not bring the record back).
-            Some(_) => {}
+    /// Version `rv` of `object` was put in `node`'s pool: recorded at [`QUEUED`] unless a
+    /// record exists (or is being removed); either way the reconcile leaves that version to
+    /// the pool.
+    pub fn queued(&mut self, node: &str, object: &Arc<ObjectId>, rv: Option<&str>) {
+        let rv = rv.filter(|rv| !rv.is_empty()).map(str::to_owned);
+        match self
+            .nodes
+            .get_mut(node)
+            .and_then(|m| m.get_mut(&object.uid))
+        {
+            // Being removed (its delete was ACKed, or the node is gone): a late event must
+            // not bring the record back.
+            Some(Record { want: None, .. }) => {}
+            // Recorded already: its status waits for the ACK.
+            Some(record) => {
+                if let Some(rv) = rv {
+                    let newer = record
+                        .queued
+                        .as_deref()
+                        .is_none_or(|queued| is_newer(&rv, queued));
+                    if newer {
+                        record.queued = Some(rv);
+                    }
+                }
+            }
             None => self.insert(
                 node,
                 Record {
@@ -156,6 +177,7 @@ impl Records {
                     stored: None,
                     resent: None,
                     born: Instant::now(),
+                    queued: rv,
                 },
             ),
         }
@@ -203,6 +225,7 @@ impl Records {
                         stored: None,
                         resent: None,
                         born: Instant::now(),
+                        queued: None,
                     },
                 );
             }
@@ -232,6 +255,7 @@ impl Records {
                     stored: Some(status),
                     resent: None,
                     born: Instant::now(),
+                    queued: None,
                 },
             ),
         }
@@ -329,8 +353,9 @@ impl Records {
     /// An object gone from the cluster, or replaced by one with another UID, is deleted on
     /// the edge; one the cluster has at a newer version is sent again. Records with an empty
     /// version (unknown) or being removed are skipped, and the same resend is not repeated
-    /// within `quiet` (the pool is still delivering it). Resends of one object version to
-    /// several nodes go together.
+    /// within `quiet` (the pool is still delivering it). A version this process queued for
+    /// the node (see [`Records::queued`]) is the pool's to deliver: it survives disconnects
+    /// and is not sent again. Resends of one object version to several nodes go together.
     ///
     /// Only records made before `listed_at` (when the cluster was listed) and of a kind in
     /// `listed` are judged: a newer record's object may be missing from the lists only
@@ -360,7 +385,16 @@ impl Records {
                 let send = match current {
                     None => None,
                     Some(obj) if is_newer(meta_str(obj, "resourceVersion"), want) => {
-                        Some(meta_str(obj, "resourceVersion").to_owned())
+                        let version = meta_str(obj, "resourceVersion");
+                        // The node's pool holds this version (or a newer one) already.
+                        let pooled = record
+                            .queued
+                            .as_deref()
+                            .is_some_and(|queued| !is_newer(version, queued));
+                        if pooled {
+                            continue;
+                        }
+                        Some(version.to_owned())
                     }
                     Some(_) => continue,
                 };
@@ -446,8 +480,8 @@ mod tests {
     fn a_record_follows_queue_ack_and_delete() {
         let mut records = Records::default();
         let a = pod_id("a", "u1");
-        records.queued("n1", &a);
-        records.queued("n1", &a);
+        records.queued("n1", &a, Some("3"));
+        records.queued("n1", &a, Some("3"));
         let writes = write_all(&mut records);
         assert_eq!(writes.len(), 1);
         assert_eq!(writes[0].want.as_deref(), Some(QUEUED));
@@ -471,7 +505,7 @@ mod tests {
     #[test]
     fn a_record_never_written_and_no_longer_wanted_is_forgotten() {
         let mut records = Records::default();
-        records.queued("n1", &pod_id("a", "u1"));
+        records.queued("n1", &pod_id("a", "u1"), Some("3"));
         records.acked("n1", "u1", None, true, None);
         assert!(records.take_dirty(10).is_empty(), "nothing to write");
         assert!(records.is_empty());
@@ -481,7 +515,7 @@ mod tests {
     #[test]
     fn a_failed_write_is_tried_again() {
         let mut records = Records::default();
-        records.queued("n1", &pod_id("a", "u1"));
+        records.queued("n1", &pod_id("a", "u1"), Some("3"));
         let writes = records.take_dirty(10);
         records.written(&writes[0], Err(()));
         assert_eq!(records.dirty(), 1);
@@ -549,13 +583,58 @@ mod tests {
     }
 
     #[test]
+    fn what_a_pool_holds_is_not_resent_until_the_cluster_has_newer() {
+        let mut records = Records::default();
+        // Queued here at version 4 for an offline node: the pool keeps it.
+        records.queued("n1", &pod_id("a", "u1"), Some("4"));
+        // Read from the cluster at start (another process queued it): no pool holds it.
+        records.loaded("n2", pod_id("a", "u1"), QUEUED.into());
+        let kinds: HashSet<String> = ["Pod".to_owned()].into();
+        let quiet = Duration::from_secs(30);
+        let now = Instant::now() + Duration::from_secs(1);
+        let plans = records.plan(&index(&[pod("a", "u1", "4")]), &kinds, now, now, quiet);
+        let nodes: Vec<&Vec<String>> = plans.iter().map(|plan| &plan.nodes).collect();
+        assert_eq!(
+            nodes,
+            [&vec!["n2".to_owned()]],
+            "only the loaded record is resent"
+        );
+
+        // The cluster moves on to 6 and the update was lost on its way: resent (to both).
+        let cluster = index(&[pod("a", "u1", "6")]);
+        let plans = records.plan(&cluster, &kinds, now, now, quiet);
+        assert_eq!(plans.len(), 1);
+        assert_eq!(plans[0].nodes, ["n1".to_owned(), "n2".to_owned()]);
+        assert_eq!(
+            plans[0]
+                .update
+                .as_ref()
+                .map(|pod| meta_str(pod, "resourceVersion")),
+            Some("6")
+        );
+
+        // The update reached the pool (it replaced version 4): nothing more to send, even
+        // once the quiet time is over.
+        records.queued("n1", &pod_id("a", "u1"), Some("6"));
+        records.queued("n1", &pod_id("a", "u1"), Some("5")); // late: keeps 6
+        let later = now + quiet;
+        let plans = records.plan(&cluster, &kinds, now, later, quiet);
+        assert!(plans.iter().all(|plan| plan.nodes != ["n1".to_owned()]));
+        // Gone from the cluster: the pool's version is no help, a delete is sent.
+        let plans = records.plan(&index(&[]), &kinds, now, later + quiet, quiet);
+        assert!(plans
+            .iter()
+            .any(|plan| plan.nodes.contains(&"n1".to_owned()) && plan.update.is_none()));
+    }
+
+    #[test]
     fn a_deleted_node_loses_only_its_records() {
         let mut records = Records::default();
         records.acked("n1", "u1", Some("5"), false, Some(&pod_id("a", "u1")));
         records.acked("n2", "u1", Some("5"), false, Some(&pod_id("a", "u1")));
         write_all(&mut records);
         records.node_gone("n1");
-        records.queued("n1", &pod_id("a", "u1")); // late: changes nothing
+        records.queued("n1", &pod_id("a", "u1"), Some("3")); // late: changes nothing
         let writes = write_all(&mut records);
         assert_eq!(writes.len(), 1);
         assert_eq!(writes[0].node, "n1");

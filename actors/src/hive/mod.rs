@@ -67,4 +67,4 @@ pub use registry::{
     Accepts, ChildInfo, ChildrenView, GroupDelivery, Hive, ModuleInfo, ModuleState, Refused,
     DEFAULT_REQUEST_TIMEOUT,
 };
-pub use supervisor::{supervise, Recipe};
+pub use supervisor::{supervise, supervise_on, Recipe};

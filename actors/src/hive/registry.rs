@@ -305,7 +305,7 @@ impl Hive {
     }
 
     /// Resolves once [`Hive::shutdown`] was called.
-    pub(super) fn stopped(&self) -> impl std::future::Future<Output = ()> + 'static {
+    pub(super) fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut signal = self.inner.stop_signal.subscribe();
         async move {
             // An error means the hive is gone, which also means: stop.

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context};
+use actix::{Actor, ActorContext, ActorFutureExt, Addr, ArbiterHandle, AsyncContext, Context};
 use tokio::sync::oneshot;
 
 use super::metrics::ModuleStats;
@@ -68,6 +68,29 @@ pub trait Recipe: 'static {
 pub fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
     let (addr, died) = spawn_instance(hive, &mut recipe);
     actix::spawn(watch(hive.clone(), recipe, died));
+    addr
+}
+
+/// [`supervise`] on another arbiter: the actor, and every actor that replaces it, runs on
+/// `arbiter`'s thread, and so does its watcher. The address is ready at once (messages wait in
+/// the mailbox until the actor starts there). How a module spreads many children (CloudHub's
+/// node actors) over the cores.
+pub fn supervise_on<R>(arbiter: &ArbiterHandle, hive: &Hive, mut recipe: R) -> Addr<R::Actor>
+where
+    R: Recipe + Send,
+    R::Actor: Send,
+{
+    let (guard, died) = oneshot::channel::<()>();
+    let stopped = hive.stopped();
+    let capacity = recipe.mailbox_capacity();
+    let actor = recipe.create();
+    let addr = R::Actor::start_in_arbiter(arbiter, move |ctx| {
+        ctx.set_mailbox_capacity(capacity);
+        ctx.spawn(life_guard::<R::Actor>(guard, stopped));
+        actor
+    });
+    // Restarts (spawn_instance on the current arbiter) then happen on `arbiter` too.
+    arbiter.spawn(watch(hive.clone(), recipe, died));
     addr
 }
 

@@ -11,7 +11,8 @@
 //!   It has no timer: it acts when a controller, a connection or the admin endpoint asks.
 //! - [`node`]: one actor per edge node, owning its message pool (ACK and no-ACK lanes), its
 //!   resend deadline and its connection; created on the node's first message or connect,
-//!   it outlives connections and is restarted after a panic with its pool intact.
+//!   it outlives connections and is restarted after a panic with its pool intact. Node
+//!   actors run on [`NODE_ARBITERS`] arbiters of CloudHub's own, not on the hub's.
 //! - [`session`]: one [`NodeSession`] actor per connection: frames in, frames out, keepalive.
 //! - [`server`]: the actix-web WebSocket server edges connect to (headers `node_id`,
 //!   `project_id`, `ConnectionUse: msg`, any path).
@@ -39,7 +40,7 @@ mod socket;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use actix::prelude::*;
 use edgehive_protocols::Message;
@@ -47,7 +48,7 @@ use edgehive_protocols::Message;
 pub use crate::cloud::contract::DisconnectNode;
 use crate::cloud::contract::{route, Lane, NodeDeleted, Queued, ToNodes};
 use crate::hive::{
-    supervise, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, RefusalKind, Refused,
+    supervise_on, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, RefusalKind, Refused,
 };
 pub use memory::{ByteString, EdgeInbox, FromCloud};
 pub use metrics::{CloudHubMetrics, ReasonLabels};
@@ -73,7 +74,14 @@ pub(crate) struct Shared {
     pub(crate) hub: Arc<HubContext>,
     nodes: Arc<Mutex<HashMap<String, Arc<NodeCell>>>>,
     pub(crate) next_session_id: Arc<AtomicU64>,
+    /// The arbiters node actors run on (made with the first node), taken in turn.
+    node_arbiters: Arc<OnceLock<Vec<actix::Arbiter>>>,
 }
+
+/// Arbiters (threads) CloudHub's node actors are spread over, as many as its WebSocket
+/// workers: the nodes' work (pools, ACKs, requests) uses every core instead of sharing
+/// the system arbiter with the controllers and the cluster.
+pub const NODE_ARBITERS: usize = 2;
 
 impl Shared {
     fn nodes(&self) -> MutexGuard<'_, HashMap<String, Arc<NodeCell>>> {
@@ -83,8 +91,8 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The cell of `node`, with its actor started the first time the node is named. Must run
-    /// on CloudHub's arbiter (node actors live there).
+    /// The cell of `node`, with its actor started the first time the node is named, on the
+    /// next of the [`NODE_ARBITERS`] in turn. Must run inside the actix system.
     fn node(&self, node: &str) -> Arc<NodeCell> {
         let mut nodes = self.nodes();
         if let Some(cell) = nodes.get(node) {
@@ -92,13 +100,18 @@ impl Shared {
         }
         let cell = NodeCell::new(node, &self.hub);
         nodes.insert(node.to_owned(), cell.clone());
+        let turn = nodes.len();
         drop(nodes);
         self.hub.metrics.node_actors.inc();
         let recipe = NodeRecipe {
             cell: cell.clone(),
             hub: self.hub.clone(),
         };
-        let addr = supervise(&self.hub.hive, recipe);
+        let arbiters = self
+            .node_arbiters
+            .get_or_init(|| (0..NODE_ARBITERS).map(|_| actix::Arbiter::new()).collect());
+        let arbiter = arbiters[turn % arbiters.len()].handle();
+        let addr = supervise_on(&arbiter, &self.hub.hive, recipe);
         cell.set_addr(addr);
         cell
     }
@@ -154,6 +167,7 @@ impl CloudHubModule {
                 }),
                 nodes: Arc::default(),
                 next_session_id: Arc::new(AtomicU64::new(1)),
+                node_arbiters: Arc::default(),
             },
         }
     }

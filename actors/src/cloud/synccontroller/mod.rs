@@ -11,10 +11,14 @@
 //! - all of a node's records removed when the Node is deleted, and at start for nodes that no
 //!   longer exist.
 //!
-//! Every `reconcile_interval` (5 s) it compares the records with the cluster
-//! ([`records::Records::plan`]), after removing records of nodes that no longer exist:
-//! objects gone or replaced (another UID) are deleted on the edge, newer versions sent again
-//! ([`NodeMessage::resend`], which no pool drops as already ACKed). Because the records live in the cluster (and the embedded cluster in its
+//! Every `reconcile_interval` (5 s) it compares the records with its [`cache`] of the
+//! cluster (the UID and resourceVersion of every object of the kinds it keeps records for,
+//! and of Nodes: one list each, then a watch) ([`records::Records::plan`]); what looks owed
+//! is confirmed against the cluster (a GET each, or one list when there are many) and then
+//! sent: records of nodes that no longer exist are removed, objects gone or replaced
+//! (another UID) are deleted on the edge, newer versions sent again
+//! ([`NodeMessage::resend`], which no pool drops as already ACKed). A run with nothing owed
+//! reads nothing from the cluster. Because the records live in the cluster (and the embedded cluster in its
 //! datastore), a restarted cloud knows what each node is owed, including deletes that
 //! happened while it was down.
 //!
@@ -22,6 +26,7 @@
 //! Losing an event (a full mailbox) costs a resend, never an object: the reconcile asks the
 //! edge again and its ACK fixes the record.
 
+pub mod cache;
 pub mod records;
 
 use std::collections::{HashMap, HashSet};
@@ -31,6 +36,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use edgehive_protocols::object::meta_str;
 use edgehive_protocols::{Message, Operation, ResourceType};
+use futures_util::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -43,7 +49,8 @@ use crate::cloud::contract::{
     object_message, route, Acked, NodeMessage, ObjectId, Queued, ToNodes,
 };
 use crate::hive::{Accepts, Envelope, Hive, Module};
-use records::{ClusterIndex, Records, Resend, Write};
+use cache::ClusterCache;
+use records::{Records, Resend, Write};
 
 /// The module name.
 pub const SYNCCONTROLLER_MODULE: &str = route::SYNCCONTROLLER;
@@ -159,6 +166,7 @@ impl Module for SyncControllerModule {
             interval: self.interval,
             metrics: self.metrics.clone(),
             records: Records::default(),
+            cache: ClusterCache::default(),
             loaded: false,
             flushing: false,
             reconciling: false,
@@ -180,6 +188,7 @@ pub struct SyncController {
     interval: Duration,
     metrics: Metrics,
     records: Records,
+    cache: ClusterCache,
     loaded: bool,
     flushing: bool,
     reconciling: bool,
@@ -189,7 +198,7 @@ impl Actor for SyncController {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.add_stream(self.cluster.watch("Node"));
+        self.follow("Node", ctx);
         self.load(ctx);
         ctx.run_interval(FLUSH_INTERVAL, |act, ctx| act.flush(ctx));
         ctx.run_interval(self.interval, |act, ctx| act.reconcile(ctx));
@@ -248,6 +257,110 @@ fn parse_record(record: &Value) -> Option<(String, Arc<ObjectId>, String)> {
         .unwrap_or_default()
         .to_owned();
     Some((node.to_owned(), Arc::new(object), status))
+}
+
+/// Candidates of one kind up to this many are confirmed one GET each; more, with one list.
+const CONFIRM_ONE_BY_ONE: usize = 64;
+
+/// The cluster's current objects for `keys` of `kind` ((namespace, name)); missing keys are
+/// objects the cluster does not have. `Err` when it could not be asked.
+async fn fetch(
+    cluster: &SharedCluster,
+    kind: &str,
+    keys: &[(String, String)],
+) -> Result<HashMap<(String, String), Value>, ClusterError> {
+    let mut found = HashMap::new();
+    if keys.len() <= CONFIRM_ONE_BY_ONE {
+        for (namespace, name) in keys {
+            let namespace_arg = Some(namespace.as_str()).filter(|ns| !ns.is_empty());
+            match cluster.get(kind, namespace_arg, name).await {
+                Ok(object) => {
+                    found.insert((namespace.clone(), name.clone()), object);
+                }
+                Err(ClusterError::NotFound { .. }) => {}
+                Err(error) => return Err(error),
+            }
+        }
+    } else {
+        let wanted: HashSet<&(String, String)> = keys.iter().collect();
+        for object in cluster.list(kind).await?.0 {
+            let key = (
+                meta_str(&object, "namespace").to_owned(),
+                meta_str(&object, "name").to_owned(),
+            );
+            if wanted.contains(&key) {
+                found.insert(key, object);
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Confirms the reconcile's candidates against the cluster: each comes back with what to send
+/// (`Some(Some(object))` an update, `Some(None)` a delete) or `None` when the cluster says
+/// otherwise (the cache was behind) or could not be asked.
+async fn confirm(
+    cluster: &SharedCluster,
+    plans: Vec<Resend>,
+) -> Vec<(Resend, Option<Option<Value>>)> {
+    let mut by_kind: HashMap<String, Vec<Resend>> = HashMap::new();
+    for plan in plans {
+        by_kind
+            .entry(plan.object.kind.clone())
+            .or_default()
+            .push(plan);
+    }
+    let mut confirmed = Vec::new();
+    for (kind, plans) in by_kind {
+        let keys: Vec<(String, String)> = plans
+            .iter()
+            .map(|plan| (plan.object.namespace.clone(), plan.object.name.clone()))
+            .collect();
+        let current = match fetch(cluster, &kind, &keys).await {
+            Ok(current) => current,
+            Err(error) => {
+                tracing::warn!(%kind, %error, "reconcile cannot confirm with the cluster; trying again on the next run");
+                confirmed.extend(plans.into_iter().map(|plan| (plan, None)));
+                continue;
+            }
+        };
+        for (plan, key) in plans.into_iter().zip(keys) {
+            let object = current
+                .get(&key)
+                .filter(|object| meta_str(object, "uid") == plan.object.uid);
+            let outcome = match (object, &plan.version) {
+                // Gone, or replaced by another object of the same name: delete it.
+                (None, _) => Some(None),
+                (Some(object), Some(_)) => Some(Some(object.clone())),
+                // The cache thought it gone; the cluster still has it.
+                (Some(_), None) => None,
+            };
+            confirmed.push((plan, outcome));
+        }
+    }
+    confirmed
+}
+
+/// The nodes among `candidates` (missing from the cache) that the cluster does not have.
+async fn confirm_gone(cluster: &SharedCluster, candidates: Vec<String>) -> Vec<String> {
+    if candidates.is_empty() {
+        return candidates;
+    }
+    let keys: Vec<(String, String)> = candidates
+        .into_iter()
+        .map(|node| (String::new(), node))
+        .collect();
+    match fetch(cluster, "Node", &keys).await {
+        Ok(present) => keys
+            .into_iter()
+            .filter(|key| !present.contains_key(key))
+            .map(|(_, node)| node)
+            .collect(),
+        Err(error) => {
+            tracing::warn!(%error, "reconcile cannot confirm nodes are gone; trying again on the next run");
+            Vec::new()
+        }
+    }
 }
 
 /// Makes the cluster's record say `write.want`; returns what it says afterwards.
@@ -386,92 +499,127 @@ impl SyncController {
         }));
     }
 
+    /// Follows `kind` in the cache: its watch, then its list.
+    fn follow(&mut self, kind: &str, ctx: &mut Context<Self>) {
+        if self.cache.is_followed(kind) {
+            return;
+        }
+        self.cache.follow(kind);
+        let tag: Arc<str> = Arc::from(kind);
+        ctx.add_stream(self.cluster.watch(kind).map(move |event| KindEvent {
+            kind: tag.clone(),
+            event,
+        }));
+        self.list_kind(kind, ctx);
+    }
+
+    /// Lists `kind` into the cache if it needs it (new, or its watch lagged).
+    fn list_kind(&mut self, kind: &str, ctx: &mut Context<Self>) {
+        if !self.cache.start_list(kind) {
+            return;
+        }
+        let (cluster, kind) = (self.cluster.clone(), kind.to_owned());
+        let fut = async move {
+            let listed = cluster.list(&kind).await;
+            (kind, listed)
+        };
+        ctx.spawn(fut.into_actor(self).map(|(kind, listed), act, _| match listed {
+            Ok((objects, _)) => act.cache.listed(&kind, &objects),
+            Err(error) => {
+                // A kind the API server does not know, say: its records wait.
+                tracing::warn!(%kind, %error, "reconcile cannot list a kind; its records wait");
+                act.cache.list_failed(&kind);
+            }
+        }));
+    }
+
+    /// Compares the records with the cache of the cluster; what looks owed (or gone) is
+    /// confirmed against the cluster, then sent. See [`cache`].
     fn reconcile(&mut self, ctx: &mut Context<Self>) {
         if self.reconciling || !self.loaded || self.records.is_empty() {
             return;
         }
-        self.reconciling = true;
         let started = Instant::now();
-        let kinds = self.records.kinds();
+        self.follow("Node", ctx);
+        self.list_kind("Node", ctx);
+        for kind in self.records.kinds() {
+            self.follow(&kind, ctx);
+            self.list_kind(&kind, ctx);
+        }
+        // Records younger than a run may be about objects whose events have not reached the
+        // cache yet: they are judged on the next run.
+        let judged_before = started.checked_sub(self.interval).unwrap_or(started);
+        let gone: Vec<String> = if self.cache.is_synced("Node") {
+            self.records
+                .node_names()
+                .filter(|node| !self.cache.has("Node", node))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let synced = self.cache.synced();
+        let plans = self
+            .records
+            .plan(&self.cache, &synced, judged_before, started, RESEND_QUIET);
+        if plans.is_empty() && gone.is_empty() {
+            self.ran(started);
+            return;
+        }
+        self.reconciling = true;
         let cluster = self.cluster.clone();
         let fut = async move {
-            // Records made after this instant are not judged by these lists.
-            let listed_at = Instant::now();
-            let (nodes, _) = cluster.list("Node").await?;
-            let nodes: HashSet<String> = nodes
-                .iter()
-                .map(|n| meta_str(n, "name").to_owned())
-                .collect();
-            let mut index = ClusterIndex::new();
-            let mut listed = HashSet::new();
-            for kind in kinds {
-                // A kind that cannot be listed (unknown to the API server, say) is left out;
-                // the others are reconciled all the same.
-                let objects = match cluster.list(&kind).await {
-                    Ok((objects, _)) => objects,
-                    Err(error) => {
-                        tracing::warn!(%kind, %error, "reconcile cannot list a kind; its records wait");
-                        continue;
-                    }
-                };
-                listed.insert(kind.clone());
-                for obj in objects {
-                    let key = (
-                        kind.clone(),
-                        meta_str(&obj, "namespace").to_owned(),
-                        meta_str(&obj, "name").to_owned(),
-                    );
-                    index.insert(key, obj);
-                }
-            }
-            Ok::<_, ClusterError>((nodes, listed, index, listed_at))
+            let gone = confirm_gone(&cluster, gone).await;
+            let confirmed = confirm(&cluster, plans).await;
+            (gone, confirmed)
         };
-        ctx.spawn(fut.into_actor(self).map(move |result, act, _| {
+        ctx.spawn(fut.into_actor(self).map(move |(gone, confirmed), act, _| {
             act.reconciling = false;
-            match result {
-                Ok((nodes, listed, index, listed_at)) => {
-                    // Records of nodes that are gone (an event about one that arrived after
-                    // its deletion) go too; records made since the list was taken stay.
-                    act.drop_gone_nodes(&nodes, listed_at);
-                    let plans =
-                        act.records
-                            .plan(&index, &listed, listed_at, Instant::now(), RESEND_QUIET);
-                    // One line per run, not per object: a reconcile at 100,000 nodes may
-                    // resend as many.
-                    let (mut objects, mut sent, mut refused) = (0, 0, 0);
-                    for plan in plans {
-                        let nodes = plan.nodes.len();
-                        objects += 1;
-                        if act.send(plan) {
-                            sent += nodes;
-                        } else {
-                            refused += nodes;
-                        }
-                    }
-                    if sent > 0 {
-                        tracing::info!(objects, nodes = sent, "reconcile: sent again what edges lack");
-                    }
-                    if refused > 0 {
-                        tracing::warn!(nodes = refused, "reconcile cannot reach cloudhub for some resends; trying again on the next run");
-                    }
-                }
-                Err(error) => tracing::warn!(%error, "reconcile cannot list the cluster"),
+            // Records of nodes that are gone (an event about one that arrived after its
+            // deletion) go too; records made since stay.
+            for node in &gone {
+                act.records.node_gone_before(node, Some(judged_before));
             }
-            act.metrics.runs.inc();
-            act.metrics
-                .duration
-                .observe(started.elapsed().as_secs_f64());
+            // One line per run, not per object: a reconcile at 100,000 nodes may resend as
+            // many.
+            let (mut objects, mut sent, mut refused, mut unconfirmed) = (0, 0, 0, 0);
+            for (plan, outcome) in confirmed {
+                let Some(update) = outcome else {
+                    unconfirmed += plan.nodes.len();
+                    act.records.unsent(&plan.nodes, &plan.object.uid);
+                    continue;
+                };
+                let nodes = plan.nodes.len();
+                objects += 1;
+                if act.send(plan, update) {
+                    sent += nodes;
+                } else {
+                    refused += nodes;
+                }
+            }
+            if sent > 0 || !gone.is_empty() {
+                tracing::info!(objects, nodes = sent, gone_nodes = gone.len(), unconfirmed, "reconcile: sent again what edges lack");
+            }
+            if refused > 0 {
+                tracing::warn!(nodes = refused, "reconcile cannot reach cloudhub for some resends; trying again on the next run");
+            }
+            act.ran(started);
         }));
     }
 
-    /// Hands a resend to CloudHub; `false` if CloudHub did not take it (the next run tries
-    /// again).
-    fn send(&mut self, plan: Resend) -> bool {
+    fn ran(&self, started: Instant) {
+        self.metrics.runs.inc();
+        self.metrics
+            .duration
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    fn send(&mut self, plan: Resend, update: Option<Value>) -> bool {
         let Some(first) = plan.nodes.first() else {
             return true;
         };
         let id = &plan.object;
-        let message = match &plan.update {
+        let message = match &update {
             Some(obj) => object_message(
                 first,
                 ResourceType::from(id.kind.to_ascii_lowercase().as_str()),
@@ -497,14 +645,14 @@ impl SyncController {
         };
         let count = plan.nodes.len() as u64;
         tracing::debug!(nodes = count, kind = %id.kind, namespace = %id.namespace, name = %id.name,
-            delete = plan.update.is_none(), "reconcile: sending again what the edge lacks");
+            delete = update.is_none(), "reconcile: sending again what the edge lacks");
         let to_nodes = ToNodes {
             nodes: plan.nodes.clone(),
             message: NodeMessage::resend(message),
         };
         match self.hive.tell(route::CLOUDHUB, to_nodes) {
             Ok(()) => {
-                if plan.update.is_some() {
+                if update.is_some() {
                     self.metrics.resends.inc_by(count);
                 } else {
                     self.metrics.deletes.inc_by(count);
@@ -621,19 +769,27 @@ impl Handler<SyncView> for SyncController {
     }
 }
 
-impl StreamHandler<Result<WatchEvent, WatchError>> for SyncController {
-    fn handle(&mut self, event: Result<WatchEvent, WatchError>, ctx: &mut Context<Self>) {
+/// A watch event of one followed kind.
+pub struct KindEvent {
+    kind: Arc<str>,
+    event: Result<WatchEvent, WatchError>,
+}
+
+impl StreamHandler<KindEvent> for SyncController {
+    fn handle(&mut self, KindEvent { kind, event }: KindEvent, ctx: &mut Context<Self>) {
         match event {
-            Ok(WatchEvent {
-                event_type: EventType::Deleted,
-                object,
-            }) => {
-                let node = meta_str(&object, "name");
-                tracing::info!(%node, "node deleted: removing its sync records");
-                self.records.node_gone(node);
+            Ok(event) => {
+                if &*kind == "Node" && event.event_type == EventType::Deleted {
+                    let node = meta_str(&event.object, "name");
+                    tracing::info!(%node, "node deleted: removing its sync records");
+                    self.records.node_gone(node);
+                }
+                self.cache.apply(&kind, &event);
             }
-            Ok(_) => {}
-            Err(WatchError::Lagged { .. }) => self.load(ctx),
+            Err(WatchError::Lagged { .. }) => {
+                self.cache.lagged(&kind);
+                self.list_kind(&kind, ctx);
+            }
             Err(WatchError::Closed) => {}
         }
     }

@@ -61,20 +61,34 @@ pub struct Write {
     pub exists: bool,
 }
 
-/// What a reconcile sends: `nodes` lack `object` at the cluster's version, or hold an object
-/// the cluster no longer has (`update` is `None`: send a delete).
-#[derive(Debug, Clone, PartialEq)]
+/// What a reconcile would send: `nodes` lack `object` at the cluster's version, or hold an
+/// object the cluster no longer has (`version` is `None`: send a delete). A candidate: the
+/// actor confirms it against the cluster (and fetches the object) before sending.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resend {
     /// The nodes.
     pub nodes: Vec<String>,
     /// The object as recorded.
     pub object: Arc<ObjectId>,
-    /// The cluster's object to send as an update; `None` for a delete.
-    pub update: Option<Value>,
+    /// The cluster's version seen, to send as an update; `None` for a delete.
+    pub version: Option<String>,
 }
 
-/// The cluster's objects by (kind, namespace, name), as a reconcile sees them.
+/// What a reconcile knows of the cluster: an object's UID and resourceVersion, if it has one.
+pub trait ClusterView {
+    /// The UID and resourceVersion of the object of `kind` at `namespace`/`name`.
+    fn version(&self, kind: &str, namespace: &str, name: &str) -> Option<(&str, &str)>;
+}
+
+/// The cluster's objects by (kind, namespace, name), as a list shows them.
 pub type ClusterIndex = HashMap<(String, String, String), Value>;
+
+impl ClusterView for ClusterIndex {
+    fn version(&self, kind: &str, namespace: &str, name: &str) -> Option<(&str, &str)> {
+        self.get(&(kind.to_owned(), namespace.to_owned(), name.to_owned()))
+            .map(|obj| (meta_str(obj, "uid"), meta_str(obj, "resourceVersion")))
+    }
+}
 
 /// Every node's records; see the module docs.
 #[derive(Debug, Default)]
@@ -362,7 +376,7 @@ impl Records {
     /// because it is newer, and a kind that could not be listed says nothing.
     pub fn plan(
         &mut self,
-        cluster: &ClusterIndex,
+        cluster: &impl ClusterView,
         listed: &HashSet<String>,
         listed_at: Instant,
         now: Instant,
@@ -378,14 +392,13 @@ impl Records {
                     continue;
                 }
                 let id = &record.object;
-                let key = (id.kind.clone(), id.namespace.clone(), id.name.clone());
                 let current = cluster
-                    .get(&key)
-                    .filter(|obj| meta_str(obj, "uid") == id.uid);
+                    .version(&id.kind, &id.namespace, &id.name)
+                    .filter(|(uid, _)| *uid == id.uid)
+                    .map(|(_, version)| version);
                 let send = match current {
                     None => None,
-                    Some(obj) if is_newer(meta_str(obj, "resourceVersion"), want) => {
-                        let version = meta_str(obj, "resourceVersion");
+                    Some(version) if is_newer(version, want) => {
                         // The node's pool holds this version (or a newer one) already.
                         let pooled = record
                             .queued
@@ -405,12 +418,13 @@ impl Records {
                     continue;
                 }
                 record.resent = Some((send.clone(), now));
+                let send_version = send.clone();
                 plans
                     .entry((id.uid.clone(), send))
                     .or_insert_with(|| Resend {
                         nodes: Vec::new(),
                         object: id.clone(),
-                        update: current.cloned(),
+                        version: send_version,
                     })
                     .nodes
                     .push(node.clone());
@@ -558,7 +572,7 @@ mod tests {
         plans.sort_by(|a, b| a.object.name.cmp(&b.object.name));
         let summary: Vec<(&str, Vec<String>, bool)> = plans
             .iter()
-            .map(|p| (p.object.name.as_str(), p.nodes.clone(), p.update.is_some()))
+            .map(|p| (p.object.name.as_str(), p.nodes.clone(), p.version.is_some()))
             .collect();
         assert_eq!(
             summary,
@@ -605,13 +619,7 @@ mod tests {
         let plans = records.plan(&cluster, &kinds, now, now, quiet);
         assert_eq!(plans.len(), 1);
         assert_eq!(plans[0].nodes, ["n1".to_owned(), "n2".to_owned()]);
-        assert_eq!(
-            plans[0]
-                .update
-                .as_ref()
-                .map(|pod| meta_str(pod, "resourceVersion")),
-            Some("6")
-        );
+        assert_eq!(plans[0].version.as_deref(), Some("6"));
 
         // The update reached the pool (it replaced version 4): nothing more to send, even
         // once the quiet time is over.
@@ -624,7 +632,7 @@ mod tests {
         let plans = records.plan(&index(&[]), &kinds, now, later + quiet, quiet);
         assert!(plans
             .iter()
-            .any(|plan| plan.nodes.contains(&"n1".to_owned()) && plan.update.is_none()));
+            .any(|plan| plan.nodes.contains(&"n1".to_owned()) && plan.version.is_none()));
     }
 
     #[test]

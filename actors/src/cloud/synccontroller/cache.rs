@@ -9,6 +9,7 @@
 //! watch, a list older than an event) delays a repair, never makes a wrong one.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use edgehive_protocols::object::{is_newer, meta_str};
 use serde_json::Value;
@@ -21,6 +22,8 @@ use crate::cloud::cluster::{EventType, WatchEvent};
 struct Seen {
     uid: String,
     rv: String,
+    /// When this version appeared here.
+    since: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -30,7 +33,44 @@ struct KindCache {
     synced: bool,
     /// A list is under way.
     listing: bool,
-    objects: HashMap<(String, String), Seen>,
+    /// By namespace, then name: looked up with borrowed strings, once per record per run.
+    objects: HashMap<String, HashMap<String, Seen>>,
+}
+
+impl KindCache {
+    fn get(&self, namespace: &str, name: &str) -> Option<&Seen> {
+        self.objects.get(namespace)?.get(name)
+    }
+
+    fn remove(&mut self, namespace: &str, name: &str) {
+        if let Some(names) = self.objects.get_mut(namespace) {
+            names.remove(name);
+            if names.is_empty() {
+                self.objects.remove(namespace);
+            }
+        }
+    }
+
+    /// Stores `seen` unless the entry holds a newer version of the same object.
+    fn keep_newer(&mut self, namespace: &str, name: &str, seen: Seen) {
+        if !self.objects.contains_key(namespace) {
+            self.objects.insert(namespace.to_owned(), HashMap::new());
+        }
+        let Some(names) = self.objects.get_mut(namespace) else {
+            return;
+        };
+        match names.get_mut(name) {
+            Some(old) if old.uid == seen.uid && !is_newer(&seen.rv, &old.rv) => {}
+            Some(old) => *old = seen,
+            None => {
+                names.insert(name.to_owned(), seen);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.objects.values().map(HashMap::len).sum()
+    }
 }
 
 /// See the module docs.
@@ -88,21 +128,17 @@ impl ClusterCache {
         let Some(cache) = self.kinds.get_mut(kind) else {
             return;
         };
-        let key = key_of(&event.object);
-        let seen = Seen {
-            uid: meta_str(&event.object, "uid").to_owned(),
-            rv: meta_str(&event.object, "resourceVersion").to_owned(),
-        };
+        let (namespace, name) = key_of(&event.object);
+        let seen = seen_of(&event.object);
         if event.event_type == EventType::Deleted {
-            if cache
-                .objects
-                .get(&key)
-                .is_some_and(|old| old.uid == seen.uid)
-            {
-                cache.objects.remove(&key);
+            let same = cache
+                .get(namespace, name)
+                .is_some_and(|old| old.uid == seen.uid);
+            if same {
+                cache.remove(namespace, name);
             }
         } else {
-            keep_newer(&mut cache.objects, key, seen);
+            cache.keep_newer(namespace, name, seen);
         }
     }
 
@@ -119,17 +155,16 @@ impl ClusterCache {
         let Some(cache) = self.kinds.get_mut(kind) else {
             return;
         };
-        let mut present = HashSet::with_capacity(objects.len());
+        let mut present: HashSet<(&str, &str)> = HashSet::with_capacity(objects.len());
         for object in objects {
-            let key = key_of(object);
-            present.insert(key.clone());
-            let seen = Seen {
-                uid: meta_str(object, "uid").to_owned(),
-                rv: meta_str(object, "resourceVersion").to_owned(),
-            };
-            keep_newer(&mut cache.objects, key, seen);
+            let (namespace, name) = key_of(object);
+            present.insert((namespace, name));
+            cache.keep_newer(namespace, name, seen_of(object));
         }
-        cache.objects.retain(|key, _| present.contains(key));
+        cache.objects.retain(|namespace, names| {
+            names.retain(|name, _| present.contains(&(namespace.as_str(), name.as_str())));
+            !names.is_empty()
+        });
         cache.synced = true;
         cache.listing = false;
     }
@@ -137,16 +172,14 @@ impl ClusterCache {
     /// Whether the cluster has a `kind` named `name` (cluster-scoped), as far as the cache
     /// knows.
     pub fn has(&self, kind: &str, name: &str) -> bool {
-        self.kinds.get(kind).is_some_and(|cache| {
-            cache
-                .objects
-                .contains_key(&(String::new(), name.to_owned()))
-        })
+        self.kinds
+            .get(kind)
+            .is_some_and(|cache| cache.get("", name).is_some())
     }
 
     /// How many objects it knows.
     pub fn len(&self) -> usize {
-        self.kinds.values().map(|cache| cache.objects.len()).sum()
+        self.kinds.values().map(KindCache::len).sum()
     }
 
     /// Whether it knows none.
@@ -157,29 +190,24 @@ impl ClusterCache {
 
 impl ClusterView for ClusterCache {
     fn version(&self, kind: &str, namespace: &str, name: &str) -> Option<(&str, &str)> {
-        let cache = self.kinds.get(kind)?;
-        let seen = cache
-            .objects
-            .get(&(namespace.to_owned(), name.to_owned()))?;
+        let seen = self.kinds.get(kind)?.get(namespace, name)?;
         Some((seen.uid.as_str(), seen.rv.as_str()))
+    }
+
+    fn changed_at(&self, kind: &str, namespace: &str, name: &str) -> Option<Instant> {
+        Some(self.kinds.get(kind)?.get(namespace, name)?.since)
     }
 }
 
-fn key_of(object: &Value) -> (String, String) {
-    (
-        meta_str(object, "namespace").to_owned(),
-        meta_str(object, "name").to_owned(),
-    )
+fn key_of(object: &Value) -> (&str, &str) {
+    (meta_str(object, "namespace"), meta_str(object, "name"))
 }
 
-/// Stores `seen` unless the entry holds a newer version of the same object.
-fn keep_newer(objects: &mut HashMap<(String, String), Seen>, key: (String, String), seen: Seen) {
-    match objects.get_mut(&key) {
-        Some(old) if old.uid == seen.uid && !is_newer(&seen.rv, &old.rv) => {}
-        Some(old) => *old = seen,
-        None => {
-            objects.insert(key, seen);
-        }
+fn seen_of(object: &Value) -> Seen {
+    Seen {
+        uid: meta_str(object, "uid").to_owned(),
+        rv: meta_str(object, "resourceVersion").to_owned(),
+        since: Instant::now(),
     }
 }
 
@@ -231,6 +259,39 @@ mod tests {
         cache.listed("Pod", &[pod("c", "u3", "12")]);
         assert_eq!(cache.version("Pod", "default", "b"), None);
         assert_eq!(cache.len(), 1);
+    }
+
+    #[test]
+    fn a_change_younger_than_the_run_is_left_to_the_controllers() {
+        use crate::cloud::contract::ObjectId;
+        use crate::cloud::synccontroller::records::Records;
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        let mut records = Records::default();
+        let id = Arc::new(ObjectId {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            namespace: "default".into(),
+            name: "a".into(),
+            uid: "u1".into(),
+        });
+        records.acked("n1", "u1", Some("5"), false, Some(&id));
+        let before = Instant::now();
+        let mut cache = ClusterCache::default();
+        cache.follow("Pod");
+        cache.listed("Pod", &[pod("a", "u1", "7")]);
+        let kinds = cache.synced();
+        let quiet = Duration::from_secs(30);
+        // Judging only what was there before the version appeared: nothing yet.
+        assert!(records
+            .plan(&cache, &kinds, before, before, quiet)
+            .is_empty());
+        // A run later, version 7 is still not ACKed: sent again.
+        let later = Instant::now();
+        let plans = records.plan(&cache, &kinds, later, later, quiet);
+        assert_eq!(plans.len(), 1);
+        assert_eq!(plans[0].version.as_deref(), Some("7"));
     }
 
     #[test]

@@ -78,6 +78,12 @@ pub struct Resend {
 pub trait ClusterView {
     /// The UID and resourceVersion of the object of `kind` at `namespace`/`name`.
     fn version(&self, kind: &str, namespace: &str, name: &str) -> Option<(&str, &str)>;
+
+    /// When this view saw the object's current version appear, if it knows.
+    fn changed_at(&self, kind: &str, namespace: &str, name: &str) -> Option<Instant> {
+        let _ = (kind, namespace, name);
+        None
+    }
 }
 
 /// The cluster's objects by (kind, namespace, name), as a list shows them.
@@ -127,11 +133,13 @@ impl Records {
 
     /// The kinds records are kept for.
     pub fn kinds(&self) -> HashSet<String> {
-        self.nodes
+        let kinds: HashSet<&str> = self
+            .nodes
             .values()
             .flat_map(|m| m.values())
-            .map(|r| r.object.kind.clone())
-            .collect()
+            .map(|r| r.object.kind.as_str())
+            .collect();
+        kinds.into_iter().map(str::to_owned).collect()
     }
 
     fn mark(&mut self, node: &str, uid: &str) {
@@ -373,7 +381,8 @@ impl Records {
     ///
     /// Only records made before `listed_at` (when the cluster was listed) and of a kind in
     /// `listed` are judged: a newer record's object may be missing from the lists only
-    /// because it is newer, and a kind that could not be listed says nothing.
+    /// because it is newer, and a kind that could not be listed says nothing. Likewise an
+    /// object whose version changed after `listed_at` is left to the controllers for now.
     pub fn plan(
         &mut self,
         cluster: &impl ClusterView,
@@ -399,6 +408,14 @@ impl Records {
                 let send = match current {
                     None => None,
                     Some(version) if is_newer(version, want) => {
+                        // A change younger than the lists: the controllers are still
+                        // delivering it.
+                        let recent = cluster
+                            .changed_at(&id.kind, &id.namespace, &id.name)
+                            .is_some_and(|at| at > listed_at);
+                        if recent {
+                            continue;
+                        }
                         // The node's pool holds this version (or a newer one) already.
                         let pooled = record
                             .queued

@@ -87,8 +87,11 @@ impl ClusterPort for Counting {
     }
 }
 
+/// What reached CloudHub: the nodes, the operation, the resourceVersion.
+type Sent = Arc<Mutex<Vec<(Vec<String>, Operation, String)>>>;
+
 /// Stands in for CloudHub: keeps what SyncController hands it for the nodes.
-struct Hub(Arc<Mutex<Vec<(Vec<String>, Operation, String)>>>);
+struct Hub(Sent);
 impl Actor for Hub {
     type Context = Context<Self>;
 }
@@ -117,7 +120,7 @@ impl Handler<ToNodes> for Hub {
             .push((sent.nodes, operation, version));
     }
 }
-struct HubModule(Arc<Mutex<Vec<(Vec<String>, Operation, String)>>>);
+struct HubModule(Sent);
 impl Module for HubModule {
     type Actor = Hub;
     fn name(&self) -> &str {

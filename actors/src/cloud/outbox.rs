@@ -23,11 +23,19 @@ pub const BUFFER_LIMIT: usize = 16 * BUFFER_CAPACITY;
 /// How long a controller waits before offering kept messages to CloudHub again.
 pub const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// What waits in the buffer, in order.
+#[derive(Debug)]
+enum Kept {
+    Message(ToNodes),
+    /// A node deleted from the cluster: its session is closed after what came before.
+    Disconnect(String),
+}
+
 /// A bounded buffer in front of CloudHub; see [`BUFFER_CAPACITY`].
 #[derive(Debug)]
 pub struct Outbox {
     hive: Hive,
-    buffer: VecDeque<ToNodes>,
+    buffer: VecDeque<Kept>,
     sent: Counter,
     overflow: Counter,
 }
@@ -79,49 +87,60 @@ impl Outbox {
 
     /// Sends `to_nodes` now, or keeps it (behind anything already kept, to keep the order).
     pub fn send_to(&mut self, message: ToNodes) {
-        if self.buffer.is_empty() {
-            if let Some(message) = offer(&self.hive, &self.sent, message) {
-                self.keep(message);
-            }
-        } else {
-            self.keep(message);
-        }
+        self.send_kept(Kept::Message(message));
     }
 
     /// Closes `node`'s session after everything queued before has reached CloudHub, and has
     /// CloudHub forget it: a deleted node must not stay connected, nor keep a pool.
     pub fn disconnect(&mut self, node: &str) {
-        self.flush();
-        if !self.buffer.is_empty() {
-            tracing::warn!(%node, "cloudhub busy; node deleted but its session stays open until it reconnects");
-            return;
-        }
-        let disconnect = NodeDeleted {
-            node: node.to_owned(),
-        };
-        if self.hive.tell(route::CLOUDHUB, disconnect).is_err() {
-            tracing::warn!(%node, "cloudhub busy; could not close the deleted node's session");
+        self.send_kept(Kept::Disconnect(node.to_owned()));
+    }
+
+    fn send_kept(&mut self, kept: Kept) {
+        if self.buffer.is_empty() {
+            if let Some(kept) = self.offer_kept(kept) {
+                self.keep(kept);
+            }
+        } else {
+            self.keep(kept);
         }
     }
 
-    fn keep(&mut self, message: ToNodes) {
+    /// Hands `kept` to CloudHub; gives it back if CloudHub is full or not running.
+    fn offer_kept(&self, kept: Kept) -> Option<Kept> {
+        match kept {
+            Kept::Message(message) => offer(&self.hive, &self.sent, message).map(Kept::Message),
+            Kept::Disconnect(node) => match self.hive.tell(route::CLOUDHUB, NodeDeleted { node }) {
+                Ok(()) => None,
+                Err(refused) => Some(Kept::Disconnect(refused.message.node)),
+            },
+        }
+    }
+
+    fn keep(&mut self, kept: Kept) {
         if self.buffer.len() >= BUFFER_LIMIT {
             if let Some(lost) = self.buffer.pop_front() {
-                tracing::warn!(
-                    resource = lost.message.resource(),
-                    "cloudhub unavailable and buffer at its limit; oldest message dropped"
-                );
+                match lost {
+                    Kept::Message(lost) => tracing::warn!(
+                        resource = lost.message.resource(),
+                        "cloudhub unavailable and buffer at its limit; oldest message dropped"
+                    ),
+                    Kept::Disconnect(node) => tracing::warn!(
+                        %node,
+                        "cloudhub unavailable and buffer at its limit; a deleted node's session stays open until it reconnects"
+                    ),
+                }
                 self.overflow.inc();
             }
         }
-        self.buffer.push_back(message);
+        self.buffer.push_back(kept);
     }
 
     /// Offers the kept messages to CloudHub again, in order, until one is refused.
     pub fn flush(&mut self) {
-        while let Some(message) = self.buffer.pop_front() {
-            if let Some(message) = offer(&self.hive, &self.sent, message) {
-                self.buffer.push_front(message);
+        while let Some(kept) = self.buffer.pop_front() {
+            if let Some(kept) = self.offer_kept(kept) {
+                self.buffer.push_front(kept);
                 return;
             }
         }

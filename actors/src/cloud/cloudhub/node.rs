@@ -44,6 +44,10 @@ use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, RefusalKind, 
 /// stops reading its socket until the node actor has handled that frame.
 pub const NODE_MAILBOX_CAPACITY: usize = 64;
 
+/// How many times (a second apart) an ACK event SyncController's full mailbox refused is
+/// offered again.
+const ACK_EVENT_RETRIES: u32 = 60;
+
 /// How soon a node tries again when its session's mailbox was full.
 const SESSION_FULL_RETRY: Duration = Duration::from_millis(10);
 
@@ -232,28 +236,35 @@ impl NodeCell {
     /// Posts a control message; these are few (one per connection event, one coalesced wake)
     /// so they may pass a full mailbox. Lost only while the actor restarts, and the restarted
     /// actor drives the node from its cell anyway.
-    fn post<M>(&self, message: M)
+    /// Says whether the message reached a mailbox.
+    fn post<M>(&self, message: M) -> bool
     where
         M: actix::Message<Result = ()> + Send + 'static,
         NodeActor: Handler<M>,
     {
-        let Some(addr) = self.addr() else { return };
+        let Some(addr) = self.addr() else {
+            return false;
+        };
         match addr.try_send(message) {
             Ok(()) => {
                 self.depth.fetch_add(1, Ordering::Relaxed);
+                true
             }
             Err(SendError::Full(message)) => {
                 self.depth.fetch_add(1, Ordering::Relaxed);
                 addr.do_send(message);
+                true
             }
-            Err(SendError::Closed(_)) => {}
+            Err(SendError::Closed(_)) => false,
         }
     }
 
-    /// Asks the node's actor to write what is ready; at most one such request waits.
+    /// Asks the node's actor to write what is ready; at most one such request waits. A wake
+    /// that finds the actor gone (it is restarting, on its own thread) leaves no request
+    /// pending, so the next wake is posted to the new actor.
     pub(crate) fn wake(&self) {
-        if !self.wake_pending.swap(true, Ordering::AcqRel) {
-            self.post(Drive);
+        if !self.wake_pending.swap(true, Ordering::AcqRel) && !self.post(Drive) {
+            self.wake_pending.store(false, Ordering::Release);
         }
     }
 
@@ -574,8 +585,10 @@ impl Recipe for NodeRecipe {
                 })
                 .inc_by(lost as u64);
         }
-        self.cell.wake_pending.store(false, Ordering::Release);
+        // The address first: a wake from another thread in between then reaches the new
+        // actor (which drives from the cell when it starts anyway).
         self.cell.set_addr(addr.clone());
+        self.cell.wake_pending.store(false, Ordering::Release);
         self.cell.running.store(true, Ordering::Relaxed);
     }
 }
@@ -770,7 +783,36 @@ impl NodeActor {
                 error: HiveError::UnknownModule(_),
                 ..
             }) => {}
+            Err(Refused {
+                error: HiveError::MailboxFull(_),
+                message,
+            }) => {
+                // SyncController is alive but behind: its record must still learn of this
+                // ACK (the reconcile trusts what the pool holds), so the event is offered
+                // again, a second apart, for a while.
+                self.hub.metrics.drop_reason("ack_event_retried");
+                let (hive, node) = (self.hub.hive.clone(), self.cell.name.clone());
+                let metrics = self.hub.metrics.clone();
+                actix::spawn(async move {
+                    let mut event = message;
+                    for _ in 0..ACK_EVENT_RETRIES {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        match hive.tell(route::SYNCCONTROLLER, event) {
+                            Ok(()) => return,
+                            Err(Refused {
+                                error: HiveError::MailboxFull(_),
+                                message,
+                            }) => event = message,
+                            Err(_) => break,
+                        }
+                    }
+                    tracing::warn!(%node, "ACK event not delivered to SyncController");
+                    metrics.drop_reason("ack_event_undelivered");
+                });
+            }
             Err(refused) => {
+                // SyncController is restarting: it reads the records again, and the reconcile
+                // repairs what they miss.
                 tracing::warn!(node = %self.cell.name, error = %refused.error, "ACK event not delivered");
                 self.hub.metrics.drop_reason("ack_event_undelivered");
             }

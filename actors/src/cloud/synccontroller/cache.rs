@@ -33,6 +33,11 @@ struct KindCache {
     synced: bool,
     /// A list is under way.
     listing: bool,
+    /// Watch events seen while the list was under way (`None`: a delete), replayed over
+    /// its result: the list may be older than they are.
+    during_list: Vec<(String, String, Option<Seen>)>,
+    /// The watch lagged while the list was under way: its result is not enough.
+    lagged_during_list: bool,
     /// By namespace, then name: looked up with borrowed strings, once per record per run.
     objects: HashMap<String, HashMap<String, Seen>>,
 }
@@ -90,6 +95,12 @@ impl ClusterCache {
         self.kinds.entry(kind.to_owned()).or_default();
     }
 
+    /// `kind`'s watch ended: forgotten, to be followed again (a new watch, a new list). Says
+    /// whether it was followed.
+    pub fn unfollow(&mut self, kind: &str) -> bool {
+        self.kinds.remove(kind).is_some()
+    }
+
     /// Whether `kind` needs a list now: followed, not synced, none under way. Marks the list
     /// as under way when it does.
     pub fn start_list(&mut self, kind: &str) -> bool {
@@ -106,6 +117,8 @@ impl ClusterCache {
     pub fn list_failed(&mut self, kind: &str) {
         if let Some(cache) = self.kinds.get_mut(kind) {
             cache.listing = false;
+            cache.during_list.clear();
+            cache.lagged_during_list = false;
         }
     }
 
@@ -130,6 +143,12 @@ impl ClusterCache {
         };
         let (namespace, name) = key_of(&event.object);
         let seen = seen_of(&event.object);
+        if cache.listing {
+            let kept = (event.event_type != EventType::Deleted).then(|| seen.clone());
+            cache
+                .during_list
+                .push((namespace.to_owned(), name.to_owned(), kept));
+        }
         if event.event_type == EventType::Deleted {
             let same = cache
                 .get(namespace, name)
@@ -146,6 +165,9 @@ impl ClusterCache {
     pub fn lagged(&mut self, kind: &str) {
         if let Some(cache) = self.kinds.get_mut(kind) {
             cache.synced = false;
+            if cache.listing {
+                cache.lagged_during_list = true;
+            }
         }
     }
 
@@ -165,7 +187,15 @@ impl ClusterCache {
             names.retain(|name, _| present.contains(&(namespace.as_str(), name.as_str())));
             !names.is_empty()
         });
-        cache.synced = true;
+        // What the watch told meanwhile is newer than (or as new as) the list.
+        for (namespace, name, seen) in std::mem::take(&mut cache.during_list) {
+            match seen {
+                Some(seen) => cache.keep_newer(&namespace, &name, seen),
+                None => cache.remove(&namespace, &name),
+            }
+        }
+        // A lag meanwhile: events may be missing from both; list again.
+        cache.synced = !std::mem::take(&mut cache.lagged_during_list);
         cache.listing = false;
     }
 
@@ -295,6 +325,34 @@ mod tests {
     }
 
     #[test]
+    fn what_the_watch_tells_during_a_list_wins_over_it() {
+        let mut cache = ClusterCache::default();
+        cache.follow("Pod");
+        assert!(cache.start_list("Pod"));
+        // While the list runs: b is deleted, c is created; the list was taken before both.
+        cache.apply("Pod", &event(EventType::Deleted, pod("b", "u2", "4")));
+        cache.apply("Pod", &event(EventType::Added, pod("c", "u3", "5")));
+        cache.listed("Pod", &[pod("a", "u1", "1"), pod("b", "u2", "3")]);
+        assert_eq!(
+            cache.version("Pod", "default", "b"),
+            None,
+            "the delete stands"
+        );
+        assert_eq!(cache.version("Pod", "default", "c"), Some(("u3", "5")));
+        assert!(cache.is_synced("Pod"));
+
+        // A lag while a list runs: that list is not enough, another follows.
+        cache.lagged("Pod");
+        assert!(cache.start_list("Pod"));
+        cache.lagged("Pod");
+        cache.listed("Pod", &[pod("a", "u1", "1")]);
+        assert!(!cache.is_synced("Pod"));
+        assert!(cache.start_list("Pod"));
+        cache.listed("Pod", &[pod("a", "u1", "1")]);
+        assert!(cache.is_synced("Pod"));
+    }
+
+    #[test]
     fn nodes_are_known_by_name() {
         let mut cache = ClusterCache::default();
         cache.follow("Node");
@@ -306,5 +364,8 @@ mod tests {
         assert!(!cache.has("Node", "edge-2"));
         cache.list_failed("Node");
         assert!(cache.is_synced("Node"));
+        assert!(cache.unfollow("Node"));
+        assert!(!cache.is_followed("Node") && !cache.has("Node", "edge-1"));
+        assert!(!cache.unfollow("Node"));
     }
 }

@@ -24,7 +24,8 @@
 //!
 //! Records are written in batches, one batch at a time; a write that fails is tried again.
 //! Losing an event (a full mailbox) costs a resend, never an object: the reconcile asks the
-//! edge again and its ACK fixes the record.
+//! edge again and its ACK fixes the record. A node offers a refused ACK event again for a
+//! minute (the reconcile trusts a record's pooled version, so the record must hear of it).
 
 pub mod cache;
 pub mod records;
@@ -506,10 +507,17 @@ impl SyncController {
         }
         self.cache.follow(kind);
         let tag: Arc<str> = Arc::from(kind);
-        ctx.add_stream(self.cluster.watch(kind).map(move |event| KindEvent {
+        // A watch that ends says so, so the kind is followed afresh on the next run rather
+        // than read from a cache nothing updates any more.
+        let ended = futures_util::stream::once(futures_util::future::ready(KindEvent {
+            kind: tag.clone(),
+            event: Err(WatchError::Closed),
+        }));
+        let events = self.cluster.watch(kind).map(move |event| KindEvent {
             kind: tag.clone(),
             event,
-        }));
+        });
+        ctx.add_stream(events.chain(ended));
         self.list_kind(kind, ctx);
     }
 
@@ -583,7 +591,13 @@ impl SyncController {
             // One line per run, not per object: a reconcile at 100,000 nodes may resend as
             // many.
             let (mut objects, mut sent, mut refused, mut unconfirmed) = (0, 0, 0, 0);
-            for (plan, outcome) in confirmed {
+            let gone_set: HashSet<&String> = gone.iter().collect();
+            for (mut plan, outcome) in confirmed {
+                // Nothing goes to a node just found deleted: it would bring its cell back.
+                plan.nodes.retain(|node| !gone_set.contains(node));
+                if plan.nodes.is_empty() {
+                    continue;
+                }
                 let Some(update) = outcome else {
                     unconfirmed += plan.nodes.len();
                     act.records.unsent(&plan.nodes, &plan.object.uid);
@@ -790,7 +804,11 @@ impl StreamHandler<KindEvent> for SyncController {
                 self.cache.lagged(&kind);
                 self.list_kind(&kind, ctx);
             }
-            Err(WatchError::Closed) => {}
+            Err(WatchError::Closed) => {
+                if self.cache.unfollow(&kind) {
+                    tracing::info!(%kind, "the cluster ended a watch; following the kind again on the next reconcile");
+                }
+            }
         }
     }
 

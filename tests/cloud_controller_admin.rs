@@ -2,7 +2,7 @@
 //! delete` commands and the cloud's admin endpoint: a ConfigMap and the Pod using it reach a
 //! real edge's SQLite file, and a delete removes the Pod there.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Output};
 

@@ -2,7 +2,7 @@
 //! through that API reaches the Device's status in the cluster: edgehive's DeviceController
 //! and DeviceTwin talking over a real loopback WebSocket.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::*;

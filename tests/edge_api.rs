@@ -1,7 +1,7 @@
 //! The edge's local API on its admin endpoint, over real HTTP: stored objects and their watch
 //! stream, devices and their twins, and a mapper's reports.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

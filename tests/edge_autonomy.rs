@@ -3,7 +3,7 @@
 //! its local API still lists every object; when the cloud comes back the edge reconnects and
 //! receives a new pod.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -1,10 +1,10 @@
 //! Benchmark (not run in CI, `#[ignore]`): resident memory of a real `edgehive edge` process
 //! idle with 100 pods stored, delivered by a real `edgehive cloud` process.
 //!
-//! Run: `cargo test --release --test edge_rss -- --ignored --nocapture`. Figures go to
+//! Run: `cargo test --release --test all edge_rss -- --ignored --nocapture`. Figures go to
 //! BENCHMARKS.md ("## Edge").
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 use support::process::{plain_edge_yaml, spawn, spawn_plain_cloud};

@@ -1,7 +1,7 @@
 //! A cloud and edges as whole processes (in one actix system) over real loopback WebSockets,
 //! with real SQLite files and real HTTP requests to the admin endpoints.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

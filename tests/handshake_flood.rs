@@ -4,7 +4,7 @@
 //! certificate, connects with mutual TLS and receives its pod at once. The refusals show in
 //! `/metrics`, per port and reason.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! `edgehive token` prints, it writes edge.yaml and (with --start) runs the edge, which gets its
 //! certificate and connects; `edgehive status` then shows the node connected.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! edgecore.yaml as KubeEdge writes them, addresses filled in), and work: the edge gets its
 //! certificate with the token and stores the pod the cloud sends it.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

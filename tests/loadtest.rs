@@ -1,7 +1,7 @@
 //! `edgehive loadtest` against a real `edgehive cloud` process: a small fleet connects, holds,
 //! receives its pods and ACKs them, and the tool reports the cloud's footprint.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

@@ -2,7 +2,7 @@
 //! carrying a 64 KiB string that would be logged. Every frame is counted; the log keeps a
 //! bounded number of clipped lines and says how many it held back.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

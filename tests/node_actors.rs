@@ -1,7 +1,7 @@
 //! CloudHub's per-node actors, seen from outside: a cloud and real edges in one actix system
 //! over loopback WebSockets, the edges' SQLite files, and the cloud's admin endpoint.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

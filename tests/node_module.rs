@@ -3,7 +3,7 @@
 //! interval, resumes after the cloud comes back, and a runtime reports pod status and confirms
 //! deletions through the edge's local API.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

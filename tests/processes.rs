@@ -1,7 +1,7 @@
 //! The `edgehive` binary as real processes: the demo, config errors, and a cloud process seeded
 //! from manifests delivering to an edge process, both stopped with SIGTERM.
 
-mod support;
+use crate::support;
 
 use support::process::{plain_edge_yaml, spawn, spawn_plain_cloud, BIN};
 

@@ -12,13 +12,13 @@
 //! `EDGEHIVE_CHROMEDRIVER`), so it is ignored by default:
 //!
 //! ```sh
-//! cargo test --test status_page -- --ignored
-//! EDGEHIVE_SCREENSHOT=1 cargo test --test status_page -- --ignored   # rewrites docs/status-page.png
+//! cargo test --test all status_page -- --ignored
+//! EDGEHIVE_SCREENSHOT=1 cargo test --test all status_page -- --ignored   # rewrites docs/status-page.png
 //! ```
 //!
 //! Run that way it fails, saying what is missing, when Chromium or chromedriver is absent.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -419,7 +419,7 @@ const PAGE_STATE: &str = r##"
 
 #[test]
 #[ignore = "needs Chromium and chromedriver (apt-get install -y chromium chromium-driver); \
-            run with `cargo test --test status_page -- --ignored`"]
+            run with `cargo test --test all status_page -- --ignored`"]
 fn status_page_in_headless_chromium() {
     let browser = Browser::start();
     let dir = tempfile::tempdir().unwrap();

@@ -2,7 +2,7 @@
 //! with a join token, the node identity checks on the WebSocket port, and the scoping of what
 //! a node may ask for. Everything runs over real loopback sockets with real certificates.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! edge's SQLite file when the edge is killed with SIGKILL, and delivered to the cloud's
 //! DeviceStatus once a restarted edge reaches a restarted cloud.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

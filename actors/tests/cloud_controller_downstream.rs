@@ -1,8 +1,7 @@
 //! EdgeController downstream, end to end over real loopback WebSockets: ConfigMaps and
 //! Secrets reach exactly the nodes whose pods use them, and a deleted node loses its session.
 
-#[path = "cloud_support.rs"]
-mod support;
+use crate::cloud_support as support;
 use support::*;
 
 fn configmap(name: &str, value: &str) -> Value {

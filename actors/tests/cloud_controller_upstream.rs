@@ -5,8 +5,7 @@
 //! v1.22.0 cloudcore and the replies it got (from ../shared/golden); the replies are the
 //! test vectors for the shape of ours.
 
-#[path = "cloud_support.rs"]
-mod support;
+use crate::cloud_support as support;
 use support::*;
 
 struct Golden {

@@ -1,8 +1,7 @@
 //! EdgeController end to end: cluster changes become the right insert/update/delete frames
 //! on the right edge node's real loopback WebSocket.
 
-#[path = "cloud_support.rs"]
-mod support;
+use crate::cloud_support as support;
 use support::*;
 
 #[actix_rt::test]

@@ -1,8 +1,7 @@
 //! The walking skeleton, cloud side: a Pod written to the embedded cluster reaches the right
 //! edge node as a KubeEdge frame over a real loopback WebSocket, with reliable ACK delivery.
 
-#[path = "cloud_support.rs"]
-mod support;
+use crate::cloud_support as support;
 use support::*;
 
 use actix_web::web::Bytes;

@@ -3,8 +3,7 @@
 //! that appears on the pod watch reaches its edge node; a pod status the edge reports is
 //! written to the API server's status subresource and answered "OK".
 
-#[path = "cloud_support.rs"]
-mod support;
+use crate::cloud_support as support;
 use support::*;
 
 use std::collections::HashMap;

@@ -2,8 +2,7 @@
 //! the device's node with a membership update, follow a nodeName change, and twin and state
 //! reports from the edge land in the DeviceStatus and are answered "OK".
 
-#[path = "cloud_support.rs"]
-mod support;
+use crate::cloud_support as support;
 use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
 use edgehive_protocols::{Group, ModuleName};
 use support::*;

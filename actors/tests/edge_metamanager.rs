@@ -3,7 +3,7 @@
 //! exactly the right rows and every one is ACKed; remote queries go to the cloud when
 //! connected, are stored and ACKed, and fall back to the stored copy.
 
-mod edge_support;
+use crate::edge_support;
 
 use std::time::Duration;
 

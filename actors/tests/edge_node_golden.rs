@@ -4,7 +4,7 @@
 //! the golden capture), and the module takes that cloudcore's replies (fed back verbatim, with
 //! our ids as parents) as success.
 
-mod edge_support;
+use crate::edge_support;
 
 use std::time::Duration;
 

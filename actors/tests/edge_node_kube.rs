@@ -4,8 +4,7 @@
 //! interval, its Lease is created in kube-node-lease and renewed with later renewTimes, and
 //! after the cloud goes away and comes back the status resumes.
 
-#[path = "cloud_support.rs"]
-mod support;
+use crate::cloud_support as support;
 use support::*;
 
 use std::collections::HashMap;

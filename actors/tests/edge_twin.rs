@@ -3,7 +3,7 @@
 //! real edge), desired values, reported values sent up as edge_updated and resent after a
 //! reconnect until the cloud confirms them, and membership/detail after connecting.
 
-mod edge_support;
+use crate::edge_support;
 
 use edge_support::*;
 use edgehive_actors::edge::devicetwin::{

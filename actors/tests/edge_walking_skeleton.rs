@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-mod edge_support;
+use crate::edge_support;
 
 use edge_support::{send_frame, CloudEvent, FakeCloud, WAIT};
 use edgehive_actors::edge::edgehub::{

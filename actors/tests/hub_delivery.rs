@@ -2,8 +2,7 @@
 //! over loopback WebSockets: lost copies, many session replacements, and the exact fields of
 //! the frames both sides emit compared with frames captured from real KubeEdge.
 
-#[path = "cloud_support.rs"]
-mod support;
+use crate::cloud_support as support;
 use support::*;
 
 use std::collections::{BTreeSet, HashMap};

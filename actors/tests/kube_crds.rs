@@ -1,6 +1,6 @@
 //! The CRD manifests in `config/crds/` are generated from the CustomResource types and match
 //! KubeEdge's names, scopes and status subresources. To regenerate after changing the types:
-//! `EDGEHIVE_WRITE_CRDS=1 cargo test -p edgehive-actors --test kube_crds`.
+//! `EDGEHIVE_WRITE_CRDS=1 cargo test -p edgehive-actors --test all kube_crds`.
 
 use std::path::PathBuf;
 
@@ -30,7 +30,7 @@ fn committed_crds_equal_the_generated_ones() {
     assert!(
         stale.is_empty(),
         "config/crds/ differs from the types for {stale:?}; regenerate with \
-         EDGEHIVE_WRITE_CRDS=1 cargo test -p edgehive-actors --test kube_crds"
+         EDGEHIVE_WRITE_CRDS=1 cargo test -p edgehive-actors --test all kube_crds"
     );
     let mut files: Vec<String> = std::fs::read_dir(crds_dir())
         .unwrap()

@@ -2,8 +2,7 @@
 //! writes is rate-limited per node (each refusal an `error` reply, counted by reason), and the
 //! embedded cluster keeps at most its cap of events, oldest first. The session goes on.
 
-#[path = "cloud_support.rs"]
-mod support;
+use crate::cloud_support as support;
 use support::*;
 
 use edgehive_actors::cloud::cloudhub::options::WriteLimits;

@@ -1,0 +1,54 @@
+//! Every integration test of this crate, built as one test binary: one link instead of one per
+//! file, which is most of what a clean `cargo test` build costs. Run one file's tests with a
+//! filter on its module, e.g. `cargo test -p edgehive-actors --test all hub_delivery::`.
+
+// Shared helpers.
+mod cloud_support;
+mod edge_support;
+
+// One module per file of tests.
+mod cloud_controller_downstream;
+mod cloud_controller_upstream;
+mod cloud_edgecontroller;
+mod cloud_hub;
+mod cloud_kube;
+mod cloud_kube_controllers;
+mod devices_controller;
+mod edge_metamanager;
+mod edge_node_golden;
+mod edge_node_kube;
+mod edge_store;
+mod edge_twin;
+mod edge_walking_skeleton;
+mod edge_watch;
+mod hive;
+mod hub_delivery;
+mod kube_crds;
+mod sync_kube;
+mod sync_reconcile;
+mod write_limits;
+
+/// Cargo builds only this file as a test (`autotests = false`), so a new file in `tests/` runs
+/// only once it is listed above. This test fails until it is.
+#[test]
+fn every_test_file_is_listed() {
+    let listed = include_str!("all.rs");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read the tests directory") {
+        let path = entry.expect("read a directory entry").path();
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        if path.extension().is_some_and(|e| e == "rs")
+            && stem != "all"
+            && !listed.contains(&format!("mod {stem};"))
+        {
+            missing.push(stem.to_owned());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "tests/all.rs does not list: {missing:?}"
+    );
+}

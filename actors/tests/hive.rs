@@ -11,7 +11,7 @@ use edgehive_protocols::{Group, Message, ModuleName, Operation};
 use serde_json::json;
 
 /// Replies to every message; "panic" panics, "stop" stops, "hold" blocks the mailbox for a while,
-/// "slow" replies after 300 ms.
+/// "slow" replies after 300 ms, "thread" names the thread it runs on.
 struct Probe {
     seen: Arc<AtomicUsize>,
 }
@@ -37,6 +37,12 @@ impl Handler<Envelope> for Probe {
                     tokio::time::sleep(Duration::from_millis(300)).await;
                     Some(Message::response_to(&request, json!("late")))
                 })
+            }
+            Some("thread") => {
+                let thread = format!("{:?}", std::thread::current().id());
+                return Box::pin(
+                    async move { Some(Message::response_to(&request, json!(thread))) },
+                );
             }
             _ => {}
         }
@@ -284,6 +290,37 @@ async fn panicking_module_is_restarted_and_others_keep_answering() {
     let reply = hive.request("fragile", msg("hi"), SECOND).await.unwrap();
     assert_eq!(reply.content_str(), Some("OK"));
     assert_eq!(info(&hive, "steady").restarts, 0);
+}
+
+#[actix_rt::test]
+async fn a_module_started_on_an_arbiter_runs_and_restarts_there() {
+    let hive = Hive::new("test");
+    let arbiter = actix::Arbiter::new();
+    hive.start_module_on(&arbiter.handle(), ProbeModule::new("apart", "g"))
+        .unwrap();
+    hive.start_module(ProbeModule::new("here", "g")).unwrap();
+    let thread_of = |name: &'static str| {
+        let hive = hive.clone();
+        async move {
+            let reply = hive.request(name, msg("thread"), SECOND).await.unwrap();
+            reply.content_str().map(str::to_owned).unwrap()
+        }
+    };
+    let apart = thread_of("apart").await;
+    assert_eq!(
+        thread_of("here").await,
+        format!("{:?}", std::thread::current().id())
+    );
+    assert_ne!(apart, thread_of("here").await);
+
+    hive.send("apart", msg("panic")).unwrap();
+    wait_until("restart counted", || info(&hive, "apart").restarts == 1).await;
+    wait_until("running again", || {
+        info(&hive, "apart").state == ModuleState::Running
+    })
+    .await;
+    assert_eq!(thread_of("apart").await, apart, "restarted on its arbiter");
+    arbiter.stop();
 }
 
 #[actix_rt::test]

@@ -239,6 +239,31 @@ impl Hive {
     ///
     /// Must be called from inside a running actix system.
     pub fn start_module<M: Module>(&self, module: M) -> Result<Addr<M::Actor>, HiveError> {
+        self.register(module, supervisor::supervise)
+    }
+
+    /// [`Hive::start_module`] on `arbiter`'s thread: for a module whose work should not
+    /// share a thread with the others (the actor is built here, then moved there; restarts
+    /// happen there).
+    pub fn start_module_on<M>(
+        &self,
+        arbiter: &actix::ArbiterHandle,
+        module: M,
+    ) -> Result<Addr<M::Actor>, HiveError>
+    where
+        M: Module,
+        M::Actor: Send,
+    {
+        self.register(module, |hive, recipe| {
+            supervisor::supervise_on(arbiter, hive, recipe)
+        })
+    }
+
+    fn register<M: Module>(
+        &self,
+        module: M,
+        supervise: impl FnOnce(&Hive, supervisor::ModuleRecipe<M>) -> Addr<M::Actor>,
+    ) -> Result<Addr<M::Actor>, HiveError> {
         let name = module.name().to_owned();
         if self.read_modules().contains_key(&name) {
             return Err(HiveError::AlreadyRegistered(name));
@@ -250,7 +275,7 @@ impl Hive {
         let retype = accepts.into_routes();
         // The first actor is built here, outside the registry's lock: a module's `create` may
         // look up other modules.
-        let addr = supervisor::supervise(
+        let addr = supervise(
             self,
             supervisor::ModuleRecipe {
                 hive: self.clone(),

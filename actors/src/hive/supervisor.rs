@@ -74,41 +74,45 @@ pub fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
 /// [`supervise`] on another arbiter: the actor, and every actor that replaces it, runs on
 /// `arbiter`'s thread, and so does its watcher. The address is ready at once (messages wait in
 /// the mailbox until the actor starts there). How a module spreads many children (CloudHub's
-/// node actors) over the cores.
+/// node actors) over the cores, and how a busy module gets a thread of its own.
 pub fn supervise_on<R>(arbiter: &ArbiterHandle, hive: &Hive, mut recipe: R) -> Addr<R::Actor>
 where
     R: Recipe + Send,
     R::Actor: Send,
 {
-    let (guard, died) = oneshot::channel::<()>();
-    let stopped = hive.stopped();
-    let capacity = recipe.mailbox_capacity();
-    let actor = recipe.create();
-    let addr = R::Actor::start_in_arbiter(arbiter, move |ctx| {
-        ctx.set_mailbox_capacity(capacity);
-        ctx.spawn(life_guard::<R::Actor>(guard, stopped));
-        actor
-    });
+    let (init, died) = instance(hive, &mut recipe);
+    let addr = R::Actor::start_in_arbiter(arbiter, init);
     // Restarts (spawn_instance on the current arbiter) then happen on `arbiter` too.
     arbiter.spawn(watch(hive.clone(), recipe, died));
     addr
 }
 
-fn spawn_instance<R: Recipe>(
+/// Starts an instance of `recipe` on the current arbiter.
+fn spawn_instance<R: Recipe>(hive: &Hive, recipe: &mut R) -> (Addr<R::Actor>, Died) {
+    let (init, died) = instance(hive, recipe);
+    (R::Actor::create(init), died)
+}
+
+/// A fresh actor from `recipe`, as the context initialiser that gives it its mailbox capacity
+/// and its life guard, and the receiver that learns when it is gone.
+fn instance<R: Recipe>(
     hive: &Hive,
     recipe: &mut R,
-) -> (Addr<R::Actor>, oneshot::Receiver<()>) {
+) -> (impl FnOnce(&mut Context<R::Actor>) -> R::Actor, Died) {
     let (guard, died) = oneshot::channel::<()>();
     let stopped = hive.stopped();
     let capacity = recipe.mailbox_capacity();
     let actor = recipe.create();
-    let addr = R::Actor::create(move |ctx| {
+    let init = move |ctx: &mut Context<R::Actor>| {
         ctx.set_mailbox_capacity(capacity);
         ctx.spawn(life_guard::<R::Actor>(guard, stopped));
         actor
-    });
-    (addr, died)
+    };
+    (init, died)
 }
+
+/// Resolves (with an error) when the instance whose life guard it belongs to is gone.
+type Died = oneshot::Receiver<()>;
 
 /// The future that holds the guard and stops its actor when the hive shuts down.
 fn life_guard<A: Actor<Context = Context<A>>>(

@@ -44,6 +44,8 @@ pub struct CloudProcess {
     tls: Option<Arc<CloudTls>>,
     cert_server: Option<CertServer>,
     token_refresh: Duration,
+    /// SyncController's thread, kept for the process's life.
+    _sync_arbiter: Option<actix::Arbiter>,
 }
 
 impl std::fmt::Debug for CloudProcess {
@@ -168,12 +170,19 @@ impl CloudProcess {
             hive.start_module(DeviceControllerModule::new(&hive, cluster.clone()))?;
         }
         let sync = &config.modules.sync_controller;
-        if sync.enable {
-            hive.start_module(SyncControllerModule::new(
-                &hive,
-                cluster.clone(),
-                Duration::from_secs(sync.reconcile_interval),
-            ))?;
+        // SyncController on a thread of its own: its record writes (SQLite commits on the
+        // embedded cluster, API calls on a real one) and its reconcile runs then never hold up
+        // the thread that routes every delivery (CloudHub, the other controllers).
+        let sync_arbiter = sync.enable.then(actix::Arbiter::new);
+        if let Some(arbiter) = &sync_arbiter {
+            hive.start_module_on(
+                &arbiter.handle(),
+                SyncControllerModule::new(
+                    &hive,
+                    cluster.clone(),
+                    Duration::from_secs(sync.reconcile_interval),
+                ),
+            )?;
         }
         let routes_hive = hive.clone();
         let routes_cluster = embedded.clone();
@@ -216,6 +225,7 @@ impl CloudProcess {
             tls,
             cert_server,
             token_refresh: hub_config.token_refresh(),
+            _sync_arbiter: sync_arbiter,
         })
     }
 

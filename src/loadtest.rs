@@ -394,16 +394,18 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     let started = Instant::now();
     let connecting = match &in_process {
         Some((cloud, _)) => {
+            // The simulated fleet (its frame decoding, ACKs, keepalives) on a thread of its
+            // own, as a socket fleet runs in processes of its own: not on the thread that
+            // runs CloudHub and the controllers.
             let connector = cloud.hub().memory_connector();
-            memory_fleet(
-                connector,
-                &options,
-                fleet.clone(),
-                storm_signal,
-                due_requests,
-            )
+            let tool = actix_rt::Arbiter::new();
+            let (options, fleet) = (options.clone(), fleet.clone());
+            tool.spawn(async move {
+                memory_fleet(connector, &options, fleet, storm_signal, due_requests);
+            });
+            Connecting::Thread(tool)
         }
-        None => socket_fleet(&options, ca.as_ref(), &fleet, &storm_signal)?,
+        None => Connecting::Tasks(socket_fleet(&options, ca.as_ref(), &fleet, &storm_signal)?),
     };
     // Progress, until every edge connected or failed.
     loop {
@@ -454,8 +456,11 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         .filter(|_| connected > 0)
         .map(|(end, base)| end.saturating_sub(base) as f64 / connected as f64);
     let connected_at_end = fleet.connected.load(Ordering::Relaxed);
-    for task in connecting {
-        task.abort();
+    match connecting {
+        Connecting::Tasks(tasks) => tasks.iter().for_each(|task| task.abort()),
+        Connecting::Thread(tool) => {
+            tool.stop();
+        }
     }
     Ok(LoadReport {
         edges: options.edges,
@@ -480,6 +485,12 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         scenario: options.scenario,
         changes,
     })
+}
+
+/// What runs the fleet: tasks on this thread (sockets), or a thread of its own (in-process).
+enum Connecting {
+    Tasks(Vec<actix_rt::task::JoinHandle<()>>),
+    Thread(actix_rt::Arbiter),
 }
 
 /// Dials every edge over WebSocket (TLS when `ca` is given), at most `--concurrency` at once;
@@ -559,13 +570,15 @@ type Links = Rc<RefCell<Vec<Option<(u32, mpsc::Sender<ByteString>)>>>>;
 /// one task reads every edge's frames from the cloud (and ACKs), one sends the keepalives
 /// spread over the heartbeat, one follows the storm signal. Sessions run on
 /// [`MEMORY_ARBITERS`] arbiters of their own, as socket sessions run on the server's workers.
+/// The tasks run on the calling arbiter (the tool gives the fleet a thread of its own) until it
+/// stops.
 fn memory_fleet(
     connector: MemoryConnector,
     options: &LoadOptions,
     fleet: Arc<Fleet>,
     mut storm: watch::Receiver<u64>,
     due_requests: Option<mpsc::UnboundedReceiver<usize>>,
-) -> Vec<actix_rt::task::JoinHandle<()>> {
+) {
     let edges = options.edges;
     let links: Links = Rc::new(RefCell::new(vec![None; edges]));
     let (inbox, mut from_cloud) = mpsc::channel::<(u32, FromCloud)>(4096);
@@ -581,11 +594,10 @@ fn memory_fleet(
         links: links.clone(),
         fleet: fleet.clone(),
     });
-    let mut tasks = Vec::new();
-    tasks.push(actix_rt::spawn(dialer.clone().dial_all(0, true)));
+    actix_rt::spawn(dialer.clone().dial_all(0, true));
     let reader_links = links.clone();
     let reader_fleet = fleet.clone();
-    tasks.push(actix_rt::spawn(async move {
+    actix_rt::spawn(async move {
         while let Some((tag, frame)) = from_cloud.recv().await {
             let index = tag as usize % edges.max(1);
             let text = match frame {
@@ -634,11 +646,11 @@ fn memory_fleet(
                 note_change(&reader_fleet, index, &message);
             }
         }
-    }));
+    });
     // Upstream requests, sent for the edge the pacer names.
     if let Some(mut due_requests) = due_requests {
         let (links, fleet, prefix) = (links.clone(), fleet.clone(), options.prefix.clone());
-        tasks.push(actix_rt::spawn(async move {
+        actix_rt::spawn(async move {
             while let Some(index) = due_requests.recv().await {
                 let link = links.borrow().get(index).cloned().flatten();
                 let request = fleet.next_upstream(&prefix, index);
@@ -650,12 +662,12 @@ fn memory_fleet(
                     });
                 }
             }
-        }));
+        });
     }
     // Keepalives: every edge once per heartbeat, a slice of the fleet every 100 ms.
     let heartbeat = options.heartbeat;
     let keepalive_links = links.clone();
-    tasks.push(actix_rt::spawn(async move {
+    actix_rt::spawn(async move {
         let keepalive = ByteString::from(encode(&Message::keepalive()));
         let slots = (heartbeat.as_millis() / 100).max(1) as usize;
         let per_slot = edges.div_ceil(slots).max(1);
@@ -672,9 +684,9 @@ fn memory_fleet(
                 next = (next + 1) % edges.max(1);
             }
         }
-    }));
+    });
     // The storm: on the first word every edge drops its link, on the second all dial again.
-    tasks.push(actix_rt::spawn(async move {
+    actix_rt::spawn(async move {
         storm.borrow_and_update();
         let mut generation = 0u32;
         while storm.changed().await.is_ok() {
@@ -690,8 +702,7 @@ fn memory_fleet(
             generation += 1;
             actix_rt::spawn(dialer.clone().dial_all(generation, false));
         }
-    }));
-    tasks
+    });
 }
 
 /// What linking the in-process fleet needs.

@@ -265,9 +265,13 @@ impl CloudHub {
         let record = message
             .object()
             .filter(|_| message.lane() == Lane::Ack && !message.is_deleting());
+        let bound = auth::bound_key(message.resource());
         let mut queued = Vec::new();
         for node in nodes {
-            let outcome = self.shared.node(&node).enqueue(message.clone(), hub);
+            let outcome =
+                self.shared
+                    .node(&node)
+                    .enqueue_bound(message.clone(), bound.as_deref(), hub);
             if record.is_some() && matches!(outcome, Enqueued::Ack | Enqueued::Replaced) {
                 queued.push(node);
             }

@@ -271,6 +271,18 @@ impl NodeCell {
     /// Queues `message` for the node and wakes its actor if it can be sent now; says what
     /// the pool did with it.
     pub(crate) fn enqueue(&self, message: Arc<NodeMessage>, hub: &HubContext) -> Enqueued {
+        let bound = auth::bound_key(message.resource());
+        self.enqueue_bound(message, bound.as_deref(), hub)
+    }
+
+    /// [`NodeCell::enqueue`] with the message's [`auth::bound_key`] worked out by the caller,
+    /// once for every node a message goes to.
+    pub(crate) fn enqueue_bound(
+        &self,
+        message: Arc<NodeMessage>,
+        bound: Option<&str>,
+        hub: &HubContext,
+    ) -> Enqueued {
         let outcome = {
             let mut state = self.lock();
             let outcome = state.pool.enqueue(message.clone());
@@ -279,11 +291,12 @@ impl NodeCell {
                 outcome,
                 Enqueued::AckQueueFull | Enqueued::NoResourceVersion
             );
-            if let Some(key) = auth::bound_key(message.resource()).filter(|_| !refused) {
+            if let Some(key) = bound.filter(|_| !refused) {
                 if message.is_delete() {
-                    state.bound.remove(&key);
-                } else if state.bound.len() < auth::MAX_BOUND_PER_NODE {
-                    state.bound.insert(key);
+                    state.bound.remove(key);
+                } else if state.bound.len() < auth::MAX_BOUND_PER_NODE && !state.bound.contains(key)
+                {
+                    state.bound.insert(key.to_owned());
                 }
             }
             outcome

@@ -170,7 +170,7 @@ impl Records {
     /// record exists (or is being removed); either way the reconcile leaves that version to
     /// the pool.
     pub fn queued(&mut self, node: &str, object: &Arc<ObjectId>, rv: Option<&str>) {
-        let rv = rv.filter(|rv| !rv.is_empty()).map(str::to_owned);
+        let rv = rv.filter(|rv| !rv.is_empty());
         match self
             .nodes
             .get_mut(node)
@@ -185,9 +185,9 @@ impl Records {
                     let newer = record
                         .queued
                         .as_deref()
-                        .is_none_or(|queued| is_newer(&rv, queued));
+                        .is_none_or(|queued| is_newer(rv, queued));
                     if newer {
-                        record.queued = Some(rv);
+                        record.queued = Some(rv.to_owned());
                     }
                 }
             }
@@ -199,7 +199,7 @@ impl Records {
                     stored: None,
                     resent: None,
                     born: Instant::now(),
-                    queued: rv,
+                    queued: rv.map(str::to_owned),
                 },
             ),
         }

@@ -4,6 +4,7 @@
 
 // Shared helpers.
 mod support;
+mod unlisted;
 
 // One module per file of tests.
 mod cloud_controller_admin;
@@ -30,21 +31,8 @@ mod twin_durable;
 /// only once it is listed above. This test fails until it is.
 #[test]
 fn every_test_file_is_listed() {
-    let listed = include_str!("all.rs");
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests");
-    let mut missing = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("read the tests directory") {
-        let path = entry.expect("read a directory entry").path();
-        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
-            continue;
-        };
-        if path.extension().is_some_and(|e| e == "rs")
-            && stem != "all"
-            && !listed.contains(&format!("mod {stem};"))
-        {
-            missing.push(stem.to_owned());
-        }
-    }
+    let missing = unlisted::unlisted(dir, include_str!("all.rs"));
     assert!(
         missing.is_empty(),
         "tests/all.rs does not list: {missing:?}"

@@ -96,6 +96,14 @@ async fn edge_reconnects_and_receives_a_pod_created_while_it_was_away() {
         .await
         .unwrap();
     assert!(cut, "the node was connected");
+    // The cloud writes what is already queued before it closes, so wait until the edge has
+    // seen its connection end (down, or already back) before changing the cluster: a pod
+    // created earlier could still go out on the old connection.
+    eventually("the edge sees the cut", WITHIN, || async {
+        let status = edge.status().await.unwrap();
+        (!status.connected || status.connects >= 2).then_some(())
+    })
+    .await;
     cloud
         .cluster()
         .unwrap()
@@ -106,9 +114,11 @@ async fn edge_reconnects_and_receives_a_pod_created_while_it_was_away() {
         sqlite_row(&db, "default/pod/while-away")
     })
     .await;
-    let status = edge.status().await.unwrap();
-    assert!(status.connected);
-    assert!(status.connects >= 2, "reconnected: {status:?}");
+    eventually("the edge connected again", WITHIN, || async {
+        let status = edge.status().await.unwrap();
+        (status.connected && status.connects >= 2).then_some(())
+    })
+    .await;
     edge.stop().await;
     cloud.stop().await;
 }

@@ -23,6 +23,13 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
 
+#[cfg(feature = "cloud")]
+mod alloc;
+
+#[cfg(feature = "cloud")]
+#[global_allocator]
+static ALLOCATOR: alloc::ProcessAllocator = alloc::ProcessAllocator;
+
 /// KubeEdge's cloud-edge message routing as an actix actor system.
 #[derive(Debug, Parser)]
 #[command(name = "edgehive", version, about)]
@@ -240,6 +247,14 @@ impl AdminArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread: the processes that run a cloud allocate with mimalloc (src/alloc.rs).
+    #[cfg(feature = "cloud")]
+    if matches!(
+        cli.command,
+        Command::Cloud { .. } | Command::Demo { .. } | Command::Loadtest { .. }
+    ) {
+        alloc::use_mimalloc();
+    }
     let default_level = match cli.command {
         #[cfg(feature = "cloud")]
         Command::Demo { .. } => "warn",

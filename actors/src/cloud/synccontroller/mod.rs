@@ -548,6 +548,8 @@ impl SyncController {
             return;
         }
         let started = Instant::now();
+        // Each kind's watch and list start on its first run (`follow`); a kind whose watch
+        // lagged since is listed again (`list_kind`: nothing for a kind already current).
         self.follow("Node", ctx);
         self.list_kind("Node", ctx);
         for kind in self.records.kinds() {

@@ -10,8 +10,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use edgehive_protocols::object::{is_newer, meta_str};
-use serde_json::Value;
+use edgehive_protocols::object::is_newer;
 
 use crate::cloud::contract::ObjectId;
 
@@ -83,16 +82,6 @@ pub trait ClusterView {
     fn changed_at(&self, kind: &str, namespace: &str, name: &str) -> Option<Instant> {
         let _ = (kind, namespace, name);
         None
-    }
-}
-
-/// The cluster's objects by (kind, namespace, name), as a list shows them.
-pub type ClusterIndex = HashMap<(String, String, String), Value>;
-
-impl ClusterView for ClusterIndex {
-    fn version(&self, kind: &str, namespace: &str, name: &str) -> Option<(&str, &str)> {
-        self.get(&(kind.to_owned(), namespace.to_owned(), name.to_owned()))
-            .map(|obj| (meta_str(obj, "uid"), meta_str(obj, "resourceVersion")))
     }
 }
 
@@ -468,7 +457,18 @@ impl Records {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use edgehive_protocols::object::meta_str;
+    use serde_json::{json, Value};
+
+    /// The cluster's objects by (kind, namespace, name), as a list shows them.
+    type ClusterIndex = HashMap<(String, String, String), Value>;
+
+    impl ClusterView for ClusterIndex {
+        fn version(&self, kind: &str, namespace: &str, name: &str) -> Option<(&str, &str)> {
+            self.get(&(kind.to_owned(), namespace.to_owned(), name.to_owned()))
+                .map(|obj| (meta_str(obj, "uid"), meta_str(obj, "resourceVersion")))
+        }
+    }
 
     fn pod_id(name: &str, uid: &str) -> Arc<ObjectId> {
         Arc::new(ObjectId {

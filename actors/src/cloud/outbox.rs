@@ -158,6 +158,28 @@ pub fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
     }
 }
 
+/// How long a reply to an edge's request waits for room in CloudHub's mailbox before it is
+/// given up (logged and counted by the caller).
+pub const REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Hands a reply to an edge's request (resource in cloud form, naming its node) to CloudHub,
+/// waiting up to [`REPLY_WAIT`] for a slot in its mailbox. A burst of requests fills that
+/// mailbox in a moment, and a reply refused there would leave the edge waiting its whole
+/// request timeout; the caller holds a worker permit meanwhile, so what waits is bounded.
+/// `false` when CloudHub did not take it (not running, or full that long) or it names no node.
+pub async fn deliver_reply(hive: &Hive, sent: &Counter, message: Message) -> bool {
+    let Some(to_nodes) = ToNodes::from_message(message) else {
+        return false;
+    };
+    match hive.ask(route::CLOUDHUB, to_nodes, REPLY_WAIT).await {
+        Ok(()) => {
+            sent.inc();
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// [`offer`] for a message whose cloud-form resource names its node; `Err` gives back what
 /// CloudHub did not take, `Ok(false)` means the message named no node.
 pub fn offer_message(hive: &Hive, sent: &Counter, message: Message) -> Result<bool, ToNodes> {
@@ -223,6 +245,26 @@ mod tests {
             format!("node/edge-1/default/pod/p{index}"),
             serde_json::Value::Null,
         )
+    }
+
+    #[actix_rt::test]
+    async fn replies_wait_for_room_in_cloudhubs_mailbox_instead_of_being_dropped() {
+        let hive = Hive::new("test");
+        let sent = Counter::default();
+        // No CloudHub: given up at once.
+        assert!(!deliver_reply(&hive, &sent, pod(0)).await);
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        hive.start_module(HubModule(taken.clone())).unwrap();
+        // Eight times its mailbox at once: an offer would have had most of them refused.
+        let replies = 8 * 256;
+        let all = (0..replies).map(|index| {
+            let (hive, sent) = (hive.clone(), sent.clone());
+            async move { deliver_reply(&hive, &sent, pod(index)).await }
+        });
+        let delivered = futures_util::future::join_all(all).await;
+        assert!(delivered.iter().all(|ok| *ok), "every reply taken");
+        assert_eq!(sent.get(), replies as u64);
+        assert_eq!(taken.lock().unwrap().len(), replies);
     }
 
     #[actix_rt::test]

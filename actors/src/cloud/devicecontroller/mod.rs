@@ -38,7 +38,7 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use crate::cloud::cluster::{ClusterError, EventType, SharedCluster, WatchError, WatchEvent};
-use crate::cloud::outbox::{offer_message, Outbox};
+use crate::cloud::outbox::{deliver_reply, offer_message, Outbox};
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use edgehive_protocols::object::is_newer;
 

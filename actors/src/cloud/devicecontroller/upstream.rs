@@ -87,7 +87,8 @@ impl Handler<TwinRequest> for DeviceController {
                     reply.route.source = Some(ModuleName::DeviceController);
                     reply.route.group = Some(Group::Twin);
                     reply.route.resource = format!("node/{node}/twin");
-                    if offer_message(&hive, &metrics.sent, reply).is_err() {
+                    if !deliver_reply(&hive, &metrics.sent, reply).await {
+                        tracing::warn!(%namespace, %name, "cloudhub unavailable; reply dropped");
                         metrics.overflow.inc();
                     }
                 }

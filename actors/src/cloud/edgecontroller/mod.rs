@@ -27,7 +27,7 @@ use tokio::sync::Semaphore;
 
 use crate::cloud::cluster::SharedCluster;
 use crate::cloud::contract::ResyncNode;
-use crate::cloud::outbox::{offer_message, Outbox};
+use crate::cloud::outbox::{deliver_reply, offer_message, Outbox};
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use downstream::Watcher;
 pub use upstream::{EdgeRequest, ParseError, Request, RequestKind, Unparsed};
@@ -310,7 +310,7 @@ impl Handler<EdgeRequest> for EdgeController {
             }
             metrics.request(kind, if failed { "error" } else { "ok" });
             for message in outcome.reply.into_iter().chain(outcome.extra) {
-                if offer_message(&hive, &metrics.sent, message).is_err() {
+                if !deliver_reply(&hive, &metrics.sent, message).await {
                     tracing::warn!(%resource, "cloudhub unavailable; reply dropped");
                     metrics.overflow.inc();
                 }

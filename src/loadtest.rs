@@ -1272,76 +1272,177 @@ struct Stamps {
 }
 
 impl<'de> serde::Deserialize<'de> for Stamps {
+    /// Any JSON is accepted (a reply's "OK", null, an object with `"labels": null` or a number
+    /// for a label): what is not a stamp where a stamp belongs is no stamp, never an error, so
+    /// every frame gets its ACK.
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        use serde::de::{IgnoredAny, MapAccess, Visitor};
+        let stamps = Pick(
+            "metadata",
+            Both(
+                ("annotations", Pick(WRITTEN_AT, Text)),
+                ("labels", Pick("seq", Text)),
+            ),
+        );
+        let (written, seq) = deserializer.deserialize_any(AnyShape(stamps))?;
+        let number = |text: Option<String>| text.and_then(|text| text.parse().ok());
+        Ok(Stamps {
+            written: number(written),
+            seq: number(seq),
+        })
+    }
+}
 
-        #[derive(serde::Deserialize, Default)]
-        struct Object {
-            #[serde(default)]
-            metadata: Metadata,
-        }
-        #[derive(serde::Deserialize, Default)]
-        struct Metadata {
-            #[serde(default)]
-            annotations: Annotations,
-            #[serde(default)]
-            labels: Labels,
-        }
-        #[derive(serde::Deserialize, Default)]
-        struct Annotations {
-            // WRITTEN_AT
-            #[serde(rename = "edgehive.io/written-at")]
-            written: Option<String>,
-        }
-        #[derive(serde::Deserialize, Default)]
-        struct Labels {
-            seq: Option<String>,
-        }
+/// A reader of one JSON value that takes any shape: an object or a string where it wants one,
+/// its default for anything else (skipped, not built).
+trait Lenient: Copy {
+    type Value: Default;
 
-        /// An object is read for its stamps; anything else (a reply's "OK", null) is skipped.
-        struct AnyContent;
-        impl<'de> Visitor<'de> for AnyContent {
-            type Value = Stamps;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Stamps, A::Error> {
-                let object: Object = serde::Deserialize::deserialize(
-                    serde::de::value::MapAccessDeserializer::new(map),
-                )?;
-                let number = |text: Option<String>| text.and_then(|t| t.parse().ok());
-                Ok(Stamps {
-                    written: number(object.metadata.annotations.written),
-                    seq: number(object.metadata.labels.seq),
-                })
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Stamps, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Stamps::default())
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Stamps, E> {
-                Ok(Stamps::default())
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Stamps, E> {
-                Ok(Stamps::default())
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Stamps, E> {
-                Ok(Stamps::default())
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Stamps, E> {
-                Ok(Stamps::default())
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Stamps, E> {
-                Ok(Stamps::default())
-            }
-            fn visit_unit<E>(self) -> Result<Stamps, E> {
-                Ok(Stamps::default())
+    fn object<'de, A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<Self::Value, A::Error> {
+        while map
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {}
+        Ok(Self::Value::default())
+    }
+
+    fn text(self, _: &str) -> Self::Value {
+        Self::Value::default()
+    }
+}
+
+/// A string, owned; nothing for any other value.
+#[derive(Clone, Copy)]
+struct Text;
+
+impl Lenient for Text {
+    type Value = Option<String>;
+
+    fn text(self, text: &str) -> Option<String> {
+        Some(text.to_owned())
+    }
+}
+
+/// Field `.0` of an object, read with `.1`; every other field skipped.
+#[derive(Clone, Copy)]
+struct Pick<L>(&'static str, L);
+
+impl<L: Lenient> Lenient for Pick<L> {
+    type Value = L::Value;
+
+    fn object<'de, A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<L::Value, A::Error> {
+        let mut found = L::Value::default();
+        while let Some(key) = map.next_key_seed(KeyIn([self.0, self.0]))? {
+            match key {
+                Some(_) => found = map.next_value_seed(AnyShape(self.1))?,
+                None => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
             }
         }
-        deserializer.deserialize_any(AnyContent)
+        Ok(found)
+    }
+}
+
+/// Two fields of an object, each read with its own reader.
+#[derive(Clone, Copy)]
+struct Both<L, M>((&'static str, L), (&'static str, M));
+
+impl<L: Lenient, M: Lenient> Lenient for Both<L, M> {
+    type Value = (L::Value, M::Value);
+
+    fn object<'de, A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<Self::Value, A::Error> {
+        let (mut first, mut second) = Self::Value::default();
+        while let Some(key) = map.next_key_seed(KeyIn([self.0 .0, self.1 .0]))? {
+            match key {
+                Some(0) => first = map.next_value_seed(AnyShape(self.0 .1))?,
+                Some(_) => second = map.next_value_seed(AnyShape(self.1 .1))?,
+                None => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok((first, second))
+    }
+}
+
+/// Which of two names an object's key is, if either; compared without allocating.
+struct KeyIn([&'static str; 2]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeyIn {
+    type Value = Option<usize>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, key: D) -> Result<Option<usize>, D::Error> {
+        key.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for KeyIn {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_str<E>(self, key: &str) -> Result<Option<usize>, E> {
+        Ok(self.0.iter().position(|name| *name == key))
+    }
+}
+
+/// Runs a [`Lenient`] reader on a value of any shape.
+struct AnyShape<L>(L);
+
+impl<'de, L: Lenient> serde::de::DeserializeSeed<'de> for AnyShape<L> {
+    type Value = L::Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, value: D) -> Result<L::Value, D::Error> {
+        value.deserialize_any(self)
+    }
+}
+
+impl<'de, L: Lenient> serde::de::Visitor<'de> for AnyShape<L> {
+    type Value = L::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<L::Value, A::Error> {
+        self.0.object(map)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<L::Value, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(L::Value::default())
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<L::Value, E> {
+        Ok(self.0.text(text))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<L::Value, E> {
+        Ok(L::Value::default())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<L::Value, E> {
+        Ok(L::Value::default())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<L::Value, E> {
+        Ok(L::Value::default())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<L::Value, E> {
+        Ok(L::Value::default())
+    }
+
+    fn visit_unit<E>(self) -> Result<L::Value, E> {
+        Ok(L::Value::default())
     }
 }
 
@@ -1419,6 +1520,10 @@ mod tests {
             Value::Null,
             json!([{"metadata": {"labels": {"seq": "1"}}}]),
             json!({"metadata": {"labels": {"seq": "not a number"}}}),
+            json!({"metadata": null}),
+            json!({"metadata": {"labels": null, "annotations": null}}),
+            json!({"metadata": {"labels": {"seq": 7}, "annotations": {"edgehive.io/written-at": [1]}}}),
+            json!({"metadata": "text", "status": {"metadata": {"labels": {"seq": "1"}}}}),
             json!({"kind": "Pod"}),
             json!(12),
         ] {

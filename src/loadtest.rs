@@ -272,8 +272,6 @@ impl Fleet {
         Some(request)
     }
 
-    /// A reply reached an edge: if it answers a waiting request, its latency, and whether it
-    /// says the request failed.
     /// Reads a frame from the cloud: a reply is noted (read whole, it is rare); anything
     /// else is answered with the ACK an edge sends, returned with the change's stamps.
     fn read(&self, frame: &[u8]) -> Option<(String, Stamps)> {
@@ -296,6 +294,8 @@ impl Fleet {
         Some((encode(&ack), incoming.content))
     }
 
+    /// A reply reached an edge: if it answers a waiting request, its latency, and whether it
+    /// says the request failed.
     fn note_reply(&self, reply: &Message) {
         let Some(sent) = reply.parent_id().and_then(|parent| {
             self.upstream_waiting

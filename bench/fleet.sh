@@ -90,5 +90,6 @@ print(json.dumps({
     "cloudRssKib": rss, "cloudBaseRssKib": base,
     "cloudRssKibPerEdge": rss / connected,
     "cloudRssKibPerEdgeAboveBase": (rss - base) / connected,
+    "machine": first.get("machine"),
 }))
 PY

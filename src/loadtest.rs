@@ -27,8 +27,8 @@
 //! sessions, node actors and controllers, without sockets, HTTP or TLS, so a fleet can be
 //! larger than the file limit allows sockets. Its figures are the whole process's.
 //!
-//! Progress goes to standard error; the result is one JSON line (and, with `--markdown`, a
-//! table row).
+//! Progress goes to standard error; the result is one JSON line, with the machine it ran on
+//! (and, with `--markdown`, the machine and a table row).
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -150,6 +150,62 @@ pub struct LoadReport {
     /// `fanout`/`storm`: what the changes did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<ChangeReport>,
+    /// Where the run was measured.
+    pub machine: Machine,
+}
+
+/// The machine a run was measured on, as Linux describes it (`None` where it does not say).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Machine {
+    /// Cores this process may use.
+    pub cores: usize,
+    /// The processor's model name (`/proc/cpuinfo`).
+    pub cpu: Option<String>,
+    /// Memory in all, KiB (`/proc/meminfo`).
+    pub memory_kib: Option<u64>,
+    /// The kernel's release (`/proc/sys/kernel/osrelease`).
+    pub kernel: Option<String>,
+    /// This binary's version.
+    pub edgehive: &'static str,
+}
+
+impl Machine {
+    /// The machine this process runs on.
+    pub fn this() -> Machine {
+        let read = |path: &str| std::fs::read_to_string(path).ok();
+        let field = |text: &str, name: &str| {
+            text.lines()
+                .find(|line| line.starts_with(name))
+                .and_then(|line| line.split_once(':'))
+                .map(|(_, value)| value.trim().to_owned())
+        };
+        Machine {
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            cpu: read("/proc/cpuinfo").and_then(|text| field(&text, "model name")),
+            memory_kib: read("/proc/meminfo")
+                .and_then(|text| field(&text, "MemTotal"))
+                .and_then(|total| total.trim_end_matches("kB").trim().parse().ok()),
+            kernel: read("/proc/sys/kernel/osrelease").map(|text| text.trim().to_owned()),
+            edgehive: env!("CARGO_PKG_VERSION"),
+        }
+    }
+}
+
+impl std::fmt::Display for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} cores", self.cores)?;
+        if let Some(cpu) = &self.cpu {
+            write!(f, ", {cpu}")?;
+        }
+        if let Some(memory) = self.memory_kib {
+            write!(f, ", {:.1} GiB", memory as f64 / (1024.0 * 1024.0))?;
+        }
+        if let Some(kernel) = &self.kernel {
+            write!(f, ", Linux {kernel}")?;
+        }
+        write!(f, ", edgehive {}", self.edgehive)
+    }
 }
 
 /// Changes written and what reached the edges.
@@ -508,6 +564,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         cloud_peak_rss_kib: peak.map(|peak| peak.peak()),
         scenario: options.scenario,
         changes,
+        machine: Machine::this(),
     })
 }
 
@@ -785,7 +842,8 @@ impl MemoryDialer {
 
 /// The report as a markdown table (header and one row).
 pub fn markdown(report: &LoadReport) -> String {
-    let mut table = String::from(
+    let mut table = format!("Machine: {}.\n\n", report.machine);
+    table.push_str(
         "| scenario | edges | connected | tls | cloud CPU % | tool CPU % | cloud RSS KiB | KiB/edge | peak RSS KiB | written | delivered | final versions | deliveries/s | p50 ms | p99 ms | max ms | refused on reconnect | seconds |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
@@ -1533,6 +1591,21 @@ mod tests {
             assert_eq!(stamps, Stamps::default(), "{content}");
         }
         assert!(fleet.read(b"{not json").is_none());
+    }
+
+    #[test]
+    fn the_machine_is_stated() {
+        let machine = Machine::this();
+        assert!(machine.cores >= 1);
+        // Linux says these (the processor's name is not in every architecture's cpuinfo).
+        assert!(machine.memory_kib.is_some_and(|kib| kib > 0));
+        assert!(machine.kernel.is_some());
+        let shown = machine.to_string();
+        assert!(
+            shown.starts_with(&format!("{} cores, ", machine.cores)),
+            "{shown}"
+        );
+        assert!(shown.contains("GiB, Linux "), "{shown}");
     }
 
     #[test]

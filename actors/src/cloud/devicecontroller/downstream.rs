@@ -48,7 +48,7 @@ impl DeviceWatcher {
             }
         };
         let seen: HashMap<(String, String), Value> = if kind == "Device" {
-            lock(&self.devices).clone()
+            lock(&self.devices).snapshot()
         } else {
             self.models.clone()
         };
@@ -98,13 +98,7 @@ impl DeviceWatcher {
 
     /// Whether another device than `except` on `node` in `namespace` uses `model`.
     fn model_used(&self, node: &str, namespace: &str, model: &str, except: &str) -> bool {
-        lock(&self.devices).values().any(|device| {
-            let (ns, name) = key_of(device);
-            ns == namespace
-                && name != except
-                && node_of(device).as_deref() == Some(node)
-                && model_of(device).as_deref() == Some(model)
-        })
+        lock(&self.devices).model_used(node, namespace, model, except)
     }
 
     fn send_object(&mut self, node: &str, kind: &str, obj: &Value, operation: Operation) {
@@ -264,15 +258,7 @@ impl DeviceWatcher {
                 }
             }
         };
-        let mut nodes: Vec<String> = lock(&self.devices)
-            .values()
-            .filter(|device| {
-                key_of(device).0 == key.0 && model_of(device).as_deref() == Some(&key.1)
-            })
-            .filter_map(node_of)
-            .collect();
-        nodes.sort();
-        nodes.dedup();
+        let nodes = lock(&self.devices).nodes_using(&key.0, &key.1);
         for node in nodes {
             self.send_object(&node, "DeviceModel", &model, operation.clone());
         }

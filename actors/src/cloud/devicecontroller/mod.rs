@@ -22,10 +22,12 @@
 //!   and membership requests.
 
 mod downstream;
+mod index;
 mod upstream;
 
 use crate::cloud::outbox::RETRY_INTERVAL;
 use downstream::DeviceWatcher;
+use index::DeviceIndex;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -129,7 +131,7 @@ impl Module for DeviceControllerModule {
             metrics: self.metrics.clone(),
             workers: self.workers.clone(),
             waiting: self.waiting.clone(),
-            devices: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            devices: Arc::new(std::sync::Mutex::new(DeviceIndex::default())),
         }
     }
 
@@ -141,7 +143,7 @@ impl Module for DeviceControllerModule {
 
 /// Devices as last seen, by (namespace, name); shared by the watch loop and the upstream
 /// handlers (membership/detail, twin names).
-type Devices = Arc<std::sync::Mutex<HashMap<(String, String), Value>>>;
+type Devices = Arc<std::sync::Mutex<DeviceIndex>>;
 
 /// The DeviceController actor; see the [module docs](self).
 pub struct DeviceController {
@@ -171,8 +173,8 @@ impl Actor for DeviceController {
     }
 }
 
-fn lock(devices: &Devices) -> std::sync::MutexGuard<'_, HashMap<(String, String), Value>> {
-    // Every writer finishes its map update before anything can panic.
+fn lock(devices: &Devices) -> std::sync::MutexGuard<'_, DeviceIndex> {
+    // Every writer finishes its update of the index before anything can panic.
     devices
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

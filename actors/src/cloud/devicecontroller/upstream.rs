@@ -103,8 +103,7 @@ impl Handler<TwinRequest> for DeviceController {
 impl DeviceController {
     fn answer_detail(&self, node: &str, request: &Message) {
         let mut devices: Vec<Value> = lock(&self.devices)
-            .values()
-            .filter(|device| node_of(device).as_deref() == Some(node))
+            .on_node(node)
             .map(membership_device)
             .collect();
         devices.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));

@@ -174,18 +174,17 @@ impl Machine {
     /// The machine this process runs on.
     pub fn this() -> Machine {
         let read = |path: &str| std::fs::read_to_string(path).ok();
-        let field = |text: &str, name: &str| {
+        // `model name\t: AMD EPYC`
+        let cpu = read("/proc/cpuinfo").and_then(|text| {
             text.lines()
-                .find(|line| line.starts_with(name))
+                .find(|line| line.starts_with("model name"))
                 .and_then(|line| line.split_once(':'))
                 .map(|(_, value)| value.trim().to_owned())
-        };
+        });
         Machine {
             cores: std::thread::available_parallelism().map_or(1, usize::from),
-            cpu: read("/proc/cpuinfo").and_then(|text| field(&text, "model name")),
-            memory_kib: read("/proc/meminfo")
-                .and_then(|text| field(&text, "MemTotal"))
-                .and_then(|total| total.trim_end_matches("kB").trim().parse().ok()),
+            cpu,
+            memory_kib: proc_kib("/proc/meminfo", "MemTotal:"),
             kernel: read("/proc/sys/kernel/osrelease").map(|text| text.trim().to_owned()),
             edgehive: env!("CARGO_PKG_VERSION"),
         }
@@ -1392,7 +1391,7 @@ impl<L: Lenient> Lenient for Pick<L> {
 
     fn object<'de, A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<L::Value, A::Error> {
         let mut found = L::Value::default();
-        while let Some(key) = map.next_key_seed(KeyIn([self.0, self.0]))? {
+        while let Some(key) = map.next_key_seed(KeyIn(&[self.0]))? {
             match key {
                 Some(_) => found = map.next_value_seed(AnyShape(self.1))?,
                 None => {
@@ -1416,7 +1415,7 @@ impl<L: Lenient, M: Lenient> Lenient for Both<L, M> {
         mut map: A,
     ) -> Result<Self::Value, A::Error> {
         let (mut first, mut second) = Self::Value::default();
-        while let Some(key) = map.next_key_seed(KeyIn([self.0 .0, self.1 .0]))? {
+        while let Some(key) = map.next_key_seed(KeyIn(&[self.0 .0, self.1 .0]))? {
             match key {
                 Some(0) => first = map.next_value_seed(AnyShape(self.0 .1))?,
                 Some(_) => second = map.next_value_seed(AnyShape(self.1 .1))?,
@@ -1429,10 +1428,10 @@ impl<L: Lenient, M: Lenient> Lenient for Both<L, M> {
     }
 }
 
-/// Which of two names an object's key is, if either; compared without allocating.
-struct KeyIn([&'static str; 2]);
+/// Which of the names an object's key is, if any; compared without allocating.
+struct KeyIn<'n>(&'n [&'static str]);
 
-impl<'de> serde::de::DeserializeSeed<'de> for KeyIn {
+impl<'de> serde::de::DeserializeSeed<'de> for KeyIn<'_> {
     type Value = Option<usize>;
 
     fn deserialize<D: serde::Deserializer<'de>>(self, key: D) -> Result<Option<usize>, D::Error> {
@@ -1440,7 +1439,7 @@ impl<'de> serde::de::DeserializeSeed<'de> for KeyIn {
     }
 }
 
-impl<'de> serde::de::Visitor<'de> for KeyIn {
+impl<'de> serde::de::Visitor<'de> for KeyIn<'_> {
     type Value = Option<usize>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -1517,10 +1516,15 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
 
 /// VmRSS of `pid` in KiB.
 fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))?
+    proc_kib(&format!("/proc/{pid}/status"), "VmRSS:")
+}
+
+/// The KiB figure of the line starting with `name` in a `/proc` file such as
+/// `/proc/PID/status` or `/proc/meminfo` (`VmRSS:   1234 kB`).
+fn proc_kib(path: &str, name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name))?
         .split_whitespace()
         .next()?
         .parse()

@@ -37,6 +37,9 @@ const HUB_MODULE: &str = route::EDGEHUB;
 const TWIN_GROUP: &str = route::TWIN_GROUP;
 /// KubeEdge's default `remoteQueryTimeout`.
 pub const DEFAULT_REMOTE_QUERY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How much longer than `remoteQueryTimeout` a remote query waits for EdgeHub's own answer
+/// (which is a timeout error at `remoteQueryTimeout`); see `MetaManager::remote`.
+const REMOTE_CALL_MARGIN: Duration = Duration::from_secs(1);
 /// How long twin may take to commit a device object before the ACK is withheld (the cloud
 /// then resends it, and the second delivery is idempotent).
 const TWIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -513,26 +516,24 @@ impl Ctx {
         ask.header.id = uuid::Uuid::new_v4().to_string();
         ask.header.parent_id.clear();
         ask.header.timestamp = Message::keepalive().header.timestamp;
-        let timeout = self.remote_query_timeout;
-        let call = self
-            .hive
-            .call::<EdgeHub, _>(HUB_MODULE, CloudRequest(ask), timeout);
-        let reply = match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(Ok(reply))) => reply,
-            Ok(Ok(Err(error))) => {
+        // EdgeHub times the request out itself (its request timeout is this one) and forgets
+        // it before answering, so a reply that arrives later is routed to MetaManager and
+        // still stored and ACKed. The call's own deadline is only a backstop, a little later:
+        // were it first, as it was when both timers had the same length, a reply arriving in
+        // between went to EdgeHub's waiter for a caller already gone, and was lost.
+        let call = self.hive.call::<EdgeHub, _>(
+            HUB_MODULE,
+            CloudRequest(ask),
+            self.remote_query_timeout + REMOTE_CALL_MARGIN,
+        );
+        let reply = match call.await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(error)) => {
                 tracing::info!(resource = msg.resource(), %error, "remote query failed; serving the stored copy");
                 return None;
             }
-            Ok(Err(error)) => {
+            Err(error) => {
                 tracing::info!(resource = msg.resource(), %error, "edgehub unavailable; serving the stored copy");
-                return None;
-            }
-            Err(_) => {
-                tracing::info!(
-                    resource = msg.resource(),
-                    ?timeout,
-                    "no cloud answer in time; serving the stored copy"
-                );
                 return None;
             }
         };

@@ -40,6 +40,10 @@ pub enum DecodeError {
     /// The frame is JSON but not a beehive message (no header or msg_id, wrong field types).
     #[error("frame is not a message: {0}")]
     Invalid(String),
+    /// The frame holds more than one message, or something after its message: a frame is
+    /// one message (what follows would otherwise be dropped unseen).
+    #[error("frame has {0} bytes after its message")]
+    TrailingData(usize),
 }
 
 /// Encodes a message as one WebSocket TEXT payload, byte-compatible with Go.
@@ -80,8 +84,9 @@ pub fn encode(message: &Message) -> String {
 
 /// Decodes a frame with the [`DEFAULT_MAX_FRAME_BYTES`] limit.
 ///
-/// Like Go's `ReadJSON`, only the first JSON value is read: surrounding whitespace (Go's trailing
-/// newline) and anything after the value are ignored.
+/// One JSON value per frame, as KubeEdge writes them: surrounding whitespace (Go's trailing
+/// newline) is ignored; anything else after the value (a second message, garbage) refuses
+/// the frame, so nothing in it is dropped unseen.
 ///
 /// ```
 /// use edgehive_protocols::{decode, DecodeError, Operation};
@@ -125,8 +130,15 @@ pub fn decode_with_limit(frame: &[u8], max_bytes: usize) -> Result<Message, Deco
         Some(b'[') => return Err(classify_array(frame)),
         Some(_) => {}
     }
-    match first_value::<Message>(frame) {
-        Some(Ok(message)) => Ok(message),
+    let mut values = serde_json::Deserializer::from_slice(frame).into_iter::<Message>();
+    match values.next() {
+        Some(Ok(message)) => {
+            let rest = &frame[values.byte_offset()..];
+            match rest.iter().any(|byte| !byte.is_ascii_whitespace()) {
+                true => Err(DecodeError::TrailingData(rest.trim_ascii().len())),
+                false => Ok(message),
+            }
+        }
         Some(Err(err)) => Err(from_serde(&err)),
         None => Err(DecodeError::NotJson("empty frame".to_owned())),
     }
@@ -360,15 +372,22 @@ mod tests {
     }
 
     #[test]
-    fn decode_tolerates_whitespace_and_trailing_data() {
+    fn decode_tolerates_whitespace_and_refuses_trailing_data() {
         let body = "{\"header\":{\"msg_id\":\"a\"}}";
-        for frame in [
-            format!("{body}\n"),
-            format!(" \r\n\t{body} \n"),
-            format!("{body}{body}"),
-            format!("{body}garbage"),
-        ] {
+        for frame in [format!("{body}\n"), format!(" \r\n\t{body} \n")] {
             assert_eq!(decode(frame.as_bytes()).unwrap().id(), "a", "{frame:?}");
+        }
+        for (frame, trailing) in [
+            (format!("{body}{body}"), body.len()),
+            (format!("{body}\n{body}\n"), body.len()),
+            (format!("{body}garbage"), 7),
+            (format!("{body} x "), 1),
+        ] {
+            assert_eq!(
+                decode(frame.as_bytes()),
+                Err(DecodeError::TrailingData(trailing)),
+                "{frame:?}"
+            );
         }
     }
 

@@ -183,6 +183,7 @@ impl NodeSession {
                     DecodeError::TooLarge { .. } => "too_large",
                     DecodeError::NotJson(_) => "not_json",
                     DecodeError::Invalid(_) => "invalid",
+                    DecodeError::TrailingData(_) => "trailing_data",
                 };
                 self.malformed(reason, &err.to_string());
                 return;

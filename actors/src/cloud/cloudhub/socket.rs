@@ -186,6 +186,17 @@ impl Stream for SocketReader {
             if this.done {
                 return Poll::Ready(None);
             }
+            // A frame that announces more than may be sent is refused from its header: its
+            // payload is never waited for or buffered.
+            if let Some(length) = announced_over(&this.buf, this.max_size) {
+                tracing::debug!(
+                    length,
+                    max = this.max_size,
+                    "frame header announces too much"
+                );
+                this.done = true;
+                return Poll::Ready(Some(Err(ProtocolError::Overflow)));
+            }
             // Whole frames first: what is buffered, then what the connection has.
             match this.codec.decode(&mut this.buf) {
                 Ok(Some(frame)) => {
@@ -227,6 +238,28 @@ impl Stream for SocketReader {
             }
         }
     }
+}
+
+/// The payload length the frame header at the start of `buf` announces, when it is more than
+/// such a frame may carry: `max_size` for data frames, 125 bytes for control frames (RFC
+/// 6455 §5.5). `None` while the header is incomplete or the length is allowed.
+pub(crate) fn announced_over(buf: &[u8], max_size: usize) -> Option<u64> {
+    let (first, second) = (*buf.first()?, *buf.get(1)?);
+    let length = match second & 0x7f {
+        126 => u64::from(u16::from_be_bytes([*buf.get(2)?, *buf.get(3)?])),
+        127 => {
+            let bytes: [u8; 8] = buf.get(2..10)?.try_into().ok()?;
+            u64::from_be_bytes(bytes)
+        }
+        short => u64::from(short),
+    };
+    let control = first & 0x08 != 0;
+    let max = if control {
+        MAX_CONTROL_PAYLOAD as u64
+    } else {
+        max_size as u64
+    };
+    (length > max).then_some(length)
 }
 
 /// Writes a session's frames to the connection, in order (see the [module docs](self)).
@@ -329,5 +362,31 @@ impl SocketWriter {
         self.io.write_all(buf).await?;
         self.io.flush().await?;
         self.io.shutdown().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_announcing_too_much_is_known_from_its_header() {
+        // Text frame, masked, 64-bit length of 20 MiB: refused with the header alone.
+        let mut header = vec![0x81, 0x80 | 127];
+        header.extend_from_slice(&(20u64 << 20).to_be_bytes());
+        assert_eq!(announced_over(&header, 16 << 20), Some(20 << 20));
+        assert_eq!(
+            announced_over(&header[..5], 16 << 20),
+            None,
+            "incomplete header"
+        );
+        // 16-bit length within the limit.
+        let ok = [0x81, 0x80 | 126, 0x01, 0x00];
+        assert_eq!(announced_over(&ok, 16 << 20), None);
+        assert_eq!(announced_over(&ok, 100), Some(256));
+        // A ping announcing 126 bytes is over the control frame limit whatever max_size is.
+        let ping = [0x89, 0x80 | 126, 0x00, 126];
+        assert_eq!(announced_over(&ping, 16 << 20), Some(126));
+        assert_eq!(announced_over(&[0x89, 0x80 | 125], 16 << 20), None);
     }
 }

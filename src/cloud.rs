@@ -106,6 +106,11 @@ impl CloudProcess {
                     cluster
                 };
                 cluster.set_event_retention(config.embedded_cluster.event_retention());
+                cluster.set_limits(
+                    config
+                        .embedded_cluster
+                        .store_limits(&config.modules.cloud_hub),
+                );
                 let sweeper = cluster.clone();
                 actix_rt::spawn(async move {
                     // Events past their time go even when no new one is created.

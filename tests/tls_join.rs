@@ -18,7 +18,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use support::*;
 
-fn cloud_ca(dir: &Path) -> CertAuthority {
+pub(crate) fn cloud_ca(dir: &Path) -> CertAuthority {
     CertAuthority::load(
         &dir.join("cloud/ca/rootCA.crt"),
         &dir.join("cloud/ca/rootCA.key"),
@@ -27,7 +27,7 @@ fn cloud_ca(dir: &Path) -> CertAuthority {
 }
 
 /// A client certificate for `node` signed by `ca`, and its key.
-fn node_cert(ca: &CertAuthority, node: &str) -> (Vec<u8>, rcgen::KeyPair) {
+pub(crate) fn node_cert(ca: &CertAuthority, node: &str) -> (Vec<u8>, rcgen::KeyPair) {
     let key = certs::generate_key().unwrap();
     let csr = certs::node_csr(&key, node).unwrap();
     let cert = ca
@@ -37,7 +37,7 @@ fn node_cert(ca: &CertAuthority, node: &str) -> (Vec<u8>, rcgen::KeyPair) {
 }
 
 /// The client half of a WebSocket.
-trait Frames:
+pub(crate) trait Frames:
     futures_util::Stream<Item = Result<Frame, awc::error::WsProtocolError>>
     + futures_util::Sink<awc::ws::Message, Error = awc::error::WsProtocolError>
     + Unpin
@@ -49,11 +49,11 @@ impl<T> Frames for T where
         + Unpin
 {
 }
-type Socket = Box<dyn Frames>;
+pub(crate) type Socket = Box<dyn Frames>;
 
 /// Dials the cloud's WebSocket port over TLS trusting `trusted_ca`, presenting `cert`, with
 /// `node_id` in the headers. `Err` carries the status or the connection error.
-async fn dial(
+pub(crate) async fn dial(
     cloud: &CloudProcess,
     trusted_ca: &[u8],
     cert: &(Vec<u8>, rcgen::KeyPair),
@@ -71,7 +71,9 @@ async fn dial(
         .ws(url)
         .header("node_id", node_id)
         .header("project_id", "e632aba927ea4ac2b575ec1603d56f10")
-        .header("ConnectionUse", "msg");
+        .header("ConnectionUse", "msg")
+        // As an edge: replies may carry whole objects (up to the cloud's frame limit).
+        .max_frame_size(16 << 20);
     match request.connect().await {
         Ok((_, framed)) => Ok(Box::new(framed)),
         Err(awc::error::WsClientError::InvalidResponseStatus(status)) => {
@@ -81,7 +83,7 @@ async fn dial(
     }
 }
 
-async fn send(socket: &mut Socket, message: &Message) {
+pub(crate) async fn send(socket: &mut Socket, message: &Message) {
     socket
         .send(awc::ws::Message::Text(codec::encode(message).into()))
         .await
@@ -89,11 +91,14 @@ async fn send(socket: &mut Socket, message: &Message) {
 }
 
 /// The next message whose parent is `parent`, skipping others.
-async fn reply_to(socket: &mut Socket, parent: &str) -> Message {
+pub(crate) async fn reply_to(socket: &mut Socket, parent: &str) -> Message {
     eventually_frame(socket, |message| message.parent_id() == Some(parent)).await
 }
 
-async fn eventually_frame(socket: &mut Socket, wanted: impl Fn(&Message) -> bool) -> Message {
+pub(crate) async fn eventually_frame(
+    socket: &mut Socket,
+    wanted: impl Fn(&Message) -> bool,
+) -> Message {
     let deadline = tokio::time::Instant::now() + WITHIN;
     loop {
         let frame = tokio::time::timeout_at(deadline, socket.next())
@@ -112,7 +117,7 @@ async fn eventually_frame(socket: &mut Socket, wanted: impl Fn(&Message) -> bool
     }
 }
 
-fn denied(metrics: &str, reason: &str) -> u64 {
+pub(crate) fn denied(metrics: &str, reason: &str) -> u64 {
     let prefix = format!("edgehive_cloudhub_denied_total{{reason=\"{reason}\"}} ");
     metrics
         .lines()
@@ -359,7 +364,10 @@ async fn a_node_gets_tokens_only_for_service_accounts_its_pods_run_as() {
     let cloud = start_tls_cloud(dir.path()).await;
     let cluster = cloud.cluster().unwrap().clone();
     cluster.apply(edge_node("edge-a")).unwrap();
-    cluster.apply(pod("web", "edge-a")).unwrap();
+    let mut web = pod("web", "edge-a");
+    web["spec"]["serviceAccountName"] = json!("web-sa");
+    cluster.apply(web).unwrap();
+    cluster.apply(pod("plain", "edge-a")).unwrap();
     let ca = cloud_ca(dir.path());
     let mut socket = dial(&cloud, ca.cert_der(), &node_cert(&ca, "edge-a"), "edge-a")
         .await
@@ -380,13 +388,21 @@ async fn a_node_gets_tokens_only_for_service_accounts_its_pods_run_as() {
     assert_eq!(reply.operation(), Some(&Operation::Error));
     let text = reply.content_str().unwrap_or_default().to_owned();
     assert!(text.contains("no pod on this node runs as"), "{text}");
-    // The account its pod runs as ("default" in "default") is fine.
-    let own = token("default/serviceaccounttoken/default");
+    // The account its pod names ("web-sa" in "default") is fine.
+    let own = token("default/serviceaccounttoken/web-sa");
     send(&mut socket, &own).await;
     let reply = reply_to(&mut socket, own.id()).await;
     assert_ne!(reply.operation(), Some(&Operation::Error), "{reply:?}");
+    // A pod that names no account ("plain") grants none, not even "default" (as
+    // Kubernetes' node authorizer): asked twice, refused twice.
+    for _ in 0..2 {
+        let default = token("default/serviceaccounttoken/default");
+        send(&mut socket, &default).await;
+        let reply = reply_to(&mut socket, default.id()).await;
+        assert_eq!(reply.operation(), Some(&Operation::Error), "{reply:?}");
+    }
     let metrics = http_get(cloud.admin_addr(), "/metrics").await.1;
-    assert_eq!(denied(&metrics, "not_bound_to_node"), 1, "{metrics}");
+    assert_eq!(denied(&metrics, "not_bound_to_node"), 3, "{metrics}");
     cloud.stop().await;
 }
 

@@ -151,6 +151,25 @@ fn items(list: &Value) -> impl Iterator<Item = &Value> {
     list.as_array().into_iter().flatten()
 }
 
+/// The annotation a pod a node created (a mirror pod) carries, as the kubelet sets it; the
+/// cloud sets it on every pod a node inserts, so the node's quota of them can be counted.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// The annotation the cloud sets on a Node that an edge registered itself (KubeEdge's
+/// edge creates its own Node on first connect): such a node does not count as known to the
+/// cluster when the node limit gives known nodes their place first.
+pub const SELF_REGISTERED_ANNOTATION: &str = "node.edgehive.io/self-registered";
+
+/// Whether `node` was registered by the edge itself (see [`SELF_REGISTERED_ANNOTATION`]).
+pub fn is_self_registered(node: &Value) -> bool {
+    !node["metadata"]["annotations"][SELF_REGISTERED_ANNOTATION].is_null()
+}
+
+/// Whether `pod` is a mirror pod (see [`MIRROR_ANNOTATION`]).
+pub fn is_mirror_pod(pod: &Value) -> bool {
+    !pod["metadata"]["annotations"][MIRROR_ANNOTATION].is_null()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

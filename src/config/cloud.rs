@@ -9,7 +9,7 @@ use edgehive_actors::cloud::cloudhub::gate::GateMetrics;
 use edgehive_actors::cloud::cloudhub::options::{HandshakeLimits, WriteLimits};
 use edgehive_actors::cloud::cloudhub::CloudHubOptions;
 use edgehive_actors::cloud::cluster::kube::KubeOptions;
-use edgehive_actors::cloud::cluster::EventRetention;
+use edgehive_actors::cloud::cluster::{EventRetention, StoreLimits};
 use edgehive_actors::identity::tls::CloudTlsFiles;
 use serde::{Deserialize, Serialize};
 
@@ -73,8 +73,12 @@ pub struct EmbeddedClusterConfig {
     /// Seconds an Event is kept (the API server's `--event-ttl`).
     #[serde(rename = "eventTTL")]
     pub event_ttl: u64,
-    /// Most Events kept; creating one more deletes the oldest.
+    /// Most Events kept; creating one more deletes the oldest of the source holding most.
     pub max_events: usize,
+    /// Most Events kept from one node (`source.host`); one more deletes its oldest.
+    pub max_events_per_node: usize,
+    /// Most objects held at once; a create beyond is refused (403).
+    pub max_objects: usize,
 }
 
 impl Default for EmbeddedClusterConfig {
@@ -84,6 +88,8 @@ impl Default for EmbeddedClusterConfig {
             database: "/var/lib/kubeedge/edgehive-cluster.db".into(),
             event_ttl: retention.ttl.as_secs(),
             max_events: retention.max,
+            max_events_per_node: retention.per_source,
+            max_objects: StoreLimits::default().max_objects,
         }
     }
 }
@@ -94,6 +100,17 @@ impl EmbeddedClusterConfig {
         EventRetention {
             ttl: Duration::from_secs(self.event_ttl),
             max: self.max_events,
+            per_source: self.max_events_per_node,
+        }
+    }
+
+    /// What the embedded cluster holds at most: `maxObjects`, and objects no larger after a
+    /// change than an edge may write them (`maxObjectSize`, events `maxEventSize`).
+    pub fn store_limits(&self, hub: &CloudHubConfig) -> StoreLimits {
+        StoreLimits {
+            max_object_bytes: hub.max_object_size,
+            max_event_bytes: hub.max_event_size,
+            max_objects: self.max_objects,
         }
     }
 }
@@ -153,6 +170,18 @@ impl Validate for CloudConfig {
         positive(
             "embeddedCluster.maxEvents",
             self.embedded_cluster.max_events as u64,
+        )?;
+        positive(
+            "embeddedCluster.maxEventsPerNode",
+            self.embedded_cluster.max_events_per_node as u64,
+        )?;
+        positive(
+            "embeddedCluster.maxObjects",
+            self.embedded_cluster.max_objects as u64,
+        )?;
+        positive(
+            "modules.cloudHub.mirrorPodsPerNode",
+            hub.mirror_pods_per_node as u64,
         )?;
         positive(
             "modules.syncController.reconcileInterval",
@@ -312,6 +341,8 @@ pub struct CloudHubConfig {
     pub node_write_qps: u32,
     /// Writes one node may make at once after a quiet spell (edgehive).
     pub node_write_burst: u32,
+    /// Pods one node may create itself (mirror pods) and hold at once (edgehive).
+    pub mirror_pods_per_node: usize,
     /// Seconds a TLS handshake, and then the first request, may take (edgehive).
     pub handshake_timeout: u64,
     /// TLS handshakes in progress from one source address, at most (edgehive).
@@ -389,6 +420,7 @@ impl Default for CloudHubConfig {
             max_event_size: options.write_limits.max_event_bytes,
             node_write_qps: options.write_limits.writes_per_second,
             node_write_burst: options.write_limits.write_burst,
+            mirror_pods_per_node: options.write_limits.mirror_pods_per_node,
             handshake_timeout: options.handshake_limits.timeout.as_secs(),
             handshakes_per_source: options.handshake_limits.per_source,
             handshakes_pending: options.handshake_limits.total,
@@ -432,6 +464,7 @@ impl CloudHubConfig {
                 max_event_bytes: self.max_event_size,
                 writes_per_second: self.node_write_qps,
                 write_burst: self.node_write_burst,
+                mirror_pods_per_node: self.mirror_pods_per_node,
             },
             ..CloudHubOptions::default()
         }

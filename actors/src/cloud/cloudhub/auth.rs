@@ -22,6 +22,7 @@
 use std::collections::HashSet;
 
 use edgehive_protocols::object::{self, RefKind};
+pub use edgehive_protocols::object::{is_mirror_pod, MIRROR_ANNOTATION};
 use edgehive_protocols::{EdgeResource, Message, Operation, ResourceType};
 use serde_json::Value;
 
@@ -42,11 +43,17 @@ pub trait BindingView: Send + Sync + 'static {
     fn referenced_on_node(&self, node: &str, kind: &str, namespace: &str, name: &str) -> bool;
     /// Whether a Node object named `name` exists.
     fn node_exists(&self, name: &str) -> bool;
-    /// The service account pod `namespace/name` runs as (`default` when it names none), if
-    /// the pod exists. A view that cannot tell answers `None`, and tokens are refused.
+    /// Whether a Node object named `name` exists that the node did not register itself
+    /// (the operator, or a controller, made it): such nodes come first at the node limit.
+    fn node_known(&self, name: &str) -> bool;
+    /// The service account pod `namespace/name` names, if the pod exists and names one. A
+    /// view that cannot tell answers `None`, and tokens are refused.
     fn pod_service_account(&self, namespace: &str, name: &str) -> Option<String>;
-    /// Whether a pod bound to `node` runs as service account `namespace/account`.
+    /// Whether a pod bound to `node` names service account `namespace/account`.
     fn service_account_on_node(&self, node: &str, namespace: &str, account: &str) -> bool;
+    /// How many pods bound to `node` the node created itself (mirror pods: annotated
+    /// [`MIRROR_ANNOTATION`]), for the per-node quota.
+    fn mirror_pods_on_node(&self, node: &str) -> usize;
     /// The node Device `namespace/name` is bound to (`spec.nodeName`), if the view follows
     /// devices; otherwise only devices the cloud sent to the node count as its own.
     fn device_node(&self, namespace: &str, name: &str) -> Option<String> {
@@ -55,12 +62,13 @@ pub trait BindingView: Send + Sync + 'static {
     }
 }
 
-/// The service account a pod runs as: `spec.serviceAccountName`, else `default`.
-pub fn service_account_of(pod: &Value) -> &str {
+/// The service account a pod names in `spec.serviceAccountName`, if any. Only a named
+/// account links a node to it (as Kubernetes' node authorizer does): a pod that names none,
+/// a node's own mirror pod for instance, gets no token for `default`.
+pub fn service_account_of(pod: &Value) -> Option<&str> {
     pod["spec"]["serviceAccountName"]
         .as_str()
         .filter(|account| !account.is_empty())
-        .unwrap_or("default")
 }
 
 impl BindingView for EmbeddedCluster {
@@ -82,9 +90,14 @@ impl BindingView for EmbeddedCluster {
         self.get("Node", None, name).is_some()
     }
 
+    fn node_known(&self, name: &str) -> bool {
+        self.get("Node", None, name)
+            .is_some_and(|node| !object::is_self_registered(&node))
+    }
+
     fn pod_service_account(&self, namespace: &str, name: &str) -> Option<String> {
         let pod = self.get("Pod", Some(namespace), name)?;
-        Some(service_account_of(&pod).to_owned())
+        service_account_of(&pod).map(str::to_owned)
     }
 
     fn service_account_on_node(&self, node: &str, namespace: &str, account: &str) -> bool {
@@ -92,7 +105,13 @@ impl BindingView for EmbeddedCluster {
         pods.iter().any(|pod| {
             pod["spec"]["nodeName"] == node
                 && pod["metadata"]["namespace"].as_str().unwrap_or("default") == namespace
-                && service_account_of(pod) == account
+                && service_account_of(pod) == Some(account)
+        })
+    }
+
+    fn mirror_pods_on_node(&self, node: &str) -> usize {
+        self.count("Pod", |pod| {
+            pod["spec"]["nodeName"] == node && is_mirror_pod(pod)
         })
     }
 
@@ -162,6 +181,38 @@ pub fn bound_key(edge_resource: &str) -> Option<String> {
     Some(format!("{}/{kind}/{}", parsed.namespace, parsed.name?))
 }
 
+/// Whether an upstream `operation` on `kind` carries a Kubernetes object (or, for
+/// `podstatus`, a list of them) as its content. Patches and pod deletes carry strings.
+fn carries_object(kind: &ResourceType, operation: Option<&Operation>) -> bool {
+    matches!(operation, Some(Operation::Insert | Operation::Update))
+        && matches!(
+            kind,
+            ResourceType::Pod
+                | ResourceType::Node
+                | ResourceType::NodeStatus
+                | ResourceType::PodStatus
+                | ResourceType::Lease
+                | ResourceType::Event
+                | ResourceType::ConfigMap
+                | ResourceType::Secret
+        )
+}
+
+/// The bound key a message the node has just ACKed grants it: only a controller's push of an
+/// object (`insert` or `update`, not a reply) does. Replies and refusals name whatever the
+/// node asked about, so a queued or even ACKed reply grants nothing.
+pub fn binds(acked: &crate::cloud::contract::NodeMessage) -> Option<String> {
+    if acked.is_response()
+        || !matches!(
+            acked.operation(),
+            Some(Operation::Insert | Operation::Update)
+        )
+    {
+        return None;
+    }
+    bound_key(acked.resource())
+}
+
 /// Why a node's message was refused: the `/metrics` reason label and the text of the `error`
 /// reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,6 +262,19 @@ pub fn authorize(
     };
     let name = resource.name.as_deref().unwrap_or_default();
     let ns = resource.namespace.as_str();
+    if carries_object(&resource.resource_type, message.operation())
+        && !matches!(message.content, Value::Object(_) | Value::Array(_))
+    {
+        // KubeEdge's edge sends these as JSON objects; a string holding JSON would be parsed
+        // by the controllers after the checks below had looked at a string.
+        return Err(Denied {
+            reason: "content_not_object",
+            text: format!(
+                "node {node} may not send {}: its content must be a JSON object",
+                message.resource()
+            ),
+        });
+    }
     let pod_bound = |pod: &str| {
         bound.contains(&format!("{ns}/pod/{pod}"))
             || view.and_then(|view| view.pod_node(ns, pod)).as_deref() == Some(node)
@@ -450,19 +514,38 @@ mod tests {
             assert!(refusal.text.contains(what), "{refusal:?}");
             assert_eq!(refusal.reason, "mirror_pod_reference");
         }
-        // Service account tokens: only for an account a pod of this node runs as ("web" runs
-        // as "default"), bound (if at all) to such a pod.
+        // Service account tokens: only for an account a pod of this node names ("api" names
+        // "reader"; "web" names none, which grants nothing, not even "default"), bound (if at
+        // all) to such a pod.
+        cluster
+            .create(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "api", "namespace": "default"},
+                "spec": {"nodeName": "edge-1", "serviceAccountName": "reader",
+                    "containers": [{"name": "c", "image": "i"}]}
+            }))
+            .unwrap();
         let token = |account: &str, bound_to: Value| {
             let mut message = query(&format!("default/serviceaccounttoken/{account}"));
             message.content = json!({"spec": {"boundObjectRef": bound_to}});
             message
         };
         let web = json!({"kind": "Pod", "name": "web"});
-        assert!(authorize("edge-1", &token("default", Value::Null), &none, Some(view)).is_ok());
-        assert!(authorize("edge-1", &token("default", web.clone()), &none, Some(view)).is_ok());
+        let api = json!({"kind": "Pod", "name": "api"});
+        assert!(authorize("edge-1", &token("reader", Value::Null), &none, Some(view)).is_ok());
+        assert!(authorize("edge-1", &token("reader", api.clone()), &none, Some(view)).is_ok());
+        for _ in 0..2 {
+            assert!(
+                authorize("edge-1", &token("default", Value::Null), &none, Some(view)).is_err()
+            );
+            assert!(
+                authorize("edge-1", &token("default", web.clone()), &none, Some(view)).is_err()
+            );
+            assert!(authorize("edge-1", &token("reader", web.clone()), &none, Some(view)).is_err());
+        }
         assert!(authorize("edge-1", &token("admin", Value::Null), &none, Some(view)).is_err());
-        assert!(authorize("edge-1", &token("admin", web.clone()), &none, Some(view)).is_err());
-        assert!(authorize("edge-2", &token("default", web), &none, Some(view)).is_err());
+        assert!(authorize("edge-1", &token("admin", api.clone()), &none, Some(view)).is_err());
+        assert!(authorize("edge-2", &token("reader", api), &none, Some(view)).is_err());
         // Events: about this node or one of its pods.
         let event = |kind: &str, name: &str| {
             let mut message = query("default/event/e1");

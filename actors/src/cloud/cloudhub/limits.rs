@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use edgehive_protocols::{Message, Operation, ResourceType};
 
-use super::auth::Denied;
+use super::auth::{BindingView, Denied};
 
 /// The limits; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub struct WriteLimits {
     pub writes_per_second: u32,
     /// Writes a node may make at once after a quiet spell.
     pub write_burst: u32,
+    /// Pods a node may create itself (mirror pods) and hold at once.
+    pub mirror_pods_per_node: usize,
 }
 
 impl Default for WriteLimits {
@@ -34,6 +36,7 @@ impl Default for WriteLimits {
             max_event_bytes: 16 * 1024,
             writes_per_second: 50,
             write_burst: 300,
+            mirror_pods_per_node: 32,
         }
     }
 }
@@ -44,6 +47,34 @@ pub fn is_write(message: &Message) -> bool {
         message.operation(),
         Some(Operation::Insert | Operation::Update | Operation::Patch)
     )
+}
+
+/// Checks the quota on what a node creates and keeps in the cluster: a pod it inserts (a
+/// mirror pod) is refused once [`WriteLimits::mirror_pods_per_node`] of its pods are mirror
+/// pods. Its Node and Lease are one each by authorization; its events have their own share
+/// in the embedded cluster.
+pub fn check_quota(
+    limits: &WriteLimits,
+    node: &str,
+    message: &Message,
+    view: Option<&dyn BindingView>,
+) -> Result<(), Denied> {
+    let pod_insert = message.operation() == Some(&Operation::Insert)
+        && message.resource().split('/').nth(1) == Some(ResourceType::Pod.as_str());
+    let Some(view) = view.filter(|_| pod_insert) else {
+        return Ok(());
+    };
+    let held = view.mirror_pods_on_node(node);
+    if held >= limits.mirror_pods_per_node {
+        return Err(Denied {
+            reason: "quota_exceeded",
+            text: format!(
+                "node {node} holds {held} pods it created, its quota (mirrorPodsPerNode) is {}; delete one first",
+                limits.mirror_pods_per_node
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// A node's write budget: a token bucket of [`WriteLimits::writes_per_second`].

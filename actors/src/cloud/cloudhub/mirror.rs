@@ -8,15 +8,16 @@
 //! and its watch event sees the previous state; CloudHub also admits objects it has itself
 //! sent to the node, so a freshly delivered pod is never refused because of that lag.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::auth::{pod_references, service_account_of, BindingView};
+use super::auth::{is_mirror_pod, pod_references, service_account_of, BindingView};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchError, WatchEvent};
+use edgehive_protocols::object::is_self_registered;
 
 /// First wait before listing again after a failed list; doubled up to [`MAX_RETRY`].
 const FIRST_RETRY: Duration = Duration::from_millis(200);
@@ -26,7 +27,8 @@ const MAX_RETRY: Duration = Duration::from_secs(30);
 struct Bindings {
     /// `(namespace, name)` → the parts of the pod's spec the checks read.
     pods: HashMap<(String, String), Value>,
-    nodes: HashSet<String>,
+    /// Node names, each with whether the edge registered it itself.
+    nodes: HashMap<String, bool>,
 }
 
 /// A local copy of the cluster's Pod bindings and Node names; see the [module docs](self).
@@ -78,7 +80,11 @@ impl BindingView for BindingMirror {
     }
 
     fn node_exists(&self, name: &str) -> bool {
-        self.read().nodes.contains(name)
+        self.read().nodes.contains_key(name)
+    }
+
+    fn node_known(&self, name: &str) -> bool {
+        self.read().nodes.get(name) == Some(&false)
     }
 
     fn pod_service_account(&self, namespace: &str, name: &str) -> Option<String> {
@@ -86,14 +92,22 @@ impl BindingView for BindingMirror {
         let pod = bindings
             .pods
             .get(&(namespace.to_owned(), name.to_owned()))?;
-        Some(service_account_of(pod).to_owned())
+        service_account_of(pod).map(str::to_owned)
+    }
+
+    fn mirror_pods_on_node(&self, node: &str) -> usize {
+        self.read()
+            .pods
+            .values()
+            .filter(|pod| pod["spec"]["nodeName"] == node && pod["mirror"] == true)
+            .count()
     }
 
     fn service_account_on_node(&self, node: &str, namespace: &str, account: &str) -> bool {
         self.read().pods.iter().any(|((pod_namespace, _), pod)| {
             pod_namespace == namespace
                 && pod["spec"]["nodeName"] == node
-                && service_account_of(pod) == account
+                && service_account_of(pod) == Some(account)
         })
     }
 }
@@ -157,7 +171,10 @@ fn replace_all(bindings: &RwLock<Bindings>, kind: &str, objects: &[Value]) {
         _ => {
             bindings.nodes = objects
                 .iter()
-                .filter_map(|node| node["metadata"]["name"].as_str().map(str::to_owned))
+                .filter_map(|node| {
+                    let name = node["metadata"]["name"].as_str()?;
+                    Some((name.to_owned(), is_self_registered(node)))
+                })
                 .collect();
         }
     }
@@ -184,7 +201,9 @@ fn apply(bindings: &RwLock<Bindings>, kind: &str, event: &WatchEvent) {
             if deleted {
                 bindings.nodes.remove(name);
             } else {
-                bindings.nodes.insert(name.to_owned());
+                bindings
+                    .nodes
+                    .insert(name.to_owned(), is_self_registered(&event.object));
             }
         }
     }
@@ -211,7 +230,7 @@ fn pruned(pod: &Value) -> Value {
             })
             .unwrap_or_default()
     };
-    json!({"spec": {
+    json!({"mirror": is_mirror_pod(pod), "spec": {
         "nodeName": spec["nodeName"],
         "serviceAccountName": spec["serviceAccountName"],
         "volumes": spec["volumes"],

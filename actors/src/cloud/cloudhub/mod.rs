@@ -214,15 +214,15 @@ impl Actor for CloudHub {
 }
 
 impl CloudHub {
-    /// At the node limit, a node the cluster has a Node object for is admitted before nodes
-    /// it has none for: one of those is disconnected to make room. Without a cluster view
-    /// every node counts as known.
+    /// At the node limit, a node the cluster has a Node object for (one the node did not
+    /// register itself) is admitted before nodes it has none for: one of those is
+    /// disconnected to make room. Without a cluster view every node counts as known.
     fn make_room_for_known_node(&self, node: &str, limit: usize) {
         let hub = &self.shared.hub;
         let Some(view) = hub.security.view.as_deref() else {
             return;
         };
-        if hub.connected.load(Ordering::Acquire) < limit || !view.node_exists(node) {
+        if hub.connected.load(Ordering::Acquire) < limit || !view.node_known(node) {
             return;
         }
         let already = self
@@ -239,7 +239,7 @@ impl CloudHub {
             .shared
             .nodes()
             .values()
-            .find(|cell| cell.is_admitted() && !view.node_exists(cell.name()))
+            .find(|cell| cell.is_admitted() && !view.node_known(cell.name()))
             .cloned();
         if let Some(stranger) = stranger {
             tracing::warn!(node = %stranger.name(), for_node = %node, "node limit reached: disconnecting a node the cluster does not know");

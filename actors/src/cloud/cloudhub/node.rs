@@ -29,12 +29,13 @@ use actix_ws::CloseCode;
 use edgehive_protocols::object::unix_ms;
 use edgehive_protocols::{Message, Operation};
 
+use super::auth::{self, binds};
+use super::dispatch;
 use super::limits::{self, WriteBudget};
 use super::metrics::CloudHubMetrics;
 use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::pool::{Enqueued, NodePool};
 use super::session::{CloseSession, NodeSession, WriteFrame};
-use super::{auth, dispatch};
 use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
 use crate::hive::log::{clip, WarnBudget};
 use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, RefusalKind, Refused};
@@ -286,18 +287,12 @@ impl NodeCell {
         let outcome = {
             let mut state = self.lock();
             let outcome = state.pool.enqueue(message.clone());
-            // What the node has, or is about to have; a refused message changes nothing.
-            let refused = matches!(
-                outcome,
-                Enqueued::AckQueueFull | Enqueued::NoResourceVersion
-            );
-            if let Some(key) = bound.filter(|_| !refused) {
-                if message.is_delete() {
-                    state.bound.remove(key);
-                } else if state.bound.len() < auth::MAX_BOUND_PER_NODE && !state.bound.contains(key)
-                {
-                    state.bound.insert(key.to_owned());
-                }
+            // A delete on its way takes the object from the node's bound set at once; an
+            // object is added only when the node ACKs a controller's push of it
+            // (`NodeActor::on_edge_message`), never because a message was queued: replies and
+            // refusals name the object the node asked about, and must not grant it.
+            if let Some(key) = bound.filter(|_| message.is_delete()) {
+                state.bound.remove(key);
             }
             outcome
         };
@@ -839,7 +834,16 @@ impl NodeActor {
         match message.operation() {
             Some(Operation::Response) => {
                 let parent = message.parent_id().unwrap_or_default();
-                let acked = self.cell.lock().pool.ack(parent);
+                let acked = {
+                    let mut state = self.cell.lock();
+                    let acked = state.pool.ack(parent);
+                    if let Some(key) = acked.as_deref().and_then(binds) {
+                        if state.bound.len() < auth::MAX_BOUND_PER_NODE {
+                            state.bound.insert(key);
+                        }
+                    }
+                    acked
+                };
                 if let Some(acked) = acked {
                     self.hub.metrics.acks.inc();
                     self.publish_ack(&acked);
@@ -865,18 +869,23 @@ impl NodeActor {
                     } else {
                         Ok(())
                     };
-                    limited.and_then(|()| {
-                        if self.hub.security.authorize {
-                            auth::authorize(
+                    let view = self.hub.security.view.as_deref();
+                    limited
+                        .and_then(|()| {
+                            if self.hub.security.authorize {
+                                auth::authorize(node, &message, &state.bound, view)
+                            } else {
+                                Ok(())
+                            }
+                        })
+                        .and_then(|()| {
+                            limits::check_quota(
+                                &self.hub.options.write_limits,
                                 node,
                                 &message,
-                                &state.bound,
-                                self.hub.security.view.as_deref(),
+                                view,
                             )
-                        } else {
-                            Ok(())
-                        }
-                    })
+                        })
                 };
                 match verdict {
                     Ok(()) => {

@@ -49,8 +49,12 @@ struct Inner {
     retention: EventRetention,
     /// Events in the order they were created (entries of events since deleted are skipped).
     events: VecDeque<(Instant, ObjectKey, String)>,
+    /// The same events by source ([`event_source`]), oldest first, for each source's share.
+    by_source: HashMap<String, VecDeque<(ObjectKey, String)>>,
     /// How many events the cluster holds.
     live_events: usize,
+    /// See [`StoreLimits`].
+    limits: StoreLimits,
     /// Events removed by [`EventRetention`].
     expired_events: u64,
 }
@@ -63,8 +67,12 @@ struct Inner {
 pub struct EventRetention {
     /// Age at which an event is deleted.
     pub ttl: Duration,
-    /// Most events kept; creating one more deletes the oldest.
+    /// Most events kept; creating one more deletes the oldest event of the source holding
+    /// the most, so one node cannot push every other node's events out.
     pub max: usize,
+    /// Most events kept from one source (`source.host`, which the cloud sets to the node
+    /// for every event a node writes); one more deletes that source's oldest.
+    pub per_source: usize,
 }
 
 impl Default for EventRetention {
@@ -72,8 +80,42 @@ impl Default for EventRetention {
         EventRetention {
             ttl: Duration::from_secs(3600),
             max: 10_000,
+            per_source: 1_000,
         }
     }
+}
+
+/// What the embedded cluster holds at most, as an API server's own limits do: a change that
+/// makes an object larger than its limit (a patch adds up) is refused with 413, and a create
+/// beyond `max_objects` with 403.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Largest object after a change (patch, status update), in bytes of its JSON.
+    pub max_object_bytes: usize,
+    /// Largest Event after a change.
+    pub max_event_bytes: usize,
+    /// Most objects held at once.
+    pub max_objects: usize,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        StoreLimits {
+            max_object_bytes: 1536 * 1024,
+            max_event_bytes: 1536 * 1024,
+            max_objects: 1_000_000,
+        }
+    }
+}
+
+/// Whose an event is, for its share: `source.host`, else `reportingInstance`.
+fn event_source(event: &Value) -> String {
+    event["source"]["host"]
+        .as_str()
+        .filter(|host| !host.is_empty())
+        .or_else(|| event["reportingInstance"].as_str())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// The in-process cluster. Cheap to clone; all clones share the same objects.
@@ -201,7 +243,9 @@ impl EmbeddedCluster {
                 datastore: None,
                 retention: EventRetention::default(),
                 events: VecDeque::new(),
+                by_source: HashMap::new(),
                 live_events: 0,
+                limits: StoreLimits::default(),
                 expired_events: 0,
             })),
         }
@@ -226,6 +270,18 @@ impl EmbeddedCluster {
             })
             .collect();
         stored.sort();
+        let mut by_source: HashMap<String, VecDeque<(ObjectKey, String)>> = HashMap::new();
+        for (_, key, uid) in &stored {
+            let source = loaded
+                .objects
+                .get(key)
+                .map(event_source)
+                .unwrap_or_default();
+            by_source
+                .entry(source)
+                .or_default()
+                .push_back((key.clone(), uid.clone()));
+        }
         let events: VecDeque<(Instant, ObjectKey, String)> = stored
             .into_iter()
             .map(|(_, key, uid)| (now, key, uid))
@@ -237,6 +293,8 @@ impl EmbeddedCluster {
                 watchers: HashMap::new(),
                 datastore: Some(datastore),
                 retention: EventRetention::default(),
+                by_source,
+                limits: StoreLimits::default(),
                 live_events: events.len(),
                 events,
                 expired_events: 0,
@@ -249,6 +307,15 @@ impl EmbeddedCluster {
         let mut inner = self.lock();
         inner.retention = retention;
         inner.expire_events(Instant::now());
+        let sources: Vec<String> = inner.by_source.keys().cloned().collect();
+        for source in sources {
+            inner.keep_share(&source);
+        }
+    }
+
+    /// Sets what the cluster holds at most (applied to later writes).
+    pub fn set_limits(&self, limits: StoreLimits) {
+        self.lock().limits = limits;
     }
 
     /// Deletes the events that are past their time or over the cap; returns how many events
@@ -285,6 +352,18 @@ impl EmbeddedCluster {
             return Err(ClusterError::AlreadyExists {
                 key: id.display(),
                 kind: id.kind,
+            });
+        }
+        let max_objects = inner.limits.max_objects;
+        if inner.objects.len() >= max_objects {
+            return Err(ClusterError::Api {
+                code: 403,
+                reason: "Forbidden".into(),
+                message: format!(
+                    "{} {:?}: the embedded cluster holds its most objects ({max_objects}, embeddedCluster.maxObjects)",
+                    id.kind,
+                    id.display()
+                ),
             });
         }
         let metadata = metadata_mut(&mut obj);
@@ -489,7 +568,35 @@ impl EmbeddedCluster {
         };
         let mut obj = current.clone();
         change(&mut obj)?;
+        let max = if kind == EVENT {
+            inner.limits.max_event_bytes
+        } else {
+            inner.limits.max_object_bytes
+        };
+        let size = json_size(&obj);
+        if size > max {
+            return Err(ClusterError::Api {
+                code: 413,
+                reason: "RequestEntityTooLarge".into(),
+                message: format!(
+                    "{kind} {:?}: the change would make it {size} bytes, over the limit of {max}",
+                    display_key(&namespace, name)
+                ),
+            });
+        }
         inner.commit(key, obj, EventType::Modified)
+    }
+
+    /// How many objects of `kind` match `matches` (nothing is copied).
+    pub fn count(&self, kind: &str, matches: impl Fn(&Value) -> bool) -> usize {
+        let inner = self.lock();
+        let first: ObjectKey = (kind.to_owned(), String::new(), String::new());
+        inner
+            .objects
+            .range(first..)
+            .take_while(|((k, _, _), _)| k == kind)
+            .filter(|(_, obj)| matches(obj))
+            .count()
     }
 
     /// Every object of `kind` (by namespace, then name) and the list's resourceVersion.
@@ -697,10 +804,16 @@ impl Inner {
         } else if self.objects.insert(key.clone(), obj.clone()).is_none() && is_event {
             self.live_events += 1;
             let now = Instant::now();
-            self.events
-                .push_back((now, key, meta_str(&obj, "uid").to_owned()));
+            let uid = meta_str(&obj, "uid").to_owned();
+            let source = event_source(&obj);
+            self.by_source
+                .entry(source.clone())
+                .or_default()
+                .push_back((key.clone(), uid.clone()));
+            self.events.push_back((now, key, uid));
             self.publish(&kind, event_type, &obj);
             self.expire_events(now);
+            self.keep_share(&source);
             return Ok(obj);
         }
         self.publish(&kind, event_type, &obj);
@@ -709,7 +822,7 @@ impl Inner {
 
     /// See [`EmbeddedCluster::expire_events`].
     fn expire_events(&mut self, now: Instant) {
-        let EventRetention { ttl, max } = self.retention;
+        let EventRetention { ttl, max, .. } = self.retention;
         while let Some((created, key, uid)) = self.events.front().cloned() {
             let current = self
                 .objects
@@ -719,7 +832,7 @@ impl Inner {
                 self.events.pop_front(); // deleted (or re-created) since
                 continue;
             }
-            if now.duration_since(created) < ttl && self.live_events <= max {
+            if now.duration_since(created) < ttl {
                 break;
             }
             let Some(obj) = self.objects.get(&key).cloned() else {
@@ -746,6 +859,86 @@ impl Inner {
         }
     }
 
+    /// Keeps `source` within its share of events, then the cluster within its most events
+    /// by taking the oldest event of whichever source holds the most.
+    fn keep_share(&mut self, source: &str) {
+        let EventRetention {
+            max, per_source, ..
+        } = self.retention;
+        let per_source = per_source.max(1);
+        // The entry count is an upper bound of the live count: look closer only above it.
+        if self.by_source.get(source).map_or(0, VecDeque::len) > per_source {
+            while self.live_count(source) > per_source {
+                if !self.evict_oldest_of(source) {
+                    break;
+                }
+            }
+        }
+        while self.live_events > max {
+            let largest = self
+                .by_source
+                .iter()
+                .max_by_key(|(_, events)| events.len())
+                .map(|(source, _)| source.clone());
+            let Some(largest) = largest else { break };
+            // Entries of deleted events may make a source look larger; they are dropped here.
+            self.live_count(&largest);
+            if !self.evict_oldest_of(&largest) {
+                break;
+            }
+        }
+    }
+
+    /// How many events `source` holds, dropping its entries of events deleted since.
+    fn live_count(&mut self, source: &str) -> usize {
+        let Some(events) = self.by_source.get_mut(source) else {
+            return 0;
+        };
+        let objects = &self.objects;
+        events.retain(|(key, uid)| {
+            objects
+                .get(key)
+                .is_some_and(|obj| meta_str(obj, "uid") == uid.as_str())
+        });
+        let live = events.len();
+        if live == 0 {
+            self.by_source.remove(source);
+        }
+        live
+    }
+
+    /// Deletes the oldest live event of `source`; false when it has none or the datastore
+    /// refused (tried again on the next write).
+    fn evict_oldest_of(&mut self, source: &str) -> bool {
+        loop {
+            let Some((key, uid)) = self.by_source.get_mut(source).and_then(VecDeque::pop_front)
+            else {
+                self.by_source.remove(source);
+                return false;
+            };
+            let Some(obj) = self
+                .objects
+                .get(&key)
+                .filter(|obj| meta_str(obj, "uid") == uid)
+                .cloned()
+            else {
+                continue; // deleted (or re-created) since
+            };
+            return match self.commit(key.clone(), obj, EventType::Deleted) {
+                Ok(_) => {
+                    self.expired_events += 1;
+                    true
+                }
+                Err(_) => {
+                    if let Some(events) = self.by_source.get_mut(source) {
+                        events.push_front((key, uid));
+                    }
+                    false
+                }
+            };
+        }
+    }
+
     fn publish(&self, kind: &str, event_type: EventType, obj: &Value) {
         if let Some(sender) = self.watchers.get(kind) {
             // No receiver is not an error: nobody watches this kind right now.
@@ -755,6 +948,24 @@ impl Inner {
             });
         }
     }
+}
+
+/// The length of `value` as compact JSON, without building the text.
+fn json_size(value: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing a Value to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
 }
 
 #[cfg(test)]
@@ -965,6 +1176,7 @@ mod tests {
         cluster.set_event_retention(EventRetention {
             ttl: Duration::from_secs(3600),
             max: 3,
+            per_source: 1000,
         });
         let mut watch = cluster.watch("Event");
         for i in 0..5 {
@@ -989,6 +1201,7 @@ mod tests {
         cluster.set_event_retention(EventRetention {
             ttl: Duration::from_millis(30),
             max: 3,
+            per_source: 1000,
         });
         std::thread::sleep(Duration::from_millis(40));
         assert_eq!(cluster.expire_events(), 5);
@@ -998,5 +1211,103 @@ mod tests {
             "other kinds are not touched"
         );
         assert_eq!(cluster.list("Pod").0.len(), 1);
+    }
+
+    fn event_from(name: &str, node: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
+               "source": {"host": node}, "message": "x",
+               "involvedObject": {"kind": "Node", "name": node}})
+    }
+
+    #[test]
+    fn one_source_cannot_push_out_the_others_events() {
+        let cluster = EmbeddedCluster::new();
+        cluster.set_event_retention(EventRetention {
+            ttl: Duration::from_secs(3600),
+            max: 10,
+            per_source: 4,
+        });
+        for i in 0..3 {
+            cluster
+                .create(event_from(&format!("quiet-{i}"), "quiet"))
+                .unwrap();
+        }
+        for i in 0..50 {
+            cluster
+                .create(event_from(&format!("noisy-{i}"), "noisy"))
+                .unwrap();
+        }
+        let (kept, _) = cluster.list("Event");
+        let names: Vec<&str> = kept.iter().map(|e| meta_str(e, "name")).collect();
+        assert_eq!(
+            names,
+            ["noisy-46", "noisy-47", "noisy-48", "noisy-49", "quiet-0", "quiet-1", "quiet-2"],
+            "the noisy source keeps its newest 4, the quiet one all of its own"
+        );
+        // At the cluster's cap, the source holding the most gives way.
+        for node in ["a", "b"] {
+            for i in 0..4 {
+                cluster
+                    .create(event_from(&format!("{node}-{i}"), node))
+                    .unwrap();
+            }
+        }
+        let (kept, _) = cluster.list("Event");
+        assert_eq!(kept.len(), 10);
+        for source in ["quiet", "noisy", "a", "b"] {
+            let held = kept
+                .iter()
+                .filter(|e| e["source"]["host"] == source)
+                .count();
+            assert!(
+                (2..=3).contains(&held),
+                "{source} holds {held} of 10: its share"
+            );
+        }
+    }
+
+    #[test]
+    fn patches_cannot_grow_an_object_past_the_limit_and_creates_stop_at_the_total() {
+        let cluster = EmbeddedCluster::new();
+        cluster.set_limits(StoreLimits {
+            max_object_bytes: 4096,
+            max_event_bytes: 1024,
+            max_objects: 3,
+        });
+        cluster.create(event_from("e", "n1")).unwrap();
+        cluster
+            .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}))
+            .unwrap();
+        // Each patch is small; together they would pass the limit.
+        let mut refused = 0;
+        for i in 0..20 {
+            let patch =
+                json!({"status": {"conditions": [], "x": {format!("k{i}"): "v".repeat(400)}}});
+            match cluster.merge_patch("Node", None, "n1", &patch, true) {
+                Ok(_) => {}
+                Err(err) => {
+                    assert_eq!(err.status(), 413, "{err}");
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 0, "the growing node is refused");
+        let node = cluster.get("Node", None, "n1").unwrap();
+        assert!(json_size(&node) <= 4096, "{}", json_size(&node));
+        let patch = json!({"message": "m".repeat(2000)});
+        let err = cluster
+            .merge_patch("Event", None, "e", &patch, false)
+            .unwrap_err();
+        assert_eq!(err.status(), 413);
+        assert!(err.to_string().contains("over the limit of 1024"), "{err}");
+        // The total.
+        cluster.create(pod("p1")).unwrap();
+        let err = cluster.create(pod("p2")).unwrap_err();
+        assert_eq!(err.status(), 403);
+        assert!(
+            err.to_string().contains("embeddedCluster.maxObjects"),
+            "{err}"
+        );
+        assert!(cluster.create(pod("p2")).is_err(), "refused again");
     }
 }

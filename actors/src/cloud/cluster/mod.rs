@@ -14,7 +14,7 @@ pub mod embedded;
 pub mod kube;
 pub mod port;
 pub(crate) use edgehive_protocols::object::rfc3339;
-pub use embedded::{merge, EmbeddedCluster, EventRetention};
+pub use embedded::{merge, EmbeddedCluster, EventRetention, StoreLimits};
 pub use port::{ClusterFuture, ClusterPort, SharedCluster, Watch};
 
 /// How many events a watcher may fall behind before it is told it lagged.

@@ -8,6 +8,7 @@
 //! ObjectResp `{"Object": …, "Err": …}` where errors are client-go `StatusError`s
 //! (`{"ErrStatus": …}`).
 
+use edgehive_protocols::object::{MIRROR_ANNOTATION, SELF_REGISTERED_ANNOTATION};
 use edgehive_protocols::{CloudResource, Message, Operation, ResourceType};
 use serde_json::{json, Value};
 
@@ -40,7 +41,7 @@ impl EdgeRequest {
                     Ok(_) => ok(),
                     Err(ClusterError::NotFound { .. }) => {
                         let node = named_object(node.clone(), "v1", "Node", &name, None);
-                        text_result(cluster.create(node).await.map(|_| ()))
+                        text_result(cluster.create(self_registered(node)).await.map(|_| ()))
                     }
                     Err(err) => Value::String(err.to_string()),
                 };
@@ -62,7 +63,7 @@ impl EdgeRequest {
             }
             Request::NodeInsert(node) => {
                 let node = named_object(node.clone(), "v1", "Node", &name, None);
-                let result = cluster.create(node).await;
+                let result = cluster.create(self_registered(node)).await;
                 outcome.reply = Some(self.object_resp(result, "nodes"));
             }
             Request::NodeQuery => {
@@ -74,6 +75,10 @@ impl EdgeRequest {
                     let mut live = cluster.get("Node", None, &name).await?;
                     for field in ["labels", "annotations"] {
                         if let Some(Value::Object(given)) = node["metadata"].get(field) {
+                            // The cloud's own mark stays as the cloud set it.
+                            let given = given
+                                .iter()
+                                .filter(|(key, _)| key.as_str() != SELF_REGISTERED_ANNOTATION);
                             for (key, value) in given {
                                 live["metadata"][field][key] = value.clone();
                             }
@@ -139,7 +144,16 @@ impl EdgeRequest {
                 outcome.reply = Some(self.reply(text_result(&result)));
             }
             Request::PodInsert(pod) => {
-                let pod = named_object(pod.clone(), "v1", "Pod", &name, ns);
+                let mut pod = named_object(pod.clone(), "v1", "Pod", &name, ns);
+                // A pod a node creates is a mirror pod (the kubelet marks it so too): the
+                // node's quota of them counts this mark.
+                let annotations = &mut pod["metadata"]["annotations"];
+                if !annotations.is_object() {
+                    *annotations = json!({});
+                }
+                if annotations[MIRROR_ANNOTATION].is_null() {
+                    annotations[MIRROR_ANNOTATION] = json!(self.resource.node);
+                }
                 outcome.reply = Some(self.object_resp(cluster.create(pod).await, "pods"));
             }
             Request::Query(target) => {
@@ -187,8 +201,19 @@ impl EdgeRequest {
                 if let Some(metadata) = event["metadata"].as_object_mut() {
                     metadata.remove("resourceVersion");
                 }
+                // The node is the event's source (as the kubelet reports it): the embedded
+                // cluster keeps each source's share of events by it.
+                if !event["source"].is_object() {
+                    event["source"] = json!({});
+                }
+                event["source"]["host"] = json!(self.resource.node);
                 let result = match cluster.create(event.clone()).await {
-                    Err(ClusterError::AlreadyExists { .. }) => cluster.update(event).await,
+                    Err(ClusterError::AlreadyExists { .. }) => {
+                        match self.own_event(&cluster, ns, &event_name).await {
+                            Ok(()) => cluster.update(event).await,
+                            Err(err) => Err(err),
+                        }
+                    }
                     other => other,
                 };
                 outcome.error = result.err();
@@ -199,17 +224,48 @@ impl EdgeRequest {
                     .filter(|n| !n.is_empty())
                     .unwrap_or(&name)
                     .to_owned();
-                let patch = match &info["patchData"] {
+                let mut patch = match &info["patchData"] {
                     Value::String(text) => serde_json::from_str(text).unwrap_or(Value::Null),
                     other => other.clone(),
                 };
-                outcome.error = cluster
-                    .patch("Event", ns, &event_name, patch, false)
-                    .await
-                    .err();
+                // Whose event it is and what it is about stay as they were created.
+                if let Some(fields) = patch.as_object_mut() {
+                    fields.remove("source");
+                    fields.remove("involvedObject");
+                }
+                outcome.error = match self.own_event(&cluster, ns, &event_name).await {
+                    Ok(()) => cluster
+                        .patch("Event", ns, &event_name, patch, false)
+                        .await
+                        .err(),
+                    Err(err) => Some(err),
+                };
             }
         }
         outcome
+    }
+
+    /// Whether the stored event `name` is this node's own (its `source.host`): a node may
+    /// change only events it wrote.
+    async fn own_event(
+        &self,
+        cluster: &SharedCluster,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<(), ClusterError> {
+        let stored = cluster.get("Event", namespace, name).await?;
+        if stored["source"]["host"].as_str() == Some(self.resource.node.as_str()) {
+            Ok(())
+        } else {
+            Err(ClusterError::Api {
+                code: 403,
+                reason: "Forbidden".into(),
+                message: format!(
+                    "node {} may not change event {name}: another source wrote it",
+                    self.resource.node
+                ),
+            })
+        }
     }
 
     /// A delete for the edge of a pod it reports on but which is gone from the cluster (or
@@ -321,6 +377,17 @@ fn text_result<T, E: std::fmt::Display>(result: impl std::borrow::Borrow<Result<
 
 /// `obj` with kind, apiVersion and the name (and namespace) of the resource string when it
 /// has none of its own.
+/// `node` as an edge registers it: marked so that it does not count as known to the cluster
+/// at the node limit ([`SELF_REGISTERED_ANNOTATION`]).
+fn self_registered(mut node: Value) -> Value {
+    let annotations = &mut node["metadata"]["annotations"];
+    if !annotations.is_object() {
+        *annotations = json!({});
+    }
+    annotations[SELF_REGISTERED_ANNOTATION] = json!("true");
+    node
+}
+
 fn named_object(
     mut obj: Value,
     api_version: &str,

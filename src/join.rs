@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
+use edgehive_actors::identity::private_files;
 
 use crate::config::EdgeConfig;
 
@@ -60,22 +61,24 @@ pub fn edge_config(options: &JoinOptions) -> anyhow::Result<EdgeConfig> {
     Ok(config)
 }
 
-/// Writes the config for `options` to `path` (its folder created); an existing file is kept
-/// unless `force`. Returns the config written.
+/// Writes the config for `options` to `path`; an existing file is kept unless `force`.
+/// Returns the config written.
+///
+/// The file holds the join token: it is written 0600 (replacing a looser file), and the
+/// folders `join` creates for it and for the data (certificates, database) are 0700.
 pub fn write(options: &JoinOptions, path: &Path, force: bool) -> anyhow::Result<EdgeConfig> {
     let config = edge_config(options)?;
     if path.exists() && !force {
         bail!("{} exists; pass --force to replace it", path.display());
     }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
-    }
     let text = format!(
         "# Written by `edgehive join`; every key is documented in config/edge.yaml.\n{}",
         serde_yaml_ng::to_string(&config).context("cannot write the config as YAML")?
     );
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    private_files::write_private_file(path, text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    private_files::create_private_dir(&options.data_dir)
+        .with_context(|| format!("cannot create {}", options.data_dir.display()))?;
     // What `edgehive edge --config` will read must load as written.
     EdgeConfig::load(path).with_context(|| format!("{} does not load back", path.display()))?;
     Ok(config)

@@ -17,6 +17,7 @@ use edgehive::demo::{self, DemoOptions};
 use edgehive::edge::EdgeProcess;
 #[cfg(feature = "cloud")]
 use edgehive_actors::identity::certs::CertAuthority;
+use edgehive_actors::identity::private_files;
 #[cfg(feature = "cloud")]
 use edgehive_actors::identity::token;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -208,6 +209,26 @@ enum Command {
     Version,
 }
 
+/// `join --start`: this process becomes `edgehive edge --config CONFIG` (same pid, same
+/// standard streams), so the join token given to `join` on its command line is not in the
+/// running edge's command line (`/proc/PID/cmdline`, `ps`) for its whole life; the edge reads
+/// it from the 0600 config file.
+fn start_joined_edge(config: &std::path::Path, log_format: LogFormat) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::process::CommandExt as _;
+    let binary = std::env::current_exe().context("cannot find this program to start the edge")?;
+    let log_format = match log_format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    };
+    let _ = std::io::stdout().flush();
+    let error = std::process::Command::new(&binary)
+        .args(["--log-format", log_format, "edge", "--config"])
+        .arg(config)
+        .exec();
+    Err(error).with_context(|| format!("cannot start {} edge", binary.display()))
+}
+
 /// Where the cloud's admin endpoint is.
 #[derive(Debug, clap::Args)]
 struct AdminArgs {
@@ -293,7 +314,7 @@ fn main() -> ExitCode {
             .with(logs.json().flatten_event(true).with_filter(filter))
             .init(),
     }
-    match run(cli.command) {
+    match run(cli.command, cli.log_format) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
@@ -302,7 +323,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<()> {
+fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
     match command {
         Command::Version => {
             println!("edgehive {}", env!("CARGO_PKG_VERSION"));
@@ -378,9 +399,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 println!("start it with: edgehive edge --config {}", config.display());
                 return Ok(());
             }
-            run(Command::Edge {
-                config: Some(config),
-            })
+            start_joined_edge(&config, log_format)
         }
         Command::Status { admin } => {
             let base = format!("http://{}", admin.address()?);
@@ -400,7 +419,17 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Edge { config } => {
             let config = match config {
-                Some(path) => EdgeConfig::load(&path)?,
+                Some(path) => {
+                    let config = EdgeConfig::load(&path)?;
+                    if !config.modules.edge_hub.token.is_empty() {
+                        // The join token is a secret: a config readable by others is
+                        // tightened to 0600 (logged), as the edge's database is.
+                        private_files::tighten(&path).with_context(|| {
+                            format!("cannot make {} private (0600)", path.display())
+                        })?;
+                    }
+                    config
+                }
                 None => EdgeConfig::default(),
             };
             actix_rt::System::new().block_on(async {

@@ -13,7 +13,10 @@ use edgehive_actors::cloud::cluster::{EventRetention, StoreLimits};
 use edgehive_actors::identity::tls::CloudTlsFiles;
 use serde::{Deserialize, Serialize};
 
-use super::{expect_kind, load, positive, yes, ConfigError, Enable, Schema, Validate};
+use super::{
+    bind_host, expect_kind, host_port, is_dns_name, load, url, within, yes, ConfigError, Enable,
+    Refusal, Schema, Validate, GIB, KIB,
+};
 
 impl Schema for CloudConfig {
     const KIND: &'static str = "CloudCore";
@@ -136,7 +139,11 @@ impl CloudConfig {
 }
 
 impl Validate for CloudConfig {
-    fn validate(&self) -> Result<(), (&'static str, String)> {
+    /// Every number, duration and address in a range the process works with: a value that
+    /// would break it later (a certificate server that fails every request, a port that
+    /// refuses every connection, a token that never expires) is refused at start, naming
+    /// the key. KubeEdge's defaults are all inside.
+    fn validate(&self) -> Result<(), Refusal> {
         let defaults = CloudConfig::default();
         expect_kind(
             &self.api_version,
@@ -144,71 +151,199 @@ impl Validate for CloudConfig {
             &defaults.api_version,
             &defaults.kind,
         )?;
-        let hub = &self.modules.cloud_hub;
-        positive("modules.cloudHub.keepaliveInterval", hub.keepalive_interval)?;
-        positive("modules.cloudHub.nodeLimit", hub.node_limit as u64)?;
-        positive("modules.cloudHub.maxFrameSize", hub.max_frame_size as u64)?;
-        positive("modules.cloudHub.maxObjectSize", hub.max_object_size as u64)?;
-        positive("modules.cloudHub.maxEventSize", hub.max_event_size as u64)?;
-        positive(
-            "modules.cloudHub.nodeWriteQPS",
-            u64::from(hub.node_write_qps),
+        host_port(
+            "commonConfig.monitorServer.bindAddress",
+            &self.common_config.monitor_server.bind_address,
+            0..=u16::MAX,
         )?;
-        positive(
-            "modules.cloudHub.nodeWriteBurst",
-            u64::from(hub.node_write_burst),
+        self.kube_api_config.validate()?;
+        let cluster = &self.embedded_cluster;
+        within(
+            "embeddedCluster.eventTTL",
+            cluster.event_ttl,
+            1..=MAX_EVENT_TTL_SECS,
+            "seconds",
         )?;
-        positive(
-            "modules.cloudHub.edgeCertSigningDuration",
-            hub.edge_cert_signing_duration,
-        )?;
-        positive(
-            "modules.cloudHub.tokenRefreshDuration",
-            hub.token_refresh_duration,
-        )?;
-        positive("embeddedCluster.eventTTL", self.embedded_cluster.event_ttl)?;
-        positive(
+        within(
             "embeddedCluster.maxEvents",
-            self.embedded_cluster.max_events as u64,
+            cluster.max_events as u64,
+            1..=1_000_000,
+            "events",
         )?;
-        positive(
+        within(
             "embeddedCluster.maxEventsPerNode",
-            self.embedded_cluster.max_events_per_node as u64,
+            cluster.max_events_per_node as u64,
+            1..=1_000_000,
+            "events",
         )?;
-        positive(
+        within(
             "embeddedCluster.maxObjects",
-            self.embedded_cluster.max_objects as u64,
+            cluster.max_objects as u64,
+            1..=100_000_000,
+            "objects",
         )?;
-        positive(
+        within(
             "modules.cloudHub.mirrorPodsPerNode",
-            hub.mirror_pods_per_node as u64,
+            self.modules.cloud_hub.mirror_pods_per_node as u64,
+            1..=10_000,
+            "pods",
         )?;
-        positive(
+        self.modules.cloud_hub.validate()?;
+        within(
             "modules.syncController.reconcileInterval",
             self.modules.sync_controller.reconcile_interval,
+            1..=3600,
+            "seconds",
+        )
+    }
+}
+
+/// Longest `embeddedCluster.eventTTL`: 30 days.
+const MAX_EVENT_TTL_SECS: u64 = 30 * 24 * 3600;
+/// Longest `edgeCertSigningDuration`, in days (KubeEdge's unit): 100 years.
+pub const MAX_EDGE_CERT_DAYS: u64 = 36_500;
+/// Longest `tokenRefreshDuration`, in hours (KubeEdge's unit): 30 days. A join token admits
+/// any node name while valid (one to two of these), so it must expire.
+pub const MAX_TOKEN_REFRESH_HOURS: u64 = 720;
+
+impl CloudHubConfig {
+    fn validate(&self) -> Result<(), Refusal> {
+        within(
+            "modules.cloudHub.keepaliveInterval",
+            self.keepalive_interval,
+            1..=3600,
+            "seconds",
         )?;
-        if let Err(message) = hub.advertise_ips() {
+        within(
+            "modules.cloudHub.nodeLimit",
+            self.node_limit as u64,
+            1..=1_000_000,
+            "nodes",
+        )?;
+        within(
+            "modules.cloudHub.maxFrameSize",
+            self.max_frame_size as u64,
+            64 * KIB..=GIB,
+            "bytes",
+        )?;
+        within(
+            "modules.cloudHub.maxObjectSize",
+            self.max_object_size as u64,
+            KIB..=GIB,
+            "bytes",
+        )?;
+        within(
+            "modules.cloudHub.maxEventSize",
+            self.max_event_size as u64,
+            KIB..=GIB,
+            "bytes",
+        )?;
+        within(
+            "modules.cloudHub.nodeWriteQPS",
+            u64::from(self.node_write_qps),
+            1..=100_000,
+            "writes a second",
+        )?;
+        within(
+            "modules.cloudHub.nodeWriteBurst",
+            u64::from(self.node_write_burst),
+            1..=1_000_000,
+            "writes",
+        )?;
+        within(
+            "modules.cloudHub.handshakeTimeout",
+            self.handshake_timeout,
+            1..=300,
+            "seconds",
+        )?;
+        within(
+            "modules.cloudHub.handshakesPending",
+            self.handshakes_pending as u64,
+            1..=1_000_000,
+            "handshakes",
+        )?;
+        within(
+            "modules.cloudHub.handshakesPerSource",
+            self.handshakes_per_source as u64,
+            1..=self.handshakes_pending as u64,
+            "handshakes (at most handshakesPending)",
+        )?;
+        bind_host(
+            "modules.cloudHub.websocket.address",
+            &self.websocket.address,
+        )?;
+        bind_host("modules.cloudHub.https.address", &self.https.address)?;
+        for (key, path) in [
+            ("modules.cloudHub.tlsCAFile", &self.tls_ca_file),
+            ("modules.cloudHub.tlsCAKeyFile", &self.tls_ca_key_file),
+            ("modules.cloudHub.tlsCertFile", &self.tls_cert_file),
+            (
+                "modules.cloudHub.tlsPrivateKeyFile",
+                &self.tls_private_key_file,
+            ),
+        ] {
+            if path.as_os_str().is_empty() && !self.websocket.insecure_plaintext {
+                return Err((key, "expected a file path".into()));
+            }
+        }
+        if let Err(message) = self.advertise_ips() {
             return Err(("modules.cloudHub.advertiseAddress", message));
         }
-        self.kube_api_config.validate()
+        // KubeEdge's default is [""]: an empty name is no name.
+        for name in self.dns_names.iter().filter(|name| !name.is_empty()) {
+            if !is_dns_name(name.strip_prefix("*.").unwrap_or(name)) {
+                return Err((
+                    "modules.cloudHub.dnsNames",
+                    format!("expected DNS names, found {name:?}"),
+                ));
+            }
+        }
+        within(
+            "modules.cloudHub.edgeCertSigningDuration",
+            self.edge_cert_signing_duration,
+            1..=MAX_EDGE_CERT_DAYS,
+            "days",
+        )?;
+        within(
+            "modules.cloudHub.tokenRefreshDuration",
+            self.token_refresh_duration,
+            1..=MAX_TOKEN_REFRESH_HOURS,
+            "hours",
+        )
     }
 }
 
 impl KubeApiConfig {
-    fn validate(&self) -> Result<(), (&'static str, String)> {
+    fn validate(&self) -> Result<(), Refusal> {
         if !KUBE_CONTENT_TYPES.contains(&self.content_type.as_str()) {
             return Err((
                 "kubeAPIConfig.contentType",
                 format!("expected one of {}", KUBE_CONTENT_TYPES.join(", ")),
             ));
         }
-        if !self.qps.is_finite() || self.qps <= 0.0 {
+        if !self.qps.is_finite() || self.qps <= 0.0 || self.qps > 1_000_000.0 {
             return Err((
                 "kubeAPIConfig.qps",
-                "expected a number greater than 0".into(),
+                format!(
+                    "expected a number greater than 0 and at most 1000000, found {}",
+                    self.qps
+                ),
             ));
         }
-        positive("kubeAPIConfig.burst", u64::from(self.burst))?;
+        within(
+            "kubeAPIConfig.burst",
+            u64::from(self.burst),
+            1..=1_000_000,
+            "requests",
+        )?;
+        if !self.master.is_empty() {
+            url(
+                "kubeAPIConfig.master",
+                &self.master,
+                &["https", "http"],
+                true,
+            )?;
+        }
         Ok(())
     }
 

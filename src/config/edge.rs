@@ -10,7 +10,12 @@ use edgehive_actors::edge::edged::NodeOptions;
 use edgehive_actors::edge::edgehub::EdgeHubOptions;
 use serde::{Deserialize, Serialize};
 
-use super::{expect_kind, load, positive, yes, ConfigError, Enable, Schema, Validate};
+use edgehive_actors::identity::check_node_name;
+
+use super::{
+    expect_kind, host_port, load, url, within, yes, ConfigError, Enable, Refusal, Schema, Validate,
+    GIB, KIB,
+};
 
 impl Schema for EdgeConfig {
     const KIND: &'static str = "EdgeCore";
@@ -18,6 +23,7 @@ impl Schema for EdgeConfig {
         "featureGates",
         "database.driverName",
         "database.aliasName",
+        "edgecoreVersion",
         "modules.edgeHub.enable",
         "modules.edgeHub.quic",
         "modules.edgeHub.rotateCertificates",
@@ -83,7 +89,9 @@ impl EdgeConfig {
 }
 
 impl Validate for EdgeConfig {
-    fn validate(&self) -> Result<(), (&'static str, String)> {
+    /// Every number, duration, address and label in a range the edge works with, refused at
+    /// start naming the key (see the cloud's). KubeEdge's defaults are all inside.
+    fn validate(&self) -> Result<(), Refusal> {
         let defaults = EdgeConfig::default();
         expect_kind(
             &self.api_version,
@@ -91,69 +99,212 @@ impl Validate for EdgeConfig {
             &defaults.api_version,
             &defaults.kind,
         )?;
-        let node = self.node_name();
-        if node.is_empty()
-            || !node
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        {
-            return Err((
-                "modules.edged.hostnameOverride",
-                format!("expected a node name of lowercase letters, digits, '-' and '.', found {node:?}"),
-            ));
+        if self.database.data_source.as_os_str().is_empty() {
+            return Err(("database.dataSource", "expected a file path".into()));
         }
-        positive("modules.edgeHub.heartbeat", self.modules.edge_hub.heartbeat)?;
-        positive(
-            "modules.edgeHub.reconnectMinMillis",
-            self.modules.edge_hub.reconnect_min_millis,
-        )?;
-        positive(
-            "modules.edgeHub.messageQPS",
-            u64::from(self.modules.edge_hub.message_qps),
-        )?;
-        positive(
-            "modules.edgeHub.messageBurst",
-            u64::from(self.modules.edge_hub.message_burst),
-        )?;
-        positive(
+        host_port("admin.bindAddress", &self.admin.bind_address, 0..=u16::MAX)?;
+        self.modules.edge_hub.validate()?;
+        within(
             "modules.metaManager.remoteQueryTimeout",
             self.modules.meta_manager.remote_query_timeout,
+            1..=3600,
+            "seconds",
         )?;
-        if self.modules.edge_hub.websocket.server.is_empty() {
+        self.modules.edged.validate()
+    }
+}
+
+impl EdgeHubConfig {
+    fn validate(&self) -> Result<(), Refusal> {
+        within(
+            "modules.edgeHub.heartbeat",
+            self.heartbeat,
+            1..=600,
+            "seconds",
+        )?;
+        let project = &self.project_id;
+        if project.is_empty()
+            || project.len() > 253
+            || !project
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            // It goes into the URL path and a header.
             return Err((
-                "modules.edgeHub.websocket.server",
-                "expected host:port of the cloud's WebSocket listener".into(),
+                "modules.edgeHub.projectID",
+                format!("expected 1 to 253 letters, digits, '-', '_' or '.', found {project:?}"),
             ));
         }
-        let kubelet = &self.modules.edged.tailored_kubelet_config;
+        within(
+            "modules.edgeHub.maxFrameSize",
+            self.max_frame_size as u64,
+            64 * KIB..=GIB,
+            "bytes",
+        )?;
+        within(
+            "modules.edgeHub.reconnectMinMillis",
+            self.reconnect_min_millis,
+            10..=600_000,
+            "milliseconds",
+        )?;
+        within(
+            "modules.edgeHub.reconnectMaxMillis",
+            self.reconnect_max_millis,
+            self.reconnect_min_millis..=3_600_000,
+            "milliseconds (at least reconnectMinMillis)",
+        )?;
+        within(
+            "modules.edgeHub.messageQPS",
+            u64::from(self.message_qps),
+            1..=100_000,
+            "messages a second",
+        )?;
+        within(
+            "modules.edgeHub.messageBurst",
+            u64::from(self.message_burst),
+            1..=1_000_000,
+            "messages",
+        )?;
+        host_port(
+            "modules.edgeHub.websocket.server",
+            &self.websocket.server,
+            1..=u16::MAX,
+        )?;
+        if !self.websocket.insecure_plaintext {
+            url(
+                "modules.edgeHub.httpServer",
+                &self.http_server,
+                &["https"],
+                false,
+            )?;
+            for (key, path) in [
+                ("modules.edgeHub.tlsCaFile", &self.tls_ca_file),
+                ("modules.edgeHub.tlsCertFile", &self.tls_cert_file),
+                (
+                    "modules.edgeHub.tlsPrivateKeyFile",
+                    &self.tls_private_key_file,
+                ),
+            ] {
+                if path.as_os_str().is_empty() {
+                    return Err((key, "expected a file path".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Shortest and longest `nodeStatusUpdateFrequency`.
+const STATUS_FREQUENCY: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(3600);
+
+impl Edged {
+    fn validate(&self) -> Result<(), Refusal> {
+        if let Err(reason) = check_node_name(&self.hostname_override) {
+            return Err((
+                "modules.edged.hostnameOverride",
+                format!("expected a Kubernetes node name: {reason}"),
+            ));
+        }
+        let namespace = &self.register_node_namespace;
+        if namespace.len() > 63 || !is_dns_label(namespace) {
+            return Err((
+                "modules.edged.registerNodeNamespace",
+                format!(
+                    "expected a namespace (up to 63 lowercase letters, digits and '-'), found {namespace:?}"
+                ),
+            ));
+        }
+        let kubelet = &self.tailored_kubelet_config;
         match parse_go_duration(&kubelet.node_status_update_frequency) {
-            Some(interval) if !interval.is_zero() => {}
+            Some(interval) if STATUS_FREQUENCY.contains(&interval) => {}
             _ => {
                 return Err((
                     "modules.edged.tailoredKubeletConfig.nodeStatusUpdateFrequency",
                     format!(
-                        "expected a duration such as 10s or 1m0s, found {:?}",
+                        "expected a duration from 1s to 1h such as 10s or 1m0s, found {:?}",
                         kubelet.node_status_update_frequency
                     ),
                 ))
             }
         }
-        positive(
+        within(
             "modules.edged.tailoredKubeletConfig.nodeLeaseDurationSeconds",
             u64::from(kubelet.node_lease_duration_seconds),
+            4..=3600,
+            "seconds",
         )?;
-        let node_ip = &self.modules.edged.tailored_kubelet_flag.node_ip;
-        if !node_ip.is_empty() && node_ip.parse::<IpAddr>().is_err() {
+        let flag = &self.tailored_kubelet_flag;
+        for (key, value) in &flag.node_labels {
+            if let Err(reason) = check_label(key, value) {
+                return Err(("modules.edged.tailoredKubeletFlag.nodeLabels", reason));
+            }
+        }
+        if !flag.node_ip.is_empty() && flag.node_ip.parse::<IpAddr>().is_err() {
             return Err((
                 "modules.edged.tailoredKubeletFlag.nodeIP",
-                format!("expected an IP address, found {node_ip:?}"),
+                format!("expected an IP address, found {:?}", flag.node_ip),
             ));
-        }
-        if self.database.data_source.as_os_str().is_empty() {
-            return Err(("database.dataSource", "expected a file path".into()));
         }
         Ok(())
     }
+}
+
+/// A DNS-1123 label: lowercase letters, digits and `-`, starting and ending with a letter or
+/// digit.
+fn is_dns_label(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
+
+/// The name part of a label key, or a label value: at most 63 characters, letters, digits,
+/// `-`, `_` and `.`, starting and ending with a letter or digit.
+fn is_label_name(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// A Kubernetes label: the key a qualified name (`[prefix/]name`, the prefix a DNS subdomain
+/// of at most 253 characters), the value empty or a label name. `Err` says what is wrong.
+fn check_label(key: &str, value: &str) -> Result<(), String> {
+    let shown = |text: &str| text.chars().take(80).collect::<String>();
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let prefix_ok = prefix.is_none_or(|prefix| {
+        prefix.len() <= 253
+            && prefix
+                .split('.')
+                .all(|label| label.len() <= 63 && is_dns_label(label))
+    });
+    if !prefix_ok || !is_label_name(name) {
+        return Err(format!(
+            "label key {:?}: expected [PREFIX/]NAME, NAME up to 63 letters, digits, '-', '_' or '.' \
+             starting and ending with a letter or digit, PREFIX a lowercase DNS subdomain",
+            shown(key)
+        ));
+    }
+    if !value.is_empty() && !is_label_name(value) {
+        return Err(format!(
+            "label {:?}: value {:?}: expected empty or up to 63 letters, digits, '-', '_' or '.' \
+             starting and ending with a letter or digit",
+            shown(key),
+            shown(value)
+        ));
+    }
+    Ok(())
 }
 
 /// `database`.

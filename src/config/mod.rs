@@ -87,8 +87,7 @@ fn parse_reporting<T: Schema>(path: &Path, text: &str) -> Result<(T, Vec<String>
         // An empty file means "all defaults", as an empty YAML mapping would.
         T::default()
     } else {
-        let mut value: serde_json::Value = serde_yaml_ng::from_str(text)
-            .map_err(|error| invalid(".".into(), error.to_string()))?;
+        let mut value = unique_keys(text).map_err(|(key, message)| invalid(key, message))?;
         let known = serde_json::to_value(T::default())
             .map_err(|error| invalid(".".into(), error.to_string()))?;
         prune::<T>(&mut value, &known, "", &mut ignored)
@@ -188,8 +187,137 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// Parses YAML `text` into JSON values, refusing a key given twice in one mapping: YAML says
+/// keys are unique, and serde would silently keep the last one, so an operator's second
+/// `heartbeat:` (or a pasted block) would win unseen. The error names the dotted key.
+fn unique_keys(text: &str) -> Result<serde_json::Value, (String, String)> {
+    let duplicate = std::cell::RefCell::new(None);
+    let seed = UniqueKeys {
+        at: String::new(),
+        duplicate: &duplicate,
+    };
+    let parsed =
+        serde::de::DeserializeSeed::deserialize(seed, serde_yaml_ng::Deserializer::from_str(text));
+    match (parsed, duplicate.into_inner()) {
+        (_, Some((key, error))) => Err((
+            key,
+            format!("given twice in one mapping ({error}); keep one"),
+        )),
+        (Ok(value), None) => Ok(value),
+        (Err(error), None) => Err((".".into(), error.to_string())),
+    }
+}
+
+/// A YAML value as JSON, with `at` its dotted path; the first duplicate key found is recorded
+/// in `duplicate` (path, and where the parser was).
+struct UniqueKeys<'a> {
+    at: String,
+    duplicate: &'a std::cell::RefCell<Option<(String, String)>>,
+}
+
+impl UniqueKeys<'_> {
+    fn child(&self, key: &str) -> Self {
+        UniqueKeys {
+            at: if self.at.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{}.{key}", self.at)
+            },
+            duplicate: self.duplicate,
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for UniqueKeys<'_> {
+    type Value = serde_json::Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys<'_> {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a YAML value")
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Self::Value, E> {
+        Ok(value.into())
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Self::Value, E> {
+        Ok(value.into())
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Self::Value, E> {
+        Ok(value.into())
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Self::Value, E> {
+        Ok(value.into())
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Self::Value, E> {
+        Ok(value.into())
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<Self::Value, E> {
+        Ok(value.into())
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        loop {
+            let item = self.child(&items.len().to_string());
+            match seq.next_element_seed(item)? {
+                Some(value) => items.push(value),
+                None => return Ok(serde_json::Value::Array(items)),
+            }
+        }
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let child = self.child(&key);
+            if object.contains_key(&key) {
+                let error =
+                    <A::Error as serde::de::Error>::custom(format!("duplicate key {key:?}"));
+                *self.duplicate.borrow_mut() = Some((child.at, error.to_string()));
+                return Err(error);
+            }
+            let value = map.next_value_seed(child)?;
+            object.insert(key, value);
+        }
+        Ok(serde_json::Value::Object(object))
+    }
+}
+
+/// Why a value is refused: its dotted key, and what was expected.
+type Refusal = (&'static str, String);
+
 trait Validate {
-    fn validate(&self) -> Result<(), (&'static str, String)>;
+    fn validate(&self) -> Result<(), Refusal>;
 }
 
 fn expect_kind(
@@ -197,7 +325,7 @@ fn expect_kind(
     kind: &str,
     want_api: &str,
     want_kind: &str,
-) -> Result<(), (&'static str, String)> {
+) -> Result<(), Refusal> {
     if api_version != want_api {
         return Err((
             "apiVersion",
@@ -210,11 +338,127 @@ fn expect_kind(
     Ok(())
 }
 
-fn positive(key: &'static str, value: u64) -> Result<(), (&'static str, String)> {
-    if value == 0 {
-        return Err((key, "expected a number greater than 0".into()));
+/// A whole number within `range` (in `unit`): values outside would stop the process from
+/// working later (0 handshakes, a certificate valid for 8,000 years) instead of at start.
+fn within(
+    key: &'static str,
+    value: u64,
+    range: std::ops::RangeInclusive<u64>,
+    unit: &str,
+) -> Result<(), Refusal> {
+    if range.contains(&value) {
+        return Ok(());
     }
-    Ok(())
+    Err((
+        key,
+        format!(
+            "expected {} to {} {unit}, found {value}",
+            range.start(),
+            range.end()
+        ),
+    ))
+}
+
+/// 1 KiB, for sizes in bytes.
+const KIB: u64 = 1024;
+/// 1 MiB.
+const MIB: u64 = 1024 * KIB;
+/// 1 GiB.
+const GIB: u64 = 1024 * MIB;
+
+/// Whether `name` is a DNS name: dot-separated labels of 1 to 63 letters, digits and `-`
+/// (not first or last), 253 characters at most.
+fn is_dns_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+/// Whether `host` is an IP address or a DNS name; in `host:port` an IPv6 address is written in
+/// brackets (`bracketed`).
+fn is_host(host: &str, bracketed: bool) -> bool {
+    if bracketed {
+        if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            return inner.parse::<std::net::Ipv6Addr>().is_ok();
+        }
+        host.parse::<std::net::Ipv4Addr>().is_ok() || is_dns_name(host)
+    } else {
+        host.parse::<std::net::IpAddr>().is_ok() || is_dns_name(host)
+    }
+}
+
+/// An address to bind or listen on (no port): an IP address or a host name.
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
+fn bind_host(key: &'static str, value: &str) -> Result<(), Refusal> {
+    if is_host(value, false) {
+        return Ok(());
+    }
+    Err((
+        key,
+        format!("expected an IP address or host name, found {value:?}"),
+    ))
+}
+
+/// `HOST:PORT` with the port in `ports` (0, where allowed: a free port).
+fn host_port(
+    key: &'static str,
+    value: &str,
+    ports: std::ops::RangeInclusive<u16>,
+) -> Result<(), Refusal> {
+    let valid = value.rsplit_once(':').is_some_and(|(host, port)| {
+        is_host(host, true) && port.parse::<u16>().is_ok_and(|port| ports.contains(&port))
+    });
+    if valid {
+        return Ok(());
+    }
+    Err((
+        key,
+        format!(
+            "expected HOST:PORT (an IP address, [IPv6] or host name, and a port {} to {}), found {value:?}",
+            ports.start(),
+            ports.end()
+        ),
+    ))
+}
+
+/// A URL `SCHEME://HOST[:PORT][/PATH]` with one of `schemes`; `path` allows a path after the
+/// host (a trailing `/` is always allowed).
+fn url(key: &'static str, value: &str, schemes: &[&str], path: bool) -> Result<(), Refusal> {
+    let valid = schemes.iter().any(|scheme| {
+        value
+            .strip_prefix(scheme)
+            .and_then(|rest| rest.strip_prefix("://"))
+            .is_some_and(|rest| {
+                let (authority, rest) = rest.split_once('/').unwrap_or((rest, ""));
+                let host_ok = match authority.rsplit_once(':') {
+                    Some((host, port)) if !authority.ends_with(']') => {
+                        is_host(host, true) && port.parse::<u16>().is_ok_and(|port| port > 0)
+                    }
+                    _ => is_host(authority, true),
+                };
+                host_ok
+                    && (rest.is_empty() || path)
+                    && !rest.contains(|c: char| c.is_whitespace() || c == '?' || c == '#')
+            })
+    });
+    if valid {
+        return Ok(());
+    }
+    let forms: Vec<String> = schemes
+        .iter()
+        .map(|scheme| format!("{scheme}://HOST:PORT"))
+        .collect();
+    Err((
+        key,
+        format!("expected a URL {}, found {value:?}", forms.join(" or ")),
+    ))
 }
 
 /// `modules.<name>.enable` for modules with no other settings yet.
@@ -359,8 +603,142 @@ mod tests {
                 .to_string();
         assert_eq!(
             error,
-            "edge.yaml: modules.edgeHub.heartbeat: expected a number greater than 0"
+            "edge.yaml: modules.edgeHub.heartbeat: expected 1 to 600 seconds, found 0"
         );
+    }
+
+    /// `keadm`'s full default files (`cloudcore --defaultconfig`, `edgecore --defaultconfig`
+    /// of v1.22.0) load: every KubeEdge default is inside edgehive's ranges.
+    #[test]
+    fn kubeedge_default_configs_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kubeedge_config");
+        let text = std::fs::read_to_string(dir.join("cloudcore-defaultconfig.yaml")).unwrap();
+        let cloud: CloudConfig = parse(Path::new("cloudcore.yaml"), &text).unwrap();
+        assert_eq!(cloud.modules.cloud_hub.edge_cert_signing_duration, 365);
+        assert_eq!(cloud.modules.cloud_hub.token_refresh_duration, 12);
+        let text = std::fs::read_to_string(dir.join("edgecore-defaultconfig.yaml")).unwrap();
+        let edge: EdgeConfig = parse(Path::new("edgecore.yaml"), &text).unwrap();
+        assert_eq!(edge.modules.edge_hub.http_server, "https://192.0.2.2:10002");
+        // And edgehive's own defaults.
+        CloudConfig::default().validate().unwrap();
+        EdgeConfig::default().validate().unwrap();
+    }
+
+    /// The example values of the red-team finding (issue 29, 11), each refused naming its key
+    /// with the range and unit; the bounds themselves are accepted.
+    #[test]
+    fn values_that_break_the_process_later_are_refused_with_their_range() {
+        let error = cloud("modules:\n  cloudHub:\n    edgeCertSigningDuration: 3000000\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "cloud.yaml: modules.cloudHub.edgeCertSigningDuration: expected 1 to 36500 days, \
+             found 3000000"
+        );
+        for key in [
+            "handshakesPerSource",
+            "handshakesPending",
+            "handshakeTimeout",
+        ] {
+            let error = cloud(&format!("modules:\n  cloudHub:\n    {key}: 0\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.starts_with(&format!(
+                    "cloud.yaml: modules.cloudHub.{key}: expected 1 to "
+                )),
+                "{error}"
+            );
+        }
+        for value in ["1000000000000000", "1e15", "721"] {
+            let error = cloud(&format!(
+                "modules:\n  cloudHub:\n    tokenRefreshDuration: {value}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.starts_with("cloud.yaml: modules.cloudHub.tokenRefreshDuration: "),
+                "{error}"
+            );
+        }
+        let node = "modules:\n  edged:\n    hostnameOverride: e1\n";
+        for (yaml, key) in [
+            (
+                "  edgeHub:\n    maxFrameSize: 0\n",
+                "modules.edgeHub.maxFrameSize",
+            ),
+            (
+                "  edgeHub:\n    reconnectMaxMillis: 1\n",
+                "modules.edgeHub.reconnectMaxMillis",
+            ),
+            (
+                "  edgeHub:\n    httpServer: ftp://x\n",
+                "modules.edgeHub.httpServer",
+            ),
+            (
+                "  edgeHub:\n    websocket:\n      server: no-port\n",
+                "modules.edgeHub.websocket.server",
+            ),
+        ] {
+            let error = edge(&format!("{node}{yaml}")).unwrap_err().to_string();
+            assert!(
+                error.starts_with(&format!("edge.yaml: {key}: expected")),
+                "{error}"
+            );
+        }
+        let error = edge("modules:\n  edged:\n    hostnameOverride: e1\n    tailoredKubeletFlag:\n      nodeLabels:\n        \"bad key!\": x\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with(
+                "edge.yaml: modules.edged.tailoredKubeletFlag.nodeLabels: label key \"bad key!\""
+            ),
+            "{error}"
+        );
+        // The bounds are inside.
+        cloud(
+            "modules:\n  cloudHub:\n    edgeCertSigningDuration: 36500\n    tokenRefreshDuration: 720\n\
+             \x20   handshakesPerSource: 1\n    handshakesPending: 1\n    handshakeTimeout: 1\n",
+        )
+        .unwrap();
+        edge(
+            "modules:\n  edged:\n    hostnameOverride: e1\n    tailoredKubeletFlag:\n      nodeLabels:\n\
+             \x20       example.com/site: lab-1\n        tier: \"\"\n        a.b_c-d: A.b_c-9\n\
+             \x20 edgeHub:\n    maxFrameSize: 65536\n    reconnectMinMillis: 10\n    reconnectMaxMillis: 10\n\
+             \x20   httpServer: https://[::1]:10002/\n    websocket:\n      server: cloud.example.com:10000\n",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_naming_it() {
+        let error = edge("modules:\n  edgeHub:\n    heartbeat: 15\n    heartbeat: 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("edge.yaml: modules.edgeHub.heartbeat: given twice in one mapping"),
+            "{error}"
+        );
+        let error = cloud("kind: CloudCore\nkind: CloudCore\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("cloud.yaml: kind: given twice"),
+            "{error}"
+        );
+        let error = edge("modules:\n  edged:\n    tailoredKubeletFlag:\n      nodeLabels:\n        a: x\n        a: x\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with(
+                "edge.yaml: modules.edged.tailoredKubeletFlag.nodeLabels.a: given twice"
+            ),
+            "{error}"
+        );
+        // Distinct keys in sibling mappings, and in lists of mappings, are fine.
+        cloud("modules:\n  cloudHub:\n    enable: true\n  edgeController:\n    enable: true\n")
+            .unwrap();
     }
 
     #[test]

@@ -37,10 +37,11 @@ const CREATE_META: &str = "CREATE TABLE IF NOT EXISTS meta \
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database's directory could not be created.
-    #[error("cannot create directory {path:?} for the edge database: {source}")]
+    /// The database's directory, or the file with mode 0600, could not be created (or an
+    /// existing file's permissions could not be tightened).
+    #[error("cannot create the edge database {path:?} (0600, in a 0700 folder): {source}")]
     CreateDir {
-        /// The directory.
+        /// The database file.
         path: PathBuf,
         /// What the OS said.
         source: std::io::Error,
@@ -176,12 +177,14 @@ impl MetaStore {
     /// crash, and at worst the last commits are lost on power failure, which the cloud repairs
     /// by resending unacknowledged objects.
     pub fn open(path: &Path) -> Result<MetaStore, StoreError> {
-        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
-                path: dir.to_owned(),
+        // Every Secret delivered to the node is in this file: 0600 (and so SQLite's -wal,
+        // -shm and -journal files), in a 0700 folder when the edge creates it.
+        crate::identity::private_files::prepare_private_file(path).map_err(|source| {
+            StoreError::CreateDir {
+                path: path.to_owned(),
                 source,
-            })?;
-        }
+            }
+        })?;
         let sqlite = |action: &str| {
             let path = path.to_owned();
             let action = action.to_owned();

@@ -46,9 +46,10 @@ impl Datastore {
     /// an edgehive datastore, or holds a row that cannot be read, is an error naming the file
     /// (and the row), never an empty cluster.
     pub fn open(path: &Path) -> Result<(Datastore, Loaded), ClusterError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|err| io(parent, err.to_string()))?;
-        }
+        // Every Secret of the cluster is in this file: 0600 (and so SQLite's -wal, -shm and
+        // -journal files), in a 0700 folder when the cloud creates it.
+        crate::identity::private_files::prepare_private_file(path)
+            .map_err(|err| io(path, err.to_string()))?;
         let fail = |err: rusqlite::Error| io(path, err.to_string());
         let conn = Connection::open(path).map_err(fail)?;
         conn.pragma_update(None, "journal_mode", "WAL")

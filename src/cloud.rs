@@ -29,7 +29,7 @@ use edgehive_actors::identity::tls::CloudTls;
 use edgehive_actors::identity::token;
 use serde_json::json;
 
-use crate::admin::AdminServer;
+use crate::admin::{AdminAccess, AdminRefusals, AdminServer};
 use crate::config::CloudConfig;
 
 /// A running cloud process.
@@ -191,9 +191,21 @@ impl CloudProcess {
         }
         let routes_hive = hive.clone();
         let routes_cluster = embedded.clone();
+        let monitor = &config.common_config.monitor_server;
+        let access = AdminAccess {
+            allowed_hosts: monitor.allowed_hosts.clone(),
+            token: AdminAccess::read_token(
+                &monitor.token_file,
+                "commonConfig.monitorServer.tokenFile",
+            )?,
+            guarded: None,
+            unix_socket: None,
+        };
+        let listings = Listings(Arc::new(tokio::sync::Semaphore::new(LISTINGS_IN_FLIGHT)));
         let admin = AdminServer::start(
-            &config.common_config.monitor_server.bind_address,
+            &monitor.bind_address,
             hive.clone(),
+            access,
             Arc::new(move |routes: &mut web::ServiceConfig| {
                 routes
                     .app_data(web::Data::new(routes_hive.clone()))
@@ -203,6 +215,7 @@ impl CloudProcess {
                 match &routes_cluster {
                     Some(cluster) => routes
                         .app_data(web::Data::new(cluster.clone()))
+                        .app_data(web::Data::new(listings.clone()))
                         .app_data(web::PayloadConfig::new(MAX_APPLY_BYTES))
                         .route("/api/v1/apply", web::post().to(apply))
                         .route("/api/v1/objects/{kind}", web::get().to(list_objects))
@@ -403,23 +416,140 @@ async fn use_kubectl() -> HttpResponse {
     }))
 }
 
+/// How many listings (`GET /api/v1/objects/{kind}`) may be answered at once, their pages
+/// still being sent included; beyond, 429 (counted as `busy`).
+pub const LISTINGS_IN_FLIGHT: usize = 4;
+
+/// Objects in a page of a listing when `?limit` is not given.
+pub const DEFAULT_PAGE: usize = 500;
+
+/// The most objects a page of a listing holds, whatever `?limit` asks.
+pub const MAX_PAGE: usize = 1000;
+
+/// Permits for listings in flight.
+#[derive(Clone)]
+struct Listings(Arc<tokio::sync::Semaphore>);
+
+/// What `GET /api/v1/objects/{kind}` may be asked for, as a Kubernetes list is.
+#[derive(Debug, serde::Deserialize)]
+struct ListQuery {
+    /// At most this many objects (default [`DEFAULT_PAGE`], at most [`MAX_PAGE`]).
+    limit: Option<usize>,
+    /// `metadata.continue` of the previous page: the objects after its last one.
+    #[serde(rename = "continue")]
+    continue_token: Option<String>,
+}
+
+/// The continue token after the object `namespace/name`: the key, hex-encoded, so it passes in
+/// a query string as it is.
+fn continue_token(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+        .bytes()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// The `(namespace, name)` a continue token names, if it is one.
+fn parse_continue(token: &str) -> Option<(String, String)> {
+    if !token.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = (0..token.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(token.get(at..at + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    let key = String::from_utf8(bytes).ok()?;
+    let (namespace, name) = key.split_once('/')?;
+    Some((namespace.to_owned(), name.to_owned()))
+}
+
+/// A response body that holds a listing's permit until it is sent (or the client leaves).
+struct HeldBody {
+    chunk: Option<web::Bytes>,
+    size: u64,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl actix_web::body::MessageBody for HeldBody {
+    type Error = std::convert::Infallible;
+
+    fn size(&self) -> actix_web::body::BodySize {
+        actix_web::body::BodySize::Sized(self.size)
+    }
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<web::Bytes, Self::Error>>> {
+        std::task::Poll::Ready(self.chunk.take().map(Ok))
+    }
+}
+
+/// `GET /api/v1/objects/{kind}[?limit=N][&continue=TOKEN]`: a page of the objects of a kind in
+/// the embedded cluster (kind without case, singular or plural), by namespace then name, as
+/// `{"items": [...], "resourceVersion": ..., "metadata": {"continue": TOKEN}}`; `continue` is
+/// there while more objects follow.
+async fn list_objects(
+    cluster: web::Data<EmbeddedCluster>,
+    listings: web::Data<Listings>,
+    refused: web::Data<AdminRefusals>,
+    kind: web::Path<String>,
+    query: web::Query<ListQuery>,
+) -> HttpResponse {
+    let Ok(permit) = listings.0.clone().try_acquire_owned() else {
+        refused.count("busy");
+        return HttpResponse::TooManyRequests()
+            .insert_header(("Retry-After", "1"))
+            .json(json!({"error": format!(
+                "{LISTINGS_IN_FLIGHT} listings are being answered; try again"
+            )}));
+    };
+    let after = match query.continue_token.as_deref() {
+        None | Some("") => None,
+        Some(token) => match parse_continue(token) {
+            Some(after) => Some(after),
+            None => {
+                return HttpResponse::BadRequest()
+                    .json(json!({"error": "continue is not a token this endpoint gave"}))
+            }
+        },
+    };
+    let limit = query
+        .limit
+        .filter(|limit| *limit > 0)
+        .unwrap_or(DEFAULT_PAGE)
+        .min(MAX_PAGE);
+    let kind = kind.into_inner();
+    let (items, next, resource_version) = match cluster.resolve_kind(&kind) {
+        Some(resolved) => cluster.list_page(&resolved, after, limit),
+        None => (Vec::new(), None, String::new()),
+    };
+    let mut metadata = json!({ "resourceVersion": resource_version });
+    if let Some((namespace, name)) = next {
+        metadata["continue"] = json!(continue_token(&namespace, &name));
+    }
+    let page = json!({
+        "items": items,
+        "resourceVersion": resource_version,
+        "metadata": metadata,
+    });
+    let chunk = match serde_json::to_vec(&page) {
+        Ok(bytes) => web::Bytes::from(bytes),
+        Err(error) => return HttpResponse::InternalServerError().body(format!("{error}\n")),
+    };
+    drop(page);
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(HeldBody {
+            size: chunk.len() as u64,
+            chunk: Some(chunk),
+            _permit: permit,
+        })
+}
+
 /// `DELETE /api/v1/objects/{kind}/{namespace}/{name}`: deletes one object of the embedded
 /// cluster; `kind` is matched without case and may be plural; the namespace is ignored for
 /// cluster-scoped kinds.
-/// `GET /api/v1/objects/{kind}`: every object of a kind in the embedded cluster (kind
-/// without case, singular or plural), as `{"items": [...], "resourceVersion": ...}`.
-async fn list_objects(
-    cluster: web::Data<EmbeddedCluster>,
-    kind: web::Path<String>,
-) -> HttpResponse {
-    let kind = kind.into_inner();
-    let Some(resolved) = cluster.resolve_kind(&kind) else {
-        return HttpResponse::Ok().json(json!({"items": [], "resourceVersion": ""}));
-    };
-    let (items, resource_version) = cluster.list(&resolved);
-    HttpResponse::Ok().json(json!({"items": items, "resourceVersion": resource_version}))
-}
-
 /// `?gracePeriodSeconds=N`: as on a Kubernetes API server, a pod bound to a node is then
 /// only marked terminating (`deletionTimestamp`, `deletionGracePeriodSeconds`) and stays until
 /// its node confirms the deletion. Without it the embedded cluster deletes at once, since it

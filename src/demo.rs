@@ -140,6 +140,7 @@ async fn device_round_trip(
     println!("cloud: created device default/{DEVICE_NAME} for {node} (desired temperature 20)");
 
     let admin = edge.admin_addr();
+    let socket = edge.admin_socket().to_owned();
     let device_path = format!("/api/v1/devices/default/{DEVICE_NAME}");
     let deadline = Instant::now() + timeout;
     loop {
@@ -154,17 +155,23 @@ async fn device_round_trip(
     }
     println!("{node}: device default/{DEVICE_NAME} stored by DeviceTwin, shown on http://{admin}{device_path}");
 
-    let (status, body) = http(
-        awc::http::Method::PUT,
-        admin,
-        &format!("{device_path}/twins/temperature"),
-        "21",
-    )
-    .await?;
+    // A mapper on the edge host writes through the local API's Unix socket (admin.unixSocket),
+    // which its file permissions guard; over TCP writes need the admin token.
+    let twin_path = format!("{device_path}/twins/temperature");
+    let report_socket = socket.clone();
+    let (status, body) = actix_rt::task::spawn_blocking(move || {
+        crate::admin::unix_request(&report_socket, "PUT", &twin_path, "21")
+    })
+    .await
+    .context("the mapper's request did not finish")?
+    .with_context(|| format!("cannot reach the edge's local API on {}", socket.display()))?;
     if !(200..300).contains(&status) {
         bail!("the edge refused the twin report: {status} {body}");
     }
-    println!("{node}: a mapper reported temperature 21 through the edge API");
+    println!(
+        "{node}: a mapper reported temperature 21 through the edge API ({})",
+        socket.display()
+    );
     loop {
         let reported = cluster
             .get("DeviceStatus", Some("default"), DEVICE_NAME)

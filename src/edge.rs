@@ -12,6 +12,10 @@
 //! | `GET /api/v1/node` | the node module: registered, last status and lease renewal, reports waiting |
 //! | `PUT /api/v1/pods/{ns}/{name}/status` | a runtime reports a pod's status (body: a PodStatus); 202, sent up as `podstatus` |
 //! | `DELETE /api/v1/pods/{ns}/{name}` | a runtime confirms a terminating pod is gone; 202, the cloud then removes it from the cluster |
+//!
+//! The same routes are served on the Unix socket `admin.unixSocket` (0660) with no token; over
+//! TCP, `/api/v1/meta…` and every write need the admin token (`admin.tokenFile`), unless
+//! `admin.insecureTCPLocalAPI` (see [`crate::admin::AdminAccess`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -39,7 +43,7 @@ use futures_util::StreamExt as _;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::admin::{AdminServer, Readiness};
+use crate::admin::{AdminAccess, AdminServer, Readiness};
 use crate::config::EdgeConfig;
 
 /// A running edge process.
@@ -52,6 +56,7 @@ pub struct EdgeProcess {
     store: MetaStore,
     admin: AdminServer,
     node_name: String,
+    socket: std::path::PathBuf,
 }
 
 impl EdgeProcess {
@@ -97,18 +102,28 @@ impl EdgeProcess {
         let (stopping, stop_signal) = tokio::sync::watch::channel(false);
         let routes_store = store.clone();
         let routes_hive = hive.clone();
+        let access = AdminAccess {
+            allowed_hosts: config.admin.allowed_hosts.clone(),
+            token: AdminAccess::read_token(&config.admin.token_file, "admin.tokenFile")?,
+            guarded: (!config.admin.insecure_tcp_local_api).then_some(local_api_route as _),
+            unix_socket: Some(config.admin_socket()),
+        };
         let admin = AdminServer::start(
             &config.admin.bind_address,
             hive.clone(),
+            access,
             Arc::new(move |routes: &mut web::ServiceConfig| {
                 let store = routes_store.clone();
                 let readiness = Readiness(Arc::new(move || {
-                    (!store.is_writable()).then(|| {
-                        format!(
+                    if !store.is_writable() {
+                        return Some(format!(
                             "store: {} was deleted or replaced while in use; writes are refused until the edge restarts",
                             store.path().display()
-                        )
-                    })
+                        ));
+                    }
+                    store
+                        .last_write_error()
+                        .map(|error| format!("store: the last write failed: {error}"))
                 }));
                 routes
                     .app_data(web::Data::new(readiness))
@@ -154,6 +169,7 @@ impl EdgeProcess {
             store,
             admin,
             node_name,
+            socket: config.admin_socket(),
         })
     }
 
@@ -177,6 +193,11 @@ impl EdgeProcess {
         self.admin.addr()
     }
 
+    /// The Unix socket serving the local API (`admin.unixSocket`).
+    pub fn admin_socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
     /// EdgeHub's connection state.
     pub async fn status(&self) -> anyhow::Result<EdgeHubStatus> {
         Ok(hub_status(&self.hive).await?)
@@ -188,6 +209,13 @@ impl EdgeProcess {
         self.hive.shutdown();
         self.admin.stop().await;
     }
+}
+
+/// The local API's routes that over TCP need the admin token (or, without one, are served on
+/// the Unix socket only): the stored objects (Secrets among them) and every write.
+fn local_api_route(method: &actix_web::http::Method, path: &str) -> bool {
+    let reading = method == actix_web::http::Method::GET || method == actix_web::http::Method::HEAD;
+    !reading || path == "/api/v1/meta" || path.starts_with("/api/v1/meta/")
 }
 
 async fn hub_status(hive: &Hive) -> Result<EdgeHubStatus, edgehive_actors::hive::HiveError> {

@@ -189,7 +189,8 @@ enum Command {
         /// Where the certificates (ca/, certs/) and the database (edgecore.db) go.
         #[arg(long, default_value = "/etc/kubeedge")]
         data_dir: PathBuf,
-        /// The edge's admin endpoint, HOST:PORT (loopback: it has no authentication).
+        /// The edge's admin endpoint, HOST:PORT (loopback; its local API answers sensitive
+        /// requests on the Unix socket beside the database, or over TCP with admin.tokenFile).
         #[arg(long, default_value = "127.0.0.1:10351")]
         admin: String,
         /// Replace an existing config file.
@@ -236,9 +237,14 @@ struct AdminArgs {
     /// `commonConfig.monitorServer.bindAddress`.
     #[arg(long)]
     admin: Option<String>,
-    /// cloud.yaml to read the admin address from (built-in defaults when absent).
+    /// cloud.yaml to read the admin address (and token file) from (built-in defaults when
+    /// absent).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// A file holding the admin token, sent as `Authorization: Bearer`; default: the config's
+    /// `commonConfig.monitorServer.tokenFile`.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
 }
 
 impl AdminArgs {
@@ -246,13 +252,30 @@ impl AdminArgs {
         if let Some(admin) = &self.admin {
             return Ok(admin.clone());
         }
+        Ok(self.admin_config()?.0)
+    }
+
+    /// The token to send, if any.
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        match &self.token_file {
+            Some(file) => edgehive::admin::AdminAccess::read_token(file, "--token-file"),
+            None => {
+                let file = self.admin_config()?.1;
+                edgehive::admin::AdminAccess::read_token(&file, "tokenFile")
+            }
+        }
+    }
+
+    /// The admin address and token file of `--config` (or of the defaults).
+    fn admin_config(&self) -> anyhow::Result<(String, PathBuf)> {
         #[cfg(feature = "cloud")]
         {
             let config = match &self.config {
                 Some(path) => CloudConfig::load(path)?,
                 None => CloudConfig::default(),
             };
-            Ok(config.common_config.monitor_server.bind_address)
+            let monitor = config.common_config.monitor_server;
+            Ok((monitor.bind_address, monitor.token_file))
         }
         #[cfg(not(feature = "cloud"))]
         {
@@ -261,7 +284,7 @@ impl AdminArgs {
                 Some(path) => EdgeConfig::load(path)?,
                 None => EdgeConfig::default(),
             };
-            Ok(config.admin.bind_address)
+            Ok((config.admin.bind_address, config.admin.token_file))
         }
     }
 }
@@ -403,11 +426,13 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
         }
         Command::Status { admin } => {
             let base = format!("http://{}", admin.address()?);
+            let token = admin.token()?;
             let get = |path: &str| {
                 admin_request(
                     awc::http::Method::GET,
                     &format!("{base}{path}"),
                     String::new(),
+                    token.as_deref(),
                 )
             };
             let modules = get("/api/v1/modules")?;
@@ -457,7 +482,12 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
                     .with_context(|| format!("cannot read {}", file.display()))?
             };
             let url = format!("http://{}/api/v1/apply", admin.address()?);
-            let answer = admin_request(awc::http::Method::POST, &url, body)?;
+            let answer = admin_request(
+                awc::http::Method::POST,
+                &url,
+                body,
+                admin.token()?.as_deref(),
+            )?;
             for object in answer["applied"].as_array().into_iter().flatten() {
                 println!(
                     "{} {} applied (resourceVersion {})",
@@ -479,7 +509,12 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
                 "http://{}/api/v1/objects/{kind}/{namespace}/{name}",
                 admin.address()?
             );
-            let answer = admin_request(awc::http::Method::DELETE, &url, String::new())?;
+            let answer = admin_request(
+                awc::http::Method::DELETE,
+                &url,
+                String::new(),
+                admin.token()?.as_deref(),
+            )?;
             let deleted = &answer["deleted"];
             println!(
                 "{} {} deleted",
@@ -690,12 +725,17 @@ fn admin_request(
     method: awc::http::Method,
     url: &str,
     body: String,
+    token: Option<&str>,
 ) -> anyhow::Result<serde_json::Value> {
     actix_rt::System::new().block_on(async {
-        let mut response = awc::Client::builder()
+        let mut request = awc::Client::builder()
             .timeout(Duration::from_secs(30))
             .finish()
-            .request(method, url)
+            .request(method, url);
+        if let Some(token) = token {
+            request = request.insert_header(("Authorization", format!("Bearer {token}")));
+        }
+        let mut response = request
             .send_body(body)
             .await
             .map_err(|error| anyhow::anyhow!("cannot reach the cloud's admin endpoint at {url}: {error} (is `edgehive cloud` running? see --admin)"))?;

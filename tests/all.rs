@@ -22,6 +22,7 @@ mod log_flood;
 mod node_actors;
 mod node_module;
 mod processes;
+mod security_admin;
 mod security_config;
 mod security_node;
 mod status_page;

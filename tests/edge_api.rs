@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use support::*;
 
 async fn http_put(addr: std::net::SocketAddr, path: &str, body: &'static str) -> (u16, String) {
-    let mut response = awc::Client::new()
+    let mut response = admin_client()
         .put(format!("http://{addr}{path}"))
         .send_body(body)
         .await
@@ -193,7 +193,7 @@ async fn meta_watch_streams_added_modified_deleted() {
         .await
         .unwrap();
 
-    let response = awc::Client::new()
+    let response = admin_client()
         .get(format!(
             "http://{}/api/v1/meta?type=pod&watch=true",
             edge.admin_addr()
@@ -254,7 +254,7 @@ async fn reports_the_edge_cannot_keep_are_refused_with_429_not_dropped() {
         let (status, body) = http_put(admin, path, "21").await;
         assert_eq!(status, 200, "report {i}: {body}");
     }
-    let mut refused = awc::Client::new()
+    let mut refused = admin_client()
         .put(format!("http://{admin}{path}"))
         .send_body("22")
         .await

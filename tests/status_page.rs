@@ -516,7 +516,11 @@ fn status_page_in_headless_chromium() {
     let png = screenshot.then(|| browser.screenshot());
 
     // An edge's page shows its tree and its connection to the cloud.
-    browser.open(&format!("http://{stays_admin}/"));
+    // The edge requires its admin token: given once in the URL fragment, kept by the page.
+    browser.open(&format!(
+        "http://{stays_admin}/#token={}",
+        support::ADMIN_TOKEN
+    ));
     wait_until("the edge's page shows it connected", WITHIN, || {
         let page = state();
         page["process"] == stays

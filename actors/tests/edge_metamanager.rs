@@ -339,7 +339,31 @@ async fn writes_the_edge_cannot_use_are_refused_counted_and_not_stored() {
             "name_mismatch",
         ),
         (push("../pod/web", pod("web")), "../pod/web", "bad_key"),
+        (
+            push("default/pod/web", {
+                let mut other = pod("web");
+                other["metadata"]["namespace"] = json!("kube-system");
+                other
+            }),
+            "default/pod/web",
+            "namespace_mismatch",
+        ),
+        // No type, no name: nothing the edge could store, answered all the same.
+        (push("default//web", pod("web")), "default//web", "bad_key"),
+        (push("default/pod/", pod("web")), "default/pod/", "bad_key"),
+        (
+            Message::new(
+                ModuleName::EdgeController,
+                Group::Resource,
+                Operation::Delete,
+                "default/pod/",
+                json!(null),
+            ),
+            "default/pod/",
+            "bad_key",
+        ),
     ];
+    let mut counted = std::collections::HashMap::new();
     for (message, key, reason) in &cases {
         send_frame(&mut session, message).await;
         let reply = cloud
@@ -347,10 +371,12 @@ async fn writes_the_edge_cannot_use_are_refused_counted_and_not_stored() {
             .await;
         assert_eq!(reply.operation(), Some(&Operation::Error), "{reason}");
         assert!(row_in_file(&db, key).is_none(), "{reason}: nothing stored");
+        let count = counted.entry(*reason).or_insert(0);
+        *count += 1;
         let metrics = hive.metrics().encode();
         assert!(
             metrics.contains(&format!(
-                "edgehive_metamanager_refused_writes_total{{reason=\"{reason}\"}} 1"
+                "edgehive_metamanager_refused_writes_total{{reason=\"{reason}\"}} {count}"
             )),
             "{metrics}"
         );

@@ -369,18 +369,26 @@ pub struct CommonConfig {
     pub monitor_server: MonitorServer,
 }
 
-/// `commonConfig.monitorServer`: where the admin endpoint listens.
+/// `commonConfig.monitorServer`: where the admin endpoint listens and who may use it.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct MonitorServer {
-    /// `host:port`; loopback by default because the endpoint has no authentication.
+    /// `host:port`; loopback by default.
     pub bind_address: String,
+    /// (edgehive) Host names, besides IP addresses and `localhost`, that requests may name in
+    /// `Host` (any other is refused: DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// (edgehive) A file holding the admin token; when set, every route but `/`, `/healthz`
+    /// and `/readyz` requires `Authorization: Bearer <token>`. Empty: no token.
+    pub token_file: PathBuf,
 }
 
 impl Default for MonitorServer {
     fn default() -> Self {
         MonitorServer {
             bind_address: "127.0.0.1:9091".into(),
+            allowed_hosts: Vec::new(),
+            token_file: PathBuf::new(),
         }
     }
 }

@@ -323,19 +323,46 @@ impl Default for Database {
     }
 }
 
-/// `admin` (edgehive): where the edge admin endpoint listens.
+/// `admin` (edgehive): where the edge admin endpoint and local API listen and who may use
+/// them.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Admin {
-    /// `host:port`; loopback by default because the endpoint has no authentication.
+    /// `host:port`; loopback by default.
     pub bind_address: String,
+    /// Host names, besides IP addresses and `localhost`, that requests may name in `Host`.
+    pub allowed_hosts: Vec<String>,
+    /// A file holding the admin token; when set, every TCP route but `/`, `/healthz` and
+    /// `/readyz` requires `Authorization: Bearer <token>`. Empty: no token.
+    pub token_file: PathBuf,
+    /// The Unix socket (mode 0660) serving the whole local API without a token. Empty: beside
+    /// the database, named after it (`/var/lib/kubeedge/edgecore.sock`).
+    pub unix_socket: PathBuf,
+    /// Serve the local API's sensitive routes (stored objects, Secrets among them, and every
+    /// write) over TCP without a token, to any local process. Off: they need the token there.
+    #[serde(rename = "insecureTCPLocalAPI")]
+    pub insecure_tcp_local_api: bool,
 }
 
 impl Default for Admin {
     fn default() -> Self {
         Admin {
             bind_address: "127.0.0.1:10351".into(),
+            allowed_hosts: Vec::new(),
+            token_file: PathBuf::new(),
+            unix_socket: PathBuf::new(),
+            insecure_tcp_local_api: false,
         }
+    }
+}
+
+impl EdgeConfig {
+    /// `admin.unixSocket`, or the database's path with the extension `.sock`.
+    pub fn admin_socket(&self) -> PathBuf {
+        if !self.admin.unix_socket.as_os_str().is_empty() {
+            return self.admin.unix_socket.clone();
+        }
+        self.database.data_source.with_extension("sock")
     }
 }
 

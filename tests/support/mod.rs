@@ -38,9 +38,23 @@ pub fn tls_edge_config(node: &str, cloud: &CloudProcess, dir: &Path) -> EdgeConf
     edgehive::demo::loopback_edge_config(node, cloud, dir)
 }
 
-/// An edge config for a plain `ws://` cloud at `cloud`.
+/// The admin token the tests' edges require over TCP (`admin.tokenFile`), and that the HTTP
+/// helpers send: the local API's sensitive routes need it there.
+pub const ADMIN_TOKEN: &str = "edgehive-test-admin-token";
+
+/// Writes [`ADMIN_TOKEN`] to `dir/admin.token` and returns the file.
+pub fn admin_token_file(dir: &Path) -> std::path::PathBuf {
+    let file = dir.join("admin.token");
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(&file, ADMIN_TOKEN).unwrap();
+    file
+}
+
+/// An edge config for a plain `ws://` cloud at `cloud`; its admin endpoint requires
+/// [`ADMIN_TOKEN`].
 pub fn edge_config(node: &str, cloud: SocketAddr, dir: &Path) -> EdgeConfig {
     let mut config = EdgeConfig::default();
+    config.admin.token_file = admin_token_file(dir);
     config.modules.edged.hostname_override = node.into();
     config.modules.edge_hub.websocket.server = cloud.to_string();
     config.modules.edge_hub.websocket.insecure_plaintext = true;
@@ -113,9 +127,9 @@ where
     }
 }
 
-/// GET `http://{addr}{path}` and return status and body.
+/// GET `http://{addr}{path}` (with [`ADMIN_TOKEN`]) and return status and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut response = awc::Client::new()
+    let mut response = admin_client()
         .get(format!("http://{addr}{path}"))
         .send()
         .await
@@ -125,6 +139,13 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         response.status().as_u16(),
         String::from_utf8(body.to_vec()).unwrap(),
     )
+}
+
+/// An HTTP client that sends [`ADMIN_TOKEN`] (ignored by an endpoint that requires none).
+pub fn admin_client() -> awc::Client {
+    awc::Client::builder()
+        .add_default_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+        .finish()
 }
 
 pub async fn http_json(addr: SocketAddr, path: &str) -> Value {

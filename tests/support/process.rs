@@ -88,17 +88,20 @@ pub fn plain_cloud_yaml(port: u16, database: Option<&std::path::Path>) -> String
 }
 
 /// `edge.yaml` for edge `node` of the plain-`ws://` cloud at `websocket`, storing in `db`,
-/// sending a keepalive every `heartbeat` seconds, admin endpoint on a free port.
+/// sending a keepalive every `heartbeat` seconds, admin endpoint on a free port requiring
+/// [`super::ADMIN_TOKEN`] (its file written beside `db`).
 pub fn plain_edge_yaml(
     node: &str,
     websocket: &str,
     db: &std::path::Path,
     heartbeat: u64,
 ) -> String {
+    let token = super::admin_token_file(db.parent().unwrap());
     format!(
-        "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
+        "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n  tokenFile: {}\n\
          modules:\n  edged:\n    hostnameOverride: {node}\n  edgeHub:\n    heartbeat: {heartbeat}\n    websocket:\n      server: {websocket}\n      insecurePlaintext: true\n",
-        db.display()
+        db.display(),
+        token.display()
     )
 }
 
@@ -150,7 +153,8 @@ pub fn spawn_plain_cloud(
     (cloud.process, cloud.websocket)
 }
 
-/// One HTTP/1.0 request on loopback (blocking): status and body, `None` if unreachable.
+/// One HTTP/1.0 request on loopback (blocking, with [`super::ADMIN_TOKEN`]): status and body,
+/// `None` if unreachable.
 pub fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).ok()?;
@@ -159,7 +163,9 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, St
         .ok()?;
     write!(
         stream,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        super::ADMIN_TOKEN,
         body.len()
     )
     .ok()?;

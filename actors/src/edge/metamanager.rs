@@ -221,6 +221,9 @@ enum Action {
     Forward,
     /// An edgehub connection broadcast.
     Connection(Result<ConnectionState, String>),
+    /// A cloud write whose resource names no object the edge could store: refused with an
+    /// error reply (counted as `bad_key`), so the cloud hears why it gets no ACK.
+    Refuse(&'static str),
     /// Not ours; the reason is logged.
     Ignore(&'static str),
 }
@@ -249,11 +252,17 @@ fn classify(msg: &Message) -> Action {
     if let Some(state) = ConnectionState::of(msg) {
         return Action::Connection(state);
     }
+    let from_cloud = matches!(msg.group(), Some(Group::Resource) | Some(Group::Func));
+    let cloud_write = from_cloud
+        && matches!(
+            operation,
+            Operation::Insert | Operation::Update | Operation::Delete
+        );
     let target = match target_of(msg.resource()) {
         Ok(target) => target,
+        Err(reason) if cloud_write => return Action::Refuse(reason),
         Err(reason) => return Action::Ignore(reason),
     };
-    let from_cloud = matches!(msg.group(), Some(Group::Resource) | Some(Group::Func));
     let is_event = target.kind == ResourceType::Event.as_str();
     match operation {
         Operation::Query => {
@@ -261,6 +270,11 @@ fn classify(msg: &Message) -> Action {
             Action::Query { target, remote }
         }
         Operation::Response if from_cloud && target.named => Action::LateReply(target),
+        Operation::Insert | Operation::Update | Operation::Delete
+            if cloud_write && !target.named =>
+        {
+            Action::Refuse("a write must name an object: {namespace}/{type}/{name}")
+        }
         Operation::Insert | Operation::Update | Operation::Delete | Operation::Patch
             if !target.named =>
         {
@@ -311,11 +325,24 @@ fn unusable(target: &Target, value: &Value) -> Result<(), (&'static str, String)
         ));
     }
     let name = target.key.rsplit('/').next().unwrap_or_default();
-    match value["metadata"]["name"].as_str() {
-        Some(own) if own != name => Err((
-            "name_mismatch",
+    if let Some(own) = value["metadata"]["name"].as_str() {
+        if own != name {
+            return Err((
+                "name_mismatch",
+                format!(
+                    "the {} is named {own:?} but stored as {name:?}",
+                    target.kind
+                ),
+            ));
+        }
+    }
+    // A Node has no namespace; every other kind here lives in the namespace of its key.
+    let namespace = target.key.split('/').next().unwrap_or_default();
+    match value["metadata"]["namespace"].as_str() {
+        Some(own) if target.kind != "node" && own != namespace => Err((
+            "namespace_mismatch",
             format!(
-                "the {} is named {own:?} but stored as {name:?}",
+                "the {} is in namespace {own:?} but stored under {namespace:?}",
                 target.kind
             ),
         )),
@@ -385,6 +412,14 @@ impl Handler<Envelope> for MetaManager {
                 }
                 Box::pin(async { None })
             }
+            Action::Refuse(reason) => {
+                let ctx = self.ctx.clone();
+                Box::pin(async move {
+                    let msg = envelope.message();
+                    ctx.refuse(msg, msg.resource(), "bad_key", reason).await;
+                    None
+                })
+            }
             Action::Ignore(reason) => {
                 self.ctx.metrics.ignored.inc();
                 tracing::debug!(
@@ -401,20 +436,26 @@ impl Handler<Envelope> for MetaManager {
 }
 
 impl Ctx {
+    /// Refuses a cloud write the edge cannot use: counted by `reason`, answered with an error
+    /// saying why instead of the ACK.
+    async fn refuse(&self, msg: &Message, key: &str, reason: &str, text: &str) {
+        tracing::warn!(key = %key.chars().take(256).collect::<String>(), reason, "cloud write refused: {text}");
+        self.metrics
+            .refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+        let refusal = Message::error_to(msg, text.to_owned());
+        self.to_cloud(&refusal).await;
+    }
+
     /// Stores a cloud push, hands device objects to twin, then ACKs. Nothing is ACKed unless
     /// everything was committed; the cloud then resends and the retry is idempotent.
     async fn write(&self, msg: &Message, target: Target) {
         let value = msg.content_json().unwrap_or_else(|_| msg.content.clone());
         if let Err((reason, text)) = unusable(&target, &value) {
-            tracing::warn!(key = %target.key.chars().take(256).collect::<String>(), reason, "cloud write refused: {text}");
-            self.metrics
-                .refused
-                .get_or_create(&ReasonLabels {
-                    reason: reason.to_owned(),
-                })
-                .inc();
-            let refusal = Message::error_to(msg, text);
-            self.to_cloud(&refusal).await;
+            self.refuse(msg, &target.key, reason, &text).await;
             return;
         }
         let stored = self

@@ -158,6 +158,8 @@ pub struct MetaStore {
     /// (device, inode) of the file when it was opened.
     file: Option<(u64, u64)>,
     vanished: Arc<AtomicBool>,
+    /// The error of the last write, until a write succeeds.
+    write_error: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// The edgehive table beside KubeEdge's `meta`: this store's identity.
@@ -222,12 +224,14 @@ impl MetaStore {
         let (commands, receiver) = mpsc::channel(STORE_QUEUE_CAPACITY);
         let (changes, _) = broadcast::channel(WATCH_CAPACITY);
         let vanished = Arc::new(AtomicBool::new(false));
+        let write_error = Arc::new(std::sync::Mutex::new(None));
         let worker = Worker {
             conn,
             file: file_identity(path),
             path: Arc::new(path.to_owned()),
             changes: changes.clone(),
             vanished: vanished.clone(),
+            write_error: write_error.clone(),
         };
         let path = worker.path.clone();
         let worker_file = worker.file;
@@ -242,6 +246,7 @@ impl MetaStore {
             id: Arc::new(id),
             file: worker_file,
             vanished,
+            write_error,
         })
     }
 
@@ -268,6 +273,15 @@ impl MetaStore {
             return false;
         }
         true
+    }
+
+    /// Why the last write (an upsert or a delete) failed, while no write since has succeeded:
+    /// the edge is then not ready, as what the cloud sends is not being stored.
+    pub fn last_write_error(&self) -> Option<String> {
+        self.write_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     /// Committed changes from now on (see [`WATCH_CAPACITY`] for a watcher that falls behind).
@@ -449,9 +463,19 @@ struct Worker {
     path: Arc<PathBuf>,
     changes: broadcast::Sender<StoreEvent>,
     vanished: Arc<AtomicBool>,
+    write_error: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Worker {
+    /// Records how a write ended: its error, or none once one succeeds.
+    fn record<T>(&self, result: &Result<T, StoreError>) {
+        let mut slot = self
+            .write_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *slot = result.as_ref().err().map(ToString::to_string);
+    }
+
     /// Whether the path still names the file this connection writes; once it does not, never
     /// again (a file put back at the path is not this one).
     fn still_there(&self) -> bool {
@@ -500,10 +524,14 @@ impl Worker {
                     value,
                     reply,
                 } => {
-                    let _ = reply.send(self.upsert(&key, &resource_type, &value));
+                    let result = self.upsert(&key, &resource_type, &value);
+                    self.record(&result);
+                    let _ = reply.send(result);
                 }
                 Command::Delete { keys, uid, reply } => {
-                    let _ = reply.send(self.delete(&keys, uid.as_deref()));
+                    let result = self.delete(&keys, uid.as_deref());
+                    self.record(&result);
+                    let _ = reply.send(result);
                 }
                 Command::Exec(job) => job(&self.conn),
                 Command::Get { key, reply } => {

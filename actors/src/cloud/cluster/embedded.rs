@@ -611,6 +611,42 @@ impl EmbeddedCluster {
         (objects, inner.resource_version.to_string())
     }
 
+    /// At most `limit` objects of `kind` (by namespace, then name) after the object
+    /// `(namespace, name)` of `after` (from the first without), the `(namespace, name)` of the
+    /// last one when more follow, and the cluster's resourceVersion: a page of a listing, so
+    /// a large kind is never copied whole.
+    pub fn list_page(
+        &self,
+        kind: &str,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> (Vec<Value>, Option<(String, String)>, String) {
+        use std::ops::Bound;
+        let inner = self.lock();
+        let start = match after {
+            Some((namespace, name)) => Bound::Excluded((kind.to_owned(), namespace, name)),
+            None => Bound::Included((kind.to_owned(), String::new(), String::new())),
+        };
+        let mut page = Vec::new();
+        let mut more = false;
+        for ((k, namespace, name), obj) in inner.objects.range((start, Bound::Unbounded)) {
+            if k != kind {
+                break;
+            }
+            if page.len() == limit {
+                more = true;
+                break;
+            }
+            page.push((namespace, name, obj));
+        }
+        let next = page
+            .last()
+            .filter(|_| more)
+            .map(|(namespace, name, _)| ((*namespace).clone(), (*name).clone()));
+        let items = page.into_iter().map(|(_, _, obj)| obj.clone()).collect();
+        (items, next, inner.resource_version.to_string())
+    }
+
     /// Watches `kind` from now on. See [`WatchStream`] and [`WATCH_CAPACITY`].
     pub fn watch(&self, kind: &str) -> WatchStream {
         let mut inner = self.lock();

@@ -258,7 +258,7 @@ async fn a_refused_request_stays_refused_however_often_and_in_whatever_form() {
             .await;
             refused(
                 &mut socket,
-                &twin("99".into()),
+                &twin("stolen-value".into()),
                 "the device is not bound to this node",
             )
             .await;
@@ -282,7 +282,7 @@ async fn a_refused_request_stays_refused_however_often_and_in_whatever_form() {
         .all(|pod| pod["metadata"]["namespace"] != "kube-system"));
     assert!(cluster
         .get("DeviceStatus", Some("default"), "b-dev")
-        .is_none_or(|status| { !status.to_string().contains("99") }));
+        .is_none_or(|status| { !status.to_string().contains("stolen-value") }));
     let metrics = metrics(&cloud).await;
     let counted = denied(&metrics, "not_bound_to_node")
         + denied(&metrics, "content_not_object")

@@ -22,6 +22,7 @@ mod log_flood;
 mod node_actors;
 mod node_module;
 mod processes;
+mod security_network;
 mod status_page;
 mod tls_join;
 mod tls_token_cli;

@@ -519,7 +519,7 @@ async fn one_address_gets_twenty_certificates_at_once_then_429_with_retry_after(
         "{issued} issued in {:?}",
         started.elapsed()
     );
-    assert!(limited.len() >= 5, "{} refused", limited.len());
+    assert!(!limited.is_empty(), "none refused");
     for answer in &limited {
         assert!(
             matches!(answer.retry_after, Some(1..=6)),

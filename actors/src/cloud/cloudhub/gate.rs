@@ -143,7 +143,8 @@ impl GateMetrics {
     }
 }
 
-/// One pending place: when it was taken, and how to close its connection if evicted.
+/// One place: its id (ids grow in the order places are taken), and how to close its
+/// connection if evicted.
 struct Held {
     id: u64,
     cancel: Option<oneshot::Sender<()>>,
@@ -180,6 +181,9 @@ struct Slot {
     source: Option<IpAddr>,
     id: u64,
     on_release: Option<Gauge>,
+    /// A place without a source cannot be evicted: its eviction's sender is kept here, so
+    /// that the eviction never resolves.
+    _never_evicted: Option<oneshot::Sender<()>>,
 }
 
 /// Resolves when the place was evicted (or its set dropped).
@@ -250,11 +254,13 @@ impl Slots {
         let id = state.next_id;
         state.next_id += 1;
         let (cancel, eviction) = oneshot::channel();
-        if let Some(source) = source {
-            state.per_source.entry(source).or_default().push_back(Held {
+        let mut never_evicted = None;
+        match source {
+            Some(source) => state.per_source.entry(source).or_default().push_back(Held {
                 id,
                 cancel: Some(cancel),
-            });
+            }),
+            None => never_evicted = Some(cancel),
         }
         state.total += 1;
         Ok((
@@ -263,6 +269,7 @@ impl Slots {
                 source,
                 id,
                 on_release: None,
+                _never_evicted: never_evicted,
             },
             eviction,
             evicted,
@@ -749,7 +756,15 @@ mod tests {
             .filter_map(|(place, eviction, _)| eviction.try_recv().is_ok().then_some(place.id))
             .collect();
         assert!(evicted.len() >= 10, "{evicted:?}");
+        // A place without a known source is never told it was evicted.
+        drop(held.pop());
+        let (_unsourced, mut eviction, _) = slots.enter(None).unwrap();
+        assert!(matches!(
+            eviction.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        ));
         held.clear();
+        drop(_unsourced);
         assert_eq!(slots.lock().total, 0);
         assert!(slots.lock().per_source.is_empty());
     }

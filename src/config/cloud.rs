@@ -4,8 +4,9 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use edgehive_actors::cloud::cloudhub::certlimits::SigningLimits;
 use edgehive_actors::cloud::cloudhub::certserver::CertServerOptions;
-use edgehive_actors::cloud::cloudhub::gate::GateMetrics;
+use edgehive_actors::cloud::cloudhub::gate::{ConnectionLimits, GateMetrics};
 use edgehive_actors::cloud::cloudhub::options::{HandshakeLimits, WriteLimits};
 use edgehive_actors::cloud::cloudhub::CloudHubOptions;
 use edgehive_actors::cloud::cluster::kube::KubeOptions;
@@ -163,6 +164,43 @@ impl Validate for CloudConfig {
             cluster.event_ttl,
             1..=MAX_EVENT_TTL_SECS,
             "seconds",
+        )?;
+        let hub = &self.modules.cloud_hub;
+        within(
+            "modules.cloudHub.certRequestTimeout",
+            hub.cert_request_timeout,
+            1..=300,
+            "seconds",
+        )?;
+        within(
+            "modules.cloudHub.certConnectionsPerSource",
+            hub.cert_connections_per_source as u64,
+            1..=hub.cert_connections.max(1) as u64,
+            "connections (at most certConnections)",
+        )?;
+        within(
+            "modules.cloudHub.certConnections",
+            hub.cert_connections as u64,
+            1..=1_000_000,
+            "connections",
+        )?;
+        within(
+            "modules.cloudHub.certSigningPerMinute",
+            u64::from(hub.cert_signing_per_minute),
+            1..=1_000_000,
+            "certificates a minute",
+        )?;
+        within(
+            "modules.cloudHub.certSigningBurst",
+            u64::from(hub.cert_signing_burst),
+            1..=1_000_000,
+            "certificates",
+        )?;
+        within(
+            "modules.cloudHub.certSigningQPS",
+            u64::from(hub.cert_signing_qps),
+            1..=1_000_000,
+            "certificates a second",
         )?;
         within(
             "embeddedCluster.maxEvents",
@@ -492,6 +530,19 @@ pub struct CloudHubConfig {
     pub handshakes_per_source: usize,
     /// TLS handshakes in progress in all, at most, per port (edgehive).
     pub handshakes_pending: usize,
+    /// Seconds a certificate server connection may stay open after its handshake (edgehive).
+    pub cert_request_timeout: u64,
+    /// Open certificate server connections from one source address, at most (edgehive).
+    pub cert_connections_per_source: usize,
+    /// Open certificate server connections in all, at most (edgehive).
+    pub cert_connections: usize,
+    /// Certificates one source address may get a minute, sustained (edgehive).
+    pub cert_signing_per_minute: u32,
+    /// Certificates one source address may get at once (edgehive).
+    pub cert_signing_burst: u32,
+    /// Certificates signed a second in all (edgehive).
+    #[serde(rename = "certSigningQPS")]
+    pub cert_signing_qps: u32,
     /// The WebSocket listener.
     pub websocket: HubWebSocket,
     /// The HTTPS certificate server edges bootstrap their certificates from.
@@ -567,6 +618,12 @@ impl Default for CloudHubConfig {
             handshake_timeout: options.handshake_limits.timeout.as_secs(),
             handshakes_per_source: options.handshake_limits.per_source,
             handshakes_pending: options.handshake_limits.total,
+            cert_request_timeout: ConnectionLimits::default().request_timeout.as_secs(),
+            cert_connections_per_source: ConnectionLimits::default().per_source,
+            cert_connections: ConnectionLimits::default().total,
+            cert_signing_per_minute: SigningLimits::default().per_source_per_minute,
+            cert_signing_burst: SigningLimits::default().per_source_burst,
+            cert_signing_qps: SigningLimits::default().per_second,
             websocket: HubWebSocket {
                 enable: true,
                 address: options.address,
@@ -650,6 +707,16 @@ impl CloudHubConfig {
             port: self.https.port,
             edge_cert_validity: Duration::from_secs(self.edge_cert_signing_duration * 24 * 3600),
             handshake_limits: self.handshake_limits(),
+            connection_limits: ConnectionLimits {
+                request_timeout: Duration::from_secs(self.cert_request_timeout),
+                per_source: self.cert_connections_per_source,
+                total: self.cert_connections,
+            },
+            signing_limits: SigningLimits {
+                per_source_per_minute: self.cert_signing_per_minute,
+                per_source_burst: self.cert_signing_burst,
+                per_second: self.cert_signing_qps,
+            },
             gate_metrics,
         }
     }

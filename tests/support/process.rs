@@ -18,6 +18,11 @@ impl Drop for Process {
 }
 
 impl Process {
+    /// A child started elsewhere, killed when dropped.
+    pub fn from_child(child: Child) -> Process {
+        Process(child)
+    }
+
     /// The process id.
     pub fn id(&self) -> u32 {
         self.0.id()

@@ -25,21 +25,34 @@ pub struct WarnBudget {
     window_start: Instant,
     used: u32,
     held_back: u64,
+    limit: u32,
 }
 
 impl Default for WarnBudget {
     fn default() -> Self {
-        WarnBudget {
-            window_start: Instant::now(),
-            used: 0,
-            held_back: 0,
-        }
+        WarnBudget::with_limit(WARNINGS_PER_WINDOW)
     }
 }
 
 impl WarnBudget {
     /// The length of one window.
     pub const WINDOW: Duration = Duration::from_secs(10);
+
+    /// A budget of `limit` warnings per [`WarnBudget::WINDOW`] (for many peers together).
+    pub fn with_limit(limit: u32) -> Self {
+        WarnBudget {
+            window_start: Instant::now(),
+            used: 0,
+            held_back: 0,
+            limit,
+        }
+    }
+
+    /// Whether the budget is as new at `now`: its window is over and nothing is held back, so
+    /// forgetting it loses nothing.
+    pub fn is_idle(&self, now: Instant) -> bool {
+        self.held_back == 0 && now.saturating_duration_since(self.window_start) >= Self::WINDOW
+    }
 
     /// Whether a warning may be logged at `now`: `Some(n)` with the number held back since
     /// the last one logged (for the line to report), `None` when it is held back.
@@ -48,7 +61,7 @@ impl WarnBudget {
             self.window_start = now;
             self.used = 0;
         }
-        if self.used < WARNINGS_PER_WINDOW {
+        if self.used < self.limit {
             self.used += 1;
             Some(std::mem::take(&mut self.held_back))
         } else {

@@ -59,6 +59,9 @@ pub enum CertError {
     /// A key is not an ECDSA P-256 key in SEC1 or PKCS#8 form.
     #[error("not an ECDSA P-256 private key: {0}")]
     BadKey(String),
+    /// A certificate's lifetime cannot be written as a date.
+    #[error("certificate validity cannot be represented: {0} ends past the year 9999")]
+    BadValidity(String),
     /// rcgen refused to build or sign a certificate.
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),
@@ -73,15 +76,36 @@ pub enum CsrError {
     /// The node name cannot be a Kubernetes node's.
     #[error("{0}")]
     InvalidNodeName(String),
-    /// The CSR's public key is of a type edge certificates cannot carry.
-    #[error("unsupported key type {0} in the certificate signing request: edge certificates take ECDSA P-256 or P-384 (KubeEdge's edgecore uses P-256), RSA or Ed25519 keys")]
+    /// The CSR's public key is of a type or size edge certificates cannot carry.
+    #[error("unsupported key type {0} in the certificate signing request: edge certificates take ECDSA P-256 or P-384 (KubeEdge's edgecore uses P-256), RSA of {RSA_MIN_BITS} to {RSA_MAX_BITS} bits, or Ed25519 keys")]
     UnsupportedKey(String),
+    /// The certificate's lifetime cannot be written as a date (the configured
+    /// `edgeCertSigningDuration` reaches past the year 9999).
+    #[error("edge certificate lifetime of {days} days ends past the year 9999; lower edgeCertSigningDuration")]
+    Lifetime {
+        /// The lifetime asked for, in days.
+        days: u64,
+    },
     /// The CSR's subject does not name the node it is requested for.
     #[error("certificate signing request subject must be O={NODE_ORGANIZATION}, CN={NODE_CN_PREFIX}{node}")]
     WrongSubject {
         /// The node from the `NodeName` header.
         node: String,
     },
+}
+
+/// Smallest RSA modulus accepted in a CSR, in bits (what TLS here verifies, and NIST's floor).
+pub const RSA_MIN_BITS: usize = 2048;
+/// Largest RSA modulus accepted in a CSR, in bits (what TLS here verifies).
+pub const RSA_MAX_BITS: usize = 8192;
+
+/// Bits of a big-endian unsigned integer (leading zero bytes and bits not counted).
+fn bit_length(bytes: &[u8]) -> usize {
+    let bytes = match bytes.iter().position(|&b| b != 0) {
+        Some(first) => &bytes[first..],
+        None => return 0,
+    };
+    bytes.len() * 8 - bytes[0].leading_zeros() as usize
 }
 
 /// Refuses a CSR whose public key is not one TLS here can verify (checked before its
@@ -102,7 +126,25 @@ fn check_key_type(csr_der: &[u8]) -> Result<(), CsrError> {
     let algorithm = &csr.certification_request_info.subject_pki.algorithm;
     let oid = algorithm.algorithm.to_id_string();
     match oid.as_str() {
-        RSA | ED25519 => Ok(()),
+        ED25519 => Ok(()),
+        RSA => {
+            use x509_parser::public_key::PublicKey;
+            let bits = match csr.certification_request_info.subject_pki.parsed() {
+                Ok(PublicKey::RSA(rsa)) => bit_length(rsa.modulus),
+                // Not a readable RSA key: the signature check says so next.
+                _ => return Ok(()),
+            };
+            if (RSA_MIN_BITS..=RSA_MAX_BITS).contains(&bits) {
+                Ok(())
+            } else {
+                let why = if bits < RSA_MIN_BITS {
+                    "too weak"
+                } else {
+                    "too large"
+                };
+                Err(CsrError::UnsupportedKey(format!("RSA {bits} bits ({why})")))
+            }
+        }
         EC_PUBLIC_KEY => {
             let curve = algorithm
                 .parameters
@@ -151,7 +193,7 @@ impl CertAuthority {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
-        set_validity(&mut params, LONG_LIVED);
+        set_validity(&mut params, LONG_LIVED)?;
         params.serial_number = Some(random_serial());
         let cert = params.self_signed(&key)?;
         Self::from_parts(cert.der().to_vec(), key)
@@ -254,7 +296,7 @@ impl CertAuthority {
                 .map_err(|_| CertError::BadKey(format!("invalid DNS name {dns:?}")))?;
             params.subject_alt_names.push(SanType::DnsName(dns));
         }
-        set_validity(&mut params, LONG_LIVED);
+        set_validity(&mut params, LONG_LIVED)?;
         params.serial_number = Some(random_serial());
         params.use_authority_key_identifier_extension = true;
         let cert = params.signed_by(&key, &self.issuer)?;
@@ -298,7 +340,9 @@ impl CertAuthority {
             KeyUsagePurpose::KeyEncipherment,
         ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        set_validity(&mut params, validity);
+        set_validity(&mut params, validity).map_err(|_| CsrError::Lifetime {
+            days: validity.as_secs() / (24 * 3600),
+        })?;
         params.serial_number = Some(random_serial());
         params.use_authority_key_identifier_extension = true;
         let signed = CertificateSigningRequestParams {
@@ -495,11 +539,20 @@ fn dn_text(value: Option<&DnValue>) -> Option<String> {
     }
 }
 
-fn set_validity(params: &mut CertificateParams, lifetime: Duration) {
+/// Valid from a minute ago for `lifetime`; an end that is no date (past the year 9999) is an
+/// error, never a panic.
+fn set_validity(params: &mut CertificateParams, lifetime: Duration) -> Result<(), CertError> {
+    let too_long = || CertError::BadValidity(format!("a lifetime of {} s", lifetime.as_secs()));
     let now = time::OffsetDateTime::now_utc();
+    let seconds = i64::try_from(lifetime.as_secs()).map_err(|_| too_long())?;
     // A minute of slack for peers whose clocks run a little behind.
-    params.not_before = now - time::Duration::minutes(1);
-    params.not_after = now + time::Duration::seconds(lifetime.as_secs() as i64);
+    params.not_before = now
+        .checked_sub(time::Duration::minutes(1))
+        .ok_or_else(too_long)?;
+    params.not_after = now
+        .checked_add(time::Duration::seconds(seconds))
+        .ok_or_else(too_long)?;
+    Ok(())
 }
 
 fn random_serial() -> SerialNumber {
@@ -712,5 +765,56 @@ mod tests {
             .unwrap_err();
         assert_eq!(err, CsrError::UnsupportedKey("1.2.840.10040.4.1".into()));
         assert!(err.to_string().contains("unsupported key type"), "{err}");
+    }
+
+    /// RSA CSRs made by `openssl req -newkey rsa:N` for edge-1.
+    const RSA1024_CSR: &[u8] = include_bytes!("../../../tests/tls_data/rsa1024-edge-1.csr.der");
+    const RSA2048_CSR: &[u8] = include_bytes!("../../../tests/tls_data/rsa2048-edge-1.csr.der");
+
+    #[test]
+    fn a_weak_rsa_key_is_refused_as_too_weak_not_as_a_bad_signature() {
+        let ca = CertAuthority::generate().unwrap();
+        for _ in 0..2 {
+            let err = ca
+                .sign_node_csr(RSA1024_CSR, "edge-1", Duration::from_secs(3600))
+                .unwrap_err();
+            assert_eq!(
+                err,
+                CsrError::UnsupportedKey("RSA 1024 bits (too weak)".into())
+            );
+            let text = err.to_string();
+            assert!(text.contains("RSA of 2048 to 8192 bits"), "{text}");
+            assert!(!text.contains("signature"), "{text}");
+        }
+        let cert = ca
+            .sign_node_csr(RSA2048_CSR, "edge-1", Duration::from_secs(3600))
+            .unwrap();
+        assert_eq!(node_of_cert(&cert).as_deref(), Some("edge-1"));
+        assert_eq!(bit_length(&[0, 0x01, 0xff]), 9);
+        assert_eq!(bit_length(&[0x80, 0]), 16);
+    }
+
+    #[test]
+    fn a_lifetime_past_the_year_9999_is_an_error_not_a_panic() {
+        let ca = CertAuthority::generate().unwrap();
+        let csr = node_csr(&generate_key().unwrap(), "edge-1").unwrap();
+        // edgeCertSigningDuration: 3000000 (days), and the largest durations there are.
+        for days in [3_000_000u64, 2_932_897 + 365, u64::MAX / (24 * 3600)] {
+            let validity = Duration::from_secs(days * 24 * 3600);
+            let err = ca.sign_node_csr(&csr, "edge-1", validity).unwrap_err();
+            assert_eq!(err, CsrError::Lifetime { days });
+            assert!(err.to_string().contains("edgeCertSigningDuration"), "{err}");
+        }
+        assert_eq!(
+            ca.sign_node_csr(&csr, "edge-1", Duration::MAX).unwrap_err(),
+            CsrError::Lifetime {
+                days: u64::MAX / (24 * 3600)
+            }
+        );
+        // 7000 years still fits before 9999.
+        let cert = ca
+            .sign_node_csr(&csr, "edge-1", Duration::from_secs(7000 * 365 * 24 * 3600))
+            .unwrap();
+        assert_eq!(node_of_cert(&cert).as_deref(), Some("edge-1"));
     }
 }

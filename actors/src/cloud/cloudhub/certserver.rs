@@ -7,15 +7,16 @@
 //!   a bad CSR.
 //! - `GET /node/{name}` → 200 `Node founded` (sic, as cloudcore) / 404 `Node not found`.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpRequest, HttpResponse};
 
 use super::auth::BindingView;
-use super::gate::{self, Gate, GateMetrics, HandshakeLimits};
+use super::certlimits::{SigningLimits, SigningRate, Warnings};
+use super::gate::{self, ConnectionLimits, Gate, GateMetrics, HandshakeLimits};
 use crate::hive::log::clip;
 use crate::identity::certs::CertAuthority;
 use crate::identity::tls::{peer_node, CloudTls};
@@ -51,6 +52,11 @@ pub struct CertServerOptions {
     pub edge_cert_validity: Duration,
     /// Bounds on TLS handshakes in progress (see [`HandshakeLimits`]).
     pub handshake_limits: HandshakeLimits,
+    /// Bounds on open connections and how long a request may take (see
+    /// [`ConnectionLimits`]).
+    pub connection_limits: ConnectionLimits,
+    /// How fast certificates are signed (see [`SigningLimits`]).
+    pub signing_limits: SigningLimits,
     /// Where the gate counts (CloudHub's, so one process has one set:
     /// [`CloudHubServer::gate_metrics`](super::CloudHubServer::gate_metrics)).
     pub gate_metrics: GateMetrics,
@@ -61,6 +67,32 @@ struct Context {
     ca: Arc<CertAuthority>,
     validity: Duration,
     view: Option<Arc<dyn BindingView>>,
+    signing: Mutex<SigningRate>,
+    warnings: Mutex<Warnings>,
+}
+
+impl Context {
+    /// Whether a warning caused by `peer` may be logged now (see [`Warnings`]): `Some` with
+    /// the number held back before it; `None` (counted) when it is held back.
+    fn warning(&self, peer: Option<SocketAddr>) -> Option<u64> {
+        let source = peer.map(|peer| gate::source_of(peer.ip()));
+        let allowed = self
+            .warnings
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take(source, Instant::now());
+        if allowed.is_none() {
+            self.metrics.certificate_warning_held_back();
+        }
+        allowed
+    }
+
+    fn take_signing(&self, source: Option<IpAddr>) -> Result<(), super::certlimits::RateLimited> {
+        self.signing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take(source, Instant::now())
+    }
 }
 
 /// A running certificate server.
@@ -83,6 +115,8 @@ impl CertServer {
             ca: tls.ca.clone(),
             validity: options.edge_cert_validity,
             view,
+            signing: Mutex::new(SigningRate::new(options.signing_limits, Instant::now())),
+            warnings: Mutex::new(Warnings::default()),
         });
         let address = format!("{}:{}", options.address, options.port);
         let bind_error = |source: std::io::Error| CertServerError::Bind {
@@ -95,7 +129,8 @@ impl CertServer {
             "certificates",
             options.handshake_limits,
             options.gate_metrics.clone(),
-        );
+        )
+        .with_connection_limits(options.connection_limits);
         let server = gate::serve(
             "cloudhub-certificates",
             listener,
@@ -147,14 +182,32 @@ async fn ca_crt(context: web::Data<Context>) -> HttpResponse {
 
 async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context>) -> HttpResponse {
     use actix_web::http::StatusCode;
+    let peer = req.peer_addr();
     let node = req
         .headers()
         .get("NodeName")
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default()
         .to_owned();
+    // Everything logged below from the request is clipped, and each source (and all of them
+    // together) writes a bounded number of warnings: the rest are counted.
+    let refuse = |reason: &str, status: StatusCode, detail: &str, answer: String| {
+        context
+            .metrics
+            .certificate_refused(reason, &node, peer, detail);
+        if let Some(held_back) = context.warning(peer) {
+            let peer = peer.map(|peer| peer.to_string()).unwrap_or_default();
+            tracing::warn!(node = %clip(&node), %peer, reason, detail = %clip(detail), held_back, "certificate request refused");
+        }
+        text(status, answer)
+    };
     if node.is_empty() {
-        return text(StatusCode::BAD_REQUEST, "missing NodeName header".into());
+        return refuse(
+            "no_node_name",
+            StatusCode::BAD_REQUEST,
+            "no NodeName header",
+            "missing NodeName header".into(),
+        );
     }
     // Renewal: a client certificate for this very node needs no token.
     let by_cert = peer_node(&req).is_some_and(|cert_node| cert_node == node);
@@ -166,31 +219,48 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
             .and_then(|value| value.strip_prefix("Bearer "))
             .unwrap_or_default();
         if bearer.is_empty() {
-            context.metrics.certificate_refused(
+            return refuse(
                 "no_token",
-                &node,
-                req.peer_addr(),
-                "no token and no client certificate for the node",
-            );
-            tracing::warn!(%node, "certificate request without token or client certificate");
-            return text(
                 StatusCode::UNAUTHORIZED,
+                "no token and no client certificate for the node",
                 "token validation failure, err: token is missing".into(),
             );
         }
         if let Err(error) = verify_jwt(bearer, context.ca.key_sec1_der(), SystemTime::now()) {
-            context.metrics.certificate_refused(
+            let error = error.to_string();
+            return refuse(
                 "bad_token",
-                &node,
-                req.peer_addr(),
-                &error.to_string(),
-            );
-            tracing::warn!(%node, %error, "certificate request with a bad token");
-            return text(
                 StatusCode::UNAUTHORIZED,
+                &error,
                 format!("token validation failure, err: {error}"),
             );
         }
+    }
+    // Authenticated: now it may cost a signature, at a bounded rate per source and in all.
+    if let Err(limited) = context.take_signing(peer.map(|peer| gate::source_of(peer.ip()))) {
+        let whose = if limited.per_source {
+            "from this address"
+        } else {
+            "in all"
+        };
+        let answer = format!(
+            "too many certificate requests {whose}: retry after {} s",
+            limited.retry_after_secs
+        );
+        let mut response = refuse(
+            "rate_limited",
+            StatusCode::TOO_MANY_REQUESTS,
+            &answer,
+            answer.clone(),
+        );
+        if let Ok(value) =
+            actix_web::http::header::HeaderValue::from_str(&limited.retry_after_secs.to_string())
+        {
+            response
+                .headers_mut()
+                .insert(actix_web::http::header::RETRY_AFTER, value);
+        }
+        return response;
     }
     match context.ca.sign_node_csr(&body, &node, context.validity) {
         Ok(cert) => {
@@ -206,12 +276,11 @@ async fn edge_crt(req: HttpRequest, body: web::Bytes, context: web::Data<Context
                 CsrError::InvalidNodeName(_) => ("invalid_node_name", StatusCode::BAD_REQUEST),
                 CsrError::UnsupportedKey(_) => ("unsupported_key", StatusCode::BAD_REQUEST),
                 CsrError::Invalid(_) => ("invalid_csr", StatusCode::BAD_REQUEST),
+                // The cloud's configuration, not the request: 500, and it says which key.
+                CsrError::Lifetime { .. } => ("lifetime", StatusCode::INTERNAL_SERVER_ERROR),
             };
-            context
-                .metrics
-                .certificate_refused(reason, &node, req.peer_addr(), &error.to_string());
-            tracing::warn!(node = %clip(&node), reason, %error, "certificate request refused");
-            text(status, error.to_string())
+            let error = error.to_string();
+            refuse(reason, status, &error, error.clone())
         }
     }
 }

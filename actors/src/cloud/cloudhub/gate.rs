@@ -11,14 +11,14 @@
 //! request timeout).
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_codec::Framed;
-use actix_http::{h1, HttpService, Protocol, Request};
+use actix_http::{h1, HttpService, KeepAlive, Protocol, Request};
 use actix_service::{
     fn_factory, fn_service, map_config, IntoServiceFactory, ServiceFactory, ServiceFactoryExt,
 };
@@ -32,6 +32,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use rustls::ServerConfig;
+use tokio::sync::oneshot;
 
 use super::metrics::ReasonLabels;
 use crate::hive::{Hive, RefusalKind, RefusalLog};
@@ -77,6 +78,8 @@ pub struct GateMetrics {
     pending: Family<PortLabel, Gauge>,
     refused: Family<PortReason, Counter>,
     certificates_refused: Family<ReasonLabels, Counter>,
+    /// The certificate server's warnings not logged (over a budget).
+    certificate_warnings_held_back: Counter,
     /// Where refusals are recorded beside their counters (the hive's log once registered).
     refusals: RefusalLog,
 }
@@ -97,12 +100,17 @@ impl GateMetrics {
         );
         registry.register(
             "edgehive_certserver_refused",
-            "Certificate requests refused, by reason (no_token, bad_token, wrong_subject, invalid_node_name, unsupported_key, invalid_csr)",
+            "Certificate requests refused, by reason (no_node_name, no_token, bad_token, rate_limited, wrong_subject, invalid_node_name, unsupported_key, invalid_csr, lifetime, timeout)",
             metrics.certificates_refused.clone(),
         );
         registry.register(
+            "edgehive_certserver_warnings_held_back",
+            "Warnings about certificate requests that were not logged, over the per-source or overall budget",
+            metrics.certificate_warnings_held_back.clone(),
+        );
+        registry.register(
             "edgehive_tls_handshakes_refused",
-            "Connections closed before or during the TLS handshake, per port and reason (per_source, total, timeout, failed)",
+            "Connections closed by a TLS port's gate, per port and reason (per_source, total, evicted, timeout, failed; certificates port: connections_per_source, connections, connection_evicted)",
             metrics.refused.clone(),
         );
         metrics
@@ -110,6 +118,11 @@ impl GateMetrics {
 }
 
 impl GateMetrics {
+    /// Counts a certificate server warning that was not logged.
+    pub fn certificate_warning_held_back(&self) {
+        self.certificate_warnings_held_back.inc();
+    }
+
     /// Counts a refused certificate request (and records it: the node it named, if any,
     /// the peer, and what was wrong).
     pub fn certificate_refused(
@@ -130,9 +143,198 @@ impl GateMetrics {
     }
 }
 
-struct GateState {
-    per_source: HashMap<IpAddr, usize>,
+/// One place: its id (ids grow in the order places are taken), and how to close its
+/// connection if evicted.
+struct Held {
+    id: u64,
+    cancel: Option<oneshot::Sender<()>>,
+}
+
+#[derive(Default)]
+struct SlotsState {
+    /// Places per source, oldest first.
+    per_source: HashMap<IpAddr, VecDeque<Held>>,
+    /// Places in all (those without a known source included).
     total: usize,
+    next_id: u64,
+}
+
+/// A bounded set of places (handshakes in progress, or connections), per source and in all,
+/// shared by every worker of a port. When it is full, a newcomer whose source holds fewer
+/// than the source holding the most (by two or more) evicts that source's oldest place
+/// instead of being refused: a flood from many addresses can fill the set, but not keep a
+/// new address out, since each address's share shrinks as addresses are added.
+#[derive(Clone)]
+struct Slots {
+    per_source: usize,
+    total: usize,
+    state: Arc<Mutex<SlotsState>>,
+}
+
+/// Why a place was refused (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Refused(&'static str);
+
+/// A place taken; dropping it gives it back (unless it was evicted already).
+struct Slot {
+    slots: Slots,
+    source: Option<IpAddr>,
+    id: u64,
+    on_release: Option<Gauge>,
+    /// A place without a source cannot be evicted: its eviction's sender is kept here, so
+    /// that the eviction never resolves.
+    _never_evicted: Option<oneshot::Sender<()>>,
+}
+
+/// Resolves when the place was evicted (or its set dropped).
+type Eviction = oneshot::Receiver<()>;
+
+impl Slots {
+    fn new(per_source: usize, total: usize) -> Self {
+        Slots {
+            per_source,
+            total,
+            state: Arc::new(Mutex::new(SlotsState::default())),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotsState> {
+        // Counts only; a panic cannot leave them half-written.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A place for `source` (already reduced to its source, see [`source_of`]), evicting
+    /// another source's oldest when full and fair (see the type's docs). Returns the place,
+    /// how its eviction is noticed, and whether another place was evicted for it.
+    fn enter(&self, source: Option<IpAddr>) -> Result<(Slot, Eviction, bool), Refused> {
+        let mut state = self.lock();
+        let mine = source
+            .and_then(|source| state.per_source.get(&source))
+            .map_or(0, VecDeque::len);
+        if source.is_some() && mine >= self.per_source {
+            return Err(Refused("per_source"));
+        }
+        let mut evicted = false;
+        if state.total >= self.total {
+            // Cheap enough: at most `total` sources to look at, only when full.
+            let victim = source.and_then(|_| {
+                state
+                    .per_source
+                    .iter()
+                    .map(|(ip, held)| {
+                        (
+                            held.len(),
+                            std::cmp::Reverse(held.front().map(|h| h.id)),
+                            *ip,
+                        )
+                    })
+                    .max()
+                    .filter(|(most, _, _)| *most > mine + 1)
+                    .map(|(_, _, ip)| ip)
+            });
+            let Some(victim) = victim else {
+                return Err(Refused("total"));
+            };
+            let state = &mut *state;
+            if let Some(held) = state.per_source.get_mut(&victim) {
+                if let Some(mut oldest) = held.pop_front() {
+                    if let Some(cancel) = oldest.cancel.take() {
+                        let _ = cancel.send(());
+                    }
+                    state.total -= 1;
+                    evicted = true;
+                }
+                if held.is_empty() {
+                    state.per_source.remove(&victim);
+                }
+            }
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        let (cancel, eviction) = oneshot::channel();
+        let mut never_evicted = None;
+        match source {
+            Some(source) => state.per_source.entry(source).or_default().push_back(Held {
+                id,
+                cancel: Some(cancel),
+            }),
+            None => never_evicted = Some(cancel),
+        }
+        state.total += 1;
+        Ok((
+            Slot {
+                slots: self.clone(),
+                source,
+                id,
+                on_release: None,
+                _never_evicted: never_evicted,
+            },
+            eviction,
+            evicted,
+        ))
+    }
+
+    #[cfg(test)]
+    fn held(&self, source: IpAddr) -> usize {
+        self.lock().per_source.get(&source).map_or(0, VecDeque::len)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut state = self.slots.lock();
+        let present = match self.source {
+            None => true,
+            Some(source) => {
+                let mut present = false;
+                if let Some(held) = state.per_source.get_mut(&source) {
+                    if let Some(at) = held.iter().position(|h| h.id == self.id) {
+                        held.remove(at);
+                        present = true;
+                    }
+                    if held.is_empty() {
+                        state.per_source.remove(&source);
+                    }
+                }
+                present
+            }
+        };
+        if present {
+            state.total = state.total.saturating_sub(1);
+        }
+        drop(state);
+        // An evicted place's gauge unit went to the place that evicted it.
+        if let Some(gauge) = self.on_release.as_ref().filter(|_| present) {
+            gauge.dec();
+        }
+    }
+}
+
+/// Bounds on the certificate server's connections, from accept to close (handshake
+/// included): it serves one short request per connection, so a connection that lives longer
+/// is a slow or idle client holding a file descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Longest a connection may stay open after its TLS handshake (request head and body
+    /// arriving, answer going out).
+    pub request_timeout: Duration,
+    /// Most open connections from one source address.
+    pub per_source: usize,
+    /// Most open connections in all (a newcomer evicts the oldest connection of the source
+    /// holding the most, as for handshakes).
+    pub total: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            request_timeout: Duration::from_secs(10),
+            per_source: 32,
+            total: 512,
+        }
+    }
 }
 
 /// One port's gate. Cheap to clone; clones share the counts (all workers of a server).
@@ -140,30 +342,10 @@ struct GateState {
 pub struct Gate {
     port: String,
     limits: HandshakeLimits,
-    state: Arc<Mutex<GateState>>,
+    handshakes: Slots,
+    /// For the certificate server: bounds on whole connections.
+    connections: Option<(ConnectionLimits, Slots)>,
     metrics: GateMetrics,
-}
-
-/// A handshake in progress; leaving frees its place.
-struct Place {
-    gate: Gate,
-    source: Option<IpAddr>,
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        let mut state = self.gate.lock();
-        state.total = state.total.saturating_sub(1);
-        if let Some(source) = self.source {
-            if let Some(count) = state.per_source.get_mut(&source) {
-                *count -= 1;
-                if *count == 0 {
-                    state.per_source.remove(&source);
-                }
-            }
-        }
-        self.gate.pending().dec();
-    }
 }
 
 impl Gate {
@@ -172,19 +354,16 @@ impl Gate {
         Gate {
             port: port.to_owned(),
             limits,
-            state: Arc::new(Mutex::new(GateState {
-                per_source: HashMap::new(),
-                total: 0,
-            })),
+            handshakes: Slots::new(limits.per_source, limits.total),
+            connections: None,
             metrics,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
-        // Counts only; a panic cannot leave them half-written.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// This gate, also bounding whole connections (see [`ConnectionLimits`]).
+    pub fn with_connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.connections = Some((limits, Slots::new(limits.per_source, limits.total)));
+        self
     }
 
     fn pending(&self) -> Gauge {
@@ -211,26 +390,17 @@ impl Gate {
     }
 
     /// A place for a handshake from `source`, or why there is none.
-    fn enter(&self, source: Option<IpAddr>) -> Result<Place, &'static str> {
-        let source = source.map(source_of);
-        let mut state = self.lock();
-        if state.total >= self.limits.total {
-            return Err("total");
+    fn enter(&self, source: Option<IpAddr>) -> Result<(Slot, Eviction), &'static str> {
+        let (mut slot, eviction, evicted) = self
+            .handshakes
+            .enter(source.map(source_of))
+            .map_err(|Refused(reason)| reason)?;
+        let pending = self.pending();
+        if !evicted {
+            pending.inc();
         }
-        if let Some(source) = source {
-            let count = state.per_source.entry(source).or_insert(0);
-            if *count >= self.limits.per_source {
-                return Err("per_source");
-            }
-            *count += 1;
-        }
-        state.total += 1;
-        drop(state);
-        self.pending().inc();
-        Ok(Place {
-            gate: self.clone(),
-            source,
-        })
+        slot.on_release = Some(pending);
+        Ok((slot, eviction))
     }
 
     /// TCP connection -> TLS stream, through the gate.
@@ -260,14 +430,21 @@ impl Gate {
                     let acceptor = acceptor.clone();
                     async move {
                         let peer = io.peer_addr().ok();
-                        let place = match gate.enter(peer.map(|p| p.ip())) {
+                        let (place, eviction) = match gate.enter(peer.map(|p| p.ip())) {
                             Ok(place) => place,
                             Err(reason) => {
                                 gate.refuse(reason, peer);
                                 return Err(());
                             }
                         };
-                        let accepted = acceptor.call(io).await;
+                        let accepted = tokio::select! {
+                            accepted = acceptor.call(io) => accepted,
+                            _ = eviction => {
+                                // Its place went to a source holding fewer.
+                                gate.refuse("evicted", peer);
+                                return Err(());
+                            }
+                        };
                         drop(place);
                         match accepted {
                             Ok(tls) => {
@@ -290,9 +467,75 @@ impl Gate {
     }
 }
 
+impl Gate {
+    /// `inner` (TLS and HTTP of one connection) within the gate's [`ConnectionLimits`], when
+    /// it has some: a place per connection from accept to close, and a deadline.
+    fn bounded<F>(
+        &self,
+        inner: F,
+    ) -> impl ServiceFactory<TcpStream, Config = (), Response = (), Error = (), InitError = ()>
+    where
+        F: ServiceFactory<TcpStream, Config = (), Response = (), Error = (), InitError = ()>
+            + 'static,
+        F::Service: 'static,
+    {
+        let gate = self.clone();
+        fn_factory(move || {
+            let gate = gate.clone();
+            let creating = inner.new_service(());
+            async move {
+                let service = Rc::new(creating.await?);
+                Ok::<_, ()>(fn_service(move |io: TcpStream| {
+                    let gate = gate.clone();
+                    let service = service.clone();
+                    async move {
+                        let Some((limits, slots)) = gate.connections.clone() else {
+                            return service.call(io).await;
+                        };
+                        let peer = io.peer_addr().ok();
+                        let (slot, eviction, _) =
+                            match slots.enter(peer.map(|peer| source_of(peer.ip()))) {
+                                Ok(place) => place,
+                                Err(Refused(reason)) => {
+                                    gate.refuse(
+                                        match reason {
+                                            "per_source" => "connections_per_source",
+                                            _ => "connections",
+                                        },
+                                        peer,
+                                    );
+                                    return Err(());
+                                }
+                            };
+                        let lifetime = gate.limits.timeout + limits.request_timeout;
+                        let served = tokio::select! {
+                            served = service.call(io) => served,
+                            _ = eviction => {
+                                gate.refuse("connection_evicted", peer);
+                                Err(())
+                            }
+                            _ = tokio::time::sleep(lifetime) => {
+                                gate.metrics.certificate_refused(
+                                    "timeout",
+                                    "",
+                                    peer,
+                                    &format!("request not complete within {} s of its handshake", limits.request_timeout.as_secs()),
+                                );
+                                Err(())
+                            }
+                        };
+                        drop(slot);
+                        served
+                    }
+                }))
+            }
+        })
+    }
+}
+
 /// The source a connection counts against: its IPv4 address, or its IPv6 /64 (one host
 /// commonly holds a whole /64, so counting single IPv6 addresses would bound nothing).
-fn source_of(ip: IpAddr) -> IpAddr {
+pub(crate) fn source_of(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -349,12 +592,19 @@ where
 {
     let tls = with_alpn(tls);
     let timeout = gate.limits.timeout;
+    // With connection limits, one request per connection: its deadline is the request's.
+    let keep_alive = if gate.connections.is_some() {
+        KeepAlive::Disabled
+    } else {
+        KeepAlive::default()
+    };
     Ok(Server::build()
         .workers(workers)
         .disable_signals()
         .listen(name, listener, move || {
             let http = HttpService::build()
                 .client_request_timeout(timeout)
+                .keep_alive(keep_alive)
                 .on_connect_ext(|io: &TlsStream<TcpStream>, extensions: &mut Extensions| {
                     record_peer_certificate(io as &dyn Any, extensions)
                 })
@@ -364,7 +614,7 @@ where
                         .map_err(|err| err.into().error_response()),
                     |_| AppConfig::default(),
                 ));
-            gate.tls(tls.clone()).and_then(http.map_err(|_| ()))
+            gate.bounded(gate.tls(tls.clone()).and_then(http.map_err(|_| ())))
         })?
         .run())
 }
@@ -454,15 +704,68 @@ mod tests {
         let first = gate.enter(Some(a)).unwrap();
         let _second = gate.enter(Some(b)).unwrap();
         assert_eq!(gate.enter(Some(a)).err(), Some("per_source"), "same /64");
-        let _third = gate.enter(Some(other)).unwrap();
+        let third = gate.enter(Some(other)).unwrap();
         assert_eq!(
-            gate.enter(Some("10.0.0.9".parse().unwrap())).err(),
-            Some("total")
+            gate.enter(Some(other)).err(),
+            Some("total"),
+            "full, and `other` would hold as many as the largest holder"
         );
+        drop(third);
+        let _third = gate.enter(Some(other)).unwrap();
         drop(first);
         assert!(
             gate.enter(Some(a)).is_ok(),
             "a place given back is free again"
         );
+    }
+
+    #[test]
+    fn when_full_a_new_source_evicts_the_oldest_place_of_the_largest_holder() {
+        let slots = Slots::new(40, 1024);
+        let source = |i: u8| IpAddr::from([127, 0, 0, i]);
+        // 49 sources x 40 idle connections, as in the red team's flood: the set fills up.
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for _round in 0..40 {
+            for i in 2..51 {
+                match slots.enter(Some(source(i))) {
+                    Ok(place) => held.push(place),
+                    Err(_) => refused += 1,
+                }
+            }
+        }
+        assert!(refused > 0 || held.iter().any(|(_, _, evicted)| *evicted));
+        assert_eq!(slots.lock().total, 1024);
+        // Every source holds its fair share, give or take one.
+        for i in 2..51 {
+            let n = slots.held(source(i));
+            assert!((20..=22).contains(&n), "127.0.0.{i} holds {n}");
+        }
+        // A new source gets in, and again and again (an edge's retries, other edges).
+        for i in 100..110 {
+            let (place, mut eviction, evicted) = slots.enter(Some(source(i))).unwrap();
+            assert!(evicted);
+            assert!(eviction.try_recv().is_err(), "the newcomer is not evicted");
+            held.push((place, eviction, evicted));
+        }
+        assert_eq!(slots.lock().total, 1024);
+        // The evicted places were the oldest of the largest holders: told so, and their
+        // giving back does not count twice.
+        let evicted: Vec<_> = held
+            .iter_mut()
+            .filter_map(|(place, eviction, _)| eviction.try_recv().is_ok().then_some(place.id))
+            .collect();
+        assert!(evicted.len() >= 10, "{evicted:?}");
+        // A place without a known source is never told it was evicted.
+        drop(held.pop());
+        let (_unsourced, mut eviction, _) = slots.enter(None).unwrap();
+        assert!(matches!(
+            eviction.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        ));
+        held.clear();
+        drop(_unsourced);
+        assert_eq!(slots.lock().total, 0);
+        assert!(slots.lock().per_source.is_empty());
     }
 }

@@ -24,6 +24,7 @@
 //! Start it with [`start_cloudhub_with`] (or [`start_cloudhub`] for plain `ws://`).
 
 pub mod auth;
+pub mod certlimits;
 pub mod certserver;
 mod dispatch;
 pub mod gate;

@@ -7,13 +7,13 @@
 //! | --- | --- |
 //! | `node`, `nodestatus`, `nodepatch` | the name is the node's own |
 //! | `lease` | the name is the node's own and the namespace `kube-node-lease` |
-//! | `pod`, `podpatch` | CloudHub has sent that pod to this node, or the cluster binds it to this node (`spec.nodeName`), or it is an `insert` whose content has `spec.nodeName` = the node (a static pod's mirror) that references no secret, configmap, service account, PVC or projected token (Kubernetes' NodeRestriction) |
+//! | `pod`, `podpatch` | the node has ACKed a controller's push of that pod, or the cluster binds it to this node (`spec.nodeName`), or it is an `insert` whose content has `spec.nodeName` = the node (a static pod's mirror) that references no secret, configmap, service account, PVC or projected token (Kubernetes' NodeRestriction) |
 //! | `podstatus` | every pod it names (one, or each item of a list) is bound to this node as above |
-//! | `configmap`, `secret` | CloudHub has sent that object to this node, or a pod bound to this node references it (volumes, projected sources, env, envFrom, imagePullSecrets) |
+//! | `configmap`, `secret` | the node has ACKed a controller's push of that object, or a pod bound to this node references it (volumes, projected sources, env, envFrom, imagePullSecrets) |
 //!
 //! | `serviceaccounttoken` | a pod bound to this node runs as that service account; a token bound to a pod must name such a pod of this node (as the kubelet asks) |
 //! | `event` | its involved object is this Node or one of its pods |
-//! | `device/{ns}/{name}/…` (DeviceTwin) | the Device is bound to this node (`spec.nodeName`), or CloudHub has sent it to this node |
+//! | `device/{ns}/{name}/…` (DeviceTwin) | the Device is bound to this node (`spec.nodeName`), or the node has ACKed a controller's push of it (a reply or refusal never counts) |
 //!
 //! Other resources (`k8s/ca.crt`, `membership/detail`, which is answered for the sending node
 //! only, …) are not scoped further. Keepalives and responses (ACKs) are always allowed: an ACK

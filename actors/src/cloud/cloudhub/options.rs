@@ -19,8 +19,8 @@ pub struct CloudHubSecurity {
     pub tls: Option<Arc<tls::CloudTls>>,
     /// Refuse upstream messages about objects not bound to the sending node (see [`auth`]).
     pub authorize: bool,
-    /// The cluster, for the binding checks of [`auth`]; without it only what CloudHub has sent
-    /// to the node counts as bound.
+    /// The cluster, for the binding checks of [`auth`]; without it only what the node has
+    /// ACKed of the controllers' pushes counts as bound.
     pub view: Option<Arc<dyn auth::BindingView>>,
 }
 

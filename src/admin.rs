@@ -10,7 +10,7 @@ use actix_web::dev::{ServerHandle, ServiceRequest};
 use actix_web::http::{header, Method, StatusCode};
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
-use edgehive_actors::hive::{Hive, ModuleState};
+use edgehive_actors::hive::{Hive, ModuleState, RefusalKind};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -49,6 +49,7 @@ impl AdminServer {
             let access = gate_access.clone();
             let refused = gate_refused.clone();
             let counted = refused.clone();
+            let log = hive.refusals().clone();
             App::new()
                 .wrap_fn(move |request, service| {
                     use actix_web::dev::Service as _;
@@ -57,6 +58,13 @@ impl AdminServer {
                         Ok(()) => Either::Right(service.call(request)),
                         Err(refusal) => {
                             counted.count(refusal.reason);
+                            log.record(
+                                RefusalKind::Admin,
+                                refusal.reason,
+                                None,
+                                request.peer_addr(),
+                                refusal.text,
+                            );
                             let response = refusal.response();
                             Either::Left(ready(Ok(request.into_response(response))))
                         }
@@ -163,7 +171,9 @@ impl AdminAccess {
                        allowedHosts in the config)",
             });
         }
-        let path = request.path();
+        // The path as the router matches it (percent-decoded), not as sent: `/api/v1/%6Deta`
+        // is the route `/api/v1/meta`.
+        let path = request.match_info().as_str();
         let token_needed = self.token.is_some() && !OPEN_PATHS.contains(&path);
         if token_needed && !self.bearer_matches(request) {
             return Err(Refusal {

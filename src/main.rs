@@ -174,9 +174,18 @@ enum Command {
         /// The cloud's WebSocket address, HOST:PORT (keadm's --cloudcore-ipport).
         #[arg(long, alias = "cloudcore-ipport")]
         cloud: String,
-        /// The join token (`edgehive token` on the cloud, or `keadm gettoken`).
+        /// The join token (`edgehive token` on the cloud, or `keadm gettoken`). It is in this
+        /// process's command line while it runs: `--token-file` keeps it out.
+        #[arg(
+            long,
+            required_unless_present = "token_file",
+            conflicts_with = "token_file"
+        )]
+        token: Option<String>,
+        /// Read the join token from this file (`-`: standard input) instead of `--token`, so
+        /// it never appears in a command line.
         #[arg(long)]
-        token: String,
+        token_file: Option<PathBuf>,
         /// The node name (keadm's --edgenode-name); the host name when absent.
         #[arg(long, alias = "edgenode-name")]
         node: Option<String>,
@@ -208,6 +217,24 @@ enum Command {
     },
     /// Print the version.
     Version,
+}
+
+/// The join token from `file` (`-`: standard input), without surrounding white space.
+fn read_join_token(file: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    use std::io::Read as _;
+    let mut text = String::new();
+    if file == std::path::Path::new("-") {
+        std::io::stdin()
+            .take(64 * 1024)
+            .read_to_string(&mut text)
+            .context("--token-file -: cannot read the token from standard input")?;
+    } else {
+        std::fs::File::open(file)
+            .and_then(|opened| opened.take(64 * 1024).read_to_string(&mut text))
+            .with_context(|| format!("--token-file {}: cannot read it", file.display()))?;
+    }
+    Ok(text.trim().to_owned())
 }
 
 /// `join --start`: this process becomes `edgehive edge --config CONFIG` (same pid, same
@@ -394,6 +421,7 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
         Command::Join {
             cloud,
             token,
+            token_file,
             node,
             cert_port,
             config,
@@ -402,6 +430,11 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
             force,
             start,
         } => {
+            let token = match (token, token_file) {
+                (Some(token), _) => token,
+                (None, Some(file)) => read_join_token(&file)?,
+                (None, None) => anyhow::bail!("join: give --token or --token-file"),
+            };
             let options = edgehive::join::JoinOptions {
                 cloud,
                 cert_port,

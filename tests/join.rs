@@ -63,18 +63,30 @@ fn join_writes_a_config_the_edge_connects_with_and_status_shows_it() {
             &websocket,
             "--cert-port",
             &cert_port,
-            "--token",
-            &token,
+            // The token through standard input: it is in no command line, not even join's.
+            "--token-file",
+            "-",
         ])
         .args(["--node", "joined-edge", "--admin", "127.0.0.1:0", "--start"])
         .arg("--config")
         .arg(&edge_config)
         .arg("--data-dir")
         .arg(&edge_dir)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = join.stdin.take().unwrap();
+        writeln!(stdin, "{token}").unwrap();
+    }
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", join.id())).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains(&token),
+        "the token is not in join's command line"
+    );
     let mut lines = BufReader::new(join.stdout.take().unwrap()).lines();
     let wrote = lines.next().unwrap().unwrap();
     assert!(

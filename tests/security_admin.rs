@@ -133,6 +133,13 @@ fn cloud_admin_refuses_rebound_host_names_and_counts_them() {
         ),
         refused
     );
+    // The refusals page lists them too (the last ones, with the total).
+    let (status, _, body) = raw(&admin, "GET", "/api/v1/refusals", &admin, &[], "").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(listed["total"], refused, "{listed}");
+    assert_eq!(listed["refusals"][0]["kind"], "admin", "{listed}");
+    assert_eq!(listed["refusals"][0]["reason"], "host", "{listed}");
 }
 
 /// With `tokenFile` set, every route but the page, liveness and readiness needs the token, in
@@ -251,8 +258,12 @@ fn edge_with(dir: &Path, node: &str, extra: &str) -> (Process, String) {
 }
 
 /// The local API's sensitive requests: stored objects (Secrets among them) and every write.
-const SENSITIVE: [(&str, &str, &str); 7] = [
+const SENSITIVE: [(&str, &str, &str); 10] = [
     ("GET", "/api/v1/meta?type=secret", ""),
+    // The same routes percent-encoded: the router decodes them, so must the check.
+    ("GET", "/api/v1/%6Deta?type=secret", ""),
+    ("GET", "/api/v1/%6d%65%74%61/default/secret/db-password", ""),
+    ("GET", "/%61pi/v1/meta", ""),
     ("GET", "/api/v1/meta", ""),
     ("GET", "/api/v1/meta/default/secret/db-password", ""),
     ("GET", "/api/v1/meta?type=secret&watch=true", ""),

@@ -25,6 +25,35 @@ fn message(operation: Operation, resource: &str, content: Value) -> Message {
 /// Sends `request` and returns the cloud's reply to it.
 async fn ask(socket: &mut Socket, request: &Message) -> Message {
     send(socket, request).await;
+    reply_of(socket, request).await
+}
+
+/// The cloud's replies to `requests` (sent before, answered in any order).
+async fn replies_to(socket: &mut Socket, requests: &[Message]) -> Vec<Message> {
+    let mut replies = Vec::new();
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while replies.len() < requests.len() {
+        let frame = tokio::time::timeout_at(deadline, socket.next())
+            .await
+            .expect("every request is answered");
+        if let Some(Ok(Frame::Text(bytes))) = frame {
+            let message = codec::decode(&bytes).unwrap();
+            let parent = message.parent_id().unwrap_or_default();
+            if requests.iter().any(|request| request.id() == parent) {
+                replies.push(message);
+            } else if !matches!(
+                message.operation(),
+                Some(Operation::Response | Operation::Error)
+            ) {
+                send(socket, &Message::response_to(&message, json!("OK"))).await;
+            }
+        }
+    }
+    replies
+}
+
+/// The cloud's reply to `request` (sent before), ACKing what the cloud pushes meanwhile.
+async fn reply_of(socket: &mut Socket, request: &Message) -> Message {
     let deadline = tokio::time::Instant::now() + WITHIN;
     loop {
         let frame = tokio::time::timeout_at(deadline, socket.next())
@@ -201,7 +230,7 @@ async fn a_refused_request_stays_refused_however_often_and_in_whatever_form() {
             refused(
                 &mut socket,
                 &message(Operation::Insert, "default/pod/evil", evil_pod.clone()),
-                not_bound,
+                "only pods bound to itself",
             )
             .await;
             refused(
@@ -372,10 +401,21 @@ async fn a_node_creates_at_most_its_quota_of_pods() {
     for i in 3..8 {
         refused(&mut a, &mirror("edge-a", &format!("a-{i}")), "its quota").await;
     }
-    // Another node has its own quota.
+    // Another node has its own quota, and a burst sent at once (before any create lands)
+    // gets no more than it.
     let mut b = connect(&cloud, dir.path(), "edge-b").await;
-    let reply = ask(&mut b, &mirror("edge-b", "b-0")).await;
-    assert_ne!(reply.operation(), Some(&Operation::Error), "{reply:?}");
+    let burst: Vec<Message> = (0..10)
+        .map(|i| mirror("edge-b", &format!("b-{i}")))
+        .collect();
+    for insert in &burst {
+        send(&mut b, insert).await;
+    }
+    let replies = replies_to(&mut b, &burst).await;
+    let accepted = replies
+        .iter()
+        .filter(|reply| reply.operation() != Some(&Operation::Error))
+        .count();
+    assert_eq!(accepted, 3, "the burst stops at the quota");
     // After a delete there is room for one again.
     let uid = cluster.get("Pod", Some("default"), "a-0").unwrap()["metadata"]["uid"].clone();
     let reply = ask(&mut a, &message(Operation::Delete, "default/pod/a-0", uid)).await;
@@ -393,7 +433,7 @@ async fn a_node_creates_at_most_its_quota_of_pods() {
         .filter(|pod| pod["spec"]["nodeName"] == "edge-a")
         .count();
     assert_eq!(held, 3);
-    assert_eq!(denied(&metrics(&cloud).await, "quota_exceeded"), 5);
+    assert_eq!(denied(&metrics(&cloud).await, "quota_exceeded"), 5 + 7);
     cloud.stop().await;
 }
 
@@ -427,6 +467,24 @@ async fn patches_cannot_grow_an_object_past_the_size_limits() {
         }
     }
     assert!(refusals >= 4, "{refusals} of 8 patches refused");
+    // Node updates merge labels and annotations into the Node: they add up the same way.
+    let mut updates_refused = 0;
+    for i in 0..8 {
+        let update = json!({"metadata": {"name": "edge-a",
+            "annotations": {format!("bloat-{i}"): "z".repeat(60 * 1024)}}});
+        let reply = ask(
+            &mut socket,
+            &message(Operation::Update, "default/node/edge-a", update),
+        )
+        .await;
+        if reply.content.to_string().contains("over the limit") {
+            updates_refused += 1;
+        }
+    }
+    assert!(
+        updates_refused >= 4,
+        "{updates_refused} of 8 updates refused"
+    );
     let node = cluster.get("Node", None, "edge-a").unwrap();
     assert!(
         node.to_string().len() <= 256 * 1024,
@@ -732,4 +790,89 @@ async fn frames_are_judged_by_their_header_and_hold_one_message() {
     assert!(answered.is_empty(), "answered only the last: {answered:?}");
     let metrics = http_get(admin, "/metrics").await.1;
     assert_eq!(malformed(&metrics, "trailing_data"), 3, "{metrics}");
+}
+
+/// The cloud writes an object where the request names it, the key it authorized, whatever
+/// name or namespace the content claims: a node cannot create or overwrite another node's
+/// pod, Lease or Node, or anything in another namespace, through its own resource.
+#[actix_rt::test]
+async fn an_object_is_written_where_the_request_names_it_whatever_its_content_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = start(dir.path(), |_| {}).await;
+    let cluster = cloud.cluster().unwrap().clone();
+    for node in ["edge-a", "edge-b"] {
+        cluster.apply(edge_node(node)).unwrap();
+    }
+    let b_lease = cluster
+        .apply(
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "edge-b", "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": "edge-b"}}),
+        )
+        .unwrap();
+    let mut socket = connect(&cloud, dir.path(), "edge-a").await;
+    for _ in 0..2 {
+        // A pod for another node under its own mirror pod's name: refused.
+        let evil = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "evil", "namespace": "kube-system"},
+            "spec": {"nodeName": "edge-b", "containers": [{"name": "c", "image": "x",
+                "securityContext": {"privileged": true}}]}});
+        refused(
+            &mut socket,
+            &message(Operation::Insert, "default/pod/mine", evil),
+            "only pods bound to itself",
+        )
+        .await;
+        // Its own pod claiming another name and namespace: written as the request names it.
+        let sneaky = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "sneaky", "namespace": "kube-system"},
+            "spec": {"nodeName": "edge-a", "containers": [{"name": "c", "image": "x"}]}});
+        ask(
+            &mut socket,
+            &message(Operation::Insert, "default/pod/mine", sneaky),
+        )
+        .await;
+        // Its Lease and Node with another node's name in the content.
+        let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "edge-b", "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": "edge-a"}});
+        ask(
+            &mut socket,
+            &message(
+                Operation::Update,
+                "kube-node-lease/lease/edge-a",
+                lease.clone(),
+            ),
+        )
+        .await;
+        ask(
+            &mut socket,
+            &message(Operation::Insert, "kube-node-lease/lease/edge-a", lease),
+        )
+        .await;
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "ghost", "namespace": "kube-system"}});
+        ask(
+            &mut socket,
+            &message(Operation::Insert, "default/node/edge-a", node),
+        )
+        .await;
+    }
+    let pods = cluster.list("Pod").0;
+    assert!(
+        pods.iter()
+            .all(|pod| pod["metadata"]["name"] != "evil" && pod["metadata"]["name"] != "sneaky"),
+        "{pods:?}"
+    );
+    assert!(cluster.get("Pod", Some("default"), "mine").is_some());
+    let lease = cluster
+        .get("Lease", Some("kube-node-lease"), "edge-b")
+        .unwrap();
+    assert_eq!(lease["spec"], b_lease["spec"], "edge-b's lease untouched");
+    assert_eq!(
+        lease["metadata"]["resourceVersion"],
+        b_lease["metadata"]["resourceVersion"]
+    );
+    assert!(cluster.get("Node", None, "ghost").is_none());
+    cloud.stop().await;
 }

@@ -40,6 +40,8 @@ pub enum RefusalKind {
     Frame,
     /// A request to the certificate server.
     Certificate,
+    /// A request to the admin endpoint (Host, token, origin, the edge's local API, busy).
+    Admin,
 }
 
 /// One refusal.

@@ -380,9 +380,13 @@ pub fn authorize(
             if name.is_empty() {
                 return denied("a pod message must name the pod");
             }
-            let own_mirror = message.operation() == Some(&Operation::Insert)
-                && message.content["spec"]["nodeName"] == node;
-            if own_mirror {
+            let insert = message.operation() == Some(&Operation::Insert);
+            if insert && message.content["spec"]["nodeName"] != node {
+                // A node creates only its own pods (mirror pods), whatever pod the resource
+                // names: the content is what is created.
+                return denied("a node may create only pods bound to itself (spec.nodeName)");
+            }
+            if insert {
                 return match mirror_pod_refusal(&message.content) {
                     Some(what) => denied_as(
                         "mirror_pod_reference",

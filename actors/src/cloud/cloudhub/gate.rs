@@ -161,9 +161,10 @@ struct SlotsState {
 
 /// A bounded set of places (handshakes in progress, or connections), per source and in all,
 /// shared by every worker of a port. When it is full, a newcomer whose source holds fewer
-/// than the source holding the most (by two or more) evicts that source's oldest place
-/// instead of being refused: a flood from many addresses can fill the set, but not keep a
-/// new address out, since each address's share shrinks as addresses are added.
+/// than the source holding the most evicts that source's oldest place instead of being
+/// refused: a flood from many addresses can fill the set, but not keep a new address out
+/// (not even one place from each of `total` addresses does), since each address's share
+/// shrinks as addresses are added. Sources of equal size never evict each other.
 #[derive(Clone)]
 struct Slots {
     per_source: usize,
@@ -231,7 +232,7 @@ impl Slots {
                         )
                     })
                     .max()
-                    .filter(|(most, _, _)| *most > mine + 1)
+                    .filter(|(most, _, _)| *most > mine)
                     .map(|(_, _, ip)| ip)
             });
             let Some(victim) = victim else {
@@ -705,10 +706,9 @@ mod tests {
         let _second = gate.enter(Some(b)).unwrap();
         assert_eq!(gate.enter(Some(a)).err(), Some("per_source"), "same /64");
         let third = gate.enter(Some(other)).unwrap();
-        assert_eq!(
-            gate.enter(Some(other)).err(),
-            Some("total"),
-            "full, and `other` would hold as many as the largest holder"
+        assert!(
+            gate.enter(Some(other)).is_ok(),
+            "full: `other` holds fewer than the /64, whose oldest place gives way"
         );
         drop(third);
         let _third = gate.enter(Some(other)).unwrap();
@@ -717,6 +717,24 @@ mod tests {
             gate.enter(Some(a)).is_ok(),
             "a place given back is free again"
         );
+    }
+
+    #[test]
+    fn one_place_from_each_of_as_many_sources_as_places_does_not_keep_a_newcomer_out() {
+        let limits = HandshakeLimits {
+            per_source: 4,
+            total: 8,
+            ..HandshakeLimits::default()
+        };
+        let gate = Gate::new("test", limits, GateMetrics::default());
+        let source = |i: u8| Some(IpAddr::from([127, 0, 0, i]));
+        let held: Vec<_> = (1..=8).map(|i| gate.enter(source(i)).unwrap()).collect();
+        // A new address gets in (an old address's place gives way), again and again.
+        let newcomers: Vec<_> = (9..=20).map(|i| gate.enter(source(i)).unwrap()).collect();
+        // An address that already holds one does not evict another that holds one.
+        let _second = gate.enter(source(21)).unwrap();
+        assert_eq!(gate.enter(source(21)).err(), Some("total"));
+        drop((held, newcomers));
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! A well-behaved edge never meets them: KubeEdge's edge writes at most `messageQPS` (30) a
 //! second, far under the default rate here, and its objects are a few KiB.
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use edgehive_protocols::{Message, Operation, ResourceType};
 
@@ -49,22 +50,39 @@ pub fn is_write(message: &Message) -> bool {
     )
 }
 
+/// How long a pod insert let through counts as pending when the cluster does not show the pod
+/// (its create failed, or the cluster view lags).
+const PENDING_FOR: Duration = Duration::from_secs(10);
+
+/// A node's pod inserts let through whose pods the cluster may not show yet: `(namespace,
+/// name, when)`. At most the quota's worth (beyond, inserts are refused).
+pub type PendingPods = VecDeque<(String, String, Instant)>;
+
 /// Checks the quota on what a node creates and keeps in the cluster: a pod it inserts (a
-/// mirror pod) is refused once [`WriteLimits::mirror_pods_per_node`] of its pods are mirror
-/// pods. Its Node and Lease are one each by authorization; its events have their own share
-/// in the embedded cluster.
+/// mirror pod) is refused once its mirror pods in the cluster, and the inserts let through
+/// that the cluster does not show yet (`pending`: a burst is counted before its creates
+/// land), reach [`WriteLimits::mirror_pods_per_node`]. Its Node and Lease are one each by
+/// authorization; its events have their own share in the embedded cluster.
 pub fn check_quota(
     limits: &WriteLimits,
     node: &str,
     message: &Message,
     view: Option<&dyn BindingView>,
+    pending: &mut PendingPods,
+    now: Instant,
 ) -> Result<(), Denied> {
-    let pod_insert = message.operation() == Some(&Operation::Insert)
-        && message.resource().split('/').nth(1) == Some(ResourceType::Pod.as_str());
+    let mut parts = message.resource().split('/');
+    let (namespace, kind, name) = (parts.next(), parts.next(), parts.next());
+    let pod_insert =
+        message.operation() == Some(&Operation::Insert) && kind == Some(ResourceType::Pod.as_str());
     let Some(view) = view.filter(|_| pod_insert) else {
         return Ok(());
     };
-    let held = view.mirror_pods_on_node(node);
+    let (namespace, name) = (namespace.unwrap_or_default(), name.unwrap_or_default());
+    pending.retain(|(namespace, name, at)| {
+        now.saturating_duration_since(*at) < PENDING_FOR && view.pod_node(namespace, name).is_none()
+    });
+    let held = view.mirror_pods_on_node(node) + pending.len();
     if held >= limits.mirror_pods_per_node {
         return Err(Denied {
             reason: "quota_exceeded",
@@ -74,6 +92,7 @@ pub fn check_quota(
             ),
         });
     }
+    pending.push_back((namespace.to_owned(), name.to_owned(), now));
     Ok(())
 }
 

@@ -100,13 +100,16 @@ struct NodeState {
     /// Why the connection is to be closed, when the cloud decided it (an operator, a node
     /// deleted from the cluster).
     close_reason: Option<String>,
-    /// Pods, configmaps and secrets sent to this node (`{ns}/{type}/{name}`), for [`auth`];
-    /// at most [`auth::MAX_BOUND_PER_NODE`], beyond which the cluster view decides.
+    /// Pods, configmaps, secrets and devices the node has ACKed a controller's push of
+    /// (`{ns}/{type}/{name}`), for [`auth`]; at most [`auth::MAX_BOUND_PER_NODE`], beyond which
+    /// the cluster view decides.
     bound: HashSet<String>,
     /// The identity of the edge's store on its last connection (edgehive edges send it).
     store_id: Option<String>,
     /// What the node may still write now (see [`limits`]).
     writes: WriteBudget,
+    /// Pod inserts let through that the cluster may not show yet (see [`limits::check_quota`]).
+    pending_pods: limits::PendingPods,
 }
 
 /// Everything a node has that outlives its actor and its connections.
@@ -191,6 +194,7 @@ impl NodeCell {
                 close_reason: None,
                 store_id: None,
                 writes: WriteBudget::new(&hub.options.write_limits),
+                pending_pods: limits::PendingPods::default(),
                 bound: HashSet::new(),
             }),
             addr: Mutex::new(None),
@@ -884,6 +888,8 @@ impl NodeActor {
                                 node,
                                 &message,
                                 view,
+                                &mut state.pending_pods,
+                                Instant::now(),
                             )
                         })
                 };

@@ -44,6 +44,7 @@ use super::{
     Admit, AdmitAbandoned, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, Shared,
     CLOUDHUB_MODULE,
 };
+use crate::hive::log::{clip, WarnBudget};
 use crate::hive::{Hive, HiveError, RefusalKind};
 use crate::identity::check_node_name;
 use crate::identity::tls::{certificate_node, PeerCertificate};
@@ -140,6 +141,9 @@ pub async fn start_cloudhub_with(
     let context = web::Data::new(ServerContext {
         hive: hive.clone(),
         shared,
+        warnings: Arc::new(std::sync::Mutex::new(WarnBudget::with_limit(
+            REFUSAL_WARNINGS_PER_WINDOW,
+        ))),
     });
     let memory = MemoryConnector {
         context: context.clone(),
@@ -219,6 +223,26 @@ pub async fn start_cloudhub_with(
 struct ServerContext {
     hive: Hive,
     shared: Shared,
+    /// Warning lines for refused connections, for all peers together (each refusal is
+    /// counted and recorded whatever the budget says).
+    warnings: Arc<std::sync::Mutex<WarnBudget>>,
+}
+
+/// Refused-connection warnings logged per [`WarnBudget::WINDOW`], all peers together.
+const REFUSAL_WARNINGS_PER_WINDOW: u32 = 50;
+
+impl ServerContext {
+    /// Logs a refused connection (clipped), unless the budget holds it back.
+    fn warn_refused(&self, peer: Option<SocketAddr>, node: &str, text: &str) {
+        let held_back = self
+            .warnings
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take(std::time::Instant::now());
+        if let Some(held_back) = held_back {
+            tracing::warn!(?peer, node = %clip(node), reason = %clip(text), held_back, "edge connection refused");
+        }
+    }
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -262,7 +286,7 @@ fn check_request(
     let node = match check_headers(headers) {
         Ok(node) => node,
         Err(reason) => {
-            tracing::warn!(?peer, %reason, "edge connection refused");
+            context.warn_refused(peer, "", &reason);
             context.shared.hub.metrics.deny("bad_headers");
             context.shared.hub.metrics.record_refusal(
                 RefusalKind::Connection,
@@ -297,7 +321,7 @@ fn check_request(
             )),
         };
         if let Some((reason, text)) = refusal {
-            tracing::warn!(?peer, %node, %text, "edge connection refused");
+            context.warn_refused(peer, &node, &text);
             hub_context.metrics.deny(reason);
             hub_context.metrics.record_refusal(
                 RefusalKind::Connection,
@@ -516,7 +540,7 @@ fn before_handshake(
             .as_deref()
             .is_none_or(|view| view.node_exists(node));
         if !known {
-            tracing::warn!(?peer, %node, "edge connection refused: no such Node in the cluster");
+            context.warn_refused(peer, node, "no such Node in the cluster");
             hub_context.metrics.deny("unknown_node");
             hub_context.metrics.record_refusal(
                 RefusalKind::Connection,

@@ -568,22 +568,6 @@ impl EmbeddedCluster {
         };
         let mut obj = current.clone();
         change(&mut obj)?;
-        let max = if kind == EVENT {
-            inner.limits.max_event_bytes
-        } else {
-            inner.limits.max_object_bytes
-        };
-        let size = json_size(&obj);
-        if size > max {
-            return Err(ClusterError::Api {
-                code: 413,
-                reason: "RequestEntityTooLarge".into(),
-                message: format!(
-                    "{kind} {:?}: the change would make it {size} bytes, over the limit of {max}",
-                    display_key(&namespace, name)
-                ),
-            });
-        }
         inner.commit(key, obj, EventType::Modified)
     }
 
@@ -824,9 +808,30 @@ impl Inner {
         mut obj: Value,
         event_type: EventType,
     ) -> Result<Value, ClusterError> {
+        let deleted = event_type == EventType::Deleted;
+        if !deleted {
+            // Every write, however it is made (create, update, patch, status): small changes
+            // cannot add up past the limit.
+            let max = if key.0 == EVENT {
+                self.limits.max_event_bytes
+            } else {
+                self.limits.max_object_bytes
+            };
+            let size = json_size(&obj);
+            if size > max {
+                return Err(ClusterError::Api {
+                    code: 413,
+                    reason: "RequestEntityTooLarge".into(),
+                    message: format!(
+                        "{} {:?}: it would be {size} bytes, over the limit of {max}",
+                        key.0,
+                        display_key(&key.1, &key.2)
+                    ),
+                });
+            }
+        }
         let rv = self.resource_version + 1;
         metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
-        let deleted = event_type == EventType::Deleted;
         if let Some(datastore) = &mut self.datastore {
             datastore.write(&key, (!deleted).then_some(&obj), rv)?;
         }

@@ -154,9 +154,12 @@ impl ClusterPort for EmbeddedCluster {
                 key: format!("{namespace}/{name}"),
             }));
         }
+        // As an API server bounds it: at least 10 minutes, at most 2^32 seconds (a node's
+        // request cannot overflow the expiry below).
         let seconds = request["spec"]["expirationSeconds"]
             .as_u64()
-            .unwrap_or(3600);
+            .unwrap_or(3600)
+            .clamp(600, 1 << 32);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -175,7 +178,7 @@ impl ClusterPort for EmbeddedCluster {
         // says where it came from.
         token["status"] = json!({
             "token": format!("embedded.{namespace}.{name}.{}", uuid::Uuid::new_v4().simple()),
-            "expirationTimestamp": super::rfc3339(now + seconds),
+            "expirationTimestamp": super::rfc3339(now.saturating_add(seconds)),
         });
         ready(Ok(token))
     }

@@ -403,15 +403,15 @@ fn named_object(
     if !obj["metadata"].is_object() {
         obj["metadata"] = json!({});
     }
-    if obj["metadata"]["name"].as_str().is_none_or(str::is_empty) {
-        obj["metadata"]["name"] = json!(name);
-    }
-    if let Some(namespace) = namespace {
-        if obj["metadata"]["namespace"]
-            .as_str()
-            .is_none_or(str::is_empty)
-        {
-            obj["metadata"]["namespace"] = json!(namespace);
+    // The object is the one the request names and was authorized for: whatever name or
+    // namespace its content claims, it is written there and nowhere else.
+    obj["metadata"]["name"] = json!(name);
+    match namespace {
+        Some(namespace) => obj["metadata"]["namespace"] = json!(namespace),
+        None => {
+            if let Some(metadata) = obj["metadata"].as_object_mut() {
+                metadata.remove("namespace");
+            }
         }
     }
     obj

@@ -88,16 +88,16 @@ trait Schema: DeserializeOwned + Serialize + Default + Validate {
     const KUBEEDGE: &'static [&'static str];
 }
 
-/// Parses `text`: keys edgehive knows are used; keys in `T::KUBEEDGE` are dropped and
-/// returned; any other key is an error naming it, with the nearest valid key.
+/// [`parse_files`] of one file.
 #[cfg(all(test, feature = "cloud"))]
 fn parse_reporting<T: Schema>(path: &Path, text: &str) -> Result<(T, Vec<String>), ConfigError> {
     parse_files(&[(path, text)])
 }
 
-/// Parses several files as `parse_reporting` does one, each overriding the ones before key by key (a mapping
-/// merges into the mapping before it; any other value replaces it). An error names the last
-/// file that sets the key it is about.
+/// Parses `files` in order: keys edgehive knows are used, a later file overriding the ones
+/// before key by key (a mapping merges into the mapping before it; any other value replaces
+/// it); keys in `T::KUBEEDGE` are dropped and returned once; any other key is an error naming
+/// it, with the nearest valid key. An error names the last file that sets the key it is about.
 fn parse_files<T: Schema>(files: &[(&Path, &str)]) -> Result<(T, Vec<String>), ConfigError> {
     let invalid = |path: &Path, key: String, message: String| ConfigError::Invalid {
         path: path.to_owned(),

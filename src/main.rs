@@ -57,18 +57,22 @@ enum Command {
     #[cfg(feature = "cloud")]
     /// Run the cloud: CloudHub and EdgeController on the embedded cluster.
     Cloud {
-        /// cloud.yaml; built-in defaults (config/cloud.yaml) when absent.
+        /// cloud.yaml; built-in defaults (config/cloud.yaml) when absent. Given again, each
+        /// file overrides the ones before key by key (KubeEdge's cloudcore.yaml as it is, then
+        /// a file with edgehive's own keys).
         #[arg(long)]
-        config: Option<PathBuf>,
+        config: Vec<PathBuf>,
         /// A folder of YAML/JSON manifests to load into the embedded cluster at start.
         #[arg(long)]
         manifests: Option<PathBuf>,
     },
     /// Run an edge node: EdgeHub and MetaManager with the SQLite store.
     Edge {
-        /// edge.yaml; built-in defaults when absent.
+        /// edge.yaml; built-in defaults when absent. Given again, each file overrides the ones
+        /// before key by key (KubeEdge's edgecore.yaml as it is, then a file with edgehive's
+        /// own keys).
         #[arg(long)]
-        config: Option<PathBuf>,
+        config: Vec<PathBuf>,
     },
     #[cfg(feature = "cloud")]
     /// Run a cloud and N edges in one process; each edge stores a Pod and ACKs it.
@@ -164,9 +168,10 @@ enum Command {
     /// Print the current join token for edges, computed from the cloud's CA files (the cloud
     /// need not be running; it creates the CA on its first start).
     Token {
-        /// cloud.yaml (its tlsCAFile, tlsCAKeyFile and tokenRefreshDuration are read).
+        /// cloud.yaml (its tlsCAFile, tlsCAKeyFile and tokenRefreshDuration are read); given
+        /// again, as for `cloud`.
         #[arg(long)]
-        config: Option<PathBuf>,
+        config: Vec<PathBuf>,
     },
     /// Join this host to a cloud as `keadm join` does: write a complete edge.yaml (the cloud,
     /// the token, where certificates and the database go) and, with --start, run the edge.
@@ -382,10 +387,7 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
         }
         #[cfg(feature = "cloud")]
         Command::Token { config } => {
-            let config = match config {
-                Some(path) => CloudConfig::load(&path)?,
-                None => CloudConfig::default(),
-            };
+            let config = CloudConfig::load_files(&config)?;
             let hub = &config.modules.cloud_hub;
             let ca = CertAuthority::load(&hub.tls_ca_file, &hub.tls_ca_key_file)
                 .context("cannot read the cloud CA (the cloud creates it on its first start)")?;
@@ -397,10 +399,7 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
         }
         #[cfg(feature = "cloud")]
         Command::Cloud { config, manifests } => {
-            let config = match config {
-                Some(path) => CloudConfig::load(&path)?,
-                None => CloudConfig::default(),
-            };
+            let config = CloudConfig::load_files(&config)?;
             actix_rt::System::new().block_on(async {
                 let cloud = CloudProcess::start(&config, manifests.as_deref()).await?;
                 println!(
@@ -475,21 +474,17 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Edge { config } => {
-            let config = match config {
-                Some(path) => {
-                    let config = EdgeConfig::load(&path)?;
-                    if !config.modules.edge_hub.token.is_empty() {
-                        // The join token is a secret: a config readable by others is
-                        // tightened to 0600 (logged), as the edge's database is.
-                        private_files::tighten(&path).with_context(|| {
-                            format!("cannot make {} private (0600)", path.display())
-                        })?;
-                    }
-                    config
+        Command::Edge { config: paths } => {
+            let config = EdgeConfig::load_files(&paths)?;
+            if !config.modules.edge_hub.token.is_empty() {
+                // The join token is a secret: a config readable by others is tightened to
+                // 0600 (logged), as the edge's database is; any of the files may hold it.
+                for path in &paths {
+                    private_files::tighten(path).with_context(|| {
+                        format!("cannot make {} private (0600)", path.display())
+                    })?;
                 }
-                None => EdgeConfig::default(),
-            };
+            }
             actix_rt::System::new().block_on(async {
                 let edge = EdgeProcess::start(&config).await?;
                 println!(

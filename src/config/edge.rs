@@ -74,7 +74,13 @@ impl Default for EdgeConfig {
 impl EdgeConfig {
     /// Loads and checks an edge config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        load(path)
+        load(&[path.to_owned()])
+    }
+
+    /// Loads `paths` as one config, a later file overriding an earlier one key by key (e.g.
+    /// KubeEdge's file as it is, then a file with edgehive's own keys), and checks it.
+    pub fn load_files(paths: &[PathBuf]) -> Result<Self, ConfigError> {
+        load(paths)
     }
 
     /// `modules.metaManager.remoteQueryTimeout`.

@@ -42,17 +42,31 @@ pub enum ConfigError {
     },
 }
 
-/// Reads `path` into `T`, naming the key of any mistake. Keys of KubeEdge's file that
-/// edgehive does not implement are ignored and listed in one log line.
-fn load<T: Schema>(path: &Path) -> Result<T, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let (config, ignored) = parse_reporting::<T>(path, &text)?;
+/// Reads `paths` in order into `T`, naming the file and the key of any mistake: a later file
+/// overrides an earlier one key by key, so KubeEdge's own file can stay as it is with
+/// edgehive's keys in a file of their own. Keys of KubeEdge's file that edgehive does not
+/// implement are ignored and listed in one log line.
+fn load<T: Schema>(paths: &[PathBuf]) -> Result<T, ConfigError> {
+    let mut texts = Vec::with_capacity(paths.len());
+    for path in paths {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        texts.push((path.as_path(), text));
+    }
+    let files: Vec<(&Path, &str)> = texts
+        .iter()
+        .map(|(path, text)| (*path, text.as_str()))
+        .collect();
+    let (config, ignored) = parse_files::<T>(&files)?;
     if !ignored.is_empty() {
+        let names: Vec<String> = paths
+            .iter()
+            .map(|path| path.display().to_string())
+            .collect();
         tracing::info!(
-            file = %path.display(),
+            file = %names.join(", "),
             keys = %ignored.join(", "),
             "keys of KubeEdge modules and settings edgehive does not implement are ignored"
         );
@@ -74,31 +88,96 @@ trait Schema: DeserializeOwned + Serialize + Default + Validate {
     const KUBEEDGE: &'static [&'static str];
 }
 
-/// Parses `text`: keys edgehive knows are used; keys in `T::KUBEEDGE` are dropped and
-/// returned; any other key is an error naming it, with the nearest valid key.
+/// [`parse_files`] of one file.
+#[cfg(all(test, feature = "cloud"))]
 fn parse_reporting<T: Schema>(path: &Path, text: &str) -> Result<(T, Vec<String>), ConfigError> {
-    let invalid = |key: String, message: String| ConfigError::Invalid {
+    parse_files(&[(path, text)])
+}
+
+/// Parses `files` in order: keys edgehive knows are used, a later file overriding the ones
+/// before key by key (a mapping merges into the mapping before it; any other value replaces
+/// it); keys in `T::KUBEEDGE` are dropped and returned once; any other key is an error naming
+/// it, with the nearest valid key. An error names the last file that sets the key it is about.
+fn parse_files<T: Schema>(files: &[(&Path, &str)]) -> Result<(T, Vec<String>), ConfigError> {
+    let invalid = |path: &Path, key: String, message: String| ConfigError::Invalid {
         path: path.to_owned(),
         key,
         message,
     };
+    let known = serde_json::to_value(T::default()).map_err(|error| {
+        let path = files.first().map_or(Path::new("."), |(path, _)| *path);
+        invalid(path, ".".into(), error.to_string())
+    })?;
     let mut ignored = Vec::new();
-    let config: T = if text.trim().is_empty() {
-        // An empty file means "all defaults", as an empty YAML mapping would.
-        T::default()
-    } else {
-        let mut value = unique_keys(text).map_err(|(key, message)| invalid(key, message))?;
-        let known = serde_json::to_value(T::default())
-            .map_err(|error| invalid(".".into(), error.to_string()))?;
-        prune::<T>(&mut value, &known, "", &mut ignored)
-            .map_err(|(key, message)| invalid(key, message))?;
-        serde_path_to_error::deserialize(value)
-            .map_err(|error| invalid(error.path().to_string(), error.inner().to_string()))?
+    let mut merged = serde_json::Value::Object(serde_json::Map::new());
+    let mut values = Vec::with_capacity(files.len());
+    for (path, text) in files {
+        if text.trim().is_empty() {
+            // An empty file means "all defaults", as an empty YAML mapping would.
+            continue;
+        }
+        let mut value = unique_keys(text).map_err(|(key, message)| invalid(path, key, message))?;
+        let mut dropped = Vec::new();
+        prune::<T>(&mut value, &known, "", &mut dropped)
+            .map_err(|(key, message)| invalid(path, key, message))?;
+        for key in dropped {
+            if !ignored.contains(&key) {
+                ignored.push(key);
+            }
+        }
+        merge(&mut merged, value.clone());
+        values.push((*path, value));
+    }
+    // The file an error about `key` is reported against: the last one setting it.
+    let blame = |key: &str| {
+        values
+            .iter()
+            .rev()
+            .find(|(_, value)| sets(value, key))
+            .or(values.last())
+            .map_or_else(
+                || files.first().map_or(Path::new("."), |(path, _)| *path),
+                |(path, _)| *path,
+            )
     };
+    let config: T = serde_path_to_error::deserialize(merged).map_err(|error| {
+        let key = error.path().to_string();
+        invalid(blame(&key), key, error.inner().to_string())
+    })?;
     config
         .validate()
-        .map_err(|(key, message)| invalid(key.to_owned(), message))?;
+        .map_err(|(key, message)| invalid(blame(key), key.to_owned(), message))?;
     Ok((config, ignored))
+}
+
+/// Lays `over` on `base`: mappings merge key by key, anything else replaces.
+fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
+            for (key, value) in over {
+                match base.get_mut(&key) {
+                    Some(slot) => merge(slot, value),
+                    None => {
+                        base.insert(key, value);
+                    }
+                }
+            }
+        }
+        (base, over) => *base = over,
+    }
+}
+
+/// Whether `value` holds the dotted `key` (a list index, `[0]` or `.0`, ends the walk).
+fn sets(value: &serde_json::Value, key: &str) -> bool {
+    let mut at = value;
+    for part in key.split('.') {
+        let name = part.split('[').next().unwrap_or(part);
+        match at.get(name) {
+            Some(next) => at = next,
+            None => return name.is_empty() || at.is_array(),
+        }
+    }
+    true
 }
 
 /// Removes from `value` the keys `T::KUBEEDGE` names (recording them in `ignored`), and
@@ -533,45 +612,138 @@ mod tests {
         assert!(error.contains("expected"), "{error}");
     }
 
-    /// KubeEdge's own files (tests/kubeedge_config/) load: what edgehive knows is used, the rest
-    /// of KubeEdge's keys are listed as ignored.
+    /// KubeEdge's own files (tests/kubeedge_config/: what the v1.22.0 binaries print with
+    /// `--defaultconfig` and `--minconfig`, unchanged) load: what edgehive knows is used, the
+    /// rest of KubeEdge's keys are listed as ignored, and every KubeEdge default is inside
+    /// edgehive's ranges.
     #[test]
     fn kubeedge_files_load_and_their_unimplemented_keys_are_listed() {
-        let fill = |text: &str| {
-            text.replace("@DIR@", "/tmp/x")
-                .replace("@CERTS@", "127.0.0.1:10002")
-                .replace("@WEBSOCKET@", "127.0.0.1:10000")
-                .replace("@TOKEN@", "t")
-        };
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kubeedge_config");
-        let text = fill(&std::fs::read_to_string(dir.join("cloudcore.yaml")).unwrap());
-        let (cloud, ignored) =
-            parse_reporting::<CloudConfig>(Path::new("cloudcore.yaml"), &text).unwrap();
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+        let listed = |ignored: &[String], keys: &[&str]| {
+            for key in keys {
+                assert!(ignored.contains(&(*key).to_owned()), "{key} in {ignored:?}");
+            }
+        };
+        let (cloud, ignored) = parse_reporting::<CloudConfig>(
+            Path::new("cloudcore.yaml"),
+            &read("cloudcore-v1.22.0-defaultconfig.yaml"),
+        )
+        .unwrap();
+        assert_eq!(cloud.modules.cloud_hub.node_limit, 500);
+        assert_eq!(cloud.modules.cloud_hub.edge_cert_signing_duration, 365);
+        assert_eq!(cloud.modules.cloud_hub.token_refresh_duration, 12);
+        assert!(!cloud.modules.cloud_hub.authorization.enable);
+        listed(
+            &ignored,
+            &[
+                "commonConfig.tunnelPort",
+                "modules.cloudHub.quic",
+                "modules.cloudHub.authorization.modes",
+                "modules.edgeController.buffer",
+                "modules.router",
+                "modules.iptablesManager",
+            ],
+        );
+        let (cloud, ignored) = parse_reporting::<CloudConfig>(
+            Path::new("cloudcore.yaml"),
+            &read("cloudcore-v1.22.0-minconfig.yaml"),
+        )
+        .unwrap();
         assert_eq!(cloud.modules.cloud_hub.node_limit, 1000);
-        assert!(cloud.modules.cloud_hub.authorization.enable);
-        for key in [
-            "commonConfig.tunnelPort",
-            "modules.cloudHub.quic",
-            "modules.cloudHub.authorization.modes",
-            "modules.edgeController.buffer",
-            "modules.router",
-            "modules.iptablesManager",
-        ] {
-            assert!(ignored.contains(&key.to_owned()), "{key} in {ignored:?}");
-        }
-        let text = fill(&std::fs::read_to_string(dir.join("edgecore.yaml")).unwrap());
-        let (edge, ignored) =
-            parse_reporting::<EdgeConfig>(Path::new("edgecore.yaml"), &text).unwrap();
-        assert_eq!(edge.node_name(), "ke-edge");
-        assert_eq!(edge.modules.edge_hub.websocket.server, "127.0.0.1:10000");
-        for key in [
-            "database.driverName",
-            "modules.edgeHub.quic",
-            "modules.edged.tailoredKubeletConfig.cgroupDriver",
-            "modules.eventBus",
-        ] {
-            assert!(ignored.contains(&key.to_owned()), "{key} in {ignored:?}");
-        }
+        listed(
+            &ignored,
+            &["modules.cloudHub.enable", "modules.cloudHub.unixsocket"],
+        );
+        let (edge, ignored) = parse_reporting::<EdgeConfig>(
+            Path::new("edgecore.yaml"),
+            &read("edgecore-v1.22.0-defaultconfig.yaml"),
+        )
+        .unwrap();
+        assert_eq!(edge.node_name(), "vm");
+        assert_eq!(edge.modules.edge_hub.http_server, "https://192.0.2.2:10002");
+        assert_eq!(edge.modules.edge_hub.websocket.server, "192.0.2.2:10000");
+        listed(
+            &ignored,
+            &[
+                "database.driverName",
+                "edgecoreVersion",
+                "modules.dbTest",
+                "modules.edgeHub.quic",
+                "modules.edged.tailoredKubeletConfig.cgroupDriver",
+                "modules.eventBus",
+            ],
+        );
+        let (edge, ignored) = parse_reporting::<EdgeConfig>(
+            Path::new("edgecore.yaml"),
+            &read("edgecore-v1.22.0-minconfig.yaml"),
+        )
+        .unwrap();
+        assert_eq!(edge.node_name(), "vm");
+        assert!(!edge.modules.device_twin.enable);
+        listed(&ignored, &["modules.edgeHub.enable", "modules.eventBus"]);
+        // And edgehive's own defaults.
+        CloudConfig::default().validate().unwrap();
+        EdgeConfig::default().validate().unwrap();
+    }
+
+    /// A second file overrides the first key by key and keeps the rest; a mistake names the
+    /// file it is in.
+    #[test]
+    fn later_files_override_earlier_ones_key_by_key() {
+        let kubeedge = (
+            Path::new("cloudcore.yaml"),
+            "modules:\n  cloudHub:\n    nodeLimit: 7\n    keepaliveInterval: 20\n    quic:\n      enable: false\n",
+        );
+        let own = (
+            Path::new("edgehive.yaml"),
+            "modules:\n  cloudHub:\n    nodeLimit: 9\nembeddedCluster:\n  database: /tmp/c.db\n",
+        );
+        let (config, ignored) = parse_files::<CloudConfig>(&[kubeedge, own]).unwrap();
+        assert_eq!(config.modules.cloud_hub.node_limit, 9);
+        assert_eq!(config.modules.cloud_hub.keepalive_interval, 20);
+        assert_eq!(config.embedded_cluster.database, Path::new("/tmp/c.db"));
+        assert_eq!(ignored, ["modules.cloudHub.quic"]);
+        let typo = (
+            Path::new("edgehive.yaml"),
+            "modules:\n  cloudHub:\n    nodeLimt: 9\n",
+        );
+        let error = parse_files::<CloudConfig>(&[kubeedge, typo])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("edgehive.yaml: modules.cloudHub.nodeLimt: not a key"),
+            "{error}"
+        );
+        let zero = (
+            Path::new("edgehive.yaml"),
+            "modules:\n  cloudHub:\n    keepaliveInterval: 0\n",
+        );
+        let error = parse_files::<CloudConfig>(&[kubeedge, zero])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("edgehive.yaml: modules.cloudHub.keepaliveInterval: expected 1 to"),
+            "{error}"
+        );
+        let wrong = (
+            Path::new("cloudcore.yaml"),
+            "modules:\n  cloudHub:\n    nodeLimit: lots\n",
+        );
+        let cluster = (
+            Path::new("edgehive.yaml"),
+            "embeddedCluster:\n  database: /tmp/c.db\n",
+        );
+        let error = parse_files::<CloudConfig>(&[wrong, cluster])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("cloudcore.yaml: modules.cloudHub.nodeLimit: "),
+            "{error}"
+        );
+        // A later file's value replaces the wrong one.
+        let (config, _) = parse_files::<CloudConfig>(&[wrong, own]).unwrap();
+        assert_eq!(config.modules.cloud_hub.node_limit, 9);
     }
 
     #[test]
@@ -605,23 +777,6 @@ mod tests {
             error,
             "edge.yaml: modules.edgeHub.heartbeat: expected 1 to 600 seconds, found 0"
         );
-    }
-
-    /// `keadm`'s full default files (`cloudcore --defaultconfig`, `edgecore --defaultconfig`
-    /// of v1.22.0) load: every KubeEdge default is inside edgehive's ranges.
-    #[test]
-    fn kubeedge_default_configs_load() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kubeedge_config");
-        let text = std::fs::read_to_string(dir.join("cloudcore-defaultconfig.yaml")).unwrap();
-        let cloud: CloudConfig = parse(Path::new("cloudcore.yaml"), &text).unwrap();
-        assert_eq!(cloud.modules.cloud_hub.edge_cert_signing_duration, 365);
-        assert_eq!(cloud.modules.cloud_hub.token_refresh_duration, 12);
-        let text = std::fs::read_to_string(dir.join("edgecore-defaultconfig.yaml")).unwrap();
-        let edge: EdgeConfig = parse(Path::new("edgecore.yaml"), &text).unwrap();
-        assert_eq!(edge.modules.edge_hub.http_server, "https://192.0.2.2:10002");
-        // And edgehive's own defaults.
-        CloudConfig::default().validate().unwrap();
-        EdgeConfig::default().validate().unwrap();
     }
 
     /// The example values of the red-team finding (issue 29, 11), each refused naming its key

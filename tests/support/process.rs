@@ -67,6 +67,26 @@ pub fn spawn(args: &[&str]) -> (Process, String) {
     (process, line)
 }
 
+/// [`spawn`], with the process's log (standard error) written to the file `log`.
+pub fn spawn_logged(args: &[&str], log: &std::path::Path) -> (Process, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let process = Process(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert!(
+        !line.is_empty(),
+        "edgehive {args:?} exited without a banner; its log: {}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    (process, line)
+}
+
 /// The text in `banner` between `marker` and the next `end`, e.g. the WebSocket address in
 /// "edgehive cloud: WebSocket on 127.0.0.1:PORT, admin on …".
 pub fn banner_field<'a>(banner: &'a str, marker: &str, end: char) -> &'a str {

@@ -29,6 +29,7 @@ use super::contract::{route, ConnectionState};
 use super::deliver::send_with_retry;
 use super::store::StoreError;
 use super::twin_store::{DeviceSpec, TwinStore};
+use crate::hive::locks;
 use crate::hive::{Envelope, Hive, Module};
 
 /// beehive name of the module.
@@ -190,9 +191,7 @@ struct Shared {
 impl Shared {
     fn unconfirmed(&self) -> MutexGuard<'_, Unconfirmed> {
         // Critical sections only move map entries; a panic cannot leave them torn.
-        self.unconfirmed
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::lock(&self.unconfirmed)
     }
 }
 

@@ -38,6 +38,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::contract::{route, ConnectionState};
 use super::edgehub::{CloudRequest, EdgeHub};
 use super::store::{ChangeKind, MetaStore, StoreError};
+use crate::hive::locks;
 use crate::hive::{Accepts, Envelope, Hive, Module};
 
 /// beehive name of the module.
@@ -346,9 +347,7 @@ struct Shared {
 
 impl Shared {
     fn state(&self) -> MutexGuard<'_, NodeState> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::lock(&self.state)
     }
 
     fn connected(&self) -> bool {

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::hive::locks;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 use serde_json::Value;
@@ -278,10 +279,7 @@ impl MetaStore {
     /// Why the last write (an upsert or a delete) failed, while no write since has succeeded:
     /// the edge is then not ready, as what the cloud sends is not being stored.
     pub fn last_write_error(&self) -> Option<String> {
-        self.write_error
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        locks::lock(&self.write_error).clone()
     }
 
     /// Committed changes from now on (see [`WATCH_CAPACITY`] for a watcher that falls behind).
@@ -469,10 +467,7 @@ struct Worker {
 impl Worker {
     /// Records how a write ended: its error, or none once one succeeds.
     fn record<T>(&self, result: &Result<T, StoreError>) {
-        let mut slot = self
-            .write_error
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut slot = locks::lock(&self.write_error);
         *slot = result.as_ref().err().map(ToString::to_string);
     }
 

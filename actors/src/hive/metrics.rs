@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Metric, Registry};
 
+use super::locks;
 use super::registry::ModuleState;
 
 /// The label set of every per-module metric.
@@ -89,19 +90,13 @@ impl HiveMetrics {
 
     /// Adds a metric to the registry served at `/metrics`.
     pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
-        self.registry
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .register(name, help, metric);
+        locks::lock(&self.registry).register(name, help, metric);
     }
 
     /// The whole registry in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut text = String::new();
-        let registry = self
-            .registry
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let registry = locks::lock(&self.registry);
         // Writing into a String cannot fail.
         let _ = encode(&mut text, &registry);
         text

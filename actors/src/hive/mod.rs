@@ -50,6 +50,7 @@
 
 mod envelope;
 mod error;
+pub mod locks;
 pub mod log;
 mod metrics;
 mod module;

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
+use super::locks;
 use super::log::clip;
 
 /// What was refused.
@@ -129,8 +130,6 @@ impl RefusalLog {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
         // A push or a pop; a panic cannot leave the ring half-written.
-        self.ring
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::lock(&self.ring)
     }
 }

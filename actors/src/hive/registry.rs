@@ -11,6 +11,7 @@ use futures_util::future::join_all;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
+use super::locks;
 use super::metrics::ModuleStats;
 use super::{supervisor, Envelope, HiveError, HiveMetrics, Module, RefusalLog};
 
@@ -636,17 +637,11 @@ impl Hive {
     fn read_modules(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Entry>> {
         // A panic while holding the lock cannot leave the map half-written: every write is a
         // single insert or field assignment.
-        self.inner
-            .modules
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::read(&self.inner.modules)
     }
 
     fn write_modules(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Entry>> {
-        self.inner
-            .modules
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::write(&self.inner.modules)
     }
 }
 

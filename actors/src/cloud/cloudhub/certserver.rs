@@ -17,6 +17,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse};
 use super::auth::BindingView;
 use super::certlimits::{SigningLimits, SigningRate, Warnings};
 use super::gate::{self, ConnectionLimits, Gate, GateMetrics, HandshakeLimits};
+use crate::hive::locks;
 use crate::hive::log::clip;
 use crate::identity::certs::CertAuthority;
 use crate::identity::tls::{peer_node, CloudTls};
@@ -76,11 +77,7 @@ impl Context {
     /// the number held back before it; `None` (counted) when it is held back.
     fn warning(&self, peer: Option<SocketAddr>) -> Option<u64> {
         let source = peer.map(|peer| gate::source_of(peer.ip()));
-        let allowed = self
-            .warnings
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take(source, Instant::now());
+        let allowed = locks::lock(&self.warnings).take(source, Instant::now());
         if allowed.is_none() {
             self.metrics.certificate_warning_held_back();
         }
@@ -88,10 +85,7 @@ impl Context {
     }
 
     fn take_signing(&self, source: Option<IpAddr>) -> Result<(), super::certlimits::RateLimited> {
-        self.signing
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take(source, Instant::now())
+        locks::lock(&self.signing).take(source, Instant::now())
     }
 }
 

@@ -35,6 +35,7 @@ use rustls::ServerConfig;
 use tokio::sync::oneshot;
 
 use super::metrics::ReasonLabels;
+use crate::hive::locks;
 use crate::hive::{Hive, RefusalKind, RefusalLog};
 use crate::identity::tls::record_peer_certificate;
 
@@ -201,9 +202,7 @@ impl Slots {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SlotsState> {
         // Counts only; a panic cannot leave them half-written.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::lock(&self.state)
     }
 
     /// A place for `source` (already reduced to its source, see [`source_of`]), evicting

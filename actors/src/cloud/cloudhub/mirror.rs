@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use super::auth::{is_mirror_pod, pod_references, service_account_of, BindingView};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchError, WatchEvent};
+use crate::hive::locks;
 use edgehive_protocols::object::is_self_registered;
 
 /// First wait before listing again after a failed list; doubled up to [`MAX_RETRY`].
@@ -56,9 +57,7 @@ impl BindingMirror {
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Bindings> {
         // Every write replaces whole entries, so a panic cannot leave one half-written.
-        self.bindings
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::read(&self.bindings)
     }
 }
 
@@ -153,14 +152,8 @@ async fn follow(cluster: SharedCluster, kind: &'static str, bindings: Weak<RwLoc
     }
 }
 
-fn write(bindings: &RwLock<Bindings>) -> std::sync::RwLockWriteGuard<'_, Bindings> {
-    bindings
-        .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn replace_all(bindings: &RwLock<Bindings>, kind: &str, objects: &[Value]) {
-    let mut bindings = write(bindings);
+    let mut bindings = locks::write(bindings);
     match kind {
         "Pod" => {
             bindings.pods = objects
@@ -181,7 +174,7 @@ fn replace_all(bindings: &RwLock<Bindings>, kind: &str, objects: &[Value]) {
 }
 
 fn apply(bindings: &RwLock<Bindings>, kind: &str, event: &WatchEvent) {
-    let mut bindings = write(bindings);
+    let mut bindings = locks::write(bindings);
     let deleted = matches!(event.event_type, EventType::Deleted);
     match kind {
         "Pod" => {

@@ -48,6 +48,7 @@ use edgehive_protocols::Message;
 
 pub use crate::cloud::contract::DisconnectNode;
 use crate::cloud::contract::{route, Lane, NodeDeleted, Queued, ToNodes};
+use crate::hive::locks;
 use crate::hive::{
     supervise_on, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, RefusalKind, Refused,
 };
@@ -87,9 +88,7 @@ pub const NODE_ARBITERS: usize = 2;
 impl Shared {
     fn nodes(&self) -> MutexGuard<'_, HashMap<String, Arc<NodeCell>>> {
         // Only inserts happen under the lock; a panic cannot leave the map half-written.
-        self.nodes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::lock(&self.nodes)
     }
 
     /// The cell of `node`, with its actor started the first time the node is named, on the

@@ -37,6 +37,7 @@ use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::pool::{Enqueued, NodePool};
 use super::session::{CloseSession, NodeSession, WriteFrame};
 use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
+use crate::hive::locks;
 use crate::hive::log::{clip, WarnBudget};
 use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, RefusalKind, Refused};
 
@@ -217,25 +218,17 @@ impl NodeCell {
     fn lock(&self) -> MutexGuard<'_, NodeState> {
         // Every critical section finishes its update of the pool or the connection before
         // anything can panic, so a poisoned lock holds consistent state.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::lock(&self.state)
     }
 
     /// The node actor's current address. A session keeps the one it got (its own sender, so
     /// actix can make it wait when the mailbox is full) until the actor is replaced.
     pub(crate) fn addr(&self) -> Option<Addr<NodeActor>> {
-        self.addr
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        locks::lock(&self.addr).clone()
     }
 
     pub(crate) fn set_addr(&self, addr: Addr<NodeActor>) {
-        *self
-            .addr
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(addr);
+        *locks::lock(&self.addr) = Some(addr);
     }
 
     /// Posts a control message; these are few (one per connection event, one coalesced wake)

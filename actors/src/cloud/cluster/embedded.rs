@@ -34,6 +34,7 @@ use tokio::sync::broadcast;
 
 use super::datastore::{Datastore, ObjectKey};
 use super::{is_cluster_scoped, ClusterError, EventType, WatchEvent, WatchStream, WATCH_CAPACITY};
+use crate::hive::locks;
 
 /// The kind [`EventRetention`] applies to.
 const EVENT: &str = "Event";
@@ -339,9 +340,7 @@ impl EmbeddedCluster {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // Every write below finishes its map update before anything can panic, so a poisoned
         // lock still guards consistent data.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        locks::lock(&self.inner)
     }
 
     /// Creates `obj`; fails with 409 if it exists and 422 if it has no kind or name.

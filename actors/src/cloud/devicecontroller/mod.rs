@@ -41,6 +41,7 @@ use tokio::sync::Semaphore;
 
 use crate::cloud::cluster::{ClusterError, EventType, SharedCluster, WatchError, WatchEvent};
 use crate::cloud::outbox::{deliver_reply, offer_message, Outbox};
+use crate::hive::locks;
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use edgehive_protocols::object::is_newer;
 
@@ -173,11 +174,10 @@ impl Actor for DeviceController {
     }
 }
 
+/// Every writer finishes its update of the index before anything can panic (see
+/// [`locks`]).
 fn lock(devices: &Devices) -> std::sync::MutexGuard<'_, DeviceIndex> {
-    // Every writer finishes its update of the index before anything can panic.
-    devices
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    locks::lock(devices)
 }
 
 fn key_of(obj: &Value) -> (String, String) {

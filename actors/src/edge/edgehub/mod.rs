@@ -25,7 +25,7 @@ use link::Link;
 pub use options::{events_url, EdgeHubOptions};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use actix::{Actor, AsyncContext, Context, Handler, MessageResult, ResponseFuture};
@@ -38,6 +38,7 @@ use tokio::sync::{oneshot, Notify};
 use crate::edge::certmanager::EdgeIdentity;
 use crate::edge::contract::{route, ConnectionState};
 use crate::edge::deliver::send_with_retry;
+use crate::hive::locks::lock;
 use crate::hive::{Envelope, Hive, Module};
 
 /// beehive name of the module.
@@ -168,6 +169,8 @@ struct HubState {
 }
 
 /// State shared by the actor, its connection task and pending requests; outlives restarts.
+/// Every critical section of its locks is a few field updates, so a panic cannot leave them
+/// torn (see [`lock`]).
 #[derive(Debug)]
 struct Shared {
     state: Mutex<HubState>,
@@ -179,13 +182,6 @@ struct Shared {
     outbox_capacity: usize,
     /// The node's TLS identity once loaded or bootstrapped.
     identity: Mutex<Option<EdgeIdentity>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is a few field updates; a panic cannot leave them torn.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Whether `message` answers the cloud (an ACK or an error), rather than telling it something.

@@ -426,6 +426,10 @@ pub const DEFAULT_PAGE: usize = 500;
 /// The most objects a page of a listing holds, whatever `?limit` asks.
 pub const MAX_PAGE: usize = 1000;
 
+/// A page ends once its objects reach this many bytes (of JSON), so a page of large objects
+/// stays small too; `metadata.continue` goes on from there.
+pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
+
 /// Permits for listings in flight.
 #[derive(Clone)]
 struct Listings(Arc<tokio::sync::Semaphore>);
@@ -521,7 +525,7 @@ async fn list_objects(
         .min(MAX_PAGE);
     let kind = kind.into_inner();
     let (items, next, resource_version) = match cluster.resolve_kind(&kind) {
-        Some(resolved) => cluster.list_page(&resolved, after, limit),
+        Some(resolved) => cluster.list_page(&resolved, after, limit, MAX_PAGE_BYTES),
         None => (Vec::new(), None, String::new()),
     };
     let mut metadata = json!({ "resourceVersion": resource_version });

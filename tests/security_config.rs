@@ -438,7 +438,7 @@ fn config_values_that_would_break_the_process_later_are_refused_at_start_naming_
         (
             Cloud,
             "modules.cloudHub.tokenRefreshDuration",
-            &["1000000000000000", "1e15", "721", "0"],
+            &["1000000000000000", "1e15", "8761", "0"],
         ),
         (Cloud, "modules.cloudHub.keepaliveInterval", &["0", "3601"]),
         (Cloud, "modules.cloudHub.nodeLimit", &["0", "1000001"]),
@@ -563,6 +563,12 @@ fn config_values_that_would_break_the_process_later_are_refused_at_start_naming_
             &["-edge", "edge-", "a..b"],
         ),
         (Edge, "admin.bindAddress", &["no-port", "127.0.0.1:99999"]),
+        // Longer than a Unix socket path may be.
+        (
+            Edge,
+            "admin.unixSocket",
+            &["/tmp/ssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssss.sock"],
+        ),
     ];
     let dir = tempfile::tempdir().unwrap();
     for (side, key, values) in cases {

@@ -15,8 +15,8 @@ use edgehive_actors::identity::tls::CloudTlsFiles;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    bind_host, expect_kind, host_port, is_dns_name, load, url, within, yes, ConfigError, Enable,
-    Refusal, Schema, Validate, GIB, KIB,
+    admin_exposed, bind_host, expect_kind, host_port, is_dns_name, load, url, within, yes,
+    ConfigError, Enable, Refusal, Schema, Validate, GIB, KIB,
 };
 
 impl Schema for CloudConfig {
@@ -163,6 +163,11 @@ impl Validate for CloudConfig {
             &self.common_config.monitor_server.bind_address,
             0..=u16::MAX,
         )?;
+        admin_exposed(
+            "commonConfig.monitorServer.tokenFile",
+            &self.common_config.monitor_server.bind_address,
+            &self.common_config.monitor_server.token_file,
+        )?;
         self.kube_api_config.validate()?;
         let cluster = &self.embedded_cluster;
         within(
@@ -246,9 +251,10 @@ impl Validate for CloudConfig {
 const MAX_EVENT_TTL_SECS: u64 = 30 * 24 * 3600;
 /// Longest `edgeCertSigningDuration`, in days (KubeEdge's unit): 100 years.
 pub const MAX_EDGE_CERT_DAYS: u64 = 36_500;
-/// Longest `tokenRefreshDuration`, in hours (KubeEdge's unit): 30 days. A join token admits
-/// any node name while valid (one to two of these), so it must expire.
-pub const MAX_TOKEN_REFRESH_HOURS: u64 = 720;
+/// Longest `tokenRefreshDuration`, in hours (KubeEdge's unit): a year. A join token admits
+/// any node name while valid (one to two of these), so it must expire; a yearly rotation an
+/// operator may have chosen in KubeEdge still loads.
+pub const MAX_TOKEN_REFRESH_HOURS: u64 = 8760;
 
 impl CloudHubConfig {
     fn validate(&self) -> Result<(), Refusal> {

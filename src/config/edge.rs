@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use edgehive_actors::identity::check_node_name;
 
 use super::{
-    expect_kind, host_port, load, url, within, yes, ConfigError, Enable, Refusal, Schema, Validate,
-    GIB, KIB,
+    admin_exposed, expect_kind, host_port, load, url, within, yes, ConfigError, Enable, Refusal,
+    Schema, Validate, GIB, KIB,
 };
 
 impl Schema for EdgeConfig {
@@ -94,6 +94,9 @@ impl EdgeConfig {
     }
 }
 
+/// The longest path a Unix socket can be bound at (`sun_path` less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 impl Validate for EdgeConfig {
     /// Every number, duration, address and label in a range the edge works with, refused at
     /// start naming the key (see the cloud's). KubeEdge's defaults are all inside.
@@ -109,6 +112,24 @@ impl Validate for EdgeConfig {
             return Err(("database.dataSource", "expected a file path".into()));
         }
         host_port("admin.bindAddress", &self.admin.bind_address, 0..=u16::MAX)?;
+        admin_exposed(
+            "admin.tokenFile",
+            &self.admin.bind_address,
+            &self.admin.token_file,
+        )?;
+        // A Unix socket's path is at most 107 bytes (sun_path); the default is the database
+        // path with `.sock`, so a long database path needs admin.unixSocket set.
+        let socket = self.admin_socket();
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err((
+                "admin.unixSocket",
+                format!(
+                    "expected a Unix socket path of at most {MAX_SOCKET_PATH} bytes, found {} ({}); set admin.unixSocket to a shorter path",
+                    socket.as_os_str().len(),
+                    socket.display()
+                ),
+            ));
+        }
         self.modules.edge_hub.validate()?;
         within(
             "modules.metaManager.remoteQueryTimeout",

@@ -507,6 +507,33 @@ fn host_port(
     ))
 }
 
+/// An admin endpoint reached from beyond this host must ask for the token: a `bindAddress`
+/// that is not loopback needs `tokenFile`.
+fn admin_exposed(
+    key: &'static str,
+    bind_address: &str,
+    token_file: &std::path::Path,
+) -> Result<(), Refusal> {
+    let host = bind_address
+        .rsplit_once(':')
+        .map_or(bind_address, |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback || !token_file.as_os_str().is_empty() {
+        return Ok(());
+    }
+    Err((
+        key,
+        format!(
+            "expected a token file: the admin endpoint on {bind_address} is reachable beyond              this host and can read Secrets and change objects (see README, Admin endpoint)"
+        ),
+    ))
+}
+
 /// A URL `SCHEME://HOST[:PORT][/PATH]` with one of `schemes`; `path` allows a path after the
 /// host (a trailing `/` is always allowed).
 fn url(key: &'static str, value: &str, schemes: &[&str], path: bool) -> Result<(), Refusal> {
@@ -779,6 +806,54 @@ mod tests {
         );
     }
 
+    /// An admin endpoint bound beyond loopback must have a token file; on loopback it need not.
+    #[test]
+    fn an_admin_endpoint_beyond_loopback_needs_a_token_file() {
+        for bind in [
+            "0.0.0.0:9091",
+            "[::]:9091",
+            "10.1.2.3:9091",
+            "cloud.example:9091",
+        ] {
+            let error = cloud(&format!(
+                "commonConfig:\n  monitorServer:\n    bindAddress: \"{bind}\"\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.starts_with(
+                    "cloud.yaml: commonConfig.monitorServer.tokenFile: expected a token file"
+                ),
+                "{bind}: {error}"
+            );
+            let error = edge(&format!("admin:\n  bindAddress: \"{bind}\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.starts_with("edge.yaml: admin.tokenFile: expected a token file"),
+                "{bind}: {error}"
+            );
+            assert!(cloud(&format!(
+                "commonConfig:\n  monitorServer:\n    bindAddress: \"{bind}\"\n    tokenFile: /etc/t\n"
+            ))
+            .is_ok());
+        }
+        for bind in [
+            "127.0.0.1:9091",
+            "[::1]:9091",
+            "localhost:9091",
+            "127.0.0.2:0",
+        ] {
+            assert!(
+                cloud(&format!(
+                    "commonConfig:\n  monitorServer:\n    bindAddress: \"{bind}\"\n"
+                ))
+                .is_ok(),
+                "{bind}"
+            );
+        }
+    }
+
     /// The example values of the red-team finding (issue 29, 11), each refused naming its key
     /// with the range and unit; the bounds themselves are accepted.
     #[test]
@@ -806,7 +881,7 @@ mod tests {
                 "{error}"
             );
         }
-        for value in ["1000000000000000", "1e15", "721"] {
+        for value in ["1000000000000000", "1e15", "8761"] {
             let error = cloud(&format!(
                 "modules:\n  cloudHub:\n    tokenRefreshDuration: {value}\n"
             ))
@@ -853,7 +928,7 @@ mod tests {
         );
         // The bounds are inside.
         cloud(
-            "modules:\n  cloudHub:\n    edgeCertSigningDuration: 36500\n    tokenRefreshDuration: 720\n\
+            "modules:\n  cloudHub:\n    edgeCertSigningDuration: 36500\n    tokenRefreshDuration: 8760\n\
              \x20   handshakesPerSource: 1\n    handshakesPending: 1\n    handshakeTimeout: 1\n",
         )
         .unwrap();

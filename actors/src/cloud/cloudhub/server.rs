@@ -234,11 +234,7 @@ const REFUSAL_WARNINGS_PER_WINDOW: u32 = 50;
 impl ServerContext {
     /// Logs a refused connection (clipped), unless the budget holds it back.
     fn warn_refused(&self, peer: Option<SocketAddr>, node: &str, text: &str) {
-        let held_back = self
-            .warnings
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take(std::time::Instant::now());
+        let held_back = crate::hive::locks::lock(&self.warnings).take(std::time::Instant::now());
         if let Some(held_back) = held_back {
             tracing::warn!(?peer, node = %clip(node), reason = %clip(text), held_back, "edge connection refused");
         }

@@ -603,6 +603,7 @@ impl EmbeddedCluster {
         kind: &str,
         after: Option<(String, String)>,
         limit: usize,
+        max_bytes: usize,
     ) -> (Vec<Value>, Option<(String, String)>, String) {
         use std::ops::Bound;
         let inner = self.lock();
@@ -612,14 +613,17 @@ impl EmbeddedCluster {
         };
         let mut page = Vec::new();
         let mut more = false;
+        let mut bytes = 0;
         for ((k, namespace, name), obj) in inner.objects.range((start, Bound::Unbounded)) {
             if k != kind {
                 break;
             }
-            if page.len() == limit {
+            // At least one object a page, however large.
+            if page.len() == limit || (!page.is_empty() && bytes >= max_bytes) {
                 more = true;
                 break;
             }
+            bytes += json_size(obj);
             page.push((namespace, name, obj));
         }
         let next = page

@@ -448,6 +448,7 @@ impl NodeCell {
     }
 
     /// Panics the node's actor on purpose (supervision drills and tests).
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn crash(&self) {
         self.post(Crash);
     }
@@ -533,6 +534,7 @@ struct Detach;
 pub(crate) struct FromEdge(pub(crate) Message, pub(crate) usize);
 
 /// Panic, for supervision drills.
+#[cfg(feature = "test-hooks")]
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Crash;
@@ -961,6 +963,7 @@ impl Handler<Retire> for NodeActor {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 impl Handler<Crash> for NodeActor {
     type Result = ();
 

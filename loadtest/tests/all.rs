@@ -9,6 +9,7 @@ mod unlisted;
 
 // One module per file of tests.
 mod loadtest;
+mod product_build;
 
 /// Cargo builds only this file as a test (`autotests = false`), so a new file in `tests/` runs
 /// only once it is listed above. This test fails until it is.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A scenario of `edgehive loadtest` against one `edgehive cloud` (mutual TLS on loopback, the
+# A scenario of `edgehive-loadtest` against one `edgehive cloud` (mutual TLS on loopback, the
 # embedded cluster in a SQLite file): prints the tool's JSON line and its markdown row.
 #
-#   bench/fleet.sh SCENARIO EDGES [loadtest arguments...]
+#   cargo build --release -p edgehive && cargo build --release -p edgehive-loadtest
+#   bench/fleet.sh SCENARIO EDGES [edgehive-loadtest arguments...]
 #   bench/fleet.sh fanout 1000 --rate 1000 --changes 30000
 #   bench/fleet.sh storm 10000
 #   TOOLS=2 bench/fleet.sh hold 19900   # the fleet split over 2 tool processes
@@ -17,9 +18,17 @@ scenario=${1:?scenario: hold, fanout or storm}
 edges=${2:?edges}
 shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
-# EDGEHIVE: the load tool's binary; CLOUD_EDGEHIVE: the cloud's (an older build to compare).
-bin=${EDGEHIVE:-$root/target/release/edgehive}
-cloud_bin=${CLOUD_EDGEHIVE:-$bin}
+# The cloud and the tool are built apart (two commands above): built in one, the cloud would
+# have the tool's test hooks.
+# LOADTEST: the load tool's binary. EDGEHIVE: an older `edgehive` whose `loadtest` command is
+# the tool (builds from before the tool had a crate of its own), and the cloud's by default.
+# CLOUD_EDGEHIVE: the cloud's binary (an older build to compare).
+if [ -n "${EDGEHIVE:-}" ]; then
+  tool=("$EDGEHIVE" loadtest)
+else
+  tool=("${LOADTEST:-$root/target/release/edgehive-loadtest}")
+fi
+cloud_bin=${CLOUD_EDGEHIVE:-${EDGEHIVE:-$root/target/release/edgehive}}
 # One socket per edge on each side; this machine allows 20,000 open files per process.
 ulimit -Sn "$(ulimit -Hn)"
 work=$(mktemp -d)
@@ -58,7 +67,7 @@ admin=$(sed -n 's/.*admin on http:\/\/\([^ ,]*\).*/\1/p' <<<"$banner")
 [ -n "$websocket" ] || { echo "the cloud did not start: $(cat "$work/cloud.err")" >&2; exit 1; }
 tools=${TOOLS:-1}
 if [ "$tools" -le 1 ]; then
-  "$bin" loadtest --cloud "$websocket" --admin "$admin" --edges "$edges" --scenario "$scenario" \
+  "${tool[@]}" --cloud "$websocket" --admin "$admin" --edges "$edges" --scenario "$scenario" \
     --heartbeat 15 --concurrency 64 --ca-cert "$work/ca/rootCA.crt" --ca-key "$work/ca/rootCA.key" \
     --cloud-pid "$cloud" --markdown "$@"
   exit
@@ -66,7 +75,7 @@ fi
 [ "$scenario" = hold ] || { echo "TOOLS > 1 is for the hold scenario" >&2; exit 1; }
 tool_pids=()
 for t in $(seq "$tools"); do
-  "$bin" loadtest --cloud "$websocket" --edges $((edges / tools)) --prefix "load-$t-" \
+  "${tool[@]}" --cloud "$websocket" --edges $((edges / tools)) --prefix "load-$t-" \
     --scenario hold --heartbeat 15 --concurrency $((64 / tools)) \
     --ca-cert "$work/ca/rootCA.crt" --ca-key "$work/ca/rootCA.key" --cloud-pid "$cloud" "$@" \
     > "$work/tool-$t.json" 2> "$work/tool-$t.err" &

@@ -1,5 +1,6 @@
-//! The process's allocator: mimalloc for the processes that run a cloud (`cloud`, `demo`,
-//! `loadtest`), the system's malloc for everything else (an edge above all).
+//! The process's allocator: mimalloc for the processes that run a cloud (`cloud`, `demo`, and
+//! the load tool `edgehive-loadtest`, whose binary includes this file), the system's malloc for
+//! everything else (an edge above all).
 //!
 //! Why two: in a cloud, blocks are allocated on one thread and freed on another all the time
 //! (a frame decoded by a session and dropped by a node actor, an event built by a node actor
@@ -28,7 +29,8 @@ pub fn use_mimalloc() {
     MIMALLOC.store(true, Ordering::Relaxed);
 }
 
-/// The global allocator of the `edgehive` binary (with the `cloud` feature).
+/// The global allocator of the `edgehive` binary (with the `cloud` feature) and of
+/// `edgehive-loadtest`.
 pub struct ProcessAllocator;
 
 /// Whether `ptr` is a block of mimalloc's. Never true while mimalloc is not in use, so an

@@ -5,10 +5,9 @@
 //!   tests and the demo run several in one system.
 //! - [`demo`]: a cloud and N edges delivering one Pod each.
 //! - [`admin`]: health, readiness, metrics and the supervision tree over HTTP.
-//! - [`loadtest`]: a fleet of simulated edges for measuring the cloud.
 //!
-//! `cloud`, `demo` and `loadtest` need the `cloud` feature (on by default); without it the
-//! binary is an edge only.
+//! `cloud` and `demo` need the `cloud` feature (on by default); without it the binary is an
+//! edge only. The load tool is a crate of its own, `edgehive-loadtest` (`loadtest/`).
 
 pub mod admin;
 #[cfg(feature = "cloud")]
@@ -18,5 +17,3 @@ pub mod config;
 pub mod demo;
 pub mod edge;
 pub mod join;
-#[cfg(feature = "cloud")]
-pub mod loadtest;

@@ -1,5 +1,5 @@
-//! `edgehive`: `cloud`, `edge`, `join`, `token`, `status`, `demo`, `apply`, `delete`, `loadtest`
-//! and `version`.
+//! `edgehive`: `cloud`, `edge`, `join`, `token`, `status`, `demo`, `apply`, `delete` and
+//! `version`. The load tool is a binary of its own, `edgehive-loadtest` (`loadtest/`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -86,61 +86,6 @@ enum Command {
         /// Keep the edges' SQLite files in this folder (a temporary one otherwise).
         #[arg(long)]
         data_dir: Option<PathBuf>,
-    },
-    #[cfg(feature = "cloud")]
-    /// Hold a fleet of simulated edges on a running cloud and measure it (one JSON line out).
-    Loadtest {
-        /// CloudHub's WebSocket address, HOST:PORT.
-        #[arg(long, required_unless_present = "in_process")]
-        cloud: Option<String>,
-        /// Run the cloud in this process (embedded cluster in a temporary SQLite file) and link
-        /// the fleet to it over channels instead of sockets: past the file limit's reach.
-        /// The cloud's figures are then the whole process's.
-        #[arg(long, conflicts_with_all = ["cloud", "ca_cert", "cloud_pid", "admin"])]
-        in_process: bool,
-        /// How many edges.
-        #[arg(long, default_value_t = 100)]
-        edges: usize,
-        /// Node names are PREFIX0, PREFIX1, …
-        #[arg(long, default_value = "load-")]
-        prefix: String,
-        /// Keepalive interval of each edge, seconds (KubeEdge's default heartbeat).
-        #[arg(long, default_value_t = 15)]
-        heartbeat: u64,
-        /// Seconds to hold the fleet once connected.
-        #[arg(long, default_value_t = 60)]
-        hold: u64,
-        /// Connections opened at once. A cloud lets one source address have
-        /// `handshakesPerSource` TLS handshakes in progress (32 by default); raise both together.
-        #[arg(long, default_value_t = 32)]
-        concurrency: usize,
-        /// The cloud's CA certificate (PEM): mutual TLS with certificates signed from it.
-        #[arg(long, requires = "ca_key")]
-        ca_cert: Option<PathBuf>,
-        /// The cloud's CA key (PEM).
-        #[arg(long, requires = "ca_cert")]
-        ca_key: Option<PathBuf>,
-        /// PID of the cloud process, to report its CPU and resident memory.
-        #[arg(long)]
-        cloud_pid: Option<u32>,
-        /// What to run once connected: hold, fanout (changes spread over the nodes), storm
-        /// (every edge drops and reconnects at once) or broadcast (one ConfigMap all nodes'
-        /// pods use, changed --changes times at --rate).
-        #[arg(long, value_enum, default_value = "hold")]
-        scenario: edgehive::loadtest::Scenario,
-        /// The cloud's admin endpoint, HOST:PORT: fanout and storm create the fleet's Nodes
-        /// and write their changes there (the embedded cluster).
-        #[arg(long)]
-        admin: Option<String>,
-        /// fanout, broadcast: changes per second.
-        #[arg(long, default_value_t = 1000)]
-        rate: u32,
-        /// fanout, broadcast: changes in all.
-        #[arg(long, default_value_t = 10000)]
-        changes: u64,
-        /// Also print the result as a markdown table.
-        #[arg(long)]
-        markdown: bool,
     },
     #[cfg(feature = "cloud")]
     /// Create or replace objects in a running cloud's embedded cluster (YAML or JSON).
@@ -325,10 +270,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Before any thread: the processes that run a cloud allocate with mimalloc (src/alloc.rs).
     #[cfg(feature = "cloud")]
-    if matches!(
-        cli.command,
-        Command::Cloud { .. } | Command::Demo { .. } | Command::Loadtest { .. }
-    ) {
+    if matches!(cli.command, Command::Cloud { .. } | Command::Demo { .. }) {
         alloc::use_mimalloc();
     }
     let default_level = match cli.command {
@@ -549,46 +491,6 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
                 deleted["kind"].as_str().unwrap_or("?"),
                 object_name(deleted)
             );
-            Ok(())
-        }
-        #[cfg(feature = "cloud")]
-        Command::Loadtest {
-            cloud,
-            edges,
-            prefix,
-            heartbeat,
-            hold,
-            concurrency,
-            ca_cert,
-            ca_key,
-            cloud_pid,
-            scenario,
-            admin,
-            rate,
-            changes,
-            in_process,
-            markdown,
-        } => {
-            let options = edgehive::loadtest::LoadOptions {
-                scenario,
-                admin,
-                rate,
-                changes,
-                cloud: cloud.unwrap_or_default(),
-                in_process,
-                edges,
-                prefix,
-                heartbeat: Duration::from_secs(heartbeat.max(1)),
-                hold: Duration::from_secs(hold),
-                concurrency,
-                ca: ca_cert.zip(ca_key),
-                cloud_pid,
-            };
-            let report = actix_rt::System::new().block_on(edgehive::loadtest::run(options))?;
-            println!("{}", serde_json::to_string(&report)?);
-            if markdown {
-                print!("{}", edgehive::loadtest::markdown(&report));
-            }
             Ok(())
         }
         #[cfg(feature = "cloud")]

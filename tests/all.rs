@@ -17,7 +17,6 @@ mod end_to_end;
 mod handshake_flood;
 mod join;
 mod kubeedge_config;
-mod loadtest;
 mod log_flood;
 mod node_actors;
 mod node_module;

@@ -29,6 +29,7 @@ pub mod certserver;
 mod dispatch;
 pub mod gate;
 pub mod limits;
+#[cfg(feature = "test-hooks")]
 pub mod memory;
 pub mod metrics;
 pub mod mirror;
@@ -52,16 +53,16 @@ use crate::hive::locks;
 use crate::hive::{
     supervise_on, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, RefusalKind, Refused,
 };
+#[cfg(feature = "test-hooks")]
 pub use memory::{ByteString, EdgeInbox, FromCloud};
 pub use metrics::{CloudHubMetrics, ReasonLabels};
 use node::{HubContext, NodeCell, NodeRecipe};
 pub use node::{NodeActor, NodeInfo, NODE_MAILBOX_CAPACITY};
 pub use options::{CloudHubOptions, CloudHubSecurity};
 use pool::Enqueued;
-pub use server::{
-    start_cloudhub, start_cloudhub_with, CloudHubError, CloudHubServer, MemoryConnector,
-    MemoryRefused,
-};
+pub use server::{start_cloudhub, start_cloudhub_with, CloudHubError, CloudHubServer};
+#[cfg(feature = "test-hooks")]
+pub use server::{MemoryConnector, MemoryRefused};
 pub use session::NodeSession;
 
 /// The module name other modules address CloudHub by.
@@ -199,8 +200,9 @@ impl Module for CloudHubModule {
             .message::<ToNodes>()
             .message::<DisconnectNode>()
             .message::<NodeDeleted>()
-            .message::<ListNodes>()
-            .message::<CrashNode>();
+            .message::<ListNodes>();
+        #[cfg(feature = "test-hooks")]
+        accepts.message::<CrashNode>();
     }
 }
 
@@ -341,7 +343,9 @@ pub(crate) struct AdmitAbandoned {
 pub struct ListNodes;
 
 /// Panics `node`'s actor on purpose, for supervision drills; answers whether the node is
-/// known. Its supervisor restarts it with its pool and connection intact.
+/// known. Its supervisor restarts it with its pool and connection intact. Only with the
+/// `test-hooks` feature (tests); the product binary has no way to crash a node.
+#[cfg(feature = "test-hooks")]
 #[derive(Debug, Message)]
 #[rtype(result = "bool")]
 pub struct CrashNode {
@@ -447,6 +451,7 @@ impl Handler<NodeDeleted> for CloudHub {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 impl Handler<CrashNode> for CloudHub {
     type Result = bool;
 

@@ -445,6 +445,7 @@ impl NodeCell {
     }
 
     /// Panics the node's actor on purpose (supervision drills and tests).
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn crash(&self) {
         self.post(Crash);
     }
@@ -530,6 +531,7 @@ struct Detach;
 pub(crate) struct FromEdge(pub(crate) Message, pub(crate) usize);
 
 /// Panic, for supervision drills.
+#[cfg(feature = "test-hooks")]
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Crash;
@@ -960,6 +962,7 @@ impl Handler<Retire> for NodeActor {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 impl Handler<Crash> for NodeActor {
     type Result = ();
 

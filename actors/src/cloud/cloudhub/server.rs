@@ -31,11 +31,14 @@ use actix_web::http::StatusCode;
 use actix_web::web::{Bytes, BytesMut};
 use actix_web::{web, App, HttpRequest, HttpResponse};
 use actix_ws::{CloseCode, CloseReason};
+#[cfg(feature = "test-hooks")]
 use bytestring::ByteString;
 use tokio::io::AsyncWriteExt;
+#[cfg(feature = "test-hooks")]
 use tokio::sync::mpsc;
 
 use super::gate::{self, Gate, GateMetrics};
+#[cfg(feature = "test-hooks")]
 use super::memory::{EdgeInbox, MemoryLink, MEMORY_LINK_CAPACITY};
 use super::node::NodeCell;
 use super::session::{Link, NodeSession, SessionConfig};
@@ -79,6 +82,7 @@ pub struct CloudHubServer {
     local_addr: SocketAddr,
     handle: ServerHandle,
     gate_metrics: GateMetrics,
+    #[cfg(feature = "test-hooks")]
     memory: MemoryConnector,
 }
 
@@ -94,7 +98,8 @@ impl CloudHubServer {
     }
 
     /// Links edges over channels in this process instead of sockets (the load tool's
-    /// in-process mode).
+    /// in-process mode; `test-hooks` feature).
+    #[cfg(feature = "test-hooks")]
     pub fn memory_connector(&self) -> MemoryConnector {
         self.memory.clone()
     }
@@ -145,6 +150,7 @@ pub async fn start_cloudhub_with(
             REFUSAL_WARNINGS_PER_WINDOW,
         ))),
     });
+    #[cfg(feature = "test-hooks")]
     let memory = MemoryConnector {
         context: context.clone(),
     };
@@ -216,6 +222,7 @@ pub async fn start_cloudhub_with(
         local_addr,
         handle,
         gate_metrics,
+        #[cfg(feature = "test-hooks")]
         memory,
     })
 }
@@ -618,11 +625,13 @@ fn start_session(
 }
 
 /// Links edges to a running CloudHub over channels in this process (see [`super::memory`]).
+#[cfg(feature = "test-hooks")]
 #[derive(Clone)]
 pub struct MemoryConnector {
     context: web::Data<ServerContext>,
 }
 
+#[cfg(feature = "test-hooks")]
 impl std::fmt::Debug for MemoryConnector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryConnector").finish_non_exhaustive()
@@ -630,10 +639,12 @@ impl std::fmt::Debug for MemoryConnector {
 }
 
 /// Why CloudHub did not link an edge: the same reasons a socket would be refused for.
+#[cfg(feature = "test-hooks")]
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct MemoryRefused(String);
 
+#[cfg(feature = "test-hooks")]
 impl MemoryConnector {
     /// Links edge `node` as a WebSocket connection would be admitted, with its session on the
     /// current arbiter. The cloud's frames for it go to `to_edge` tagged with `tag`; what the

@@ -60,7 +60,8 @@ pub(crate) enum Outgoing {
 pub(crate) enum Link {
     /// A WebSocket connection (what edges use), after its upgrade.
     Socket(super::socket::SocketLink),
-    /// Channels in this process (the load tool's in-process mode).
+    /// Channels in this process (the load tool's in-process mode; `test-hooks` feature).
+    #[cfg(feature = "test-hooks")]
     Memory(super::memory::MemoryLink),
 }
 
@@ -115,6 +116,7 @@ impl NodeSession {
                     ctx.add_stream(link.reader);
                     Some(abort)
                 }
+                #[cfg(feature = "test-hooks")]
                 Link::Memory(link) => {
                     let (frames, edge) = link.split();
                     actix::spawn(edge.write_loop(queue));

@@ -1,4 +1,4 @@
-//! `edgehive loadtest` against a real `edgehive cloud` process: a small fleet connects, holds,
+//! `edgehive-loadtest` against a real `edgehive cloud` process: a small fleet connects, holds,
 //! receives its pods and ACKs them, and the tool reports the cloud's footprint.
 
 use crate::support;
@@ -6,7 +6,7 @@ use crate::support;
 use std::process::Command;
 
 use serde_json::Value;
-use support::process::{spawn_plain_cloud, BIN};
+use support::{start_plain_cloud, PlainCloud, TOOL};
 
 #[test]
 fn a_small_fleet_connects_holds_and_acks_every_pod() {
@@ -22,11 +22,14 @@ fn a_small_fleet_connects_holds_and_acks_every_pod() {
         ));
     }
     std::fs::write(manifests.join("fleet.yaml"), objects).unwrap();
-    let (cloud, websocket) = spawn_plain_cloud(dir.path(), &manifests, 0);
+    let PlainCloud {
+        process: cloud,
+        websocket,
+        ..
+    } = start_plain_cloud(dir.path(), &manifests);
 
-    let output = Command::new(BIN)
+    let output = Command::new(TOOL)
         .args([
-            "loadtest",
             "--cloud",
             &websocket,
             "--edges",
@@ -57,28 +60,24 @@ fn a_small_fleet_connects_holds_and_acks_every_pod() {
 
 /// A cloud process with an empty cluster (the tool creates the fleet's Nodes itself) and the
 /// folder it keeps its files in.
-fn empty_cloud() -> (tempfile::TempDir, support::process::PlainCloud) {
+fn empty_cloud() -> (tempfile::TempDir, PlainCloud) {
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("manifests");
     std::fs::create_dir(&manifests).unwrap();
-    let cloud = support::process::start_plain_cloud(dir.path(), &manifests, 0);
+    let cloud = start_plain_cloud(dir.path(), &manifests);
     (dir, cloud)
 }
 
-/// Runs `edgehive loadtest` with `args` against `cloud` and returns its JSON report.
-fn loadtest(cloud: &support::process::PlainCloud, args: &[&str]) -> Value {
+/// Runs `edgehive-loadtest` with `args` against `cloud` and returns its JSON report.
+fn loadtest(cloud: &PlainCloud, args: &[&str]) -> Value {
     let pid = cloud.process.id().to_string();
     let target = ["--cloud", &cloud.websocket, "--admin", &cloud.admin];
     run_tool(&[&target[..], &["--cloud-pid", &pid], args].concat())
 }
 
-/// `edgehive loadtest ARGS`: its JSON report.
+/// `edgehive-loadtest ARGS`: its JSON report.
 fn run_tool(args: &[&str]) -> Value {
-    let output = Command::new(BIN)
-        .arg("loadtest")
-        .args(args)
-        .output()
-        .unwrap();
+    let output = Command::new(TOOL).args(args).output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -167,7 +166,7 @@ fn broadcast_smoke_every_node_gets_the_last_version_of_the_shared_configmap() {
     );
 }
 
-/// `edgehive loadtest --in-process`: the cloud in the tool's process, its fleet linked over
+/// `edgehive-loadtest --in-process`: the cloud in the tool's process, its fleet linked over
 /// channels to real sessions and node actors.
 fn in_process(args: &[&str]) -> Value {
     run_tool(&[&["--in-process"], args].concat())
@@ -247,13 +246,8 @@ fn upstream_smoke_node_and_pod_status_from_every_edge_get_their_replies() {
     assert_eq!(report["connectedAtEnd"], 100, "{report}");
     assert_every_request_answered(&report, 400);
     // What the edges reported is in the cluster: every pod Running, every node Ready.
-    let admin = cloud.admin.parse().unwrap();
-    let (pods, nodes) = actix_rt::System::new().block_on(async {
-        (
-            support::http_json(admin, "/api/v1/objects/pod").await,
-            support::http_json(admin, "/api/v1/objects/node").await,
-        )
-    });
+    let pods = support::http_json(&cloud.admin, "/api/v1/objects/pod");
+    let nodes = support::http_json(&cloud.admin, "/api/v1/objects/node");
     let pods = pods["items"].as_array().unwrap();
     assert_eq!(pods.len(), 100, "{pods:?}");
     for pod in pods {

@@ -1,5 +1,6 @@
-//! `edgehive loadtest`: a fleet of simulated edges speaking the real protocol to a running
-//! cloud, for measuring what the cloud costs per node.
+//! `edgehive-loadtest`: a fleet of simulated edges speaking the real protocol to a running
+//! cloud, for measuring what the cloud costs per node. A crate of its own, outside the product
+//! binary: it needs hooks the product build leaves out (edgehive-actors' `test-hooks`).
 //!
 //! Each simulated edge opens a WebSocket with KubeEdge's headers (optionally mutual TLS with
 //! a certificate for `system:node:{name}` signed from the cloud's CA files), sends a keepalive
@@ -49,7 +50,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cloud::CloudProcess;
+use edgehive::cloud::CloudProcess;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 /// The annotation carrying a change's write time (unix microseconds).
@@ -422,7 +423,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     // cloud` keeps it (in a temporary folder).
     let in_process = if options.in_process {
         let work = tempfile::tempdir().context("cannot create a temporary folder")?;
-        let mut config = crate::demo::loopback_cloud_config(work.path(), false);
+        let mut config = edgehive::demo::loopback_cloud_config(work.path(), false);
         config.modules.cloud_hub.node_limit = options.edges + 16;
         let cloud = CloudProcess::start(&config, None).await?;
         eprintln!(

@@ -1,0 +1,142 @@
+//! `edgehive-loadtest`: holds a fleet of simulated edges on a running cloud (or on one in this
+//! process, `--in-process`) and measures it; one JSON line out. See the crate's library
+//! ([`edgehive_loadtest`]) for the scenarios.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use edgehive_loadtest::{LoadOptions, Scenario};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::Layer as _;
+
+// The product's allocator choice, shared with the `edgehive` binary: `--in-process` runs a
+// cloud here, and its figures should be those of `edgehive cloud`.
+#[path = "../../src/alloc.rs"]
+mod alloc;
+
+#[global_allocator]
+static ALLOCATOR: alloc::ProcessAllocator = alloc::ProcessAllocator;
+
+/// Hold a fleet of simulated edges on a running cloud and measure it (one JSON line out).
+#[derive(Debug, Parser)]
+#[command(name = "edgehive-loadtest", version, about)]
+struct Cli {
+    /// Log lines on standard error as text, or as one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// CloudHub's WebSocket address, HOST:PORT.
+    #[arg(long, required_unless_present = "in_process")]
+    cloud: Option<String>,
+    /// Run the cloud in this process (embedded cluster in a temporary SQLite file) and link
+    /// the fleet to it over channels instead of sockets: past the file limit's reach.
+    /// The cloud's figures are then the whole process's.
+    #[arg(long, conflicts_with_all = ["cloud", "ca_cert", "cloud_pid", "admin"])]
+    in_process: bool,
+    /// How many edges.
+    #[arg(long, default_value_t = 100)]
+    edges: usize,
+    /// Node names are PREFIX0, PREFIX1, …
+    #[arg(long, default_value = "load-")]
+    prefix: String,
+    /// Keepalive interval of each edge, seconds (KubeEdge's default heartbeat).
+    #[arg(long, default_value_t = 15)]
+    heartbeat: u64,
+    /// Seconds to hold the fleet once connected.
+    #[arg(long, default_value_t = 60)]
+    hold: u64,
+    /// Connections opened at once. A cloud lets one source address have
+    /// `handshakesPerSource` TLS handshakes in progress (32 by default); raise both together.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// The cloud's CA certificate (PEM): mutual TLS with certificates signed from it.
+    #[arg(long, requires = "ca_key")]
+    ca_cert: Option<PathBuf>,
+    /// The cloud's CA key (PEM).
+    #[arg(long, requires = "ca_cert")]
+    ca_key: Option<PathBuf>,
+    /// PID of the cloud process, to report its CPU and resident memory.
+    #[arg(long)]
+    cloud_pid: Option<u32>,
+    /// What to run once connected: hold, fanout (changes spread over the nodes), storm
+    /// (every edge drops and reconnects at once) or broadcast (one ConfigMap all nodes'
+    /// pods use, changed --changes times at --rate).
+    #[arg(long, value_enum, default_value = "hold")]
+    scenario: Scenario,
+    /// The cloud's admin endpoint, HOST:PORT: fanout and storm create the fleet's Nodes
+    /// and write their changes there (the embedded cluster).
+    #[arg(long)]
+    admin: Option<String>,
+    /// fanout, broadcast: changes per second.
+    #[arg(long, default_value_t = 1000)]
+    rate: u32,
+    /// fanout, broadcast: changes in all.
+    #[arg(long, default_value_t = 10000)]
+    changes: u64,
+    /// Also print the result as a markdown table.
+    #[arg(long)]
+    markdown: bool,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Before any thread: allocate with mimalloc, as a process that runs a cloud does.
+    alloc::use_mimalloc();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry();
+    match cli.log_format {
+        LogFormat::Text => registry
+            .with(
+                logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_filter(filter),
+            )
+            .init(),
+        LogFormat::Json => registry
+            .with(logs.json().flatten_event(true).with_filter(filter))
+            .init(),
+    }
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let options = LoadOptions {
+        scenario: cli.scenario,
+        admin: cli.admin,
+        rate: cli.rate,
+        changes: cli.changes,
+        cloud: cli.cloud.unwrap_or_default(),
+        in_process: cli.in_process,
+        edges: cli.edges,
+        prefix: cli.prefix,
+        heartbeat: Duration::from_secs(cli.heartbeat.max(1)),
+        hold: Duration::from_secs(cli.hold),
+        concurrency: cli.concurrency,
+        ca: cli.ca_cert.zip(cli.ca_key),
+        cloud_pid: cli.cloud_pid,
+    };
+    let report = actix_rt::System::new().block_on(edgehive_loadtest::run(options))?;
+    println!("{}", serde_json::to_string(&report)?);
+    if cli.markdown {
+        print!("{}", edgehive_loadtest::markdown(&report));
+    }
+    Ok(())
+}

@@ -31,9 +31,7 @@ use edgehive_actors::edge::edged;
 use edgehive_actors::edge::edged::{
     ConfirmPodDeletion, GetNodeStatus, NodeError, NodeModule, ReportPodStatus,
 };
-use edgehive_actors::edge::edgehub::{
-    self, EdgeHub, EdgeHubModule, EdgeHubStatus, GetEdgeHubStatus,
-};
+use edgehive_actors::edge::edgehub::{self, EdgeHubModule, EdgeHubStatus, GetEdgeHubStatus};
 use edgehive_actors::edge::metamanager::MetaManagerModule;
 use edgehive_actors::edge::store::MetaStore;
 use edgehive_actors::edge::twin_store::TwinStore;
@@ -219,7 +217,7 @@ fn local_api_route(method: &actix_web::http::Method, path: &str) -> bool {
 }
 
 async fn hub_status(hive: &Hive) -> Result<EdgeHubStatus, edgehive_actors::hive::HiveError> {
-    hive.call::<EdgeHub, _>(
+    hive.ask(
         edgehub::MODULE_NAME,
         GetEdgeHubStatus,
         Duration::from_secs(5),

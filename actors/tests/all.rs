@@ -16,6 +16,7 @@ mod cloud_hub;
 mod cloud_kube;
 mod cloud_kube_controllers;
 mod devices_controller;
+mod edge_connection;
 mod edge_metamanager;
 mod edge_node_golden;
 mod edge_node_kube;

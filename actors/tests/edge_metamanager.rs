@@ -38,7 +38,7 @@ async fn golden_pod_frames_replayed_with_duplicates_and_reordering_keep_the_righ
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("edge.db");
     let mut cloud = FakeCloud::start();
-    let (hive, _) = start_edge(&db, cloud.addr, Duration::from_secs(5));
+    let hive = start_edge(&db, cloud.addr, Duration::from_secs(5));
     let mut session = cloud.accept().await;
 
     // pod-3 inserted, then updated three times (RV 303, 318, 320, 323).
@@ -163,9 +163,9 @@ async fn remote_queries_go_to_the_cloud_are_stored_acked_and_fall_back_to_the_st
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("edge.db");
     let mut cloud = FakeCloud::start();
-    let (hive, meta_connected) = start_edge(&db, cloud.addr, Duration::from_millis(800));
+    let hive = start_edge(&db, cloud.addr, Duration::from_millis(800));
     let mut session = cloud.accept().await;
-    meta_sees(&meta_connected, true).await;
+    modules_see(&hive, true).await;
 
     // 1. A plain object answer: stored, passed on re-parented, and ACKed to the cloud.
     let ask = query("default/configmap/cm-2");
@@ -261,7 +261,7 @@ async fn remote_queries_go_to_the_cloud_are_stored_acked_and_fall_back_to_the_st
     // 6. Disconnected: the stored copy at once, without trying the cloud.
     drop(session);
     cloud.stop().await;
-    meta_sees(&meta_connected, false).await;
+    modules_see(&hive, false).await;
     let before = metric(&hive, "edgehive_metamanager_remote_fallbacks_total");
     let answer = hive
         .request("metamanager", query("default/configmap/cm-2"), WAIT)
@@ -286,7 +286,7 @@ async fn local_writes_need_the_cloud_or_fail_fast() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let (hive, _) = start_edge(&db, free, Duration::from_secs(1));
+    let hive = start_edge(&db, free, Duration::from_secs(1));
     let patch = Message::new(
         ModuleName::Edged,
         Group::Meta,
@@ -311,7 +311,7 @@ async fn writes_the_edge_cannot_use_are_refused_counted_and_not_stored() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("edge.db");
     let mut cloud = FakeCloud::start();
-    let (hive, _) = start_edge(&db, cloud.addr, Duration::from_secs(5));
+    let hive = start_edge(&db, cloud.addr, Duration::from_secs(5));
     let mut session = cloud.accept().await;
     let push = |resource: &str, content: Value| {
         Message::new(

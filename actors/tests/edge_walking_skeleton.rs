@@ -8,9 +8,8 @@ use std::time::Duration;
 use crate::edge_support;
 
 use edge_support::{send_frame, CloudEvent, FakeCloud, WAIT};
-use edgehive_actors::edge::edgehub::{
-    CloudRequest, EdgeHub, EdgeHubModule, EdgeHubOptions, GetEdgeHubStatus, DEFAULT_PROJECT_ID,
-};
+use edgehive_actors::edge::contract::{request_cloud, route, GetEdgeHubStatus};
+use edgehive_actors::edge::edgehub::{EdgeHubModule, EdgeHubOptions, DEFAULT_PROJECT_ID};
 use edgehive_actors::edge::metamanager::MetaManagerModule;
 use edgehive_actors::edge::store::MetaStore;
 use edgehive_actors::hive::Hive;
@@ -71,7 +70,7 @@ async fn expect_ack(cloud: &mut FakeCloud, of: &Message) {
 }
 
 async fn status(hive: &Hive) -> edgehive_actors::edge::edgehub::EdgeHubStatus {
-    hive.call::<EdgeHub, _>("websocket", GetEdgeHubStatus, WAIT)
+    hive.ask(route::EDGEHUB, GetEdgeHubStatus, WAIT)
         .await
         .unwrap()
 }
@@ -148,7 +147,7 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
         "default/configmap/cm",
         Value::Null,
     );
-    let ask = hive.call::<EdgeHub, _>("websocket", CloudRequest(remote.clone()), WAIT);
+    let ask = request_cloud(&hive, remote.clone(), WAIT);
     let answer = async {
         let seen = cloud.next_frame().await;
         assert_eq!(seen.id(), remote.id());
@@ -157,7 +156,7 @@ async fn pod_reaches_sqlite_before_the_ack_and_the_link_survives_a_reconnect() {
         reply
     };
     let (got, sent) = tokio::join!(ask, answer);
-    assert_eq!(got.unwrap().unwrap(), sent);
+    assert_eq!(got.unwrap(), sent);
 
     let metrics = hive.metrics().encode();
     for line in [

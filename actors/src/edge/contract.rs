@@ -1,12 +1,23 @@
 //! What crosses module boundaries on the edge side: the edge's routing table (the names and
-//! groups of its built-in modules, spelled nowhere else) and the typed connection state
-//! EdgeHub announces.
+//! groups of its built-in modules, spelled nowhere else), the one connection state EdgeHub
+//! publishes, and the typed messages modules send EdgeHub by name.
 //!
-//! Only EdgeHub converts between the wire and the edge's modules. The connection state still
-//! travels as KubeEdge's `node/connection` message, so extension modules in group `bus` get
-//! what an edgecore module would; built-in modules read it with [`ConnectionState::of`].
+//! Only EdgeHub converts between the wire and the edge's modules, and no other module names
+//! its actor type: they address it as [`route::EDGEHUB`] with [`CloudRequest`] (see
+//! [`request_cloud`]) or [`GetEdgeHubStatus`] through [`Hive::ask`], and follow the
+//! connection through [`CloudConnection`], which EdgeHub alone writes.
+//! Extension modules in group `bus` still get KubeEdge's `node/connection` message, as an
+//! edgecore module would ([`ConnectionState::message`], [`ConnectionState::of`]).
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use edgehive_protocols::{Group, Message, ModuleName, Operation, ResourceType};
+use futures_util::Stream;
+use serde::Serialize;
+use tokio::sync::{oneshot, watch};
+
+use crate::hive::{Hive, HiveError};
 
 /// The edge's routing table.
 pub mod route {
@@ -29,8 +40,10 @@ pub mod route {
     /// The node module's group.
     pub const EDGED_GROUP: &str = "edged";
 
-    /// The groups told when the cloud connection comes and goes.
-    pub const CONNECTION_GROUPS: [&str; 4] = [TWIN_GROUP, META_GROUP, BUS_GROUP, EDGED_GROUP];
+    /// The groups told when the cloud connection comes and goes with a `node/connection`
+    /// message: the extensions. Built-in modules follow
+    /// [`CloudConnection`](super::CloudConnection) instead.
+    pub const CONNECTION_GROUPS: [&str; 1] = [BUS_GROUP];
 
     /// The edge group a cloud message of `group` goes to, like KubeEdge's routeToEdge;
     /// `None` for a group no edge module serves.
@@ -55,6 +68,11 @@ pub enum ConnectionState {
 }
 
 impl ConnectionState {
+    /// Whether this is [`ConnectionState::Connected`].
+    pub fn is_connected(self) -> bool {
+        self == ConnectionState::Connected
+    }
+
     /// The content KubeEdge gives the announcement.
     pub fn as_content(self) -> &'static str {
         match self {
@@ -90,6 +108,166 @@ impl ConnectionState {
     }
 }
 
+/// The edge's one view of its cloud connection: a watch that EdgeHub writes on every
+/// connect and disconnect (and when a restarted EdgeHub starts without a connection), and
+/// that modules read ([`CloudConnection::current`]) or follow ([`CloudConnection::subscribe`],
+/// [`changes`]). One per hive ([`CloudConnection::of`]); it reads
+/// [`ConnectionState::Disconnected`] until EdgeHub connects, and stays so on an edge without
+/// EdgeHub.
+#[derive(Debug)]
+pub struct CloudConnection {
+    state: watch::Sender<ConnectionState>,
+}
+
+impl Default for CloudConnection {
+    fn default() -> Self {
+        CloudConnection {
+            state: watch::Sender::new(ConnectionState::Disconnected),
+        }
+    }
+}
+
+impl CloudConnection {
+    /// The connection state of `hive`'s edge, whichever module asks first.
+    pub fn of(hive: &Hive) -> Arc<CloudConnection> {
+        hive.shared::<CloudConnection>()
+    }
+
+    /// A receiver of the state: it sees the current one, then every change (a burst of
+    /// changes while it is not looking reads as the last one).
+    pub fn subscribe(&self) -> watch::Receiver<ConnectionState> {
+        self.state.subscribe()
+    }
+
+    /// The state now.
+    pub fn current(&self) -> ConnectionState {
+        *self.state.borrow()
+    }
+
+    /// EdgeHub's: sets the state, waking the subscribers only when it changes. Whether it did.
+    pub(in crate::edge) fn publish(&self, state: ConnectionState) -> bool {
+        self.state.send_if_modified(|current| {
+            let changed = *current != state;
+            *current = state;
+            changed
+        })
+    }
+}
+
+/// The states `receiver` sees from now on, one item per change it notices (a change made
+/// after the receiver was made and not yet seen comes first). For `ctx.add_stream`: the
+/// stream ends only with the hive.
+pub fn changes(
+    receiver: watch::Receiver<ConnectionState>,
+) -> impl Stream<Item = ConnectionState> + Unpin + 'static {
+    Box::pin(futures_util::stream::unfold(
+        receiver,
+        |mut receiver| async move {
+            receiver.changed().await.ok()?;
+            let state = *receiver.borrow_and_update();
+            Some((state, receiver))
+        },
+    ))
+}
+
+/// Why a request to the cloud failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EdgeHubError {
+    /// Too many requests await replies already.
+    #[error("{0} requests to the cloud already await replies")]
+    TooManyPending(usize),
+    /// The cloud did not reply in time (it may be disconnected).
+    #[error("no reply from the cloud within {0:?}")]
+    Timeout(Duration),
+    /// A request with this message id already awaits its reply.
+    #[error("a request with id {0:?} is already pending")]
+    DuplicateId(String),
+    /// The process stopped before the reply came.
+    #[error("edgehub stopped before the cloud replied")]
+    Stopped,
+}
+
+/// Sent to EdgeHub ([`route::EDGEHUB`]) with [`Hive::ask`]: writes `0` to the cloud and
+/// returns at once a [`PendingReply`] for the cloud message whose `parent_msg_id` is its id.
+/// EdgeHub forgets the request after its request timeout, whether or not anyone still waits
+/// (a later reply is then routed like any cloud message). [`request_cloud`] does both steps.
+#[derive(Debug)]
+pub struct CloudRequest(pub Message);
+
+impl actix::Message for CloudRequest {
+    type Result = Result<PendingReply, EdgeHubError>;
+}
+
+/// The cloud's reply to a [`CloudRequest`], to come. The request holds no slot of EdgeHub's
+/// mailbox while it waits.
+#[derive(Debug)]
+pub struct PendingReply(oneshot::Receiver<Result<Message, EdgeHubError>>);
+
+impl PendingReply {
+    /// EdgeHub's: the reply that EdgeHub will send on `reply`.
+    pub(in crate::edge) fn new(reply: oneshot::Receiver<Result<Message, EdgeHubError>>) -> Self {
+        PendingReply(reply)
+    }
+
+    /// Waits for the reply, or for EdgeHub's timeout.
+    pub async fn reply(self) -> Result<Message, EdgeHubError> {
+        self.0.await.unwrap_or(Err(EdgeHubError::Stopped))
+    }
+}
+
+/// Why [`request_cloud`] got no reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CloudRequestError {
+    /// EdgeHub did not take the request in time (not running, not registered, busy), or
+    /// the reply did not come within the caller's timeout.
+    #[error(transparent)]
+    Hub(#[from] HiveError),
+    /// EdgeHub took it, but the cloud gave no reply.
+    #[error(transparent)]
+    Cloud(#[from] EdgeHubError),
+}
+
+/// Sends `message` to the cloud through EdgeHub and waits, all in all at most `timeout`
+/// (and at most EdgeHub's request timeout), for the cloud's reply to it.
+pub async fn request_cloud(
+    hive: &Hive,
+    message: Message,
+    timeout: Duration,
+) -> Result<Message, CloudRequestError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let pending = hive
+        .ask(route::EDGEHUB, CloudRequest(message), timeout)
+        .await??;
+    match tokio::time::timeout_at(deadline, pending.reply()).await {
+        Ok(reply) => Ok(reply?),
+        Err(_) => Err(CloudRequestError::Hub(HiveError::Timeout {
+            module: route::EDGEHUB.to_owned(),
+            timeout,
+        })),
+    }
+}
+
+/// Asks EdgeHub ([`route::EDGEHUB`]) for [`EdgeHubStatus`] with [`Hive::ask`].
+#[derive(Debug)]
+pub struct GetEdgeHubStatus;
+
+impl actix::Message for GetEdgeHubStatus {
+    type Result = EdgeHubStatus;
+}
+
+/// EdgeHub's connection state, for the admin endpoint and tests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EdgeHubStatus {
+    /// Whether a WebSocket connection to the cloud is up.
+    pub connected: bool,
+    /// Successful connects since the process started.
+    pub connects: u64,
+    /// Messages waiting to be written to the cloud.
+    pub outbox: usize,
+    /// Why the last connection attempt or connection failed.
+    pub last_error: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +286,18 @@ mod tests {
             serde_json::json!("maybe"),
         );
         assert_eq!(ConnectionState::of(&odd), Some(Err("\"maybe\"".to_owned())));
+    }
+
+    #[test]
+    fn subscribers_wake_only_on_a_change() {
+        let connection = CloudConnection::default();
+        let mut receiver = connection.subscribe();
+        assert_eq!(connection.current(), ConnectionState::Disconnected);
+        assert!(!connection.publish(ConnectionState::Disconnected));
+        assert!(!receiver.has_changed().unwrap());
+        assert!(connection.publish(ConnectionState::Connected));
+        assert!(receiver.has_changed().unwrap());
+        assert_eq!(*receiver.borrow_and_update(), ConnectionState::Connected);
+        assert!(connection.current().is_connected());
     }
 }

@@ -11,21 +11,22 @@
 //!   reconnect and every [`RESEND_INTERVAL`] while connected. Reports are kept in the store
 //!   too (before they are sent) and taken back when the process starts again.
 //! - After each connect, twin asks for `membership/detail` (operation `get`) as a real edge
-//!   does, reusing the same message while it is unanswered.
+//!   does, reusing the same message while it is unanswered. Connects are EdgeHub's
+//!   [`CloudConnection`], which twin follows from the start of each actor.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use actix::{Actor, AsyncContext, Context, Handler, ResponseFuture};
+use actix::{Actor, AsyncContext, Context, Handler, ResponseFuture, StreamHandler};
 use edgehive_protocols::object::now_rfc3339;
 use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{json, Value};
 
-use super::contract::{route, ConnectionState};
+use super::contract::{changes, route, CloudConnection, ConnectionState};
 use super::deliver::send_with_retry;
 use super::store::StoreError;
 use super::twin_store::{DeviceSpec, TwinStore};
@@ -181,7 +182,8 @@ impl Unconfirmed {
 struct Shared {
     store: TwinStore,
     node_name: String,
-    connected: AtomicBool,
+    /// EdgeHub's connection state.
+    connection: Arc<CloudConnection>,
     unconfirmed: Mutex<Unconfirmed>,
     /// The kept uploads were read back (see `load_kept`).
     loaded: AtomicBool,
@@ -192,6 +194,10 @@ impl Shared {
     fn unconfirmed(&self) -> MutexGuard<'_, Unconfirmed> {
         // Critical sections only move map entries; a panic cannot leave them torn.
         locks::lock(&self.unconfirmed)
+    }
+
+    fn connected(&self) -> bool {
+        self.connection.current().is_connected()
     }
 }
 
@@ -232,16 +238,19 @@ impl Module for DeviceTwinModule {
                 Arc::new(Shared {
                     store: self.store.clone(),
                     node_name: self.node_name.clone(),
-                    connected: AtomicBool::new(false),
+                    connection: CloudConnection::of(hive),
                     unconfirmed: Mutex::new(Unconfirmed::default()),
                     loaded: AtomicBool::new(false),
                     metrics: TwinMetrics::register(hive),
                 })
             })
             .clone();
+        // Subscribed here, not when the actor starts: a connect in between is not missed.
+        let connection = Some(shared.connection.subscribe());
         DeviceTwin {
             hive: hive.clone(),
             shared,
+            connection,
         }
     }
 }
@@ -251,12 +260,17 @@ impl Module for DeviceTwinModule {
 pub struct DeviceTwin {
     hive: Hive,
     shared: Arc<Shared>,
+    /// Taken when the actor starts, to follow the connection.
+    connection: Option<tokio::sync::watch::Receiver<ConnectionState>>,
 }
 
 impl Actor for DeviceTwin {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        if let Some(connection) = self.connection.take() {
+            ctx.add_stream(changes(connection));
+        }
         let shared = self.shared.clone();
         ctx.spawn(actix::fut::wrap_future(async move {
             load_kept(&shared).await;
@@ -270,12 +284,27 @@ impl Actor for DeviceTwin {
     }
 }
 
+impl StreamHandler<ConnectionState> for DeviceTwin {
+    /// Each (re)connect: ask for the membership detail and send every unconfirmed upload.
+    fn handle(&mut self, state: ConnectionState, ctx: &mut Context<Self>) {
+        if state.is_connected() {
+            let (hive, shared) = (self.hive.clone(), self.shared.clone());
+            ctx.spawn(actix::fut::wrap_future(async move {
+                on_connected(&hive, &shared).await;
+            }));
+        }
+    }
+
+    /// The state ends with the hive; the actor stays until the hive stops it.
+    fn finished(&mut self, _: &mut Context<Self>) {}
+}
+
 impl Handler<Envelope> for DeviceTwin {
     type Result = ResponseFuture<Option<Message>>;
 
     fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Self::Result {
-        let (hive, shared) = (self.hive.clone(), self.shared.clone());
-        Box::pin(async move { on_message(&hive, &shared, envelope.message()).await })
+        let shared = self.shared.clone();
+        Box::pin(async move { on_message(&shared, envelope.message()).await })
     }
 }
 
@@ -367,7 +396,7 @@ async fn upload(hive: &Hive, shared: &Shared, message: Message) -> Result<(), Tw
         .unconfirmed()
         .insert(message.clone(), &shared.metrics);
     shared.metrics.uploads.inc();
-    if shared.connected.load(Ordering::Relaxed) {
+    if shared.connected() {
         to_cloud(hive, &message).await;
     }
     Ok(())
@@ -408,7 +437,7 @@ async fn to_cloud(hive: &Hive, message: &Message) {
 }
 
 async fn resend_all(hive: &Hive, shared: &Shared) {
-    if !shared.connected.load(Ordering::Relaxed) {
+    if !shared.connected() {
         return;
     }
     let pending = shared.unconfirmed().all();
@@ -439,7 +468,6 @@ fn membership_detail(node_name: &str) -> Message {
 }
 
 async fn on_connected(hive: &Hive, shared: &Shared) {
-    shared.connected.store(true, Ordering::Relaxed);
     let has_detail = shared.unconfirmed().detail.is_some();
     if !has_detail {
         let detail = membership_detail(&shared.node_name);
@@ -450,14 +478,10 @@ async fn on_connected(hive: &Hive, shared: &Shared) {
     resend_all(hive, shared).await;
 }
 
-async fn on_message(hive: &Hive, shared: &Shared, msg: &Message) -> Option<Message> {
+async fn on_message(shared: &Shared, msg: &Message) -> Option<Message> {
     let operation = msg.operation()?;
-    if let Some(state) = ConnectionState::of(msg) {
-        match state {
-            Ok(ConnectionState::Connected) => on_connected(hive, shared).await,
-            Ok(ConnectionState::Disconnected) => shared.connected.store(false, Ordering::Relaxed),
-            Err(_) => {}
-        }
+    if ConnectionState::of(msg).is_some() {
+        // For extensions; twin follows `CloudConnection`.
         return None;
     }
     if let Some(parent) = msg.parent_id() {

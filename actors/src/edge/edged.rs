@@ -18,7 +18,9 @@
 //!   `confirm_pod_deletion` (device-only nodes, no runtime) every pod that starts terminating
 //!   is confirmed at once.
 //!
-//! Frames carry source `edged`, group `meta`, as edged's messages do after MetaManager.
+//! Frames carry source `edged`, group `meta`, as edged's messages do after MetaManager; each
+//! goes through EdgeHub by name ([`request_cloud`]). Whether the cloud is connected is
+//! EdgeHub's [`CloudConnection`], which the module follows from the start of each actor.
 //! Everything the module keeps lives in [`Shared`], which outlives restarts of the actor.
 
 use std::collections::BTreeMap;
@@ -27,7 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use actix::{Actor, AsyncContext as _, Context, Handler, MessageResult, ResponseFuture};
+use actix::{
+    Actor, AsyncContext as _, Context, Handler, MessageResult, ResponseFuture, StreamHandler,
+};
 use edgehive_protocols::object::{now_ms, now_rfc3339, rfc3339};
 use edgehive_protocols::{Group, Message, ModuleName, Operation};
 use prometheus_client::metrics::counter::Counter;
@@ -35,8 +39,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::contract::{route, ConnectionState};
-use super::edgehub::{CloudRequest, EdgeHub};
+use super::contract::{changes, request_cloud, route, CloudConnection, ConnectionState};
 use super::store::{ChangeKind, MetaStore, StoreError};
 use crate::hive::locks;
 use crate::hive::{Accepts, Envelope, Hive, Module};
@@ -262,7 +265,6 @@ struct PendingStatus {
 
 #[derive(Debug, Default)]
 struct NodeState {
-    connected: bool,
     registered: bool,
     node_uid: Option<String>,
     lease: Option<Value>,
@@ -338,6 +340,8 @@ struct Shared {
     store: MetaStore,
     state: Mutex<NodeState>,
     metrics: NodeMetrics,
+    /// EdgeHub's connection state.
+    connection: Arc<CloudConnection>,
     /// One status/registration round at a time; one lease round; one flush.
     status_busy: AtomicBool,
     lease_busy: AtomicBool,
@@ -351,7 +355,7 @@ impl Shared {
     }
 
     fn connected(&self) -> bool {
-        self.state().connected
+        self.connection.current().is_connected()
     }
 
     fn fail(&self, what: &str, error: impl std::fmt::Display) {
@@ -467,15 +471,9 @@ fn read_answer(reply: &Message) -> Result<Value, (String, String)> {
 }
 
 async fn ask_cloud(hive: &Hive, shared: &Shared, message: Message) -> Result<Message, String> {
-    let timeout = shared.options.request_timeout;
-    match hive
-        .call::<EdgeHub, _>(route::EDGEHUB, CloudRequest(message), timeout)
+    request_cloud(hive, message, shared.options.request_timeout)
         .await
-    {
-        Ok(Ok(reply)) => Ok(reply),
-        Ok(Err(error)) => Err(error.to_string()),
-        Err(error) => Err(error.to_string()),
-    }
+        .map_err(|error| error.to_string())
 }
 
 /// Registers the Node: creates it, or merges our labels into the one that exists.
@@ -869,6 +867,7 @@ impl Module for NodeModule {
                     store: self.store.clone(),
                     state: Mutex::new(NodeState::default()),
                     metrics: NodeMetrics::register(hive),
+                    connection: CloudConnection::of(hive),
                     status_busy: AtomicBool::new(false),
                     lease_busy: AtomicBool::new(false),
                     flush_busy: AtomicBool::new(false),
@@ -880,9 +879,12 @@ impl Module for NodeModule {
         for flag in [&shared.status_busy, &shared.lease_busy, &shared.flush_busy] {
             flag.store(false, Ordering::Release);
         }
+        // Subscribed here, not when the actor starts: a connect in between is not missed.
+        let connection = Some(shared.connection.subscribe());
         Node {
             hive: hive.clone(),
             shared,
+            connection,
         }
     }
 
@@ -899,6 +901,8 @@ impl Module for NodeModule {
 pub struct Node {
     hive: Hive,
     shared: Arc<Shared>,
+    /// Taken when the actor starts, to follow the connection.
+    connection: Option<tokio::sync::watch::Receiver<ConnectionState>>,
 }
 
 impl Node {
@@ -937,35 +941,39 @@ impl Actor for Node {
             let (hive, shared) = (self.hive.clone(), self.shared.clone());
             ctx.spawn(actix::fut::wrap_future(confirm_all_deletions(hive, shared)));
         }
-        if self.shared.connected() {
+        // A connect since `create` comes through the stream; otherwise an actor started while
+        // connected (after a restart) goes round at once.
+        let mut change_pending = false;
+        if let Some(connection) = self.connection.take() {
+            change_pending = connection.has_changed().unwrap_or(false);
+            ctx.add_stream(changes(connection));
+        }
+        if self.shared.connected() && !change_pending {
             self.spawn_round(ctx);
         }
     }
 }
 
+impl StreamHandler<ConnectionState> for Node {
+    /// Each (re)connect registers again and reports at once; a disconnect forgets the
+    /// registration (the next connection checks the Node again).
+    fn handle(&mut self, state: ConnectionState, ctx: &mut Context<Self>) {
+        self.shared.state().registered = false;
+        if state.is_connected() {
+            self.spawn_round(ctx);
+        }
+    }
+
+    /// The state ends with the hive; the actor stays until the hive stops it.
+    fn finished(&mut self, _: &mut Context<Self>) {}
+}
+
 impl Handler<Envelope> for Node {
     type Result = Option<Message>;
 
-    fn handle(&mut self, envelope: Envelope, ctx: &mut Context<Self>) -> Option<Message> {
-        match ConnectionState::of(envelope.message()) {
-            Some(Ok(ConnectionState::Connected)) => {
-                {
-                    let mut state = self.shared.state();
-                    state.connected = true;
-                    state.registered = false;
-                }
-                self.spawn_round(ctx);
-            }
-            Some(Ok(ConnectionState::Disconnected)) => {
-                let mut state = self.shared.state();
-                state.connected = false;
-                state.registered = false;
-            }
-            Some(Err(content)) => {
-                tracing::warn!(%content, "unknown connection announcement ignored");
-            }
-            None => {}
-        }
+    /// The node module takes no envelopes (connection announcements are for extensions; it
+    /// follows [`CloudConnection`]).
+    fn handle(&mut self, _: Envelope, _: &mut Context<Self>) -> Option<Message> {
         None
     }
 }
@@ -1032,7 +1040,7 @@ impl Handler<GetNodeStatus> for Node {
         let state = self.shared.state();
         MessageResult(NodeStatus {
             node: self.shared.options.node_name.clone(),
-            connected: state.connected,
+            connected: self.shared.connected(),
             registered: state.registered,
             last_status: state.last_status.clone(),
             last_lease_renewal: state.last_lease_renewal.clone(),

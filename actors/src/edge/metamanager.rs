@@ -7,10 +7,10 @@
 //! is stored, then the cloud's reply is acknowledged) and fall back to the stored copy when
 //! disconnected or when the cloud does not answer within `remoteQueryTimeout`.
 //! Device and DeviceModel objects are stored, then handed to the `twin` group; the ACK waits
-//! for twin to commit them too.
+//! for twin to commit them too. Whether the cloud is connected is EdgeHub's
+//! [`CloudConnection`], read at each decision.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use actix::{Actor, Context, Handler, ResponseFuture};
@@ -20,9 +20,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{json, Value};
 
-use super::contract::{route, ConnectionState};
+use super::contract::{request_cloud, route, CloudConnection, CloudRequestError, ConnectionState};
 use super::deliver::send_with_retry;
-use super::edgehub::{CloudRequest, EdgeHub};
 use super::remote::{is_remote_type, read_reply, ReplyContent};
 use super::store::{MetaStore, StoreError, Upsert};
 use crate::hive::{Envelope, Hive, Module};
@@ -38,7 +37,7 @@ const TWIN_GROUP: &str = route::TWIN_GROUP;
 /// KubeEdge's default `remoteQueryTimeout`.
 pub const DEFAULT_REMOTE_QUERY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How much longer than `remoteQueryTimeout` a remote query waits for EdgeHub's own answer
-/// (which is a timeout error at `remoteQueryTimeout`); see `MetaManager::remote`.
+/// (which is a timeout error at `remoteQueryTimeout`); see `Ctx::remote`.
 const REMOTE_CALL_MARGIN: Duration = Duration::from_secs(1);
 /// How long twin may take to commit a device object before the ACK is withheld (the cloud
 /// then resends it, and the second delivery is idempotent).
@@ -113,22 +112,19 @@ impl MetaMetrics {
 }
 
 /// The MetaManager recipe. It holds everything that must outlive a restart of the actor: the
-/// store handle, the cloud-connection flag and the metric handles.
+/// store handle and the metric handles.
 #[derive(Debug)]
 pub struct MetaManagerModule {
     store: MetaStore,
-    connected: Arc<AtomicBool>,
     remote_query_timeout: Duration,
     metrics: OnceLock<MetaMetrics>,
 }
 
 impl MetaManagerModule {
-    /// A MetaManager over `store`, starting as "cloud disconnected", with KubeEdge's default
-    /// `remoteQueryTimeout` of 60 s.
+    /// A MetaManager over `store`, with KubeEdge's default `remoteQueryTimeout` of 60 s.
     pub fn new(store: MetaStore) -> Self {
         MetaManagerModule {
             store,
-            connected: Arc::new(AtomicBool::new(false)),
             remote_query_timeout: DEFAULT_REMOTE_QUERY_TIMEOUT,
             metrics: OnceLock::new(),
         }
@@ -139,11 +135,6 @@ impl MetaManagerModule {
     pub fn with_remote_query_timeout(mut self, timeout: Duration) -> Self {
         self.remote_query_timeout = timeout;
         self
-    }
-
-    /// The flag edgehub's `node/connection` broadcasts keep up to date.
-    pub fn connected(&self) -> Arc<AtomicBool> {
-        self.connected.clone()
     }
 }
 
@@ -163,7 +154,7 @@ impl Module for MetaManagerModule {
             ctx: Ctx {
                 hive: hive.clone(),
                 store: self.store.clone(),
-                connected: self.connected.clone(),
+                connection: CloudConnection::of(hive),
                 remote_query_timeout: self.remote_query_timeout,
                 metrics: self
                     .metrics
@@ -189,7 +180,8 @@ impl Actor for MetaManager {
 struct Ctx {
     hive: Hive,
     store: MetaStore,
-    connected: Arc<AtomicBool>,
+    /// EdgeHub's connection state.
+    connection: std::sync::Arc<CloudConnection>,
     remote_query_timeout: Duration,
     metrics: MetaMetrics,
 }
@@ -219,7 +211,8 @@ enum Action {
     LocalWrite(Target),
     /// A local module's message that only the cloud handles (event, pod delete, insert).
     Forward,
-    /// An edgehub connection broadcast.
+    /// A `node/connection` announcement: meant for extensions; MetaManager follows
+    /// [`CloudConnection`].
     Connection(Result<ConnectionState, String>),
     /// A cloud write whose resource names no object the edge could store: refused with an
     /// error reply (counted as `bad_key`), so the cloud hears why it gets no ACK.
@@ -376,7 +369,7 @@ impl Handler<Envelope> for MetaManager {
             }),
             Action::Query { target, remote } => Box::pin(async move {
                 let msg = envelope.message();
-                if remote && ctx.connected.load(Ordering::Relaxed) {
+                if remote && ctx.connected() {
                     if let Some(reply) = ctx.remote(msg, &target).await {
                         return Some(reply);
                     }
@@ -393,23 +386,18 @@ impl Handler<Envelope> for MetaManager {
             }
             Action::Forward => Box::pin(async move {
                 let msg = envelope.message();
-                if !ctx.connected.load(Ordering::Relaxed) {
+                if !ctx.connected() {
                     return Some(error_reply(msg, "connection lost"));
                 }
                 ctx.to_cloud(msg).await;
                 None
             }),
             Action::Connection(state) => {
-                match state {
-                    Ok(state) => self
-                        .ctx
-                        .connected
-                        .store(state == ConnectionState::Connected, Ordering::Relaxed),
-                    Err(other) => {
-                        self.ctx.metrics.ignored.inc();
-                        tracing::debug!(content = %other, "unknown node/connection content");
-                    }
-                }
+                self.ctx.metrics.ignored.inc();
+                tracing::debug!(
+                    ?state,
+                    "node/connection ignored; metamanager follows edgehub's connection state"
+                );
                 Box::pin(async { None })
             }
             Action::Refuse(reason) => {
@@ -436,6 +424,11 @@ impl Handler<Envelope> for MetaManager {
 }
 
 impl Ctx {
+    /// Whether EdgeHub is connected to the cloud now.
+    fn connected(&self) -> bool {
+        self.connection.current().is_connected()
+    }
+
     /// Refuses a cloud write the edge cannot use: counted by `reason`, answered with an error
     /// saying why instead of the ACK.
     async fn refuse(&self, msg: &Message, key: &str, reason: &str, text: &str) {
@@ -562,18 +555,18 @@ impl Ctx {
         // still stored and ACKed. The call's own deadline is only a backstop, a little later:
         // were it first, as it was when both timers had the same length, a reply arriving in
         // between went to EdgeHub's waiter for a caller already gone, and was lost.
-        let call = self.hive.call::<EdgeHub, _>(
-            HUB_MODULE,
-            CloudRequest(ask),
+        let call = request_cloud(
+            &self.hive,
+            ask,
             self.remote_query_timeout + REMOTE_CALL_MARGIN,
         );
         let reply = match call.await {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(error)) => {
+            Ok(reply) => reply,
+            Err(CloudRequestError::Cloud(error)) => {
                 tracing::info!(resource = msg.resource(), %error, "remote query failed; serving the stored copy");
                 return None;
             }
-            Err(error) => {
+            Err(CloudRequestError::Hub(error)) => {
                 tracing::info!(resource = msg.resource(), %error, "edgehub unavailable; serving the stored copy");
                 return None;
             }
@@ -635,7 +628,7 @@ impl Ctx {
             self.metrics.store_errors.inc();
             return error_reply(msg, &error.to_string());
         }
-        if msg.operation() == Some(&Operation::Patch) && !self.connected.load(Ordering::Relaxed) {
+        if msg.operation() == Some(&Operation::Patch) && !self.connected() {
             return error_reply(msg, "connection lost");
         }
         self.to_cloud(msg).await;

@@ -187,6 +187,8 @@ struct Inner {
     shutting_down: AtomicBool,
     /// Flips to `true` once; every module instance stops when it does.
     stop_signal: tokio::sync::watch::Sender<bool>,
+    /// One value per type, made on first use (see [`Hive::shared`]).
+    shared: std::sync::Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 /// The registry and router of one process's modules. Cheap to clone; all clones are one hive.
@@ -216,6 +218,7 @@ impl Hive {
                 refusals: RefusalLog::default(),
                 shutting_down: AtomicBool::new(false),
                 stop_signal: tokio::sync::watch::Sender::new(false),
+                shared: std::sync::Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -234,6 +237,26 @@ impl Hive {
     /// they are counted and shown on the admin endpoint.
     pub fn refusals(&self) -> &RefusalLog {
         &self.inner.refusals
+    }
+
+    /// The process's one `T`, made with `T::default()` the first time anyone asks, the same
+    /// `Arc` ever after: state that modules share without naming each other's actors (the
+    /// edge's connection to the cloud, `edge::contract::CloudConnection`), whichever module
+    /// starts first.
+    pub fn shared<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut shared = locks::lock(&self.inner.shared);
+        let entry = shared
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()));
+        match Arc::clone(entry).downcast::<T>() {
+            Ok(value) => value,
+            // Keyed by its own type, so this cannot happen; were it to, start over.
+            Err(_) => {
+                let value = Arc::new(T::default());
+                shared.insert(TypeId::of::<T>(), value.clone());
+                value
+            }
+        }
     }
 
     /// Starts `module` on the current arbiter, registers it and supervises it.

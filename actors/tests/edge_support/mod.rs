@@ -3,12 +3,11 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-use edgehive_actors::edge::edgehub::{EdgeHub, EdgeHubModule, EdgeHubOptions, GetEdgeHubStatus};
+use edgehive_actors::edge::contract::{route, CloudConnection, GetEdgeHubStatus};
+use edgehive_actors::edge::edgehub::{EdgeHubModule, EdgeHubOptions};
 use edgehive_actors::edge::metamanager::MetaManagerModule;
 use edgehive_actors::edge::store::MetaStore;
 use edgehive_actors::hive::Hive;
@@ -190,17 +189,11 @@ pub fn hub_options(cloud: std::net::SocketAddr) -> EdgeHubOptions {
     }
 }
 
-/// An edge hive with MetaManager (over `db`) and EdgeHub dialing `cloud`, and MetaManager's
-/// view of the connection.
-pub fn start_edge(
-    db: &Path,
-    cloud: std::net::SocketAddr,
-    remote_timeout: Duration,
-) -> (Hive, Arc<AtomicBool>) {
+/// An edge hive with MetaManager (over `db`) and EdgeHub dialing `cloud`.
+pub fn start_edge(db: &Path, cloud: std::net::SocketAddr, remote_timeout: Duration) -> Hive {
     let hive = Hive::new("edge");
     let meta = MetaManagerModule::new(MetaStore::open(db).unwrap())
         .with_remote_query_timeout(remote_timeout);
-    let meta_connected = meta.connected();
     hive.start_module(meta).unwrap();
     // As the edge process does: edgehub's request timeout is remoteQueryTimeout, so a reply
     // that comes later is routed to MetaManager instead of to a waiter that gave up.
@@ -209,19 +202,21 @@ pub fn start_edge(
         ..hub_options(cloud)
     }))
     .unwrap();
-    (hive, meta_connected)
+    hive
 }
 
-/// Waits until MetaManager believes the cloud is `up` (or not).
-pub async fn meta_sees(flag: &AtomicBool, up: bool) {
-    eventually("metamanager's view of the connection", || async {
-        flag.load(Ordering::Relaxed) == up
-    })
-    .await;
+/// Waits until the edge's modules see the cloud `up` (or not): the connection state they
+/// all read.
+pub async fn modules_see(hive: &Hive, up: bool) {
+    let mut state = CloudConnection::of(hive).subscribe();
+    tokio::time::timeout(WAIT, state.wait_for(|state| state.is_connected() == up))
+        .await
+        .expect("the modules' view of the connection did not change in time")
+        .expect("the connection state is gone");
 }
 
 pub async fn connected(hive: &Hive) -> bool {
-    hive.call::<EdgeHub, _>("websocket", GetEdgeHubStatus, WAIT)
+    hive.ask(route::EDGEHUB, GetEdgeHubStatus, WAIT)
         .await
         .map(|status| status.connected)
         .unwrap_or(false)

@@ -2,8 +2,13 @@
 //!
 //! One async task, owned by the actor's context, dials the cloud, then serves the connection:
 //! it reads cloud frames and routes them to the edge modules, writes the heartbeat, and drains
-//! the outbox of messages the modules sent to `websocket`. When the connection ends it tells
-//! the modules (`node/connection`), waits a jittered, doubling backoff and dials again.
+//! the outbox of messages the modules sent to `websocket`. It publishes the connection state
+//! ([`CloudConnection`], the edge's one copy, which the modules follow) and tells extension
+//! modules with `node/connection`; when the connection ends it waits a jittered, doubling
+//! backoff and dials again.
+//!
+//! Modules reach it by name with the contract's typed messages ([`CloudRequest`],
+//! [`GetEdgeHubStatus`]), never by its actor type.
 //!
 //! What must survive a restart of the actor (the outbox, pending cloud requests, counters)
 //! lives in [`EdgeHubModule`], so a restarted EdgeHub resends what was still queued.
@@ -28,18 +33,20 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use actix::{Actor, AsyncContext, Context, Handler, MessageResult, ResponseFuture};
+use actix::{Actor, AsyncContext, Context, Handler, MessageResult};
 use edgehive_protocols::{Message, Operation};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
 use crate::edge::certmanager::EdgeIdentity;
-use crate::edge::contract::{route, ConnectionState};
+use crate::edge::contract::{route, CloudConnection, ConnectionState};
+pub use crate::edge::contract::{
+    CloudRequest, EdgeHubError, EdgeHubStatus, GetEdgeHubStatus, PendingReply,
+};
 use crate::edge::deliver::send_with_retry;
 use crate::hive::locks::lock;
-use crate::hive::{Envelope, Hive, Module};
+use crate::hive::{Accepts, Envelope, Hive, Module};
 
 /// beehive name of the module.
 pub const MODULE_NAME: &str = route::EDGEHUB;
@@ -56,49 +63,6 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 const MIN_RECONNECT: Duration = Duration::from_millis(10);
 /// Most requests to the cloud awaiting a reply at once; more are refused at once.
 pub const MAX_PENDING_REQUESTS: usize = 1024;
-
-/// Why a request to the cloud failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EdgeHubError {
-    /// Too many requests await replies already.
-    #[error("{0} requests to the cloud already await replies")]
-    TooManyPending(usize),
-    /// The cloud did not reply in time (it may be disconnected).
-    #[error("no reply from the cloud within {0:?}")]
-    Timeout(Duration),
-    /// A request with this message id already awaits its reply.
-    #[error("a request with id {0:?} is already pending")]
-    DuplicateId(String),
-}
-
-/// Sends `0` to the cloud and waits for the cloud message whose `parent_msg_id` is its id.
-#[derive(Debug)]
-pub struct CloudRequest(pub Message);
-
-impl actix::Message for CloudRequest {
-    type Result = Result<Message, EdgeHubError>;
-}
-
-/// Asks EdgeHub for [`EdgeHubStatus`].
-#[derive(Debug)]
-pub struct GetEdgeHubStatus;
-
-impl actix::Message for GetEdgeHubStatus {
-    type Result = EdgeHubStatus;
-}
-
-/// EdgeHub's connection state, for the admin endpoint and tests.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct EdgeHubStatus {
-    /// Whether a WebSocket connection to the cloud is up.
-    pub connected: bool,
-    /// Successful connects since the process started.
-    pub connects: u64,
-    /// Messages waiting to be written to the cloud.
-    pub outbox: usize,
-    /// Why the last connection attempt or connection failed.
-    pub last_error: Option<String>,
-}
 
 #[derive(Debug, Clone, Default)]
 struct HubMetrics {
@@ -156,7 +120,6 @@ impl HubMetrics {
 
 #[derive(Debug, Default)]
 struct HubState {
-    connected: bool,
     connects: u64,
     last_error: Option<String>,
     /// Overflow policy: when full, the oldest message is dropped and counted. The cloud
@@ -182,6 +145,8 @@ struct Shared {
     outbox_capacity: usize,
     /// The node's TLS identity once loaded or bootstrapped.
     identity: Mutex<Option<EdgeIdentity>>,
+    /// The connection state, the edge's one copy: written here only.
+    connection: Arc<CloudConnection>,
 }
 
 /// Whether `message` answers the cloud (an ACK or an error), rather than telling it something.
@@ -257,9 +222,10 @@ impl Shared {
         self.metrics.outbox.set(state.outbox.len() as i64);
     }
 
-    fn set_connected(&self, connected: bool, error: Option<String>) {
+    /// Records a connect or a disconnect and publishes it to the modules; `true` when the
+    /// state changed.
+    fn set_connected(&self, connected: bool, error: Option<String>) -> bool {
         let mut state = lock(&self.state);
-        state.connected = connected;
         if connected {
             state.connects += 1;
             self.metrics.connects.inc();
@@ -268,6 +234,13 @@ impl Shared {
             state.last_error = error;
         }
         self.metrics.connected.set(i64::from(connected));
+        let now = if connected {
+            ConnectionState::Connected
+        } else {
+            ConnectionState::Disconnected
+        };
+        // Under the state's lock, so the status and the published state never disagree.
+        self.connection.publish(now)
     }
 
     fn record_error(&self, error: String) {
@@ -277,7 +250,7 @@ impl Shared {
     fn status(&self) -> EdgeHubStatus {
         let state = lock(&self.state);
         EdgeHubStatus {
-            connected: state.connected,
+            connected: self.connection.current().is_connected(),
             connects: state.connects,
             outbox: state.outbox.len(),
             last_error: state.last_error.clone(),
@@ -314,6 +287,12 @@ impl Module for EdgeHubModule {
         GROUP
     }
 
+    fn accepts(&self, accepts: &mut Accepts<EdgeHub>) {
+        accepts
+            .message::<CloudRequest>()
+            .message::<GetEdgeHubStatus>();
+    }
+
     fn create(&self, hive: &Hive) -> EdgeHub {
         let shared = self
             .shared
@@ -326,10 +305,12 @@ impl Module for EdgeHubModule {
                     metrics: HubMetrics::register(hive),
                     outbox_capacity: self.options.outbox_capacity,
                     identity: Mutex::new(None),
+                    connection: CloudConnection::of(hive),
                 })
             })
             .clone();
-        // A new actor has no connection yet, whatever its predecessor had.
+        // A new actor has no connection yet, whatever its predecessor had: the modules hear
+        // so now (its link will say `Connected` again once it has dialed).
         shared.set_connected(false, None);
         EdgeHub {
             link: Link {
@@ -370,8 +351,11 @@ impl Handler<Envelope> for EdgeHub {
 }
 
 impl Handler<CloudRequest> for EdgeHub {
-    type Result = ResponseFuture<Result<Message, EdgeHubError>>;
+    type Result = Result<PendingReply, EdgeHubError>;
 
+    /// Registers the waiter and queues the request; the wait runs on a task of its own, so
+    /// the request leaves the mailbox at once and EdgeHub forgets it after its request
+    /// timeout whether or not the caller still waits.
     fn handle(&mut self, request: CloudRequest, _: &mut Context<Self>) -> Self::Result {
         let shared = self.link.shared.clone();
         let timeout = self.link.options.request_timeout;
@@ -380,23 +364,28 @@ impl Handler<CloudRequest> for EdgeHub {
         {
             let mut pending = lock(&shared.pending);
             if pending.len() >= MAX_PENDING_REQUESTS {
-                return Box::pin(async { Err(EdgeHubError::TooManyPending(MAX_PENDING_REQUESTS)) });
+                return Err(EdgeHubError::TooManyPending(MAX_PENDING_REQUESTS));
             }
             if pending.contains_key(&id) {
-                return Box::pin(async move { Err(EdgeHubError::DuplicateId(id)) });
+                return Err(EdgeHubError::DuplicateId(id));
             }
             pending.insert(id.clone(), reply);
         }
         shared.enqueue(request.0);
-        Box::pin(async move {
+        let (outcome_tx, outcome_rx) = oneshot::channel();
+        actix::spawn(async move {
             let outcome = tokio::time::timeout(timeout, answer).await;
-            // Removed on reply by the reader; on timeout here. Either way, gone.
+            // Removed on reply by the reader; on timeout here. Either way, gone before the
+            // caller hears of it.
             lock(&shared.pending).remove(&id);
-            match outcome {
+            let outcome = match outcome {
                 Ok(Ok(reply)) => Ok(reply),
                 Ok(Err(_)) | Err(_) => Err(EdgeHubError::Timeout(timeout)),
-            }
-        })
+            };
+            // The caller may have given up; then nobody wants the outcome.
+            let _ = outcome_tx.send(outcome);
+        });
+        Ok(PendingReply::new(outcome_rx))
     }
 }
 

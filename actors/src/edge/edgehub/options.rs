@@ -27,7 +27,7 @@ pub struct EdgeHubOptions {
     pub max_frame_bytes: usize,
     /// Messages to the cloud that may wait while disconnected; the oldest is dropped beyond.
     pub outbox_capacity: usize,
-    /// How long a [`CloudRequest`] waits for the cloud's reply (metamanager's
+    /// How long a [`CloudRequest`](crate::edge::contract::CloudRequest) waits for the cloud's reply (metamanager's
     /// `remoteQueryTimeout`).
     pub request_timeout: Duration,
     /// Mutual TLS and certificate bootstrap; `None` dials plain `ws://`.

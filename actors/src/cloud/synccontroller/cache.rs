@@ -130,7 +130,7 @@ impl ClusterCache {
     /// as under way when it does.
     pub fn start_list(&mut self, kind: &str) -> bool {
         match self.kinds.get_mut(kind) {
-            Some(cache) if !cache.synced && !cache.listing => {
+            Some(cache) if cache.followed && !cache.synced && !cache.listing => {
                 cache.listing = true;
                 true
             }

@@ -621,6 +621,11 @@ impl SyncController {
         }
         if self.cache.is_synced(kind) {
             self.records.kind_synced(kind, now);
+        } else {
+            // The watch lagged while the list ran (a kube watch's first item says so): list
+            // again, soon but not in a loop.
+            let kind = kind.to_owned();
+            ctx.run_later(self.min_gap(), move |act, ctx| act.list_kind(&kind, ctx));
         }
         self.wake(ctx);
     }

@@ -863,6 +863,7 @@ impl SyncController {
             "loaded": self.loaded,
             "records": self.records.len(),
             "unwritten": self.records.dirty(),
+            "scheduled": self.records.scheduled(),
             "nodes": summary,
         });
         if let Some(node) = node {

@@ -1,6 +1,7 @@
-//! SyncController's reconcile on the embedded cluster: with nothing owed it reads its cache,
-//! not the cluster (an API server would otherwise list every pod every 5 s); what an edge
-//! lacks (a newer version, a deleted object) it finds there, confirms, and sends.
+//! SyncController's reconcile on the embedded cluster: with nothing owed it neither runs nor
+//! reads the cluster (an API server would otherwise be listed every pod every 5 s, and every
+//! record looked at); what an edge lacks (a newer version, a deleted object) it finds in its
+//! cache when the object changes, confirms, and sends.
 //!
 //! The cluster is the real embedded one, wrapped only to count what is asked of it.
 
@@ -137,21 +138,41 @@ impl Module for HubModule {
     }
 }
 
-/// The reconcile runs counted so far.
-fn runs(hive: &Hive) -> u64 {
+/// A counter of the hive's metrics (0 when absent).
+fn counter(hive: &Hive, name: &str) -> u64 {
+    let prefix = format!("{name}_total ");
     hive.metrics()
         .encode()
         .lines()
-        .find_map(|line| line.strip_prefix("edgehive_synccontroller_reconcile_runs_total "))
+        .find_map(|line| line.strip_prefix(prefix.as_str()).map(str::to_owned))
         .and_then(|value| value.trim().parse().ok())
         .unwrap_or(0)
 }
 
-async fn until_runs(hive: &Hive, at_least: u64) {
-    let deadline = Instant::now() + DEADLINE;
-    while runs(hive) < at_least {
-        assert!(Instant::now() < deadline, "the reconcile does not run");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// The reconcile runs counted so far.
+fn runs(hive: &Hive) -> u64 {
+    counter(hive, "edgehive_synccontroller_reconcile_runs")
+}
+
+/// The records reconcile runs looked at so far.
+fn looked_at(hive: &Hive) -> u64 {
+    counter(hive, "edgehive_synccontroller_records_looked_at")
+}
+
+/// Waits until the reconcile has looked at a record and then nothing more for `quiet`.
+async fn until_settled(hive: &Hive, quiet: Duration) {
+    let deadline = Instant::now() + 3 * DEADLINE;
+    loop {
+        let before = looked_at(hive);
+        tokio::time::sleep(quiet).await;
+        if before > 0 && looked_at(hive) == before {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reconcile does not settle: {} records looked at",
+            looked_at(hive)
+        );
     }
 }
 
@@ -202,15 +223,25 @@ async fn the_reconcile_reads_its_cache_and_repairs_what_an_edge_lacks() {
         tell = hive.tell(route::SYNCCONTROLLER, refused.message);
     }
 
-    // Many runs with nothing owed: Pods and Nodes listed once (the cache's fill), nothing
-    // read since, nothing sent.
-    until_runs(&hive, 3).await;
+    // The record is looked at once it is an interval old (and when the Pods' list arrives),
+    // found settled, and then never again: over 20 intervals with nothing owed, no run, no
+    // record looked at, Pods and Nodes listed once (the cache's fill), nothing read since,
+    // nothing sent.
+    until_settled(&hive, Duration::from_millis(500)).await;
     let (pod_lists, node_lists, gets) = (
         counting.lists("Pod"),
         counting.lists("Node"),
         *counting.gets.lock().unwrap(),
     );
-    until_runs(&hive, runs(&hive) + 20).await;
+    let (runs_before, looked_before) = (runs(&hive), looked_at(&hive));
+    assert!(runs_before > 0, "the record was judged");
+    tokio::time::sleep(Duration::from_millis(20 * 50)).await;
+    assert_eq!(runs(&hive), runs_before, "no run while nothing is owed");
+    assert_eq!(
+        looked_at(&hive),
+        looked_before,
+        "a settled record is not looked at"
+    );
     assert_eq!(counting.lists("Pod"), pod_lists);
     assert_eq!(pod_lists, 1, "Pods listed once");
     assert_eq!(counting.lists("Node"), node_lists, "Nodes not listed again");

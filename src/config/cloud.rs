@@ -500,7 +500,8 @@ pub struct CloudModules {
 pub struct SyncControllerConfig {
     /// Whether ObjectSync records are kept and reconciled.
     pub enable: bool,
-    /// Seconds between reconcile runs (edgehive; KubeEdge's fixed period is 5).
+    /// Seconds a change is left to the controllers before the reconcile judges its records
+    /// (edgehive; KubeEdge reconciles every 5 s).
     pub reconcile_interval: u64,
 }
 

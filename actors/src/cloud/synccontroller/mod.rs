@@ -11,26 +11,37 @@
 //! - all of a node's records removed when the Node is deleted, and at start for nodes that no
 //!   longer exist.
 //!
-//! Every `reconcile_interval` (5 s) it compares the records with its [`cache`] of the
-//! cluster (the UID and resourceVersion of every object of the kinds it keeps records for,
-//! and of Nodes: one list each, then a watch) ([`records::Records::plan`]); what looks owed
-//! is confirmed against the cluster (a GET each, or one list when there are many) and then
+//! The reconcile is driven by deadlines, not by a timer that walks every record: a record is
+//! put on a deadline queue ([`records::Records`], earliest deadline wins) when something may
+//! be owed for it: it was made (queued for a node, acknowledged, read at start: looked at
+//! once it is `reconcile_interval` old), its object changed in the [`cache`] of the cluster
+//! (a watch event or a list that found it different: looked at `reconcile_interval` later,
+//! the controllers deliver it meanwhile), its kind was listed, a resend of it is under way
+//! (looked at again after [`RESEND_QUIET`]), or a resend could not be confirmed or handed to
+//! CloudHub. The actor sleeps until the earliest deadline (runs at least
+//! `reconcile_interval / 10` apart, at most 1 s) and a run looks only at the records due
+//! ([`records::Records::run`]); a settled record (acknowledged at the cluster's version, or
+//! its version waiting in the node's pool) is never looked at, and with nothing owed nothing
+//! runs. The cache holds the UID and resourceVersion of every object of the kinds it keeps
+//! records for, and of Nodes: one list each, then a watch. What a run finds owed is
+//! confirmed against the cluster (a GET each, or one list when there are many) and then
 //! sent: records of nodes that no longer exist are removed, objects gone or replaced
 //! (another UID) are deleted on the edge, newer versions sent again
 //! ([`NodeMessage::resend`], which no pool drops as already ACKed). A run with nothing owed
-//! reads nothing from the cluster. Because the records live in the cluster (and the embedded cluster in its
-//! datastore), a restarted cloud knows what each node is owed, including deletes that
-//! happened while it was down.
+//! reads nothing from the cluster. Because the records live in the cluster (and the
+//! embedded cluster in its datastore), a restarted cloud knows what each node is owed,
+//! including deletes that happened while it was down.
 //!
-//! Records are written in batches, one batch at a time; a write that fails is tried again.
-//! Losing an event (a full mailbox) costs a resend, never an object: the reconcile asks the
-//! edge again and its ACK fixes the record. A node offers a refused ACK event again for a
-//! minute (the reconcile trusts a record's pooled version, so the record must hear of it).
+//! Records are written in batches, one batch at a time, when some are dirty; a write that
+//! fails is tried again. Losing an event (a full mailbox) costs a resend, never an object:
+//! the reconcile asks the edge again and its ACK fixes the record. A node offers a refused
+//! ACK event again for a minute (the reconcile trusts a record's pooled version, so the
+//! record must hear of it).
 
 pub mod cache;
 pub mod records;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,13 +62,14 @@ use crate::cloud::contract::{
 };
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use cache::ClusterCache;
-use records::{Records, Resend, Write};
+use records::{Records, Resend, Write, NODE_KIND};
 
 /// The module name.
 pub const SYNCCONTROLLER_MODULE: &str = route::SYNCCONTROLLER;
 /// `apiVersion` of the records.
 pub const RELIABLESYNCS_API_VERSION: &str = "reliablesyncs.kubeedge.io/v1alpha1";
-/// KubeEdge's reconcile period.
+/// KubeEdge's reconcile period; here, how long a change is left to the controllers before
+/// the reconcile judges it.
 pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 /// A resend of the same object version to the same node is not repeated sooner.
 pub const RESEND_QUIET: Duration = Duration::from_secs(30);
@@ -67,7 +79,7 @@ pub const RESEND_QUIET: Duration = Duration::from_secs(30);
 pub const MAILBOX_CAPACITY: usize = 65_536;
 /// Record writes per batch.
 const BATCH: usize = 256;
-/// How often dirty records are written.
+/// How long dirty records gather before a batch is written.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 /// The pause after a batch in which the cluster refused a record write.
 const WRITE_RETRY: Duration = Duration::from_secs(5);
@@ -80,6 +92,7 @@ struct Metrics {
     duration: Histogram,
     records: Gauge,
     write_errors: Counter,
+    looked_at: Counter,
 }
 
 impl Metrics {
@@ -91,6 +104,7 @@ impl Metrics {
             duration: Histogram::new([0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0]),
             records: Gauge::default(),
             write_errors: Counter::default(),
+            looked_at: Counter::default(),
         };
         let registry = hive.metrics();
         registry.register(
@@ -105,8 +119,13 @@ impl Metrics {
         );
         registry.register(
             "edgehive_synccontroller_reconcile_runs",
-            "Reconcile runs",
+            "Reconcile runs (one when a record's deadline is due; none while nothing is owed)",
             metrics.runs.clone(),
+        );
+        registry.register(
+            "edgehive_synccontroller_records_looked_at",
+            "Records a reconcile run looked at (only those whose deadline was due)",
+            metrics.looked_at.clone(),
         );
         registry.register(
             "edgehive_synccontroller_reconcile_seconds",
@@ -135,7 +154,8 @@ pub struct SyncControllerModule {
 }
 
 impl SyncControllerModule {
-    /// A recipe on `cluster`, reconciling every `interval`; registers its metrics with `hive`.
+    /// A recipe on `cluster`, judging changes `interval` after they happen (the reconcile
+    /// interval); registers its metrics with `hive`.
     pub fn new(hive: &Hive, cluster: SharedCluster, interval: Duration) -> Self {
         SyncControllerModule {
             cluster,
@@ -166,11 +186,16 @@ impl Module for SyncControllerModule {
             cluster: self.cluster.clone(),
             interval: self.interval,
             metrics: self.metrics.clone(),
-            records: Records::default(),
+            records: Records::new(self.interval),
             cache: ClusterCache::default(),
             loaded: false,
             flushing: false,
+            flush_pending: false,
             reconciling: false,
+            timer: None,
+            last_run: None,
+            suspects: BTreeSet::new(),
+            suspects_due: None,
         }
     }
 
@@ -192,17 +217,25 @@ pub struct SyncController {
     cache: ClusterCache,
     loaded: bool,
     flushing: bool,
+    /// A flush is waiting to run.
+    flush_pending: bool,
     reconciling: bool,
+    /// The one wake-up: when the next run is and its handle.
+    timer: Option<(Instant, SpawnHandle)>,
+    /// When the last run started.
+    last_run: Option<Instant>,
+    /// Nodes with records that a list of Nodes lacked (or whose check could not be made):
+    /// confirmed on the run at `suspects_due`.
+    suspects: BTreeSet<String>,
+    suspects_due: Option<Instant>,
 }
 
 impl Actor for SyncController {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.follow("Node", ctx);
+        self.follow(NODE_KIND, ctx);
         self.load(ctx);
-        ctx.run_interval(FLUSH_INTERVAL, |act, ctx| act.flush(ctx));
-        ctx.run_interval(self.interval, |act, ctx| act.reconcile(ctx));
     }
 }
 
@@ -342,24 +375,28 @@ async fn confirm(
     confirmed
 }
 
-/// The nodes among `candidates` (missing from the cache) that the cluster does not have.
-async fn confirm_gone(cluster: &SharedCluster, candidates: Vec<String>) -> Vec<String> {
+/// The nodes among `candidates` (missing from the cache) that the cluster does not have;
+/// `Err` gives the candidates back when the cluster could not be asked.
+async fn confirm_gone(
+    cluster: &SharedCluster,
+    candidates: Vec<String>,
+) -> Result<Vec<String>, Vec<String>> {
     if candidates.is_empty() {
-        return candidates;
+        return Ok(candidates);
     }
     let keys: Vec<(String, String)> = candidates
         .into_iter()
         .map(|node| (String::new(), node))
         .collect();
-    match fetch(cluster, "Node", &keys).await {
-        Ok(present) => keys
+    match fetch(cluster, NODE_KIND, &keys).await {
+        Ok(present) => Ok(keys
             .into_iter()
             .filter(|key| !present.contains_key(key))
             .map(|(_, node)| node)
-            .collect(),
+            .collect()),
         Err(error) => {
-            tracing::warn!(%error, "reconcile cannot confirm nodes are gone; trying again on the next run");
-            Vec::new()
+            tracing::warn!(%error, "reconcile cannot confirm nodes are gone; trying again in an interval");
+            Err(keys.into_iter().map(|(_, node)| node).collect())
         }
     }
 }
@@ -450,6 +487,8 @@ impl SyncController {
                     skipped,
                     "sync records loaded"
                 );
+                act.follow_kinds(ctx);
+                act.wake(ctx);
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot read sync records; trying again");
@@ -488,13 +527,19 @@ impl SyncController {
             }
             act.set_gauge();
             match first_error {
-                None => act.flushing = false,
+                None => {
+                    act.flushing = false;
+                    act.wake(ctx);
+                }
                 Some((node, error)) => {
                     // One line per failed batch, and a pause: a cluster that refuses records
                     // (CRDs missing, API server down) is not hammered every 100 ms.
                     act.metrics.write_errors.inc_by(failed);
                     tracing::warn!(failed, %node, %error, retry_in = ?WRITE_RETRY, "cannot write sync records");
-                    ctx.run_later(WRITE_RETRY, |act, _| act.flushing = false);
+                    ctx.run_later(WRITE_RETRY, |act, ctx| {
+                        act.flushing = false;
+                        act.wake(ctx);
+                    });
                 }
             }
         }));
@@ -507,7 +552,7 @@ impl SyncController {
         }
         self.cache.follow(kind);
         let tag: Arc<str> = Arc::from(kind);
-        // A watch that ends says so, so the kind is followed afresh on the next run rather
+        // A watch that ends says so, so the kind is followed afresh an interval later rather
         // than read from a cache nothing updates any more.
         let ended = futures_util::stream::once(futures_util::future::ready(KindEvent {
             kind: tag.clone(),
@@ -521,6 +566,14 @@ impl SyncController {
         self.list_kind(kind, ctx);
     }
 
+    /// Follows `kind` if records are kept for it (the first record of a kind starts its
+    /// watch and list, so the cache is current when the record is first judged).
+    fn follow_kind_of(&mut self, kind: &str, ctx: &mut Context<Self>) {
+        if self.records.has_kind(kind) && !self.cache.is_followed(kind) {
+            self.follow(kind, ctx);
+        }
+    }
+
     /// Lists `kind` into the cache if it needs it (new, or its watch lagged).
     fn list_kind(&mut self, kind: &str, ctx: &mut Context<Self>) {
         if !self.cache.start_list(kind) {
@@ -531,49 +584,138 @@ impl SyncController {
             let listed = cluster.list(&kind).await;
             (kind, listed)
         };
-        ctx.spawn(fut.into_actor(self).map(|(kind, listed), act, _| match listed {
-            Ok((objects, _)) => act.cache.listed(&kind, &objects),
-            Err(error) => {
-                // A kind the API server does not know, say: its records wait.
-                tracing::warn!(%kind, %error, "reconcile cannot list a kind; its records wait");
-                act.cache.list_failed(&kind);
-            }
-        }));
+        ctx.spawn(
+            fut.into_actor(self)
+                .map(|(kind, listed), act, ctx| match listed {
+                    Ok((objects, _)) => {
+                        let changed = act.cache.listed(&kind, &objects);
+                        act.listed(&kind, changed, ctx);
+                    }
+                    Err(error) => {
+                        // A kind the API server does not know, say: its records wait, and the
+                        // list is tried again an interval later.
+                        tracing::warn!(%kind, %error, "reconcile cannot list a kind; its records wait");
+                        act.cache.list_failed(&kind);
+                        ctx.run_later(act.interval, move |act, ctx| act.list_kind(&kind, ctx));
+                    }
+                }),
+        );
     }
 
-    /// Compares the records with the cache of the cluster; what looks owed (or gone) is
-    /// confirmed against the cluster, then sent. See [`cache`].
+    /// A list of `kind` arrived and found `changed` objects different from the cache: their
+    /// records are looked at an interval from now (a Node missing now: its records are
+    /// checked on the next run); records that waited for the list are looked at now.
+    fn listed(&mut self, kind: &str, changed: Vec<(String, String)>, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        if kind == NODE_KIND {
+            for (_, node) in changed {
+                if !self.cache.has(NODE_KIND, &node) && self.records.has_node(&node) {
+                    self.suspect(node, now);
+                }
+            }
+        } else {
+            let at = now + self.interval;
+            for (namespace, name) in &changed {
+                self.records.object_changed(kind, namespace, name, at);
+            }
+        }
+        if self.cache.is_synced(kind) {
+            self.records.kind_synced(kind, now);
+        } else {
+            // The watch lagged while the list ran (a kube watch's first item says so): list
+            // again, soon but not in a loop.
+            let kind = kind.to_owned();
+            ctx.run_later(self.min_gap(), move |act, ctx| act.list_kind(&kind, ctx));
+        }
+        self.wake(ctx);
+    }
+
+    /// `node` may be gone: its records are checked on the run at `at` (or sooner).
+    fn suspect(&mut self, node: String, at: Instant) {
+        self.suspects.insert(node);
+        self.suspects_due = Some(self.suspects_due.map_or(at, |due| due.min(at)));
+    }
+
+    /// Follows Nodes and every kind records are kept for (a list of kinds: no record is
+    /// visited); a kind whose list failed is listed again.
+    fn follow_kinds(&mut self, ctx: &mut Context<Self>) {
+        let kinds: Vec<String> = std::iter::once(NODE_KIND.to_owned())
+            .chain(self.records.kinds().cloned())
+            .collect();
+        for kind in &kinds {
+            self.follow(kind, ctx);
+            self.list_kind(kind, ctx);
+        }
+    }
+
+    /// The shortest time between two runs: deadlines close together share a run.
+    fn min_gap(&self) -> Duration {
+        (self.interval / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    /// Arranges what is due: a flush when records are dirty, and one wake-up at the earliest
+    /// deadline (a record's, or the suspect nodes'). Nothing is arranged when nothing is owed.
+    fn wake(&mut self, ctx: &mut Context<Self>) {
+        if self.records.dirty() > 0 && !self.flushing && !self.flush_pending {
+            self.flush_pending = true;
+            ctx.run_later(FLUSH_INTERVAL, |act, ctx| {
+                act.flush_pending = false;
+                act.flush(ctx);
+            });
+        }
+        let next = match (self.records.next_deadline(), self.suspects_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let Some(mut at) = next else {
+            return;
+        };
+        if let Some(last) = self.last_run {
+            at = at.max(last + self.min_gap());
+        }
+        if let Some((scheduled, handle)) = self.timer {
+            if scheduled <= at {
+                return;
+            }
+            ctx.cancel_future(handle);
+        }
+        let handle = ctx.run_later(at.saturating_duration_since(Instant::now()), |act, ctx| {
+            act.timer = None;
+            act.reconcile(ctx);
+        });
+        self.timer = Some((at, handle));
+    }
+
+    /// A run: the records whose deadline is due are compared with the cache of the cluster;
+    /// what looks owed (or gone) is confirmed against the cluster, then sent. See [`cache`].
     fn reconcile(&mut self, ctx: &mut Context<Self>) {
-        if self.reconciling || !self.loaded || self.records.is_empty() {
+        // While a run or the load is under way, its end arranges the next wake-up.
+        if self.reconciling || !self.loaded {
             return;
         }
         let started = Instant::now();
-        // Each kind's watch and list start on its first run (`follow`); a kind whose watch
-        // lagged since is listed again (`list_kind`: nothing for a kind already current).
-        self.follow("Node", ctx);
-        self.list_kind("Node", ctx);
-        for kind in self.records.kinds() {
-            self.follow(&kind, ctx);
-            self.list_kind(&kind, ctx);
-        }
-        // Records younger than a run may be about objects whose events have not reached the
-        // cache yet: they are judged on the next run.
+        self.last_run = Some(started);
+        // Each kind's watch and list start when its first record is made (`follow`); a kind
+        // whose watch ended is followed again, one whose list failed listed again.
+        self.follow_kinds(ctx);
+        // Records younger than an interval may be about objects whose events have not reached
+        // the cache yet: they are judged when they are an interval old.
         let judged_before = started.checked_sub(self.interval).unwrap_or(started);
-        let gone: Vec<String> = if self.cache.is_synced("Node") {
-            self.records
-                .node_names()
-                .filter(|node| !self.cache.has("Node", node))
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
-        };
         let synced = self.cache.synced();
-        let plans = self
+        let run = self
             .records
-            .plan(&self.cache, &synced, judged_before, started, RESEND_QUIET);
+            .run(&self.cache, &synced, started, RESEND_QUIET);
+        self.metrics.looked_at.inc_by(run.looked_at as u64);
+        let mut gone: BTreeSet<String> = run.missing_nodes.into_iter().collect();
+        if self.suspects_due.is_some_and(|due| due <= started) {
+            self.suspects_due = None;
+            gone.append(&mut self.suspects);
+        }
+        let gone: Vec<String> = gone.into_iter().collect();
+        let plans = run.resends;
         if plans.is_empty() && gone.is_empty() {
             self.ran(started);
+            self.wake(ctx);
             return;
         }
         self.reconciling = true;
@@ -583,8 +725,18 @@ impl SyncController {
             let confirmed = confirm(&cluster, plans).await;
             (gone, confirmed)
         };
-        ctx.spawn(fut.into_actor(self).map(move |(gone, confirmed), act, _| {
+        ctx.spawn(fut.into_actor(self).map(move |(gone, confirmed), act, ctx| {
             act.reconciling = false;
+            let gone = match gone {
+                Ok(gone) => gone,
+                Err(unconfirmed) => {
+                    let retry = Instant::now() + act.interval;
+                    for node in unconfirmed {
+                        act.suspect(node, retry);
+                    }
+                    Vec::new()
+                }
+            };
             // Records of nodes that are gone (an event about one that arrived after its
             // deletion) go too; records made since stay.
             for node in &gone {
@@ -617,9 +769,10 @@ impl SyncController {
                 tracing::info!(objects, nodes = sent, gone_nodes = gone.len(), unconfirmed, "reconcile: sent again what edges lack");
             }
             if refused > 0 {
-                tracing::warn!(nodes = refused, "reconcile cannot reach cloudhub for some resends; trying again on the next run");
+                tracing::warn!(nodes = refused, "reconcile cannot reach cloudhub for some resends; trying again in an interval");
             }
             act.ran(started);
+            act.wake(ctx);
         }));
     }
 
@@ -710,6 +863,7 @@ impl SyncController {
             "loaded": self.loaded,
             "records": self.records.len(),
             "unwritten": self.records.dirty(),
+            "scheduled": self.records.scheduled(),
             "nodes": summary,
         });
         if let Some(node) = node {
@@ -746,7 +900,7 @@ impl Handler<Envelope> for SyncController {
 impl Handler<Acked> for SyncController {
     type Result = ();
 
-    fn handle(&mut self, acked: Acked, _: &mut Context<Self>) {
+    fn handle(&mut self, acked: Acked, ctx: &mut Context<Self>) {
         self.records.acked(
             &acked.node,
             &acked.key,
@@ -754,17 +908,23 @@ impl Handler<Acked> for SyncController {
             acked.deleted,
             acked.object.as_ref(),
         );
+        if let Some(object) = &acked.object {
+            self.follow_kind_of(&object.kind, ctx);
+        }
+        self.wake(ctx);
     }
 }
 
 impl Handler<Queued> for SyncController {
     type Result = ();
 
-    fn handle(&mut self, queued: Queued, _: &mut Context<Self>) {
+    fn handle(&mut self, queued: Queued, ctx: &mut Context<Self>) {
         for node in &queued.nodes {
             self.records
                 .queued(node, &queued.object, queued.resource_version.as_deref());
         }
+        self.follow_kind_of(&queued.object.kind, ctx);
+        self.wake(ctx);
     }
 }
 
@@ -795,12 +955,23 @@ impl StreamHandler<KindEvent> for SyncController {
     fn handle(&mut self, KindEvent { kind, event }: KindEvent, ctx: &mut Context<Self>) {
         match event {
             Ok(event) => {
-                if &*kind == "Node" && event.event_type == EventType::Deleted {
-                    let node = meta_str(&event.object, "name");
-                    tracing::info!(%node, "node deleted: removing its sync records");
-                    self.records.node_gone(node);
-                }
                 self.cache.apply(&kind, &event);
+                let object = &event.object;
+                if &*kind == NODE_KIND {
+                    if event.event_type == EventType::Deleted {
+                        let node = meta_str(object, "name");
+                        tracing::info!(%node, "node deleted: removing its sync records");
+                        self.records.node_gone(node);
+                    }
+                } else {
+                    // Its records (and no other) are looked at an interval from now: the
+                    // controllers deliver the change meanwhile.
+                    let (namespace, name) =
+                        (meta_str(object, "namespace"), meta_str(object, "name"));
+                    let at = Instant::now() + self.interval;
+                    self.records.object_changed(&kind, namespace, name, at);
+                }
+                self.wake(ctx);
             }
             Err(WatchError::Lagged { .. }) => {
                 self.cache.lagged(&kind);
@@ -808,7 +979,11 @@ impl StreamHandler<KindEvent> for SyncController {
             }
             Err(WatchError::Closed) => {
                 if self.cache.unfollow(&kind) {
-                    tracing::info!(%kind, "the cluster ended a watch; following the kind again on the next reconcile");
+                    tracing::info!(%kind, "the cluster ended a watch; following the kind again in an interval");
+                    let kind = kind.to_string();
+                    ctx.run_later(self.interval, move |act, ctx| {
+                        act.follow(&kind, ctx);
+                    });
                 }
             }
         }

@@ -3,10 +3,22 @@
 //! A [`Record`] mirrors one ObjectSync/ClusterObjectSync: `want` is what the record should
 //! say (the version the edge acknowledged, `"0"` while only queued, `None` once the record
 //! must go), `stored` what the cluster's record says now. Records whose two differ are
-//! *dirty* and written by the actor in batches; the reconcile ([`Records::plan`]) compares
-//! `want` with the cluster's objects.
+//! *dirty* and written by the actor in batches.
+//!
+//! The reconcile is driven by deadlines, not by a walk: a record is put on a deadline queue
+//! (earliest deadline wins, as kube-runtime's scheduler) when something may be owed for it:
+//! it was made (queued for a node, acknowledged, read at start), its object changed in the
+//! cluster ([`Records::object_changed`]: another resourceVersion or UID, or deleted), its kind
+//! was listed ([`Records::kind_synced`]), a resend is under way (looked at again once
+//! `quiet` is over), or a resend could not be made ([`Records::unsent`]). A run
+//! ([`Records::run`]) takes only the records whose deadline is due and compares `want` with
+//! the cluster's objects; a record found settled (acknowledged at the cluster's version, or
+//! its version waiting in the node's pool) gets no deadline and is not looked at again until
+//! one of those events. What a record's judgement depends on is its own fields, its object
+//! in the cluster's view, whether its kind (and Nodes) were listed, and time; each of these
+//! changes through one of the events above or a deadline set when it was last looked at.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +28,12 @@ use crate::cloud::contract::ObjectId;
 
 /// The version a record holds for an object queued but not yet acknowledged (KubeEdge's).
 pub const QUEUED: &str = "0";
+
+/// The kind whose objects tell which nodes exist.
+pub const NODE_KIND: &str = "Node";
+
+/// The delay of a [`Records::default`]: KubeEdge's reconcile period.
+const DEFAULT_DELAY: Duration = Duration::from_secs(5);
 
 /// One node's record of one object.
 #[derive(Debug, Clone)]
@@ -33,6 +51,9 @@ pub struct Record {
     /// The newest version this process put in the node's pool: the pool keeps it until the
     /// edge ACKs (across disconnects), so the reconcile does not send it again.
     queued: Option<String>,
+    /// When it is to be looked at next (its entry in the deadline queue); `None`: settled
+    /// until an event says otherwise.
+    deadline: Option<Instant>,
 }
 
 impl Record {
@@ -44,6 +65,11 @@ impl Record {
             (Some((None, _)), Some(_)) => true,
             _ => false,
         }
+    }
+
+    /// When it is to be looked at next, if it is on the deadline queue.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
     }
 }
 
@@ -73,6 +99,31 @@ pub struct Resend {
     pub version: Option<String>,
 }
 
+/// What one run found among the records that were due.
+#[derive(Debug, Default)]
+pub struct Run {
+    /// What to send (after confirming), resends of one object version to several nodes
+    /// together.
+    pub resends: Vec<Resend>,
+    /// Nodes of records looked at that the cluster's Nodes (listed) lack: to confirm, then
+    /// forget.
+    pub missing_nodes: Vec<String>,
+    /// How many records were looked at.
+    pub looked_at: usize,
+}
+
+/// What looking at one record decided.
+enum Verdict {
+    /// Nothing owed: no deadline until an event.
+    Settled,
+    /// Nothing can be decided before then.
+    At(Instant),
+    /// Its kind has not been listed: looked at again when it is.
+    Unlisted,
+    /// Send this version (`None`: a delete).
+    Send(Option<String>),
+}
+
 /// What a reconcile knows of the cluster: an object's UID and resourceVersion, if it has one.
 pub trait ClusterView {
     /// The UID and resourceVersion of the object of `kind` at `namespace`/`name`.
@@ -85,16 +136,64 @@ pub trait ClusterView {
     }
 }
 
-/// Every node's records; see the module docs.
-#[derive(Debug, Default)]
+/// An object by (kind, namespace, name): what the cluster's view and its events name.
+type ObjectKey = (String, String, String);
+
+/// A record by (node, UID).
+type RecordKey = (String, String);
+
+fn object_key(object: &ObjectId) -> ObjectKey {
+    (
+        object.kind.clone(),
+        object.namespace.clone(),
+        object.name.clone(),
+    )
+}
+
+/// Every node's records, their deadline queue and the index events find them by; see the
+/// module docs.
+#[derive(Debug)]
 pub struct Records {
     nodes: HashMap<String, HashMap<String, Record>>,
-    dirty: VecDeque<(String, String)>,
-    dirty_set: HashSet<(String, String)>,
+    dirty: VecDeque<RecordKey>,
+    dirty_set: HashSet<RecordKey>,
     count: usize,
+    /// How long a change is left to the controllers before the reconcile judges it (and how
+    /// long a new record waits): the reconcile interval.
+    delay: Duration,
+    /// The deadline queue: (when, node, UID), earliest first; a record is in it at most once
+    /// (its `deadline`).
+    due: BTreeSet<(Instant, String, String)>,
+    /// The records of each object: what a change of that object wakes.
+    by_object: HashMap<ObjectKey, HashSet<RecordKey>>,
+    /// How many records there are of each kind.
+    kinds: HashMap<String, usize>,
+    /// Records looked at before their kind (or Nodes) was listed, by that kind.
+    parked: HashMap<String, HashSet<RecordKey>>,
+}
+
+impl Default for Records {
+    fn default() -> Self {
+        Records::new(DEFAULT_DELAY)
+    }
 }
 
 impl Records {
+    /// No records; changes are judged `delay` after they happen (the reconcile interval).
+    pub fn new(delay: Duration) -> Self {
+        Records {
+            nodes: HashMap::new(),
+            dirty: VecDeque::new(),
+            dirty_set: HashSet::new(),
+            count: 0,
+            delay,
+            due: BTreeSet::new(),
+            by_object: HashMap::new(),
+            kinds: HashMap::new(),
+            parked: HashMap::new(),
+        }
+    }
+
     /// How many records there are.
     pub fn len(&self) -> usize {
         self.count
@@ -110,9 +209,24 @@ impl Records {
         self.dirty.len()
     }
 
+    /// How many records are on the deadline queue.
+    pub fn scheduled(&self) -> usize {
+        self.due.len()
+    }
+
+    /// The earliest deadline, if any record has one.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.due.first().map(|(at, _, _)| *at)
+    }
+
     /// The records of `node`.
     pub fn of(&self, node: &str) -> impl Iterator<Item = &Record> {
         self.nodes.get(node).into_iter().flat_map(|m| m.values())
+    }
+
+    /// Whether `node` has records.
+    pub fn has_node(&self, node: &str) -> bool {
+        self.nodes.contains_key(node)
     }
 
     /// The nodes with records.
@@ -120,15 +234,14 @@ impl Records {
         self.nodes.keys()
     }
 
-    /// The kinds records are kept for.
-    pub fn kinds(&self) -> HashSet<String> {
-        let kinds: HashSet<&str> = self
-            .nodes
-            .values()
-            .flat_map(|m| m.values())
-            .map(|r| r.object.kind.as_str())
-            .collect();
-        kinds.into_iter().map(str::to_owned).collect()
+    /// The kinds records are kept for (kept count by kind: no record is visited).
+    pub fn kinds(&self) -> impl Iterator<Item = &String> {
+        self.kinds.keys()
+    }
+
+    /// Whether records are kept for `kind`.
+    pub fn has_kind(&self, kind: &str) -> bool {
+        self.kinds.contains_key(kind)
     }
 
     fn mark(&mut self, node: &str, uid: &str) {
@@ -138,18 +251,51 @@ impl Records {
         }
     }
 
+    /// Puts the record on the deadline queue at `at`, unless it is due sooner already.
+    fn schedule(&mut self, node: &str, uid: &str, at: Instant) {
+        let Some(record) = self.nodes.get_mut(node).and_then(|m| m.get_mut(uid)) else {
+            return;
+        };
+        match record.deadline {
+            Some(deadline) if deadline <= at => return,
+            Some(deadline) => {
+                self.due
+                    .remove(&(deadline, node.to_owned(), uid.to_owned()));
+            }
+            None => {}
+        }
+        record.deadline = Some(at);
+        self.due.insert((at, node.to_owned(), uid.to_owned()));
+    }
+
     fn insert(&mut self, node: &str, record: Record) {
         let uid = record.object.uid.clone();
         let clean = record.want == record.stored;
-        if self
+        let key = object_key(&record.object);
+        let kind = record.object.kind.clone();
+        // A new record is judged once it is an interval old.
+        let at = record.born + self.delay;
+        let replaced = self
             .nodes
             .entry(node.to_owned())
             .or_default()
-            .insert(uid.clone(), record)
-            .is_none()
-        {
-            self.count += 1;
+            .insert(uid.clone(), record);
+        match replaced {
+            None => {
+                self.count += 1;
+                *self.kinds.entry(kind).or_default() += 1;
+                self.by_object
+                    .entry(key)
+                    .or_default()
+                    .insert((node.to_owned(), uid.clone()));
+            }
+            Some(old) => {
+                if let Some(deadline) = old.deadline {
+                    self.due.remove(&(deadline, node.to_owned(), uid.clone()));
+                }
+            }
         }
+        self.schedule(node, &uid, at);
         if !clean {
             self.mark(node, &uid);
         }
@@ -157,7 +303,7 @@ impl Records {
 
     /// Version `rv` of `object` was put in `node`'s pool: recorded at [`QUEUED`] unless a
     /// record exists (or is being removed); either way the reconcile leaves that version to
-    /// the pool.
+    /// the pool (a version in the pool makes nothing owed: no deadline is set for it).
     pub fn queued(&mut self, node: &str, object: &Arc<ObjectId>, rv: Option<&str>) {
         let rv = rv.filter(|rv| !rv.is_empty());
         match self
@@ -189,6 +335,7 @@ impl Records {
                     resent: None,
                     born: Instant::now(),
                     queued: rv.map(str::to_owned),
+                    deadline: None,
                 },
             ),
         }
@@ -215,13 +362,19 @@ impl Records {
                 let Some(rv) = rv.filter(|rv| !rv.is_empty()) else {
                     return;
                 };
-                let newer = match &record.want {
-                    None => false, // being removed: a delete was acknowledged
-                    Some(want) => want.is_empty() || is_newer(rv, want),
+                let (newer, was_unknown) = match &record.want {
+                    None => (false, false), // being removed: a delete was acknowledged
+                    Some(want) => (want.is_empty() || is_newer(rv, want), want.is_empty()),
                 };
                 if newer {
                     record.want = Some(rv.to_owned());
                     self.mark(node, uid);
+                    // A newer acknowledged version owes nothing more than the older one did;
+                    // a record whose version was unknown is judged from now on.
+                    if was_unknown {
+                        let at = Instant::now() + self.delay;
+                        self.schedule(node, uid, at);
+                    }
                 }
             }
             (None, false) => {
@@ -237,6 +390,7 @@ impl Records {
                         resent: None,
                         born: Instant::now(),
                         queued: None,
+                        deadline: None,
                     },
                 );
             }
@@ -267,6 +421,7 @@ impl Records {
                     resent: None,
                     born: Instant::now(),
                     queued: None,
+                    deadline: None,
                 },
             ),
         }
@@ -330,11 +485,35 @@ impl Records {
         let Some(records) = self.nodes.get_mut(node) else {
             return;
         };
-        if records.remove(uid).is_some() {
-            self.count -= 1;
-        }
+        let removed = records.remove(uid);
         if records.is_empty() {
             self.nodes.remove(node);
+        }
+        let Some(record) = removed else {
+            return;
+        };
+        self.count -= 1;
+        let key = (node.to_owned(), uid.to_owned());
+        if let Some(deadline) = record.deadline {
+            self.due.remove(&(deadline, key.0.clone(), key.1.clone()));
+        }
+        let object = object_key(&record.object);
+        if let Some(keys) = self.by_object.get_mut(&object) {
+            keys.remove(&key);
+            if keys.is_empty() {
+                self.by_object.remove(&object);
+            }
+        }
+        if let Some(count) = self.kinds.get_mut(&record.object.kind) {
+            *count -= 1;
+            if *count == 0 {
+                self.kinds.remove(&record.object.kind);
+            }
+        }
+        for kind in [record.object.kind.as_str(), NODE_KIND] {
+            if let Some(parked) = self.parked.get_mut(kind) {
+                parked.remove(&key);
+            }
         }
     }
 
@@ -360,98 +539,194 @@ impl Records {
         }
     }
 
-    /// The reconcile: for every record, compare what the edge acknowledged with the cluster.
-    /// An object gone from the cluster, or replaced by one with another UID, is deleted on
-    /// the edge; one the cluster has at a newer version is sent again. Records with an empty
-    /// version (unknown) or being removed are skipped, and the same resend is not repeated
-    /// within `quiet` (the pool is still delivering it). A version this process queued for
-    /// the node (see [`Records::queued`]) is the pool's to deliver: it survives disconnects
-    /// and is not sent again. Resends of one object version to several nodes go together.
-    ///
-    /// Only records made before `listed_at` (when the cluster was listed) and of a kind in
-    /// `listed` are judged: a newer record's object may be missing from the lists only
-    /// because it is newer, and a kind that could not be listed says nothing. Likewise an
-    /// object whose version changed after `listed_at` is left to the controllers for now.
-    pub fn plan(
+    /// The object of `kind` at `namespace`/`name` changed in the cluster (another version,
+    /// another UID, deleted) or may have (a list found it different): its records are looked
+    /// at `at` (an interval after the change: the controllers deliver it meanwhile). Returns
+    /// how many records that is. No other record is touched.
+    pub fn object_changed(
         &mut self,
-        cluster: &impl ClusterView,
-        listed: &HashSet<String>,
-        listed_at: Instant,
-        now: Instant,
-        quiet: Duration,
-    ) -> Vec<Resend> {
-        let mut plans: HashMap<(String, Option<String>), Resend> = HashMap::new();
-        for (node, records) in &mut self.nodes {
-            for record in records.values_mut() {
-                let Some(want) = record.want.as_deref().filter(|w| !w.is_empty()) else {
-                    continue;
-                };
-                if record.born > listed_at || !listed.contains(&record.object.kind) {
-                    continue;
-                }
-                let id = &record.object;
-                let current = cluster
-                    .version(&id.kind, &id.namespace, &id.name)
-                    .filter(|(uid, _)| *uid == id.uid)
-                    .map(|(_, version)| version);
-                let send = match current {
-                    None => None,
-                    Some(version) if is_newer(version, want) => {
-                        // A change younger than the lists: the controllers are still
-                        // delivering it.
-                        let recent = cluster
-                            .changed_at(&id.kind, &id.namespace, &id.name)
-                            .is_some_and(|at| at > listed_at);
-                        if recent {
-                            continue;
-                        }
-                        // The node's pool holds this version (or a newer one) already.
-                        let pooled = record
-                            .queued
-                            .as_deref()
-                            .is_some_and(|queued| !is_newer(version, queued));
-                        if pooled {
-                            continue;
-                        }
-                        Some(version.to_owned())
-                    }
-                    Some(_) => continue,
-                };
-                let recent = record.resent.as_ref().is_some_and(|(version, at)| {
-                    *version == send && now.duration_since(*at) < quiet
-                });
-                if recent {
-                    continue;
-                }
-                record.resent = Some((send.clone(), now));
-                let send_version = send.clone();
-                plans
-                    .entry((id.uid.clone(), send))
-                    .or_insert_with(|| Resend {
-                        nodes: Vec::new(),
-                        object: id.clone(),
-                        version: send_version,
-                    })
-                    .nodes
-                    .push(node.clone());
-            }
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        at: Instant,
+    ) -> usize {
+        let key = (kind.to_owned(), namespace.to_owned(), name.to_owned());
+        let Some(records) = self.by_object.get(&key) else {
+            return 0;
+        };
+        let records: Vec<RecordKey> = records.iter().cloned().collect();
+        for (node, uid) in &records {
+            self.schedule(node, uid, at);
         }
-        let mut plans: Vec<Resend> = plans.into_values().collect();
-        for plan in &mut plans {
-            plan.nodes.sort();
-        }
-        plans
+        records.len()
     }
 
-    /// Forgets that a resend to `nodes` was made (it could not be handed to CloudHub), so
-    /// the next reconcile tries again.
+    /// `kind` was listed (its view of the cluster is complete): the records that waited for
+    /// it are looked at `at`.
+    pub fn kind_synced(&mut self, kind: &str, at: Instant) {
+        let Some(parked) = self.parked.remove(kind) else {
+            return;
+        };
+        for (node, uid) in parked {
+            self.schedule(&node, &uid, at);
+        }
+    }
+
+    /// A run at `now`: looks at the records whose deadline is due (and no other), compares
+    /// what the edge acknowledged with `cluster`, the view of the kinds in `synced` (those
+    /// listed). An object gone from the cluster, or replaced by one with another UID, is
+    /// deleted on the edge; one the cluster has at a newer version is sent again. Records
+    /// with an empty version (unknown) or being removed are skipped, and the same resend is
+    /// not repeated within `quiet` (the pool is still delivering it; the record is looked at
+    /// again then). A version this process queued for the node (see [`Records::queued`]) is
+    /// the pool's to deliver: it survives disconnects and is not sent again. Resends of one
+    /// object version to several nodes go together.
+    ///
+    /// Only records made an interval before `now` and of a kind in `synced` are judged: a
+    /// newer record's object may be missing from the view only because it is newer, and a
+    /// kind that was not listed says nothing (its records wait for
+    /// [`Records::kind_synced`]). Likewise an object whose version changed within the
+    /// interval is left to the controllers until the interval is over. A record whose node
+    /// is missing from the listed Nodes is reported in [`Run::missing_nodes`].
+    pub fn run(
+        &mut self,
+        cluster: &impl ClusterView,
+        synced: &HashSet<String>,
+        now: Instant,
+        quiet: Duration,
+    ) -> Run {
+        let judged_before = now.checked_sub(self.delay).unwrap_or(now);
+        let mut due = Vec::new();
+        while self.due.first().is_some_and(|(at, _, _)| *at <= now) {
+            if let Some((_, node, uid)) = self.due.pop_first() {
+                due.push((node, uid));
+            }
+        }
+        let nodes_listed = synced.contains(NODE_KIND);
+        let mut run = Run {
+            looked_at: due.len(),
+            ..Run::default()
+        };
+        let mut missing: BTreeSet<String> = BTreeSet::new();
+        let mut plans: HashMap<(String, Option<String>), Resend> = HashMap::new();
+        let mut later: Vec<(String, String, Instant)> = Vec::new();
+        let mut parked: Vec<(String, String, String)> = Vec::new();
+        for (node, uid) in due {
+            let Some(record) = self.nodes.get_mut(&node).and_then(|m| m.get_mut(&uid)) else {
+                continue;
+            };
+            record.deadline = None;
+            if record.want.is_none() {
+                continue;
+            }
+            if record.born > judged_before {
+                later.push((node, uid, record.born + self.delay));
+                continue;
+            }
+            if !nodes_listed {
+                parked.push((NODE_KIND.to_owned(), node.clone(), uid.clone()));
+            } else if cluster.version(NODE_KIND, "", &node).is_none() {
+                missing.insert(node.clone());
+            }
+            let kind_listed = synced.contains(&record.object.kind);
+            match judge(record, cluster, kind_listed, judged_before, now, quiet) {
+                Verdict::Settled => {}
+                Verdict::At(at) => later.push((node, uid, at)),
+                Verdict::Unlisted => parked.push((record.object.kind.clone(), node, uid)),
+                Verdict::Send(send) => {
+                    record.resent = Some((send.clone(), now));
+                    let object = record.object.clone();
+                    later.push((node.clone(), uid.clone(), now + quiet));
+                    plans
+                        .entry((uid, send.clone()))
+                        .or_insert_with(|| Resend {
+                            nodes: Vec::new(),
+                            object,
+                            version: send,
+                        })
+                        .nodes
+                        .push(node);
+                }
+            }
+        }
+        for (node, uid, at) in later {
+            self.schedule(&node, &uid, at);
+        }
+        for (kind, node, uid) in parked {
+            self.parked.entry(kind).or_default().insert((node, uid));
+        }
+        run.resends = plans.into_values().collect();
+        for plan in &mut run.resends {
+            plan.nodes.sort();
+        }
+        run.missing_nodes = missing.into_iter().collect();
+        run
+    }
+
+    /// Forgets that a resend to `nodes` was made (it could not be handed to CloudHub, or
+    /// not confirmed), so they are looked at again an interval from now.
     pub fn unsent(&mut self, nodes: &[String], uid: &str) {
+        let at = Instant::now() + self.delay;
         for node in nodes {
             if let Some(record) = self.nodes.get_mut(node).and_then(|m| m.get_mut(uid)) {
                 record.resent = None;
+                self.schedule(node, uid, at);
             }
         }
     }
+}
+
+/// Looks at one record old enough to be judged: what it is owed now, or when to look again.
+fn judge(
+    record: &Record,
+    cluster: &impl ClusterView,
+    kind_listed: bool,
+    judged_before: Instant,
+    now: Instant,
+    quiet: Duration,
+) -> Verdict {
+    let Some(want) = record.want.as_deref().filter(|w| !w.is_empty()) else {
+        return Verdict::Settled;
+    };
+    if !kind_listed {
+        return Verdict::Unlisted;
+    }
+    let id = &record.object;
+    let current = cluster
+        .version(&id.kind, &id.namespace, &id.name)
+        .filter(|(uid, _)| *uid == id.uid)
+        .map(|(_, version)| version);
+    let send = match current {
+        None => None,
+        Some(version) if is_newer(version, want) => {
+            // A change younger than an interval: the controllers are still delivering it.
+            if let Some(at) = cluster
+                .changed_at(&id.kind, &id.namespace, &id.name)
+                .filter(|at| *at > judged_before)
+            {
+                return Verdict::At(at + (now - judged_before));
+            }
+            // The node's pool holds this version (or a newer one) already.
+            let pooled = record
+                .queued
+                .as_deref()
+                .is_some_and(|queued| !is_newer(version, queued));
+            if pooled {
+                return Verdict::Settled;
+            }
+            Some(version.to_owned())
+        }
+        // Acknowledged at the cluster's version (or newer): settled.
+        Some(_) => return Verdict::Settled,
+    };
+    if let Some((_, at)) = record
+        .resent
+        .as_ref()
+        .filter(|(version, at)| *version == send && now.duration_since(*at) < quiet)
+    {
+        return Verdict::At(*at + quiet);
+    }
+    Verdict::Send(send)
 }
 
 #[cfg(test)]
@@ -470,6 +745,21 @@ mod tests {
         }
     }
 
+    /// A view whose every object's version appeared at `changed`.
+    struct ChangedAt(ClusterIndex, Instant);
+
+    impl ClusterView for ChangedAt {
+        fn version(&self, kind: &str, namespace: &str, name: &str) -> Option<(&str, &str)> {
+            self.0.version(kind, namespace, name)
+        }
+        fn changed_at(&self, _: &str, _: &str, _: &str) -> Option<Instant> {
+            Some(self.1)
+        }
+    }
+
+    const DELAY: Duration = Duration::from_secs(5);
+    const QUIET: Duration = Duration::from_secs(30);
+
     fn pod_id(name: &str, uid: &str) -> Arc<ObjectId> {
         Arc::new(ObjectId {
             api_version: "v1".into(),
@@ -485,18 +775,29 @@ mod tests {
                "resourceVersion": rv}})
     }
 
+    fn pod_key(name: &str) -> (String, String, String) {
+        ("Pod".to_owned(), "default".to_owned(), name.to_owned())
+    }
+
     fn index(objects: &[Value]) -> ClusterIndex {
         objects
             .iter()
-            .map(|o| {
-                let key = (
-                    "Pod".to_owned(),
-                    meta_str(o, "namespace").to_owned(),
-                    meta_str(o, "name").to_owned(),
-                );
-                (key, o.clone())
-            })
+            .map(|o| (pod_key(meta_str(o, "name")), o.clone()))
             .collect()
+    }
+
+    /// Adds Nodes named `nodes` to `cluster`.
+    fn with_nodes(mut cluster: ClusterIndex, nodes: &[String]) -> ClusterIndex {
+        for node in nodes {
+            let object = json!({"kind": "Node", "metadata": {"name": node, "uid": node,
+                                "resourceVersion": "1"}});
+            cluster.insert(("Node".to_owned(), String::new(), node.clone()), object);
+        }
+        cluster
+    }
+
+    fn kinds(names: &[&str]) -> HashSet<String> {
+        names.iter().map(|kind| (*kind).to_owned()).collect()
     }
 
     fn write_all(records: &mut Records) -> Vec<Write> {
@@ -531,6 +832,12 @@ mod tests {
         assert_eq!(writes[0].want, None);
         assert!(records.is_empty(), "a deleted record is forgotten");
         assert_eq!(records.node_names().count(), 0);
+        assert_eq!(records.scheduled(), 0, "and leaves the deadline queue");
+        assert_eq!(records.kinds().count(), 0);
+        assert_eq!(
+            records.object_changed("Pod", "default", "a", Instant::now()),
+            0
+        );
     }
 
     #[test]
@@ -541,6 +848,7 @@ mod tests {
         assert!(records.take_dirty(10).is_empty(), "nothing to write");
         assert!(records.is_empty());
         assert_eq!(records.node_names().count(), 0);
+        assert_eq!(records.scheduled(), 0);
     }
 
     #[test]
@@ -555,7 +863,7 @@ mod tests {
 
     #[test]
     fn reconcile_resends_newer_deletes_gone_and_replaced_and_waits_quietly() {
-        let mut records = Records::default();
+        let mut records = Records::new(DELAY);
         for (node, name, uid) in [
             ("n1", "newer", "u1"),
             ("n2", "newer", "u1"),
@@ -572,20 +880,24 @@ mod tests {
             pod("replaced", "u4-new", "12"),
             pod("weird", "u5", "not-a-number"),
         ]);
-        let now = Instant::now();
-        let quiet = Duration::from_secs(30);
-        let kinds: HashSet<String> = ["Pod".to_owned()].into();
-        // A record made after the lists were taken is not judged by them.
-        assert!(records
-            .plan(&cluster, &kinds, now - Duration::from_secs(1), now, quiet)
-            .is_empty());
+        let pods = kinds(&["Pod"]);
+        // Records younger than an interval are not judged yet (nor looked at).
+        let run = records.run(&cluster, &pods, Instant::now(), QUIET);
+        assert!(run.resends.is_empty());
+        assert_eq!(run.looked_at, 0);
+        let now = Instant::now() + DELAY;
+        let run = records.run(&cluster, &HashSet::new(), now, QUIET);
         assert!(
-            records
-                .plan(&cluster, &HashSet::new(), now, now, quiet)
-                .is_empty(),
+            run.resends.is_empty(),
             "a kind that was not listed says nothing"
         );
-        let mut plans = records.plan(&cluster, &kinds, now, now, quiet);
+        assert_eq!(run.looked_at, 6);
+        assert_eq!(records.scheduled(), 0, "they wait for the list");
+        records.kind_synced("Pod", now);
+        let run = records.run(&cluster, &pods, now, QUIET);
+        assert_eq!(run.looked_at, 6);
+        assert!(run.missing_nodes.is_empty(), "Nodes were not listed");
+        let mut plans = run.resends;
         plans.sort_by(|a, b| a.object.name.cmp(&b.object.name));
         let summary: Vec<(&str, Vec<String>, bool)> = plans
             .iter()
@@ -599,32 +911,38 @@ mod tests {
                 ("replaced", vec!["n1".to_owned()], false),
             ]
         );
-        assert!(
-            records.plan(&cluster, &kinds, now, now, quiet).is_empty(),
-            "quiet"
+        let run = records.run(&cluster, &pods, now, QUIET);
+        assert!(run.resends.is_empty(), "quiet");
+        assert_eq!(
+            run.looked_at, 0,
+            "the resends are looked at again after `quiet`"
         );
+        assert_eq!(records.scheduled(), 4);
         let resending = records.of("n1").filter(|r| r.resending()).count();
         assert_eq!(resending, 3, "newer, gone and replaced are being resent");
         records.acked("n1", "u1", Some("9"), false, None);
         assert_eq!(records.of("n1").filter(|r| r.resending()).count(), 2);
-        let later = now + quiet;
-        assert_eq!(records.plan(&cluster, &kinds, now, later, quiet).len(), 3);
+        let later = now + QUIET;
+        let run = records.run(&cluster, &pods, later, QUIET);
+        assert_eq!(run.resends.len(), 3);
+        assert_eq!(run.looked_at, 4, "the acknowledged one is settled");
         records.unsent(&["n1".to_owned()], "u3");
-        assert_eq!(records.plan(&cluster, &kinds, now, later, quiet).len(), 1);
+        let run = records.run(&cluster, &pods, later, QUIET);
+        assert_eq!(run.resends.len(), 1);
+        assert_eq!(run.looked_at, 1);
     }
 
     #[test]
     fn what_a_pool_holds_is_not_resent_until_the_cluster_has_newer() {
-        let mut records = Records::default();
+        let mut records = Records::new(DELAY);
         // Queued here at version 4 for an offline node: the pool keeps it.
         records.queued("n1", &pod_id("a", "u1"), Some("4"));
         // Read from the cluster at start (another process queued it): no pool holds it.
         records.loaded("n2", pod_id("a", "u1"), QUEUED.into());
-        let kinds: HashSet<String> = ["Pod".to_owned()].into();
-        let quiet = Duration::from_secs(30);
-        let now = Instant::now() + Duration::from_secs(1);
-        let plans = records.plan(&index(&[pod("a", "u1", "4")]), &kinds, now, now, quiet);
-        let nodes: Vec<&Vec<String>> = plans.iter().map(|plan| &plan.nodes).collect();
+        let pods = kinds(&["Pod"]);
+        let now = Instant::now() + DELAY;
+        let run = records.run(&index(&[pod("a", "u1", "4")]), &pods, now, QUIET);
+        let nodes: Vec<&Vec<String>> = run.resends.iter().map(|plan| &plan.nodes).collect();
         assert_eq!(
             nodes,
             [&vec!["n2".to_owned()]],
@@ -633,23 +951,134 @@ mod tests {
 
         // The cluster moves on to 6 and the update was lost on its way: resent (to both).
         let cluster = index(&[pod("a", "u1", "6")]);
-        let plans = records.plan(&cluster, &kinds, now, now, quiet);
-        assert_eq!(plans.len(), 1);
-        assert_eq!(plans[0].nodes, ["n1".to_owned(), "n2".to_owned()]);
-        assert_eq!(plans[0].version.as_deref(), Some("6"));
+        assert_eq!(records.object_changed("Pod", "default", "a", now), 2);
+        let run = records.run(&cluster, &pods, now, QUIET);
+        assert_eq!(run.resends.len(), 1);
+        assert_eq!(run.resends[0].nodes, ["n1".to_owned(), "n2".to_owned()]);
+        assert_eq!(run.resends[0].version.as_deref(), Some("6"));
 
         // The update reached the pool (it replaced version 4): nothing more to send, even
         // once the quiet time is over.
         records.queued("n1", &pod_id("a", "u1"), Some("6"));
         records.queued("n1", &pod_id("a", "u1"), Some("5")); // late: keeps 6
-        let later = now + quiet;
-        let plans = records.plan(&cluster, &kinds, now, later, quiet);
-        assert!(plans.iter().all(|plan| plan.nodes != ["n1".to_owned()]));
+        let later = now + QUIET;
+        records.object_changed("Pod", "default", "a", later);
+        let run = records.run(&cluster, &pods, later, QUIET);
+        assert!(run
+            .resends
+            .iter()
+            .all(|plan| plan.nodes != ["n1".to_owned()]));
         // Gone from the cluster: the pool's version is no help, a delete is sent.
-        let plans = records.plan(&index(&[]), &kinds, now, later + quiet, quiet);
-        assert!(plans
+        records.object_changed("Pod", "default", "a", later + QUIET);
+        let run = records.run(&index(&[]), &pods, later + QUIET, QUIET);
+        assert!(run
+            .resends
             .iter()
             .any(|plan| plan.nodes.contains(&"n1".to_owned()) && plan.version.is_none()));
+    }
+
+    #[test]
+    fn a_change_younger_than_an_interval_is_left_to_the_controllers_for_that_long() {
+        let mut records = Records::new(DELAY);
+        records.acked("n1", "u1", Some("5"), false, Some(&pod_id("a", "u1")));
+        let now = Instant::now() + DELAY;
+        let changed = now - Duration::from_secs(1);
+        let cluster = ChangedAt(index(&[pod("a", "u1", "7")]), changed);
+        let run = records.run(&cluster, &kinds(&["Pod"]), now, QUIET);
+        assert!(run.resends.is_empty());
+        assert_eq!(run.looked_at, 1);
+        assert_eq!(
+            records.next_deadline(),
+            Some(changed + DELAY),
+            "looked at again when the change is an interval old"
+        );
+        let run = records.run(&cluster, &kinds(&["Pod"]), changed + DELAY, QUIET);
+        assert_eq!(run.resends.len(), 1);
+        assert_eq!(run.resends[0].version.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn records_wait_for_the_nodes_list_and_missing_nodes_are_reported() {
+        let mut records = Records::new(DELAY);
+        records.acked("here", "u1", Some("5"), false, Some(&pod_id("a", "u1")));
+        records.acked("gone", "u1", Some("5"), false, Some(&pod_id("a", "u1")));
+        let cluster = with_nodes(index(&[pod("a", "u1", "5")]), &["here".to_owned()]);
+        let now = Instant::now() + DELAY;
+        let run = records.run(&cluster, &kinds(&["Pod"]), now, QUIET);
+        assert!(run.missing_nodes.is_empty() && run.resends.is_empty());
+        assert_eq!(
+            records.scheduled(),
+            0,
+            "settled, waiting for the Nodes' list"
+        );
+        records.kind_synced(NODE_KIND, now);
+        let run = records.run(&cluster, &kinds(&["Pod", NODE_KIND]), now, QUIET);
+        assert_eq!(run.looked_at, 2);
+        assert_eq!(run.missing_nodes, ["gone".to_owned()]);
+        assert!(run.resends.is_empty());
+        records.node_gone_before("gone", Some(now));
+        write_all(&mut records);
+        assert_eq!(records.len(), 1);
+        assert!(!records.has_node("gone"));
+    }
+
+    /// The deadline queue's point: settled records cost nothing, a change costs its records.
+    #[test]
+    fn a_run_looks_at_no_settled_record_and_at_exactly_the_records_of_a_changed_object() {
+        const OBJECTS: usize = 10_000;
+        const NODES: usize = 10;
+        let mut records = Records::new(DELAY);
+        let nodes: Vec<String> = (0..NODES).map(|n| format!("n{n}")).collect();
+        let objects: Vec<Value> = (0..OBJECTS)
+            .map(|i| pod(&format!("p{i}"), &format!("u{i}"), "5"))
+            .collect();
+        let mut cluster = with_nodes(index(&objects), &nodes);
+        for i in 0..OBJECTS {
+            let id = pod_id(&format!("p{i}"), &format!("u{i}"));
+            for node in &nodes {
+                records.acked(node, &id.uid, Some("5"), false, Some(&id));
+            }
+        }
+        assert_eq!(records.len(), 100_000);
+        let synced = kinds(&["Pod", NODE_KIND]);
+        // Each new record is judged once, when it is an interval old: all settled.
+        let now = Instant::now() + DELAY;
+        let run = records.run(&cluster, &synced, now, QUIET);
+        assert_eq!(run.looked_at, 100_000);
+        assert!(run.resends.is_empty() && run.missing_nodes.is_empty());
+        assert_eq!(records.scheduled(), 0);
+        assert_eq!(records.next_deadline(), None, "nothing to wake for");
+
+        // 100,000 settled records: a run (any time later) looks at none of them.
+        for hours in [1, 2, 24] {
+            let run = records.run(
+                &cluster,
+                &synced,
+                now + Duration::from_secs(hours * 3600),
+                QUIET,
+            );
+            assert_eq!(run.looked_at, 0, "settled records are never looked at");
+            assert!(run.resends.is_empty());
+        }
+
+        // One object changes: exactly its records are looked at, and resent.
+        cluster.insert(pod_key("p4242"), pod("p4242", "u4242", "9"));
+        let at = now + Duration::from_secs(25 * 3600);
+        assert_eq!(records.object_changed("Pod", "default", "p4242", at), NODES);
+        let run = records.run(&cluster, &synced, at, QUIET);
+        assert_eq!(run.looked_at, NODES);
+        assert_eq!(run.resends.len(), 1);
+        assert_eq!(run.resends[0].nodes, nodes);
+        assert_eq!(run.resends[0].version.as_deref(), Some("9"));
+
+        // The edges acknowledge: the resends are looked at once more, then settled.
+        for node in &nodes {
+            records.acked(node, "u4242", Some("9"), false, None);
+        }
+        let run = records.run(&cluster, &synced, at + QUIET, QUIET);
+        assert_eq!((run.looked_at, run.resends.len()), (NODES, 0));
+        let run = records.run(&cluster, &synced, at + 2 * QUIET, QUIET);
+        assert_eq!(run.looked_at, 0);
     }
 
     #[test]
@@ -665,6 +1094,10 @@ mod tests {
         assert_eq!(writes[0].node, "n1");
         assert_eq!(records.len(), 1);
         assert_eq!(records.of("n2").count(), 1);
+        assert_eq!(
+            records.object_changed("Pod", "default", "a", Instant::now()),
+            1
+        );
     }
 
     #[test]

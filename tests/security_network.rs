@@ -184,7 +184,7 @@ async fn new_addresses_get_in_while_49_addresses_fill_both_handshake_gates() {
     let mut attack = idle_flood(&sources, cloud.websocket_addr(), 40, until);
     attack.extend(idle_flood(&sources, cert_server, 40, until));
     // 49 x 40 = 1,960 idle connections per port for 1,024 handshakes (and on the
-    // certificates port 512 connections): both ports full, newcomers refused.
+    // certificates port 512 connections): both ports full, newcomers refused or evicting.
     eventually("both ports full", Duration::from_secs(60), || async {
         let metrics = metrics_of(&cloud).await;
         let refused = |port: &str, reason: &str| {
@@ -199,9 +199,14 @@ async fn new_addresses_get_in_while_49_addresses_fill_both_handshake_gates() {
             &metrics,
             "edgehive_tls_handshakes_pending{port=\"websocket\"}",
         ) == 1024
-            && refused("websocket", "total") > 0
-            && refused("certificates", "total") + refused("certificates", "connections") > 0)
-            .then_some(())
+            // Full: a newcomer is refused, or (from an address holding fewer) evicts.
+            && refused("websocket", "total") + refused("websocket", "evicted") > 0
+            && refused("certificates", "total")
+                + refused("certificates", "connections")
+                + refused("certificates", "evicted")
+                + refused("certificates", "connection_evicted")
+                > 0)
+        .then_some(())
     })
     .await;
 

@@ -143,6 +143,12 @@ impl CloudConfig {
     pub fn load_files(paths: &[PathBuf]) -> Result<Self, ConfigError> {
         load(paths)
     }
+
+    /// Parses and checks a cloud config's text, as [`CloudConfig::load`] does the file's;
+    /// `path` only names the file in errors.
+    pub fn from_text(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        super::parse_reporting(path, text).map(|(config, _)| config)
+    }
 }
 
 impl Validate for CloudConfig {

@@ -83,6 +83,12 @@ impl EdgeConfig {
         load(paths)
     }
 
+    /// Parses and checks an edge config's text, as [`EdgeConfig::load`] does the file's;
+    /// `path` only names the file in errors.
+    pub fn from_text(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        super::parse_reporting(path, text).map(|(config, _)| config)
+    }
+
     /// `modules.metaManager.remoteQueryTimeout`.
     pub fn remote_query_timeout(&self) -> Duration {
         Duration::from_secs(self.modules.meta_manager.remote_query_timeout)

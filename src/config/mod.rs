@@ -89,7 +89,6 @@ trait Schema: DeserializeOwned + Serialize + Default + Validate {
 }
 
 /// [`parse_files`] of one file.
-#[cfg(all(test, feature = "cloud"))]
 fn parse_reporting<T: Schema>(path: &Path, text: &str) -> Result<(T, Vec<String>), ConfigError> {
     parse_files(&[(path, text)])
 }

@@ -39,6 +39,9 @@ pub mod pool;
 pub mod server;
 pub mod session;
 mod socket;
+// The socket reader's pure parts, for the fuzz targets (`fuzz/`).
+#[doc(hidden)]
+pub use socket::{announced_over, read_frames};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

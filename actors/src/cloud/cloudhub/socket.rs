@@ -243,7 +243,7 @@ impl Stream for SocketReader {
 /// The payload length the frame header at the start of `buf` announces, when it is more than
 /// such a frame may carry: `max_size` for data frames, 125 bytes for control frames (RFC
 /// 6455 §5.5). `None` while the header is incomplete or the length is allowed.
-pub(crate) fn announced_over(buf: &[u8], max_size: usize) -> Option<u64> {
+pub fn announced_over(buf: &[u8], max_size: usize) -> Option<u64> {
     let (first, second) = (*buf.first()?, *buf.get(1)?);
     let length = match second & 0x7f {
         126 => u64::from(u16::from_be_bytes([*buf.get(2)?, *buf.get(3)?])),
@@ -260,6 +260,68 @@ pub(crate) fn announced_over(buf: &[u8], max_size: usize) -> Option<u64> {
         max_size as u64
     };
     (length > max).then_some(length)
+}
+
+/// What a session's reader makes of `bytes` sent by an edge after its upgrade request,
+/// arriving `chunk` bytes per read (at least 1), with frames up to `max_frame_bytes`: every
+/// message and the error that ends the stream, in order. For the fuzz targets (`fuzz/`): the
+/// reader driven from bytes alone, with no connection or runtime.
+#[doc(hidden)]
+pub fn read_frames(
+    bytes: &[u8],
+    chunk: usize,
+    max_frame_bytes: usize,
+) -> Vec<Result<AggregatedMessage, ProtocolError>> {
+    /// Gives out `data` `chunk` bytes at a time, then end of file; takes every write.
+    struct Pieces {
+        data: Vec<u8>,
+        at: usize,
+        chunk: usize,
+    }
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = &mut *self;
+            let end = this
+                .data
+                .len()
+                .min(this.at + this.chunk.min(buf.remaining()));
+            buf.put_slice(&this.data[this.at..end]);
+            this.at = end;
+            Poll::Ready(Ok(()))
+        }
+    }
+    impl AsyncWrite for Pieces {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+    let io = Pieces {
+        data: bytes.to_vec(),
+        at: 0,
+        chunk: chunk.max(1),
+    };
+    let mut reader = SocketLink::new(io, BytesMut::new(), max_frame_bytes).reader;
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut out = Vec::new();
+    // The reads never wait, so each poll ends in a message, an error or the end.
+    while let Poll::Ready(Some(item)) = Pin::new(&mut reader).poll_next(&mut cx) {
+        out.push(item);
+    }
+    out
 }
 
 /// Writes a session's frames to the connection, in order (see the [module docs](self)).
@@ -388,5 +450,41 @@ mod tests {
         let ping = [0x89, 0x80 | 126, 0x00, 126];
         assert_eq!(announced_over(&ping, 16 << 20), Some(126));
         assert_eq!(announced_over(&[0x89, 0x80 | 125], 16 << 20), None);
+    }
+
+    /// A masked client frame (all-zero mask, so the payload reads as is).
+    fn masked(first: u8, payload: &[u8]) -> Vec<u8> {
+        let mut frame = vec![first, 0x80 | payload.len() as u8, 0, 0, 0, 0];
+        frame.extend_from_slice(payload);
+        frame
+    }
+
+    #[test]
+    fn read_frames_reads_what_a_session_reads_in_any_pieces() {
+        let mut bytes = masked(0x01, b"hel"); // first text fragment
+        bytes.extend(masked(0x89, b"p")); // a ping between fragments
+        bytes.extend(masked(0x80, b"lo")); // last fragment
+        for chunk in [1, 3, 2048] {
+            let items = read_frames(&bytes, chunk, 100);
+            assert!(
+                matches!(&items[..], [Ok(AggregatedMessage::Ping(p)), Ok(AggregatedMessage::Text(t))]
+                    if p.as_ref() == b"p" && t == "hello"),
+                "{chunk}: {items:?}"
+            );
+        }
+        // Over the limit in pieces: one error, then nothing.
+        let items = read_frames(&bytes, 1, 4);
+        assert!(
+            matches!(&items[..], [Ok(AggregatedMessage::Ping(_)), Err(_)]),
+            "{items:?}"
+        );
+        // An oversized header: refused before its payload.
+        let mut header = vec![0x81, 0x80 | 127];
+        header.extend_from_slice(&(1u64 << 40).to_be_bytes());
+        let items = read_frames(&header, 2048, 100);
+        assert!(
+            matches!(&items[..], [Err(ProtocolError::Overflow)]),
+            "{items:?}"
+        );
     }
 }

@@ -130,7 +130,7 @@ impl Datastore {
     pub fn write(
         &mut self,
         key: &ObjectKey,
-        object: Option<&Value>,
+        object: Option<&str>,
         resource_version: u64,
     ) -> Result<(), ClusterError> {
         let path = self.path.clone();
@@ -142,7 +142,7 @@ impl Datastore {
                     "INSERT INTO objects (kind, namespace, name, object) VALUES (?1, ?2, ?3, ?4)
                      ON CONFLICT (kind, namespace, name) DO UPDATE SET object = excluded.object",
                 )
-                .and_then(|mut s| s.execute(params![key.0, key.1, key.2, object.to_string()])),
+                .and_then(|mut s| s.execute(params![key.0, key.1, key.2, object])),
             None => tx
                 .prepare_cached(
                     "DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",

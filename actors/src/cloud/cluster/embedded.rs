@@ -812,6 +812,10 @@ impl Inner {
         event_type: EventType,
     ) -> Result<Value, ClusterError> {
         let deleted = event_type == EventType::Deleted;
+        let rv = self.resource_version + 1;
+        metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
+        // The text the datastore stores, made once: its length is the object's size.
+        let mut text = None;
         if !deleted {
             // Every write, however it is made (create, update, patch, status): small changes
             // cannot add up past the limit.
@@ -820,7 +824,8 @@ impl Inner {
             } else {
                 self.limits.max_object_bytes
             };
-            let size = json_size(&obj);
+            text = self.datastore.is_some().then(|| obj.to_string());
+            let size = text.as_ref().map_or_else(|| json_size(&obj), String::len);
             if size > max {
                 return Err(ClusterError::Api {
                     code: 413,
@@ -833,10 +838,8 @@ impl Inner {
                 });
             }
         }
-        let rv = self.resource_version + 1;
-        metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
         if let Some(datastore) = &mut self.datastore {
-            datastore.write(&key, (!deleted).then_some(&obj), rv)?;
+            datastore.write(&key, text.as_deref(), rv)?;
         }
         self.resource_version = rv;
         let kind = key.0.clone();

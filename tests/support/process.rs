@@ -50,29 +50,30 @@ impl Process {
 /// Starts `edgehive ARGS` and returns it with its banner (the first stdout line, which says
 /// where it listens).
 pub fn spawn(args: &[&str]) -> (Process, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let process = Process(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    assert!(
-        !line.is_empty(),
-        "edgehive {args:?} exited without a banner"
-    );
-    (process, line)
+    spawn_to(args, Stdio::null(), String::new)
 }
 
 /// [`spawn`], with the process's log (standard error) written to the file `log`.
 pub fn spawn_logged(args: &[&str], log: &std::path::Path) -> (Process, String) {
+    spawn_to(args, std::fs::File::create(log).unwrap().into(), || {
+        format!(
+            "; its log: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )
+    })
+}
+
+/// [`spawn`] with standard error to `stderr`; `why_silent` adds to the failure when the
+/// process prints no banner.
+fn spawn_to(
+    args: &[&str],
+    stderr: Stdio,
+    why_silent: impl FnOnce() -> String,
+) -> (Process, String) {
     let mut child = Command::new(BIN)
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
@@ -81,8 +82,8 @@ pub fn spawn_logged(args: &[&str], log: &std::path::Path) -> (Process, String) {
     BufReader::new(stdout).read_line(&mut line).unwrap();
     assert!(
         !line.is_empty(),
-        "edgehive {args:?} exited without a banner; its log: {}",
-        std::fs::read_to_string(log).unwrap_or_default()
+        "edgehive {args:?} exited without a banner{}",
+        why_silent()
     );
     (process, line)
 }

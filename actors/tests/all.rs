@@ -26,6 +26,7 @@ mod edge_walking_skeleton;
 mod edge_watch;
 mod hive;
 mod hub_delivery;
+mod invariants;
 mod kube_crds;
 mod sync_kube;
 mod sync_reconcile;

@@ -528,7 +528,8 @@ fn admin_exposed(
     Err((
         key,
         format!(
-            "expected a token file: the admin endpoint on {bind_address} is reachable beyond              this host and can read Secrets and change objects (see README, Admin endpoint)"
+            "expected a token file: the admin endpoint on {bind_address} is reachable beyond \
+             this host and can read Secrets and change objects (see docs/admin-endpoint.md)"
         ),
     ))
 }

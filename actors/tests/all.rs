@@ -27,6 +27,7 @@ mod edge_watch;
 mod hive;
 mod hub_delivery;
 mod kube_crds;
+mod layering;
 mod sync_kube;
 mod sync_reconcile;
 mod write_limits;

@@ -28,6 +28,7 @@ mod hive;
 mod hub_delivery;
 mod invariants;
 mod kube_crds;
+mod layering;
 mod sync_kube;
 mod sync_reconcile;
 mod write_limits;

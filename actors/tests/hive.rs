@@ -63,6 +63,19 @@ impl Handler<Add> for Probe {
     }
 }
 
+/// Blocks the actor (no later message is handled) until the test notifies.
+#[derive(Debug)]
+struct Gate(Arc<tokio::sync::Notify>);
+impl actix::Message for Gate {
+    type Result = ();
+}
+impl Handler<Gate> for Probe {
+    type Result = ();
+    fn handle(&mut self, Gate(open): Gate, ctx: &mut Context<Self>) {
+        ctx.wait(async move { open.notified().await }.into_actor(self));
+    }
+}
+
 struct ProbeModule {
     name: &'static str,
     group: &'static str,
@@ -93,7 +106,7 @@ impl Module for ProbeModule {
         self.capacity
     }
     fn accepts(&self, accepts: &mut Accepts<Probe>) {
-        accepts.message::<Add>();
+        accepts.message::<Add>().message::<Gate>();
     }
     fn create(&self, _: &Hive) -> Probe {
         Probe {
@@ -416,4 +429,56 @@ async fn typed_messages_go_by_name_and_type_bounded_and_counted() {
     })
     .await;
     assert_eq!(info(&hive, "math").messages_dropped, 1);
+}
+
+/// `call` (by actor type, what the admin routes use) keeps the mailbox bound like `ask`: with
+/// every slot taken and the handler blocked, a call waits for a slot instead of queueing past
+/// the bound, then gets its answer once the module catches up; one that finds no slot within
+/// its timeout times out and is never handled.
+#[actix_rt::test]
+async fn call_waits_for_a_mailbox_slot_and_holds_it_until_the_reply() {
+    use futures_util::FutureExt;
+
+    let hive = Hive::new("test");
+    let mut module = ProbeModule::new("math", "g");
+    module.capacity = 2;
+    hive.start_module(module).unwrap();
+    let open = Arc::new(tokio::sync::Notify::new());
+    hive.tell("math", Gate(open.clone())).unwrap();
+    wait_until("gate taken", || info(&hive, "math").messages_handled == 1).await;
+    // Both slots taken by messages the blocked actor has not handled.
+    hive.tell("math", Add(1, 1)).unwrap();
+    hive.tell("math", Add(2, 2)).unwrap();
+    assert_eq!(
+        hive.tell("math", Add(3, 3)).map_err(|r| r.error),
+        Err(HiveError::MailboxFull("math".into()))
+    );
+
+    // Polled once, a call finds no slot: it waits, and the mailbox stays at its bound.
+    let mut call = Box::pin(hive.call::<Probe, _>("math", Add(20, 22), Duration::from_secs(30)));
+    assert!(
+        (&mut call).now_or_never().is_none(),
+        "answered while blocked"
+    );
+    assert_eq!(
+        info(&hive, "math").mailbox_depth,
+        2,
+        "a call went past the mailbox bound"
+    );
+    // One that finds no slot within its timeout fails without entering the mailbox.
+    let short = hive
+        .call::<Probe, _>("math", Add(5, 5), Duration::from_millis(50))
+        .await;
+    assert!(matches!(short, Err(HiveError::Timeout { .. })), "{short:?}");
+    assert_eq!(info(&hive, "math").mailbox_depth, 2);
+
+    open.notify_one();
+    assert_eq!(call.await, Ok(42));
+    wait_until("all handled", || {
+        let math = info(&hive, "math");
+        math.mailbox_depth == 0 && math.messages_handled == 4
+    })
+    .await;
+    // The timed-out call was never handled: gate, two tells and the waiting call only.
+    assert_eq!(info(&hive, "math").messages_handled, 4);
 }

@@ -178,6 +178,7 @@ struct Entry {
 
 type Target = TypedTarget<Envelope>;
 type TypedTarget<M> = (Recipient<M>, Arc<ModuleStats>, Arc<Semaphore>);
+type AddrTarget<A> = (Addr<A>, Arc<ModuleStats>, Arc<Semaphore>);
 
 struct Inner {
     process: String,
@@ -443,7 +444,9 @@ impl Hive {
         }
     }
 
-    /// Sends a typed message to module `name` and waits up to `timeout` for its result.
+    /// Sends a typed message to module `name` (by its actor type `A`) and waits up to
+    /// `timeout` for its result. Bounded like [`Hive::ask`]: it waits for one of the module's
+    /// mailbox slots within the same timeout and holds it until the reply is back.
     pub async fn call<A, M>(
         &self,
         name: &str,
@@ -456,12 +459,15 @@ impl Hive {
         M: actix::Message + Send + 'static,
         M::Result: Send,
     {
-        let (addr, stats) = self.addr_target::<A>(name)?;
+        let (addr, stats, slots) = self.addr_target::<A>(name)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let slot = wait_for_slot(slots, name, deadline, timeout).await?;
         // Counted like an envelope: queued until the reply is back (the handler is done then),
-        // or until the caller gives up.
+        // or until the caller gives up; the slot is held as long.
         stats.enqueued();
         stats.delivered();
-        let outcome = tokio::time::timeout(timeout, addr.send(message)).await;
+        let outcome = tokio::time::timeout_at(deadline, addr.send(message)).await;
+        drop(slot);
         settle(outcome, &stats, name, timeout)
     }
 
@@ -632,7 +638,7 @@ impl Hive {
         Ok((recipient, entry.stats.clone(), entry.slots.clone()))
     }
 
-    fn addr_target<A: Actor>(&self, name: &str) -> Result<(Addr<A>, Arc<ModuleStats>), HiveError> {
+    fn addr_target<A: Actor>(&self, name: &str) -> Result<AddrTarget<A>, HiveError> {
         let modules = self.read_modules();
         let entry = modules
             .get(name)
@@ -642,7 +648,7 @@ impl Hive {
             .downcast_ref::<Addr<A>>()
             .cloned()
             .ok_or_else(|| HiveError::WrongType(name.to_owned()))?;
-        Ok((addr, entry.stats.clone()))
+        Ok((addr, entry.stats.clone(), entry.slots.clone()))
     }
 
     fn target(&self, name: &str) -> Result<Target, HiveError> {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use edgehive_protocols::{prefix_for_cloud, Group, Message, ModuleName};
 
-use super::node::HubContext;
+use super::context::HubContext;
 use crate::cloud::contract::request::EdgeRequest;
 use crate::cloud::contract::twin::TwinRequest;
 use crate::cloud::contract::{route, NodeMessage};

@@ -14,7 +14,7 @@ pub use bytestring::ByteString;
 use futures_util::Stream;
 use tokio::sync::mpsc;
 
-use super::session::Outgoing;
+use super::link::Outgoing;
 
 /// Frames an edge may have in flight to its session before sending waits (a socket's buffer).
 pub const MEMORY_LINK_CAPACITY: usize = 16;

@@ -20,7 +20,7 @@
 //! connected node makes no actor handle anything.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -30,16 +30,15 @@ use edgehive_protocols::object::unix_ms;
 use edgehive_protocols::{Message, Operation};
 
 use super::auth::{self, binds};
+use super::context::HubContext;
 use super::dispatch;
 use super::limits::{self, WriteBudget};
-use super::metrics::CloudHubMetrics;
-use super::options::{CloudHubOptions, CloudHubSecurity};
+use super::link::{CloseSession, SessionHandle, WriteFrame};
 use super::pool::{Enqueued, NodePool};
-use super::session::{CloseSession, NodeSession, WriteFrame};
 use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
 use crate::hive::locks;
 use crate::hive::log::{clip, WarnBudget};
-use crate::hive::{ChildInfo, Hive, HiveError, ModuleState, Recipe, RefusalKind, Refused};
+use crate::hive::{ChildInfo, HiveError, ModuleState, Recipe, RefusalKind, Refused};
 
 /// Mailbox of a node actor. Senders never overrun it by much: wakes are coalesced,
 /// connection events are one per connection, and a session whose frame finds the mailbox full
@@ -53,28 +52,6 @@ const ACK_EVENT_RETRIES: u32 = 60;
 /// How soon a node tries again when its session's mailbox was full.
 const SESSION_FULL_RETRY: Duration = Duration::from_millis(10);
 
-/// What every node actor shares with CloudHub.
-pub(crate) struct HubContext {
-    pub(crate) hive: Hive,
-    pub(crate) options: CloudHubOptions,
-    pub(crate) security: CloudHubSecurity,
-    pub(crate) metrics: CloudHubMetrics,
-    /// Nodes with an admitted connection (see [`NodeCell::admit`]).
-    pub(crate) connected: AtomicUsize,
-}
-
-impl HubContext {
-    fn connected_changed(&self, connected: bool) {
-        if connected {
-            self.connected.fetch_add(1, Ordering::AcqRel);
-            self.metrics.connected_nodes.inc();
-        } else {
-            self.connected.fetch_sub(1, Ordering::AcqRel);
-            self.metrics.connected_nodes.dec();
-        }
-    }
-}
-
 /// Counters of one connection, shared by its session and its node.
 #[derive(Debug, Default)]
 pub(crate) struct ConnectionStats {
@@ -87,7 +64,7 @@ pub(crate) struct ConnectionStats {
 /// The node's current connection.
 struct Connection {
     id: u64,
-    addr: Addr<NodeSession>,
+    session: SessionHandle,
     since: SystemTime,
     stats: Arc<ConnectionStats>,
 }
@@ -350,7 +327,7 @@ impl NodeCell {
     pub(crate) fn attach(
         &self,
         id: u64,
-        addr: Addr<NodeSession>,
+        session: SessionHandle,
         stats: Arc<ConnectionStats>,
         store_id: Option<String>,
         hub: &HubContext,
@@ -370,7 +347,7 @@ impl NodeCell {
             }
             let replaced = state.incoming.replace(Connection {
                 id,
-                addr,
+                session,
                 since: SystemTime::now(),
                 stats,
             });
@@ -504,7 +481,7 @@ impl NodeCell {
 /// Closes `connection` with a Normal close frame saying `reason`. `do_send` on purpose: a
 /// close must not be refused by a full mailbox, and it is one message per connection.
 fn close(connection: &Connection, reason: &str) {
-    connection.addr.do_send(CloseSession {
+    connection.session.close.do_send(CloseSession {
         code: CloseCode::Normal,
         reason: reason.to_owned(),
     });
@@ -683,9 +660,9 @@ impl NodeActor {
         let mut due = None;
         let mut lost = false;
         if let Some(connection) = &state.connection {
-            let addr = connection.addr.clone();
+            let session = connection.session.write.clone();
             let stats = connection.stats.clone();
-            let write = |frame: &NodeMessage| addr.try_send(WriteFrame(frame.frame().clone()));
+            let write = |frame: &NodeMessage| session.try_send(WriteFrame(frame.frame().clone()));
             while let Some(message) = state.pool.front_noack() {
                 match write(message) {
                     Ok(()) => {

@@ -38,15 +38,13 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use super::gate::{self, Gate, GateMetrics};
+use super::hub::{Admit, AdmitAbandoned, CloudHub, CloudHubModule, Shared, CLOUDHUB_MODULE};
 #[cfg(feature = "test-hooks")]
 use super::memory::{EdgeInbox, MemoryLink, MEMORY_LINK_CAPACITY};
 use super::node::NodeCell;
+use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::session::{Link, NodeSession, SessionConfig};
 use super::socket::SocketLink;
-use super::{
-    Admit, AdmitAbandoned, CloudHub, CloudHubModule, CloudHubOptions, CloudHubSecurity, Shared,
-    CLOUDHUB_MODULE,
-};
 use crate::hive::log::{clip, WarnBudget};
 use crate::hive::{Hive, HiveError, RefusalKind};
 use crate::identity::check_node_name;
@@ -621,7 +619,7 @@ fn start_session(
     };
     let (addr, stats) =
         NodeSession::start(cell.clone(), hub_context.clone(), session_id, config, link);
-    cell.attach(session_id, addr, stats, store_id, hub_context);
+    cell.attach(session_id, addr.into(), stats, store_id, hub_context);
 }
 
 /// Links edges to a running CloudHub over channels in this process (see [`super::memory`]).

@@ -17,12 +17,13 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_ws::{AggregatedMessage, CloseCode, CloseReason, ProtocolError};
-use bytestring::ByteString;
 use edgehive_protocols::{decode_with_limit, DecodeError, Message, Operation};
 use tokio::sync::{mpsc, oneshot};
 
+use super::context::HubContext;
+use super::link::{CloseSession, Outgoing, WriteFrame};
 use super::metrics::CloudHubMetrics;
-use super::node::{ConnectionStats, FromEdge, HubContext, NodeActor, NodeCell};
+use super::node::{ConnectionStats, FromEdge, NodeActor, NodeCell};
 use crate::hive::log::{clip, WarnBudget};
 use crate::hive::RefusalKind;
 
@@ -33,28 +34,6 @@ pub const WRITE_QUEUE_CAPACITY: usize = 256;
 
 /// Mailbox of a session actor; the node keeps what does not fit in its pool.
 const SESSION_MAILBOX_CAPACITY: usize = 64;
-
-/// A frame for the edge, encoded once (shared with every other node that gets it).
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct WriteFrame(pub ByteString);
-
-/// Closes the connection with a close frame.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct CloseSession {
-    /// The close code.
-    pub code: CloseCode,
-    /// The close reason text.
-    pub reason: String,
-}
-
-/// What a session's writer sends, in order.
-pub(crate) enum Outgoing {
-    Text(ByteString),
-    Pong(actix_web::web::Bytes),
-    Close(CloseReason),
-}
 
 /// What carries a session's frames.
 pub(crate) enum Link {

@@ -27,7 +27,7 @@ use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 
-use super::session::Outgoing;
+use super::link::Outgoing;
 
 /// Bytes asked of the connection per read (on the stack, copied into the frame buffer).
 const READ_CHUNK: usize = 2048;

@@ -1,0 +1,419 @@
+//! The CloudHub module itself: its recipe (the node directory and the context every node
+//! shares, kept across restarts), its actor (admission, the directory, delivery of
+//! [`ToNodes`] to the nodes' pools) and the messages it takes. Above the node files; only
+//! the server and `mod.rs` use it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use actix::prelude::*;
+use edgehive_protocols::Message;
+
+use super::auth;
+use super::context::HubContext;
+use super::metrics::CloudHubMetrics;
+use super::node::{NodeCell, NodeInfo, NodeRecipe};
+use super::options::{CloudHubOptions, CloudHubSecurity};
+use super::pool::Enqueued;
+use crate::cloud::contract::{route, DisconnectNode, Lane, NodeDeleted, Queued, ToNodes};
+use crate::hive::locks;
+use crate::hive::{
+    supervise_on, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, RefusalKind, Refused,
+};
+
+/// The module name other modules address CloudHub by.
+pub const CLOUDHUB_MODULE: &str = route::CLOUDHUB;
+/// CloudHub's group.
+pub const CLOUDHUB_GROUP: &str = route::CLOUDHUB;
+
+/// What the module recipe keeps for every incarnation of the CloudHub actor: the context
+/// node actors share, and the directory of node cells.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) hub: Arc<HubContext>,
+    nodes: Arc<Mutex<HashMap<String, Arc<NodeCell>>>>,
+    pub(crate) next_session_id: Arc<AtomicU64>,
+    /// The arbiters node actors run on (made with the first node), taken in turn.
+    node_arbiters: Arc<OnceLock<Vec<actix::Arbiter>>>,
+}
+
+/// Arbiters (threads) CloudHub's node actors are spread over, as many as its WebSocket
+/// workers: the nodes' work (pools, ACKs, requests) uses every core instead of sharing
+/// the system arbiter with the controllers and the cluster.
+pub const NODE_ARBITERS: usize = 2;
+
+impl Shared {
+    fn nodes(&self) -> MutexGuard<'_, HashMap<String, Arc<NodeCell>>> {
+        // Only inserts happen under the lock; a panic cannot leave the map half-written.
+        locks::lock(&self.nodes)
+    }
+
+    /// The cell of `node`, with its actor started the first time the node is named, on the
+    /// next of the [`NODE_ARBITERS`] in turn. Must run inside the actix system.
+    fn node(&self, node: &str) -> Arc<NodeCell> {
+        let mut nodes = self.nodes();
+        if let Some(cell) = nodes.get(node) {
+            return cell.clone();
+        }
+        let cell = NodeCell::new(node, &self.hub);
+        nodes.insert(node.to_owned(), cell.clone());
+        let turn = nodes.len();
+        drop(nodes);
+        self.hub.metrics.node_actors.inc();
+        let recipe = NodeRecipe {
+            cell: cell.clone(),
+            hub: self.hub.clone(),
+        };
+        let arbiters = self
+            .node_arbiters
+            .get_or_init(|| (0..NODE_ARBITERS).map(|_| actix::Arbiter::new()).collect());
+        let arbiter = arbiters[turn % arbiters.len()].handle();
+        let addr = supervise_on(&arbiter, &self.hub.hive, recipe);
+        cell.set_addr(addr);
+        cell
+    }
+
+    fn cells(&self) -> Vec<Arc<NodeCell>> {
+        let mut cells: Vec<_> = self.nodes().values().cloned().collect();
+        cells.sort_by(|a, b| a.name().cmp(b.name()));
+        cells
+    }
+
+    /// The supervision tree below CloudHub, for `/api/v1/modules`: the first `limit` nodes by
+    /// name, and how many there are.
+    pub(crate) fn children(&self, limit: usize) -> (Vec<ChildInfo>, usize) {
+        let mut cells: Vec<_> = self.nodes().values().cloned().collect();
+        let total = cells.len();
+        if limit < total {
+            cells.select_nth_unstable_by(limit, |a, b| a.name().cmp(b.name()));
+            cells.truncate(limit);
+        }
+        cells.sort_by(|a, b| a.name().cmp(b.name()));
+        (cells.iter().map(|cell| cell.child_info()).collect(), total)
+    }
+}
+
+/// CloudHub's module recipe; its shared state survives actor restarts.
+pub struct CloudHubModule {
+    shared: Shared,
+}
+
+impl CloudHubModule {
+    /// A recipe for `hive` with `options`; registers CloudHub's metrics with the hive (create
+    /// one per hive).
+    pub fn new(hive: &Hive, options: CloudHubOptions) -> Self {
+        Self::with_security(hive, options, CloudHubSecurity::default())
+    }
+
+    /// A recipe with `security` (mutual TLS, message scoping).
+    pub fn with_security(
+        hive: &Hive,
+        options: CloudHubOptions,
+        security: CloudHubSecurity,
+    ) -> Self {
+        let mut metrics = CloudHubMetrics::default();
+        metrics.register(hive);
+        CloudHubModule {
+            shared: Shared {
+                hub: Arc::new(HubContext {
+                    hive: hive.clone(),
+                    options,
+                    security,
+                    metrics,
+                    connected: AtomicUsize::new(0),
+                }),
+                nodes: Arc::default(),
+                next_session_id: Arc::new(AtomicU64::new(1)),
+                node_arbiters: Arc::default(),
+            },
+        }
+    }
+
+    pub(crate) fn shared(&self) -> Shared {
+        self.shared.clone()
+    }
+}
+
+impl Module for CloudHubModule {
+    type Actor = CloudHub;
+
+    fn name(&self) -> &str {
+        CLOUDHUB_MODULE
+    }
+
+    fn group(&self) -> &str {
+        CLOUDHUB_GROUP
+    }
+
+    fn create(&self, _: &Hive) -> CloudHub {
+        CloudHub {
+            shared: self.shared.clone(),
+        }
+    }
+
+    fn accepts(&self, accepts: &mut Accepts<CloudHub>) {
+        accepts
+            .message::<ToNodes>()
+            .message::<DisconnectNode>()
+            .message::<NodeDeleted>()
+            .message::<ListNodes>();
+        #[cfg(feature = "test-hooks")]
+        accepts.message::<CrashNode>();
+    }
+}
+
+/// The CloudHub actor: see the [module docs](super).
+pub struct CloudHub {
+    shared: Shared,
+}
+
+impl Actor for CloudHub {
+    type Context = Context<Self>;
+}
+
+impl CloudHub {
+    /// At the node limit, a node the cluster has a Node object for (one the node did not
+    /// register itself) is admitted before nodes it has none for: one of those is
+    /// disconnected to make room. Without a cluster view every node counts as known.
+    fn make_room_for_known_node(&self, node: &str, limit: usize) {
+        let hub = &self.shared.hub;
+        let Some(view) = hub.security.view.as_deref() else {
+            return;
+        };
+        if hub.connected.load(Ordering::Acquire) < limit || !view.node_known(node) {
+            return;
+        }
+        let already = self
+            .shared
+            .nodes()
+            .get(node)
+            .is_some_and(|cell| cell.is_admitted());
+        if already {
+            return;
+        }
+        // At the limit only: a scan of the directory for a connected stranger (no copy or
+        // sort of the directory, as for the admin views).
+        let stranger = self
+            .shared
+            .nodes()
+            .values()
+            .find(|cell| cell.is_admitted() && !view.node_known(cell.name()))
+            .cloned();
+        if let Some(stranger) = stranger {
+            tracing::warn!(node = %stranger.name(), for_node = %node, "node limit reached: disconnecting a node the cluster does not know");
+            hub.metrics.refused.inc();
+            hub.metrics.record_refusal(
+                RefusalKind::Connection,
+                "node_limit",
+                Some(stranger.name()),
+                None,
+                &format!("node limit reached: disconnected to make room for {node}, a node the cluster knows"),
+            );
+            stranger.disconnect(
+                "node limit reached: room made for a node known to the cluster",
+                hub,
+            );
+        }
+    }
+
+    fn deliver(&self, ToNodes { nodes, message }: ToNodes) {
+        let hub = &self.shared.hub;
+        // Nodes whose pool now holds (a newer version of) an object: SyncController records
+        // them, also for offline nodes (see `Queued`).
+        let record = message
+            .object()
+            .filter(|_| message.lane() == Lane::Ack && !message.is_deleting());
+        let bound = auth::bound_key(message.resource());
+        let mut queued = Vec::new();
+        for node in nodes {
+            let outcome =
+                self.shared
+                    .node(&node)
+                    .enqueue_bound(message.clone(), bound.as_deref(), hub);
+            if record.is_some() && matches!(outcome, Enqueued::Ack | Enqueued::Replaced) {
+                queued.push(node);
+            }
+        }
+        if let (Some(object), false) = (record, queued.is_empty()) {
+            let event = Queued {
+                nodes: queued,
+                object: object.clone(),
+                resource_version: message.resource_version().map(str::to_owned),
+            };
+            match hub.hive.tell(route::SYNCCONTROLLER, event) {
+                Ok(())
+                | Err(Refused {
+                    error: HiveError::UnknownModule(_),
+                    ..
+                }) => {}
+                Err(refused) => {
+                    // SyncController catches up: the record is made on the ACK instead.
+                    tracing::debug!(error = %refused.error, "queued event not delivered");
+                    hub.metrics.drop_reason("sync_event_undelivered");
+                }
+            }
+        }
+    }
+
+    fn deliver_message(&self, message: Message) {
+        let resource = message.resource().to_owned();
+        match ToNodes::from_message(message) {
+            Some(to_nodes) => self.deliver(to_nodes),
+            None => {
+                tracing::warn!(%resource, "downstream message names no node; dropped");
+                self.shared.hub.metrics.drop_reason("no_node");
+            }
+        }
+    }
+}
+
+/// A message for an edge node, in cloud form (`node/{node}/...`), as a beehive message (for
+/// extensions; built-in controllers send [`ToNodes`]).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Downstream(pub Message);
+
+/// A new connection for `node` wants in: admitted (the node's cell, for its session) or
+/// refused because the node limit is reached.
+#[derive(Debug, Message)]
+#[rtype(result = "Option<Arc<NodeCell>>")]
+pub(crate) struct Admit {
+    pub(crate) node: String,
+    pub(crate) session_id: u64,
+    /// Where the connection comes from, for the refusal log.
+    pub(crate) peer: Option<std::net::SocketAddr>,
+}
+
+/// The server gave up waiting for the answer to its [`Admit`]: if the connection was
+/// admitted, it never started, so it must not hold the node's slot.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct AdmitAbandoned {
+    pub(crate) node: String,
+    pub(crate) session_id: u64,
+}
+
+/// Asks for every known node's connection and delivery state, in name order.
+#[derive(Debug, Message)]
+#[rtype(result = "Vec<NodeInfo>")]
+pub struct ListNodes;
+
+/// Panics `node`'s actor on purpose, for supervision drills; answers whether the node is
+/// known. Its supervisor restarts it with its pool and connection intact. Only with the
+/// `test-hooks` feature (tests); the product binary has no way to crash a node.
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Message)]
+#[rtype(result = "bool")]
+pub struct CrashNode {
+    /// The node whose actor panics.
+    pub node: String,
+}
+
+impl Handler<Envelope> for CloudHub {
+    type Result = Option<Message>;
+
+    /// Beehive-style sends to `cloudhub` are downstream messages.
+    fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Option<Message> {
+        self.deliver_message(envelope.into_message());
+        None
+    }
+}
+
+impl Handler<Downstream> for CloudHub {
+    type Result = ();
+
+    fn handle(&mut self, Downstream(message): Downstream, _: &mut Context<Self>) {
+        self.deliver_message(message);
+    }
+}
+
+impl Handler<ToNodes> for CloudHub {
+    type Result = ();
+
+    fn handle(&mut self, to_nodes: ToNodes, _: &mut Context<Self>) {
+        self.deliver(to_nodes);
+    }
+}
+
+impl Handler<Admit> for CloudHub {
+    type Result = Option<Arc<NodeCell>>;
+
+    fn handle(&mut self, admit: Admit, _: &mut Context<Self>) -> Self::Result {
+        let limit = self.shared.hub.options.node_limit;
+        // A refused node gets no cell: connections over the limit leave nothing behind.
+        self.make_room_for_known_node(&admit.node, limit);
+        let known = self.shared.nodes().get(&admit.node).cloned();
+        let admitted = match known {
+            Some(cell) => cell
+                .admit(admit.session_id, &self.shared.hub, limit)
+                .then_some(cell),
+            None if self.shared.hub.connected.load(Ordering::Relaxed) >= limit => None,
+            None => {
+                let cell = self.shared.node(&admit.node);
+                cell.admit(admit.session_id, &self.shared.hub, limit)
+                    .then_some(cell)
+            }
+        };
+        let Some(cell) = admitted else {
+            tracing::warn!(node = %admit.node, limit, "node limit reached; connection refused");
+            self.shared.hub.metrics.refused.inc();
+            self.shared.hub.metrics.record_refusal(
+                RefusalKind::Connection,
+                "node_limit",
+                Some(&admit.node),
+                admit.peer,
+                &format!("node limit ({limit}) reached"),
+            );
+            return None;
+        };
+        Some(cell)
+    }
+}
+
+impl Handler<AdmitAbandoned> for CloudHub {
+    type Result = ();
+
+    fn handle(&mut self, abandoned: AdmitAbandoned, _: &mut Context<Self>) {
+        let cell = self.shared.nodes().get(&abandoned.node).cloned();
+        if let Some(cell) = cell {
+            cell.session_ended(abandoned.session_id, &self.shared.hub);
+        }
+    }
+}
+
+impl Handler<ListNodes> for CloudHub {
+    type Result = MessageResult<ListNodes>;
+
+    fn handle(&mut self, _: ListNodes, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.shared.cells().iter().map(|cell| cell.info()).collect())
+    }
+}
+
+impl Handler<DisconnectNode> for CloudHub {
+    type Result = bool;
+
+    fn handle(&mut self, request: DisconnectNode, _: &mut Context<Self>) -> bool {
+        let cell = self.shared.nodes().get(&request.node).cloned();
+        cell.is_some_and(|cell| cell.disconnect("disconnected by the operator", &self.shared.hub))
+    }
+}
+
+impl Handler<NodeDeleted> for CloudHub {
+    type Result = bool;
+
+    fn handle(&mut self, request: NodeDeleted, _: &mut Context<Self>) -> bool {
+        let cell = self.shared.nodes().remove(&request.node);
+        cell.map(|cell| cell.retire(&self.shared.hub)).is_some()
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+impl Handler<CrashNode> for CloudHub {
+    type Result = bool;
+
+    fn handle(&mut self, request: CrashNode, _: &mut Context<Self>) -> bool {
+        let cell = self.shared.nodes().get(&request.node).cloned();
+        cell.map(|cell| cell.crash()).is_some()
+    }
+}

@@ -19,3 +19,4 @@ pub mod devicecontroller;
 pub mod edgecontroller;
 pub mod outbox;
 pub mod synccontroller;
+pub mod watcher;

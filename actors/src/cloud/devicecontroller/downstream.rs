@@ -2,6 +2,7 @@
 //! updates, models and devices for the nodes that have them.
 
 use super::*;
+use crate::cloud::watcher::{keep_all, KindWatcher, WatchMetrics};
 
 pub(super) struct DeviceWatcher {
     pub(super) cluster: SharedCluster,
@@ -12,11 +13,17 @@ pub(super) struct DeviceWatcher {
 }
 
 impl DeviceWatcher {
-    pub(super) async fn run(mut self) {
-        let mut model_watch = self.cluster.watch("DeviceModel");
-        let mut device_watch = self.cluster.watch("Device");
-        self.relist("DeviceModel").await;
-        self.relist("Device").await;
+    /// Follows DeviceModels and Devices (each with [`KindWatcher`]: listed, then watched,
+    /// listed again after a lag or a failure, only differences told) for as long as the
+    /// actor lives.
+    pub(super) async fn run(mut self, metrics: WatchMetrics) {
+        let follow = |kind: &str| {
+            KindWatcher::new(self.cluster.clone(), DEVICECONTROLLER_MODULE, kind)
+                .keeping(keep_all)
+                .counted(metrics.clone())
+        };
+        let mut models = follow("DeviceModel");
+        let mut devices = follow("Device");
         let mut retry = tokio::time::interval(RETRY_INTERVAL);
         loop {
             // No event is taken while CloudHub has not taken what the last ones produced.
@@ -24,74 +31,13 @@ impl DeviceWatcher {
             // Biased: a model written before its device is known when the device arrives.
             tokio::select! {
                 biased;
-                event = model_watch.next() => match event {
-                    Some(Ok(event)) => self.on_model(event),
-                    Some(Err(WatchError::Lagged { .. })) => self.relist("DeviceModel").await,
-                    Some(Err(WatchError::Closed)) | None => return,
+                change = models.next() => if let Some(event) = change.into_event() {
+                    self.on_model(event);
                 },
-                event = device_watch.next() => match event {
-                    Some(Ok(event)) => self.on_device(event).await,
-                    Some(Err(WatchError::Lagged { .. })) => self.relist("Device").await,
-                    Some(Err(WatchError::Closed)) | None => return,
+                change = devices.next() => if let Some(event) = change.into_event() {
+                    self.on_device(event).await;
                 },
                 _ = retry.tick(), if !self.outbox.is_empty() => self.outbox.flush(),
-            }
-        }
-    }
-
-    async fn relist(&mut self, kind: &str) {
-        let (objects, _) = match self.cluster.list(kind).await {
-            Ok(listed) => listed,
-            Err(error) => {
-                tracing::warn!(kind, %error, "cannot list; keeping what was seen");
-                return;
-            }
-        };
-        let seen: HashMap<(String, String), Value> = if kind == "Device" {
-            lock(&self.devices).snapshot()
-        } else {
-            self.models.clone()
-        };
-        let mut present = std::collections::HashSet::new();
-        for obj in objects {
-            self.outbox.room().await;
-            let key = key_of(&obj);
-            present.insert(key.clone());
-            let event_type = match seen.get(&key) {
-                None => EventType::Added,
-                Some(old)
-                    if is_newer(
-                        obj["metadata"]["resourceVersion"].as_str().unwrap_or(""),
-                        old["metadata"]["resourceVersion"].as_str().unwrap_or(""),
-                    ) =>
-                {
-                    EventType::Modified
-                }
-                Some(_) => continue,
-            };
-            let event = WatchEvent {
-                event_type,
-                object: obj,
-            };
-            if kind == "Device" {
-                self.on_device(event).await;
-            } else {
-                self.on_model(event);
-            }
-        }
-        for (key, old) in seen {
-            if present.contains(&key) {
-                continue;
-            }
-            self.outbox.room().await;
-            let event = WatchEvent {
-                event_type: EventType::Deleted,
-                object: old,
-            };
-            if kind == "Device" {
-                self.on_device(event).await;
-            } else {
-                self.on_model(event);
             }
         }
     }

@@ -2,6 +2,7 @@
 //! updates, models and devices for the nodes that have them.
 
 use super::*;
+use crate::cloud::contract::downstream;
 use crate::cloud::watcher::{keep_all, KindWatcher, WatchMetrics};
 
 pub(super) struct DeviceWatcher {
@@ -48,42 +49,27 @@ impl DeviceWatcher {
     }
 
     fn send_object(&mut self, node: &str, kind: &str, obj: &Value, operation: Operation) {
-        let (namespace, name) = key_of(obj);
         let resource_type = if kind == "Device" {
             ResourceType::Device
         } else {
             ResourceType::DeviceModel
         };
-        let mut content = obj.clone();
-        content["apiVersion"] = json!(DEVICES_API_VERSION);
-        content["kind"] = json!(kind);
-        let message = Message::new(
-            ModuleName::DeviceController,
-            Group::Resource,
+        let message = downstream::device_object(
+            node,
+            resource_type,
+            DEVICES_API_VERSION,
+            kind,
+            obj,
             operation,
-            CloudResource::new(node, namespace, resource_type, Some(name)).to_string(),
-            content,
-        )
-        .with_resource_version(obj["metadata"]["resourceVersion"].as_str().unwrap_or(""));
+        );
         self.outbox.send(message);
     }
 
     fn send_membership(&mut self, node: &str, added: Option<&Value>, removed: Option<&Value>) {
-        let list = |device: Option<&Value>| match device {
-            Some(device) => json!([membership_device(device)]),
-            None => Value::Null,
-        };
-        self.outbox.send(Message::new(
-            ModuleName::DeviceController,
-            Group::Twin,
-            Operation::Update,
-            format!("node/{node}/membership"),
-            json!({
-                "event_id": uuid::Uuid::new_v4().to_string(),
-                "timestamp": edgehive_protocols::object::now_ms(),
-                "added_devices": list(added),
-                "removed_devices": list(removed),
-            }),
+        self.outbox.send(downstream::membership_update(
+            node,
+            added.map(membership_device),
+            removed.map(membership_device),
         ));
     }
 

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
+use edgehive_protocols::{Message, Operation, ResourceType};
 use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;

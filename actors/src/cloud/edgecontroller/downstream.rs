@@ -20,13 +20,13 @@
 
 use std::collections::HashMap;
 
-use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
+use edgehive_protocols::{Operation, ResourceType};
 use serde_json::Value;
 
 use super::location::{LocationCache, ObjectRef, RefKind};
 use super::EDGE_NODE_LABEL;
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
-use crate::cloud::contract::{NodeMessage, ToNodes};
+use crate::cloud::contract::{downstream, NodeMessage, ToNodes};
 use crate::cloud::outbox::{Outbox, RETRY_INTERVAL};
 use crate::cloud::watcher::{keep_all, keep_identity, Keep, KindWatcher, WatchMetrics};
 use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
@@ -196,14 +196,7 @@ impl Watcher {
     fn node_deleted(&mut self, name: &str) {
         self.edge_nodes.remove(name);
         tracing::info!(node = %name, "edge node deleted; ending its session");
-        let resource = CloudResource::new(name, "null", ResourceType::Node, Some(name.to_owned()));
-        self.outbox.send(Message::new(
-            ModuleName::EdgeController,
-            Group::Resource,
-            Operation::Delete,
-            resource.to_string(),
-            Value::Null,
-        ));
+        self.outbox.send(downstream::node_delete(name));
         self.outbox.disconnect(name);
     }
 

@@ -56,7 +56,7 @@ use serde_json::{json, Value};
 
 use crate::cloud::cluster::{is_cluster_scoped, ClusterError, EventType, SharedCluster};
 use crate::cloud::contract::{
-    object_message, route, Acked, NodeMessage, ObjectId, Queued, ToNodes,
+    downstream, object_message, route, Acked, NodeMessage, ObjectId, Queued, ToNodes,
 };
 use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
 use crate::hive::{Accepts, Envelope, Hive, Module};
@@ -760,20 +760,8 @@ impl SyncController {
                 obj,
                 Operation::Update,
             ),
-            None => {
-                // Enough for the edge to find and delete it: its identity, no version.
-                let mut metadata = json!({"name": id.name, "uid": id.uid});
-                if !id.namespace.is_empty() {
-                    metadata["namespace"] = json!(id.namespace);
-                }
-                Message::new(
-                    edgehive_protocols::ModuleName::EdgeController,
-                    edgehive_protocols::Group::Resource,
-                    Operation::Delete,
-                    id.resource_on(first),
-                    json!({"apiVersion": id.api_version, "kind": id.kind, "metadata": metadata}),
-                )
-            }
+            // Enough for the edge to find and delete it: its identity, no version.
+            None => downstream::object_gone(first, id),
         };
         let count = plan.nodes.len() as u64;
         tracing::debug!(nodes = count, kind = %id.kind, namespace = %id.namespace, name = %id.name,

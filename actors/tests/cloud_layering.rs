@@ -1,6 +1,7 @@
 //! Source-reading checks of the cloud's written rules (ARCHITECTURE.md): beehive messages
-//! are built only in `cloud/contract/` and in CloudHub; a controller names what it sends
-//! through the contract and never builds or edits a `Message` itself.
+//! are built only in `cloud/contract/` and in CloudHub (a controller names what it sends
+//! through the contract and never builds or edits a `Message` itself), and only the one watch
+//! machinery (`cloud/watcher.rs`) watches the cluster.
 
 use std::path::{Path, PathBuf};
 
@@ -93,6 +94,29 @@ fn cloud_controllers_build_no_beehive_message_outside_the_contract() {
         offenders.is_empty(),
         "cloud modules building beehive messages (add a constructor to cloud/contract/ and \
          name what is sent instead):\n{}",
+        offenders.join("\n")
+    );
+}
+
+/// "One watch machinery": no cloud source but the cluster adapters and `cloud/watcher.rs`
+/// (tests excluded) opens a watch or handles a lagged one; every follower uses `KindWatcher`.
+#[test]
+fn only_the_watch_machinery_watches_the_cluster() {
+    let cloud = crate_dir().join("src/cloud");
+    let files = sources(&cloud, &[cloud.join("cluster")]);
+    let mut offenders = Vec::new();
+    for path in files.iter().filter(|path| !path.ends_with("watcher.rs")) {
+        let text = std::fs::read_to_string(path).unwrap();
+        for (number, code) in code_lines(&text) {
+            if code.contains(".watch(") || code.contains("WatchError::Lagged") {
+                offenders.push(format!("{}:{number}: {}", path.display(), code.trim()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "cloud modules with a watch loop of their own (follow the kind with \
+         cloud::watcher::KindWatcher instead):\n{}",
         offenders.join("\n")
     );
 }

@@ -198,7 +198,9 @@ impl WatchMetrics {
     }
 }
 
-/// What is kept of an object: the part a `Deleted` found by a list carries.
+/// What is kept of an object beyond its identity: the part a `Deleted` found by a list
+/// carries. Without one (the default), such a `Deleted` carries the identity only: `kind`
+/// and the object's name, namespace and UID (nothing more is stored per object).
 pub type Keep = fn(&Value) -> Value;
 
 /// Keeps the whole object.
@@ -206,26 +208,11 @@ pub fn keep_all(object: &Value) -> Value {
     object.clone()
 }
 
-/// Keeps `apiVersion`, `kind` and the object's name, namespace and UID.
-pub fn keep_identity(object: &Value) -> Value {
-    let metadata = &object["metadata"];
-    let mut kept = json!({
-        "apiVersion": object["apiVersion"],
-        "kind": object["kind"],
-        "metadata": {"name": metadata["name"]},
-    });
-    if let Some(namespace) = metadata.get("namespace") {
-        kept["metadata"]["namespace"] = namespace.clone();
-    }
-    kept["metadata"]["uid"] = metadata["uid"].clone();
-    kept
-}
-
 #[derive(Debug)]
 struct Seen {
     uid: String,
     rv: String,
-    kept: Value,
+    kept: Option<Value>,
 }
 
 type Key = (String, String);
@@ -242,7 +229,7 @@ pub struct KindWatcher {
     cluster: SharedCluster,
     module: &'static str,
     kind: String,
-    keep: Keep,
+    keep: Option<Keep>,
     metrics: WatchMetrics,
     backoff: Backoff,
     watch: Option<Watch>,
@@ -267,14 +254,14 @@ impl std::fmt::Debug for KindWatcher {
 
 impl KindWatcher {
     /// A watcher of `kind` for `module` (the metric's label) that has seen nothing; it
-    /// subscribes and lists on the first [`KindWatcher::next`]. Keeps the object's identity
-    /// ([`keep_identity`]), uncounted, with [`Backoff::standard`].
+    /// subscribes and lists on the first [`KindWatcher::next`]. Keeps the objects' identity
+    /// only (see [`Keep`]), uncounted, with [`Backoff::standard`].
     pub fn new(cluster: SharedCluster, module: &'static str, kind: &str) -> Self {
         KindWatcher {
             cluster,
             module,
             kind: kind.to_owned(),
-            keep: keep_identity,
+            keep: None,
             metrics: WatchMetrics::default(),
             backoff: Backoff::standard(),
             watch: None,
@@ -288,7 +275,7 @@ impl KindWatcher {
 
     /// Keeps `keep` of each object for the `Deleted` a list finds.
     pub fn keeping(mut self, keep: Keep) -> Self {
-        self.keep = keep;
+        self.keep = Some(keep);
         self
     }
 
@@ -431,7 +418,7 @@ impl KindWatcher {
         let seen = Seen {
             uid: uid.to_owned(),
             rv: rv.to_owned(),
-            kept: (self.keep)(&event.object),
+            kept: self.keep.map(|keep| keep(&event.object)),
         };
         self.seen.insert(key, seen);
         Some(event)
@@ -453,7 +440,7 @@ impl KindWatcher {
             let seen = Seen {
                 uid: uid.to_owned(),
                 rv: rv.to_owned(),
-                kept: (self.keep)(&object),
+                kept: self.keep.map(|keep| keep(&object)),
             };
             self.seen.insert(key, seen);
             self.pending
@@ -471,7 +458,15 @@ impl KindWatcher {
             };
             // Its last state is gone with the missed events: what was kept of it, at the
             // list's version.
-            let mut object = seen.kept;
+            let mut object = seen.kept.unwrap_or_else(|| {
+                let (namespace, name) = &key;
+                let mut metadata = json!({"name": name});
+                if !namespace.is_empty() {
+                    metadata["namespace"] = json!(namespace);
+                }
+                metadata["uid"] = json!(seen.uid);
+                json!({"kind": self.kind, "metadata": metadata})
+            });
             object["metadata"]["resourceVersion"] = Value::from(version);
             self.pending.push_back(Change::Relisted(WatchEvent {
                 event_type: EventType::Deleted,
@@ -769,6 +764,41 @@ mod tests {
         assert_eq!(names, ["a"], "the list, taken when it was first polled");
         assert_eq!(event(&mut watcher).await, (EventType::Added, "b".into()));
         assert_eq!(cluster.counts(), (1, 1), "the same watch and list");
+    }
+
+    /// Without a [`Keep`], a delete a list finds carries the object's identity: what a
+    /// follower needs to forget it, and nothing stored beyond the UID.
+    #[tokio::test]
+    async fn a_delete_found_by_a_list_carries_the_identity() {
+        let cluster = Faulty::default();
+        let created = cluster.inner.apply(config("a", "1")).unwrap();
+        let mut watcher =
+            KindWatcher::new(Arc::new(cluster.clone()), "test", "ConfigMap").with_backoff(quick());
+        let (_, changes) = until_synced(&mut watcher).await;
+        assert_eq!(changes.len(), 1);
+        cluster.close_watches();
+        assert_eq!(
+            next(&mut watcher).await,
+            Change::Interrupted(Relist::Closed)
+        );
+        cluster
+            .inner
+            .delete("ConfigMap", Some("default"), "a")
+            .unwrap();
+        let Change::Relisted(event) = next(&mut watcher).await else {
+            panic!("expected the list's delete");
+        };
+        assert_eq!(event.event_type, EventType::Deleted);
+        let (_, version) = ClusterPort::list(&cluster.inner, "ConfigMap")
+            .await
+            .unwrap();
+        assert_eq!(
+            event.object,
+            json!({"kind": "ConfigMap", "metadata": {"name": "a", "namespace": "default",
+                   "uid": created["metadata"]["uid"], "resourceVersion": version}})
+        );
+        assert_eq!(next(&mut watcher).await, Change::Synced);
+        assert!(watcher.is_empty());
     }
 
     /// The wait doubles from the first to the cap and no further, and starts over after a

@@ -28,7 +28,7 @@ use super::EDGE_NODE_LABEL;
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
 use crate::cloud::contract::{downstream, NodeMessage, ToNodes};
 use crate::cloud::outbox::{Outbox, RETRY_INTERVAL};
-use crate::cloud::watcher::{keep_all, keep_identity, Keep, KindWatcher, WatchMetrics};
+use crate::cloud::watcher::{keep_all, Keep, KindWatcher, WatchMetrics};
 use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
 
 /// What was last seen of a pod.
@@ -108,15 +108,21 @@ impl Watcher {
         mut resyncs: tokio::sync::mpsc::Receiver<String>,
         metrics: WatchMetrics,
     ) {
-        let follow = |kind: &str, keep: Keep| {
-            KindWatcher::new(self.cluster.clone(), super::EDGECONTROLLER_MODULE, kind)
-                .keeping(keep)
-                .counted(metrics.clone())
+        let follow = |kind: &str, keep: Option<Keep>| {
+            let watcher =
+                KindWatcher::new(self.cluster.clone(), super::EDGECONTROLLER_MODULE, kind)
+                    .counted(metrics.clone());
+            match keep {
+                Some(keep) => watcher.keeping(keep),
+                None => watcher,
+            }
         };
-        let mut nodes = follow("Node", keep_identity);
-        let mut pods = follow("Pod", pod_tombstone);
-        let mut config_maps = follow("ConfigMap", keep_all);
-        let mut secrets = follow("Secret", keep_all);
+        // A node's delete needs only its name; a pod's, its identity and node; a ConfigMap's
+        // or Secret's is sent with its last content.
+        let mut nodes = follow("Node", None);
+        let mut pods = follow("Pod", Some(pod_tombstone));
+        let mut config_maps = follow("ConfigMap", Some(keep_all));
+        let mut secrets = follow("Secret", Some(keep_all));
         let mut retry = tokio::time::interval(RETRY_INTERVAL);
         loop {
             // No event is taken while CloudHub has not taken what the last ones produced

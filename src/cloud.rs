@@ -135,7 +135,10 @@ impl CloudProcess {
         // server is read asynchronously, so CloudHub gets a mirror of its pod bindings.
         let view: Arc<dyn BindingView> = match &embedded {
             Some(embedded) => Arc::new(embedded.clone()),
-            None => Arc::new(BindingMirror::start(cluster.clone())),
+            None => Arc::new(BindingMirror::start(
+                cluster.clone(),
+                edgehive_actors::cloud::watcher::WatchMetrics::of(&hive),
+            )),
         };
         let tls = if hub_config.websocket.insecure_plaintext {
             tracing::warn!("modules.cloudHub.websocket.insecurePlaintext: edges connect over plain ws:// with no certificates");

@@ -15,6 +15,8 @@ mod cloud_edgecontroller;
 mod cloud_hub;
 mod cloud_kube;
 mod cloud_kube_controllers;
+mod cloud_layering;
+mod cloud_watch_faults;
 mod devices_controller;
 mod edge_connection;
 mod edge_metamanager;

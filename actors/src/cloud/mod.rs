@@ -1,16 +1,17 @@
 //! Cloud-side modules: [`cloudhub`] (the WebSocket server, one actor per edge node),
 //! [`edgecontroller`] (cluster changes -> messages for edge nodes; edge requests -> the
 //! cluster), [`devicecontroller`] (devices and twins), the [`cluster`] they read through one
-//! port, and what they share: [`contract`] (the typed messages between them and the routing
-//! table) and [`outbox`] (how a controller hands messages to CloudHub).
+//! port, and what they share: [`contract`] (the typed messages between them, the beehive
+//! messages they send and the routing table), [`outbox`] (how a controller hands messages to
+//! CloudHub) and [`watcher`] (how each follows a kind of the cluster).
 //!
 //! A Pod bound to an edge node is written to the cluster; [`edgecontroller`] sees it on its
 //! watch and tells [`cloudhub`] a `ToNodes` (the message, encoded once), which queues it in
 //! the node's pool; the node's actor writes it as a KubeEdge frame to the node's WebSocket,
 //! resending until it is ACKed; the ACK becomes the node's ObjectSync record.
 //!
-//! Sibling modules never import each other: they share only `contract`, `outbox`, `cluster`
-//! and the hive.
+//! Sibling modules never import each other: they share only `contract`, `outbox`, `cluster`,
+//! [`watcher`] (the one list→watch→relist machinery) and the hive.
 
 pub mod cloudhub;
 pub mod cluster;
@@ -19,3 +20,4 @@ pub mod devicecontroller;
 pub mod edgecontroller;
 pub mod outbox;
 pub mod synccontroller;
+pub mod watcher;

@@ -3,26 +3,23 @@
 //! only be read asynchronously (the `kube` adapter). The embedded cluster answers directly and
 //! needs no mirror.
 //!
-//! The mirror is eventually consistent: it lists Pods and Nodes, then follows their watches,
-//! and lists again after a lagged watch. A check that lands between a change in the cluster
+//! The mirror is eventually consistent: it follows Pods and Nodes with the cloud's one watch
+//! machinery ([`KindWatcher`]: a list, then the watch, a list again after a lag or a failure). A check that lands between a change in the cluster
 //! and its watch event sees the previous state; CloudHub also admits objects it has itself
 //! sent to the node, so a freshly delivered pod is never refused because of that lag.
 
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
-
-use futures_util::StreamExt;
-use serde_json::{json, Value};
 
 use super::auth::{is_mirror_pod, pod_references, service_account_of, BindingView};
-use crate::cloud::cluster::{EventType, SharedCluster, WatchError, WatchEvent};
+use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
+use crate::cloud::watcher::{KindWatcher, WatchMetrics};
 use crate::hive::locks;
 use edgehive_protocols::object::is_self_registered;
 
-/// First wait before listing again after a failed list; doubled up to [`MAX_RETRY`].
-const FIRST_RETRY: Duration = Duration::from_millis(200);
-const MAX_RETRY: Duration = Duration::from_secs(30);
+/// The `module` label of its watches' metrics.
+const MIRROR: &str = "binding_mirror";
 
 #[derive(Debug, Default)]
 struct Bindings {
@@ -39,9 +36,9 @@ pub struct BindingMirror {
 }
 
 impl BindingMirror {
-    /// Starts following `cluster`'s Pods and Nodes on the current arbiter. The followers end
-    /// when the last clone of the mirror is dropped.
-    pub fn start(cluster: SharedCluster) -> Self {
+    /// Starts following `cluster`'s Pods and Nodes on the current arbiter, counting relists
+    /// in `metrics`. The followers end when the last clone of the mirror is dropped.
+    pub fn start(cluster: SharedCluster, metrics: WatchMetrics) -> Self {
         let mirror = BindingMirror {
             bindings: Arc::default(),
         };
@@ -50,6 +47,7 @@ impl BindingMirror {
                 cluster.clone(),
                 kind,
                 Arc::downgrade(&mirror.bindings),
+                metrics.clone(),
             ));
         }
         mirror
@@ -111,64 +109,22 @@ impl BindingView for BindingMirror {
     }
 }
 
-/// Lists `kind`, then applies its watch events, for as long as the mirror lives.
-async fn follow(cluster: SharedCluster, kind: &'static str, bindings: Weak<RwLock<Bindings>>) {
-    let mut retry = FIRST_RETRY;
-    'subscribe: loop {
-        // Subscribe before listing, so no change falls between the list and the watch.
-        let mut watch = cluster.watch(kind);
-        loop {
-            match cluster.list(kind).await {
-                Ok((objects, _)) => {
-                    let Some(bindings) = bindings.upgrade() else {
-                        return;
-                    };
-                    replace_all(&bindings, kind, &objects);
-                    retry = FIRST_RETRY;
-                }
-                Err(error) => {
-                    tracing::warn!(kind, %error, ?retry, "binding mirror: list failed; retrying");
-                    tokio::time::sleep(retry).await;
-                    retry = (retry * 2).min(MAX_RETRY);
-                    continue 'subscribe;
-                }
-            }
-            loop {
-                let event = watch.next().await;
-                let Some(bindings) = bindings.upgrade() else {
-                    return;
-                };
-                match event {
-                    Some(Ok(event)) => apply(&bindings, kind, &event),
-                    // Events were lost: list again and keep reading the same watch.
-                    Some(Err(WatchError::Lagged { .. })) => break,
-                    Some(Err(WatchError::Closed)) | None => {
-                        tokio::time::sleep(retry).await;
-                        continue 'subscribe;
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn replace_all(bindings: &RwLock<Bindings>, kind: &str, objects: &[Value]) {
-    let mut bindings = locks::write(bindings);
-    match kind {
-        "Pod" => {
-            bindings.pods = objects
-                .iter()
-                .filter_map(|pod| Some((pod_key(pod)?, pruned(pod))))
-                .collect();
-        }
-        _ => {
-            bindings.nodes = objects
-                .iter()
-                .filter_map(|node| {
-                    let name = node["metadata"]["name"].as_str()?;
-                    Some((name.to_owned(), is_self_registered(node)))
-                })
-                .collect();
+/// Follows `kind` ([`KindWatcher`]: listed, then watched, listed again after a lag or a
+/// failure, only differences told) and applies its changes, for as long as the mirror lives.
+async fn follow(
+    cluster: SharedCluster,
+    kind: &'static str,
+    bindings: Weak<RwLock<Bindings>>,
+    metrics: WatchMetrics,
+) {
+    let mut watcher = KindWatcher::new(cluster, MIRROR, kind).counted(metrics);
+    loop {
+        let change = watcher.next().await;
+        let Some(bindings) = bindings.upgrade() else {
+            return;
+        };
+        if let Some(event) = change.into_event() {
+            apply(&bindings, kind, &event);
         }
     }
 }
@@ -238,6 +194,7 @@ fn pruned(pod: &Value) -> Value {
 mod tests {
     use super::*;
     use crate::cloud::cluster::EmbeddedCluster;
+    use std::time::Duration;
 
     fn pod(name: &str, node: &str, config: &str) -> Value {
         json!({"apiVersion": "v1", "kind": "Pod",
@@ -262,7 +219,7 @@ mod tests {
         cluster
             .apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "edge-a"}}))
             .unwrap();
-        let mirror = BindingMirror::start(Arc::new(cluster.clone()));
+        let mirror = BindingMirror::start(Arc::new(cluster.clone()), WatchMetrics::default());
         eventually("listed objects", || {
             mirror.pod_node("default", "before").as_deref() == Some("edge-a")
                 && mirror.node_exists("edge-a")

@@ -1,19 +1,23 @@
 //! The typed messages that cross module boundaries on the cloud side.
 //!
-//! Only CloudHub converts between the beehive [`Message`] on the wire and these types; the
-//! controllers hand CloudHub a [`NodeMessage`] (built once per change, encoded once, shared by
+//! Only CloudHub converts between the beehive [`Message`] on the wire and these types, and
+//! the beehive messages controllers send are built here ([`downstream`], and [`request`]'s
+//! replies), never in the controllers; the controllers hand CloudHub a [`NodeMessage`] (built once per change, encoded once, shared by
 //! every node that gets it) inside [`ToNodes`], and CloudHub hands EdgeController typed
 //! [`request::EdgeRequest`]s. Modules address each other by the names in [`route`] and the
 //! message type (`Hive::tell`), never by actor type.
 
+pub mod downstream;
 pub mod request;
 pub mod twin;
+
+pub use downstream::object_message;
 
 use std::sync::Arc;
 
 use actix::Message as ActixMessage;
 use bytestring::ByteString;
-use edgehive_protocols::object::{meta_str, namespaced_key};
+use edgehive_protocols::object::meta_str;
 use edgehive_protocols::{
     encode, trim_for_edge, CloudResource, Group, Message, ModuleName, Operation, ResourceType,
 };
@@ -74,37 +78,6 @@ impl ObjectId {
         )
         .to_string()
     }
-}
-
-/// The message for `obj` of `kind` on `node`: source edgecontroller, group resource,
-/// resourceversion = the object's, content = the object with apiVersion and kind (what
-/// EdgeController sends for a change, and SyncController for a resend).
-pub fn object_message(
-    node: &str,
-    resource_type: ResourceType,
-    api_version: &str,
-    kind: &str,
-    obj: &Value,
-    operation: Operation,
-) -> Message {
-    let (namespace, name) = namespaced_key(obj);
-    let namespace = if resource_type == ResourceType::Node || namespace.is_empty() {
-        "null".to_owned()
-    } else {
-        namespace
-    };
-    let resource = CloudResource::new(node, namespace, resource_type, Some(name));
-    let mut content = obj.clone();
-    content["apiVersion"] = Value::from(api_version);
-    content["kind"] = Value::from(kind);
-    Message::new(
-        ModuleName::EdgeController,
-        Group::Resource,
-        operation,
-        resource.to_string(),
-        content,
-    )
-    .with_resource_version(meta_str(obj, "resourceVersion"))
 }
 
 /// Which of a node's two delivery lanes a message takes.

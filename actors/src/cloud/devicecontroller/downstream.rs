@@ -2,6 +2,8 @@
 //! updates, models and devices for the nodes that have them.
 
 use super::*;
+use crate::cloud::contract::downstream;
+use crate::cloud::watcher::{keep_all, KindWatcher, WatchMetrics};
 
 pub(super) struct DeviceWatcher {
     pub(super) cluster: SharedCluster,
@@ -12,11 +14,17 @@ pub(super) struct DeviceWatcher {
 }
 
 impl DeviceWatcher {
-    pub(super) async fn run(mut self) {
-        let mut model_watch = self.cluster.watch("DeviceModel");
-        let mut device_watch = self.cluster.watch("Device");
-        self.relist("DeviceModel").await;
-        self.relist("Device").await;
+    /// Follows DeviceModels and Devices (each with [`KindWatcher`]: listed, then watched,
+    /// listed again after a lag or a failure, only differences told) for as long as the
+    /// actor lives.
+    pub(super) async fn run(mut self, metrics: WatchMetrics) {
+        let follow = |kind: &str| {
+            KindWatcher::new(self.cluster.clone(), DEVICECONTROLLER_MODULE, kind)
+                .keeping(keep_all)
+                .counted(metrics.clone())
+        };
+        let mut models = follow("DeviceModel");
+        let mut devices = follow("Device");
         let mut retry = tokio::time::interval(RETRY_INTERVAL);
         loop {
             // No event is taken while CloudHub has not taken what the last ones produced.
@@ -24,74 +32,13 @@ impl DeviceWatcher {
             // Biased: a model written before its device is known when the device arrives.
             tokio::select! {
                 biased;
-                event = model_watch.next() => match event {
-                    Some(Ok(event)) => self.on_model(event),
-                    Some(Err(WatchError::Lagged { .. })) => self.relist("DeviceModel").await,
-                    Some(Err(WatchError::Closed)) | None => return,
+                change = models.next() => if let Some(event) = change.into_event() {
+                    self.on_model(event);
                 },
-                event = device_watch.next() => match event {
-                    Some(Ok(event)) => self.on_device(event).await,
-                    Some(Err(WatchError::Lagged { .. })) => self.relist("Device").await,
-                    Some(Err(WatchError::Closed)) | None => return,
+                change = devices.next() => if let Some(event) = change.into_event() {
+                    self.on_device(event).await;
                 },
                 _ = retry.tick(), if !self.outbox.is_empty() => self.outbox.flush(),
-            }
-        }
-    }
-
-    async fn relist(&mut self, kind: &str) {
-        let (objects, _) = match self.cluster.list(kind).await {
-            Ok(listed) => listed,
-            Err(error) => {
-                tracing::warn!(kind, %error, "cannot list; keeping what was seen");
-                return;
-            }
-        };
-        let seen: HashMap<(String, String), Value> = if kind == "Device" {
-            lock(&self.devices).snapshot()
-        } else {
-            self.models.clone()
-        };
-        let mut present = std::collections::HashSet::new();
-        for obj in objects {
-            self.outbox.room().await;
-            let key = key_of(&obj);
-            present.insert(key.clone());
-            let event_type = match seen.get(&key) {
-                None => EventType::Added,
-                Some(old)
-                    if is_newer(
-                        obj["metadata"]["resourceVersion"].as_str().unwrap_or(""),
-                        old["metadata"]["resourceVersion"].as_str().unwrap_or(""),
-                    ) =>
-                {
-                    EventType::Modified
-                }
-                Some(_) => continue,
-            };
-            let event = WatchEvent {
-                event_type,
-                object: obj,
-            };
-            if kind == "Device" {
-                self.on_device(event).await;
-            } else {
-                self.on_model(event);
-            }
-        }
-        for (key, old) in seen {
-            if present.contains(&key) {
-                continue;
-            }
-            self.outbox.room().await;
-            let event = WatchEvent {
-                event_type: EventType::Deleted,
-                object: old,
-            };
-            if kind == "Device" {
-                self.on_device(event).await;
-            } else {
-                self.on_model(event);
             }
         }
     }
@@ -102,42 +49,27 @@ impl DeviceWatcher {
     }
 
     fn send_object(&mut self, node: &str, kind: &str, obj: &Value, operation: Operation) {
-        let (namespace, name) = key_of(obj);
         let resource_type = if kind == "Device" {
             ResourceType::Device
         } else {
             ResourceType::DeviceModel
         };
-        let mut content = obj.clone();
-        content["apiVersion"] = json!(DEVICES_API_VERSION);
-        content["kind"] = json!(kind);
-        let message = Message::new(
-            ModuleName::DeviceController,
-            Group::Resource,
+        let message = downstream::device_object(
+            node,
+            resource_type,
+            DEVICES_API_VERSION,
+            kind,
+            obj,
             operation,
-            CloudResource::new(node, namespace, resource_type, Some(name)).to_string(),
-            content,
-        )
-        .with_resource_version(obj["metadata"]["resourceVersion"].as_str().unwrap_or(""));
+        );
         self.outbox.send(message);
     }
 
     fn send_membership(&mut self, node: &str, added: Option<&Value>, removed: Option<&Value>) {
-        let list = |device: Option<&Value>| match device {
-            Some(device) => json!([membership_device(device)]),
-            None => Value::Null,
-        };
-        self.outbox.send(Message::new(
-            ModuleName::DeviceController,
-            Group::Twin,
-            Operation::Update,
-            format!("node/{node}/membership"),
-            json!({
-                "event_id": uuid::Uuid::new_v4().to_string(),
-                "timestamp": edgehive_protocols::object::now_ms(),
-                "added_devices": list(added),
-                "removed_devices": list(removed),
-            }),
+        self.outbox.send(downstream::membership_update(
+            node,
+            added.map(membership_device),
+            removed.map(membership_device),
         ));
     }
 

@@ -29,11 +29,6 @@ impl DeviceIndex {
         self.devices.get(key)
     }
 
-    /// Every device, by key (a relist compares against this).
-    pub(super) fn snapshot(&self) -> HashMap<DeviceKey, Value> {
-        self.devices.clone()
-    }
-
     /// Keeps `device` at `key`, replacing what was there.
     pub(super) fn insert(&mut self, key: DeviceKey, device: Value) {
         self.remove(&key);
@@ -150,7 +145,7 @@ mod tests {
         model: &str,
         except: &str,
     ) -> (Vec<String>, bool, Vec<String>) {
-        let all = index.snapshot();
+        let all = index.devices.clone();
         let mut on_node: Vec<String> = all
             .iter()
             .filter(|(_, d)| node_of(d).as_deref() == Some(node))

@@ -33,13 +33,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
-use futures_util::StreamExt;
+use edgehive_protocols::{Message, Operation, ResourceType};
 use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-use crate::cloud::cluster::{ClusterError, EventType, SharedCluster, WatchError, WatchEvent};
+use crate::cloud::cluster::{ClusterError, EventType, SharedCluster, WatchEvent};
 use crate::cloud::outbox::{deliver_reply, offer_message, Outbox};
 use crate::hive::locks;
 use crate::hive::{Accepts, Envelope, Hive, Module};
@@ -170,7 +169,8 @@ impl Actor for DeviceController {
             devices: self.devices.clone(),
             models: HashMap::new(),
         };
-        ctx.spawn(actix::fut::wrap_future(watcher.run()));
+        let metrics = crate::cloud::watcher::WatchMetrics::of(&self.hive);
+        ctx.spawn(actix::fut::wrap_future(watcher.run(metrics)));
     }
 }
 

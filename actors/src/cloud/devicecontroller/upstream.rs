@@ -2,6 +2,7 @@
 //! and membership requests are answered with the node's devices.
 
 use super::*;
+use crate::cloud::contract::downstream;
 use crate::cloud::contract::twin::{TwinAsk, TwinRequest, TwinUnhandled};
 
 /// A twin report turned into a DeviceStatus change.
@@ -83,10 +84,7 @@ impl Handler<TwinRequest> for DeviceController {
             match write_report(&cluster, &device, report).await {
                 Ok(()) => {
                     metrics.status_updates.inc();
-                    let mut reply = Message::response_to(&message, json!("OK"));
-                    reply.route.source = Some(ModuleName::DeviceController);
-                    reply.route.group = Some(Group::Twin);
-                    reply.route.resource = format!("node/{node}/twin");
+                    let reply = downstream::twin_report_ok(&message, &node);
                     if !deliver_reply(&hive, &metrics.sent, reply).await {
                         tracing::warn!(%namespace, %name, "cloudhub unavailable; reply dropped");
                         metrics.overflow.inc();
@@ -107,17 +105,7 @@ impl DeviceController {
             .map(membership_device)
             .collect();
         devices.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
-        let mut reply = Message::response_to(
-            request,
-            json!({
-                "event_id": uuid::Uuid::new_v4().to_string(),
-                "timestamp": edgehive_protocols::object::now_ms(),
-                "devices": devices,
-            }),
-        );
-        reply.route.source = Some(ModuleName::DeviceController);
-        reply.route.group = Some(Group::Twin);
-        reply.route.resource = format!("node/{node}/membership/detail");
+        let reply = downstream::membership_detail(request, node, devices);
         if offer_message(&self.hive, &self.metrics.sent, reply).is_err() {
             self.metrics.overflow.inc();
         }

@@ -14,25 +14,26 @@
 //!   golden frames show and what edgehive matches by default) does not.
 //!
 //! The loop runs as a future of the actor, so a restarted actor lists and watches again;
-//! CloudHub's pools skip what the edges already ACKed.
+//! CloudHub's pools skip what the edges already ACKed. Each kind is followed by the one
+//! watch machinery ([`crate::cloud::watcher`]): a list after a lag, a closed watch or a
+//! failed list gives only the differences with what was seen.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
-use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
-use futures_util::StreamExt;
+use edgehive_protocols::{Operation, ResourceType};
 use serde_json::Value;
 
 use super::location::{LocationCache, ObjectRef, RefKind};
 use super::EDGE_NODE_LABEL;
-use crate::cloud::cluster::{EventType, SharedCluster, Watch, WatchError, WatchEvent};
-use crate::cloud::contract::{NodeMessage, ToNodes};
+use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
+use crate::cloud::contract::{downstream, NodeMessage, ToNodes};
 use crate::cloud::outbox::{Outbox, RETRY_INTERVAL};
+use crate::cloud::watcher::{keep_all, Keep, KindWatcher, WatchMetrics};
 use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
 
 /// What was last seen of a pod.
 struct PodSeen {
     rv: String,
-    uid: String,
     node: Option<String>,
     fingerprint: Value,
     /// The pod itself, for a node that becomes an edge node later.
@@ -70,20 +71,16 @@ pub struct Watcher {
     objects: HashMap<ObjectRef, Value>,
 }
 
-/// Logs a watch that must be listed again: a warning when events were lost, quietly when the
-/// watch only (re)listed (the `kube` adapter's watcher does so at its start, which is not a
-/// fault).
-fn lagged(kind: &str, skipped: u64) {
-    if skipped > 0 {
-        tracing::warn!(kind, skipped, "watch lagged; listing again");
-    } else {
-        tracing::debug!(kind, "watch listed; comparing with what was seen");
-    }
-}
-
-/// The next event of `watch`, or `None` when it ended.
-async fn next(watch: &mut Watch) -> Option<Result<WatchEvent, WatchError>> {
-    watch.next().await
+/// What a Deleted found by a list carries of a pod: its identity and node, enough for the
+/// edge to delete it.
+fn pod_tombstone(pod: &Value) -> Value {
+    let (namespace, name) = namespaced_key(pod);
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": meta_str(pod, "uid")},
+        "spec": {"nodeName": pod["spec"]["nodeName"]},
+    })
 }
 
 impl Watcher {
@@ -102,58 +99,51 @@ impl Watcher {
         }
     }
 
-    /// Lists and watches until the cluster goes away; a node name on `resyncs` (its edge came
-    /// back with another store) is sent everything bound to it again.
-    pub async fn run(mut self, mut resyncs: tokio::sync::mpsc::Receiver<String>) {
-        // Watch before listing so no change falls between the two.
-        let mut node_watch = self.cluster.watch("Node");
-        let mut pod_watch = self.cluster.watch("Pod");
-        let mut cm_watch = self.cluster.watch("ConfigMap");
-        let mut secret_watch = self.cluster.watch("Secret");
-        // Objects first, so a node gaining a user can be sent the object at once.
-        self.relist_objects(RefKind::ConfigMap).await;
-        self.relist_objects(RefKind::Secret).await;
-        self.relist_nodes().await;
-        self.relist_pods().await;
+    /// Follows Nodes, Pods, ConfigMaps and Secrets (each with [`KindWatcher`]: listed, then
+    /// watched, listed again after a lag or a failure) for as long as the actor lives; a node
+    /// name on `resyncs` (its edge came back with another store) is sent everything bound to
+    /// it again.
+    pub async fn run(
+        mut self,
+        mut resyncs: tokio::sync::mpsc::Receiver<String>,
+        metrics: WatchMetrics,
+    ) {
+        let follow = |kind: &str, keep: Option<Keep>| {
+            let watcher =
+                KindWatcher::new(self.cluster.clone(), super::EDGECONTROLLER_MODULE, kind)
+                    .counted(metrics.clone());
+            match keep {
+                Some(keep) => watcher.keeping(keep),
+                None => watcher,
+            }
+        };
+        // A node's delete needs only its name; a pod's, its identity and node; a ConfigMap's
+        // or Secret's is sent with its last content.
+        let mut nodes = follow("Node", None);
+        let mut pods = follow("Pod", Some(pod_tombstone));
+        let mut config_maps = follow("ConfigMap", Some(keep_all));
+        let mut secrets = follow("Secret", Some(keep_all));
         let mut retry = tokio::time::interval(RETRY_INTERVAL);
         loop {
-            // No event is taken while CloudHub has not taken what the last ones produced.
+            // No event is taken while CloudHub has not taken what the last ones produced
+            // (a list's differences come one at a time too).
             self.outbox.room().await;
             // Biased: of changes that are all ready, nodes, ConfigMaps and Secrets go
-            // first, so an object written before a pod that uses it reaches the node first.
+            // first, so an object written before a pod that uses it reaches the node first
+            // (and at start every object is known before the first pod).
             tokio::select! {
                 biased;
-                event = next(&mut node_watch) => match event {
-                    Some(Ok(event)) => self.on_node(event),
-                    Some(Err(WatchError::Lagged { skipped })) => {
-                        lagged("node", skipped);
-                        self.relist_nodes().await;
-                    }
-                    Some(Err(WatchError::Closed)) | None => return,
+                change = nodes.next() => if let Some(event) = change.into_event() {
+                    self.on_node(event);
                 },
-                event = next(&mut cm_watch) => match event {
-                    Some(Ok(event)) => self.on_object(RefKind::ConfigMap, event),
-                    Some(Err(WatchError::Lagged { skipped })) => {
-                        lagged("configmap", skipped);
-                        self.relist_objects(RefKind::ConfigMap).await;
-                    }
-                    Some(Err(WatchError::Closed)) | None => return,
+                change = config_maps.next() => if let Some(event) = change.into_event() {
+                    self.on_object(RefKind::ConfigMap, event);
                 },
-                event = next(&mut secret_watch) => match event {
-                    Some(Ok(event)) => self.on_object(RefKind::Secret, event),
-                    Some(Err(WatchError::Lagged { skipped })) => {
-                        lagged("secret", skipped);
-                        self.relist_objects(RefKind::Secret).await;
-                    }
-                    Some(Err(WatchError::Closed)) | None => return,
+                change = secrets.next() => if let Some(event) = change.into_event() {
+                    self.on_object(RefKind::Secret, event);
                 },
-                event = next(&mut pod_watch) => match event {
-                    Some(Ok(event)) => self.on_pod(event),
-                    Some(Err(WatchError::Lagged { skipped })) => {
-                        lagged("pod", skipped);
-                        self.relist_pods().await;
-                    }
-                    Some(Err(WatchError::Closed)) | None => return,
+                change = pods.next() => if let Some(event) = change.into_event() {
+                    self.on_pod(event);
                 },
                 Some(node) = resyncs.recv() => {
                     if self.edge_nodes.contains_key(&node) {
@@ -166,42 +156,7 @@ impl Watcher {
         }
     }
 
-    async fn list(&self, kind: &str) -> Option<(Vec<Value>, String)> {
-        match self.cluster.list(kind).await {
-            Ok(listed) => Some(listed),
-            Err(error) => {
-                tracing::warn!(kind, %error, "cannot list; keeping what was seen");
-                None
-            }
-        }
-    }
-
     // ---- nodes ----
-
-    async fn relist_nodes(&mut self) {
-        let Some((nodes, _)) = self.list("Node").await else {
-            return;
-        };
-        let mut present = HashSet::new();
-        for node in nodes {
-            self.outbox.room().await;
-            present.insert(meta_str(&node, "name").to_owned());
-            self.on_node(WatchEvent {
-                event_type: EventType::Modified,
-                object: node,
-            });
-        }
-        let gone: Vec<String> = self
-            .edge_nodes
-            .keys()
-            .filter(|name| !present.contains(*name))
-            .cloned()
-            .collect();
-        for name in gone {
-            self.outbox.room().await;
-            self.node_deleted(&name);
-        }
-    }
 
     fn on_node(&mut self, event: WatchEvent) {
         let node = &event.object;
@@ -247,14 +202,7 @@ impl Watcher {
     fn node_deleted(&mut self, name: &str) {
         self.edge_nodes.remove(name);
         tracing::info!(node = %name, "edge node deleted; ending its session");
-        let resource = CloudResource::new(name, "null", ResourceType::Node, Some(name.to_owned()));
-        self.outbox.send(Message::new(
-            ModuleName::EdgeController,
-            Group::Resource,
-            Operation::Delete,
-            resource.to_string(),
-            Value::Null,
-        ));
+        self.outbox.send(downstream::node_delete(name));
         self.outbox.disconnect(name);
     }
 
@@ -282,7 +230,6 @@ impl Watcher {
             namespaced_key(pod),
             PodSeen {
                 rv: meta_str(pod, "resourceVersion").to_owned(),
-                uid: meta_str(pod, "uid").to_owned(),
                 node: pod["spec"]["nodeName"].as_str().map(str::to_owned),
                 fingerprint: fingerprint(pod),
                 object: pod.clone(),
@@ -346,56 +293,6 @@ impl Watcher {
         }
     }
 
-    /// Lists pods again and sends what changed since they were last seen (after a lagged
-    /// watch, or at start when nothing was seen).
-    async fn relist_pods(&mut self) {
-        let Some((pods, list_rv)) = self.list("Pod").await else {
-            return;
-        };
-        let mut present = HashSet::new();
-        for pod in &pods {
-            self.outbox.room().await;
-            let key = namespaced_key(pod);
-            present.insert(key.clone());
-            let event_type = match self.pods.get(&key) {
-                None => EventType::Added,
-                Some(seen) if is_newer(meta_str(pod, "resourceVersion"), &seen.rv) => {
-                    EventType::Modified
-                }
-                Some(_) => continue,
-            };
-            self.on_pod(WatchEvent {
-                event_type,
-                object: pod.clone(),
-            });
-        }
-        let gone: Vec<(String, String)> = self
-            .pods
-            .keys()
-            .filter(|key| !present.contains(*key))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.outbox.room().await;
-            let Some(seen) = self.pods.get(&key) else {
-                continue;
-            };
-            // The pod's last state is gone with the missed events; its identity is enough
-            // for the edge to delete it.
-            let pod = serde_json::json!({
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": key.1, "namespace": key.0, "uid": seen.uid,
-                             "resourceVersion": list_rv},
-                "spec": {"nodeName": seen.node},
-            });
-            self.on_pod(WatchEvent {
-                event_type: EventType::Deleted,
-                object: pod,
-            });
-        }
-    }
-
     fn send_pod(&mut self, node: &str, pod: &Value, operation: Operation) {
         let message = object_message(node, ResourceType::Pod, "v1", "Pod", pod, operation);
         tracing::debug!(%node, resource = message.resource(), op = ?message.operation(), "pod change for an edge node");
@@ -407,56 +304,6 @@ impl Watcher {
     fn object_ref(kind: RefKind, obj: &Value) -> ObjectRef {
         let (namespace, name) = namespaced_key(obj);
         (kind, namespace, name)
-    }
-
-    async fn relist_objects(&mut self, kind: RefKind) {
-        let Some((objects, list_rv)) = self.list(kind.kind()).await else {
-            return;
-        };
-        let mut present = HashSet::new();
-        for obj in objects {
-            self.outbox.room().await;
-            let object = Self::object_ref(kind, &obj);
-            present.insert(object.clone());
-            let event_type = match self.objects.get(&object) {
-                None => EventType::Added,
-                Some(seen)
-                    if is_newer(
-                        meta_str(&obj, "resourceVersion"),
-                        meta_str(seen, "resourceVersion"),
-                    ) =>
-                {
-                    EventType::Modified
-                }
-                Some(_) => continue,
-            };
-            self.on_object(
-                kind,
-                WatchEvent {
-                    event_type,
-                    object: obj,
-                },
-            );
-        }
-        let gone: Vec<ObjectRef> = self
-            .objects
-            .keys()
-            .filter(|object| object.0 == kind && !present.contains(*object))
-            .cloned()
-            .collect();
-        for object in gone {
-            self.outbox.room().await;
-            if let Some(mut obj) = self.objects.get(&object).cloned() {
-                obj["metadata"]["resourceVersion"] = Value::from(list_rv.clone());
-                self.on_object(
-                    kind,
-                    WatchEvent {
-                        event_type: EventType::Deleted,
-                        object: obj,
-                    },
-                );
-            }
-        }
     }
 
     fn on_object(&mut self, kind: RefKind, event: WatchEvent) {

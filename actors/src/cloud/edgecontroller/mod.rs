@@ -28,6 +28,7 @@ use tokio::sync::Semaphore;
 use crate::cloud::cluster::SharedCluster;
 use crate::cloud::contract::ResyncNode;
 use crate::cloud::outbox::{deliver_reply, offer_message, Outbox};
+use crate::cloud::watcher::WatchMetrics;
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use downstream::Watcher;
 pub use upstream::{EdgeRequest, ParseError, Request, RequestKind, Unparsed};
@@ -201,7 +202,8 @@ impl Actor for EdgeController {
         let (resync, resyncs) = tokio::sync::mpsc::channel(RESYNC_CAPACITY);
         self.resync = Some(resync);
         let watcher = Watcher::new(self.cluster.clone(), outbox, self.node_updates);
-        ctx.spawn(actix::fut::wrap_future(watcher.run(resyncs)));
+        let metrics = WatchMetrics::of(&self.hive);
+        ctx.spawn(actix::fut::wrap_future(watcher.run(resyncs, metrics)));
     }
 }
 

@@ -9,11 +9,11 @@
 //! (`{"ErrStatus": …}`).
 
 use edgehive_protocols::object::{MIRROR_ANNOTATION, SELF_REGISTERED_ANNOTATION};
-use edgehive_protocols::{CloudResource, Message, Operation, ResourceType};
+use edgehive_protocols::{CloudResource, Message, ResourceType};
 use serde_json::{json, Value};
 
-use super::downstream::object_message;
 use crate::cloud::cluster::{ClusterError, SharedCluster};
+use crate::cloud::contract::downstream;
 pub use crate::cloud::contract::request::{
     reply_on, EdgeRequest, ParseError, QueryTarget, Request, RequestKind, Unparsed,
 };
@@ -271,20 +271,8 @@ impl EdgeRequest {
     /// A delete for the edge of a pod it reports on but which is gone from the cluster (or
     /// replaced by another with the same name).
     fn pod_gone(&self, name: &str, uid: &str) -> Message {
-        let pod = json!({
-            "metadata": {"name": name, "namespace": self.namespace().unwrap_or("default"),
-                         "uid": uid},
-        });
-        let mut message = object_message(
-            &self.resource.node,
-            ResourceType::Pod,
-            "v1",
-            "Pod",
-            &pod,
-            Operation::Delete,
-        );
-        message.header.resource_version = String::new();
-        message
+        let namespace = self.namespace().unwrap_or("default");
+        downstream::pod_gone(&self.resource.node, namespace, name, uid)
     }
 
     /// `{"Object": …, "Err": …}`; KubeEdge sets the reply's resourceversion only for
@@ -420,7 +408,7 @@ fn named_object(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use edgehive_protocols::{Group, ModuleName};
+    use edgehive_protocols::{Group, ModuleName, Operation};
 
     fn upstream(op: Operation, resource: &str, content: Value) -> Message {
         Message::new(ModuleName::Edged, Group::Meta, op, resource, content)

@@ -1,8 +1,9 @@
 //! What SyncController knows of the cluster between its reconciles: per kind it keeps records
-//! of (and Nodes), each object's UID and resourceVersion, filled by one list and kept current
-//! by a watch. No I/O. Its changes are what wake records: the actor passes each watch event's
-//! object, and the objects a list found different ([`ClusterCache::listed`]), to
-//! [`super::records::Records::object_changed`].
+//! of (and Nodes), each object's UID and resourceVersion, fed by the cloud's one watch
+//! machinery ([`crate::cloud::watcher::KindWatcher`]: a list, then the watch, a list again
+//! after a lag or a failure, whose differences only are told). No I/O. Its changes are what
+//! wake records: the actor passes each watch event's object, and the differences a list
+//! found, to [`super::records::Records::object_changed`].
 //!
 //! KubeEdge's SyncController reads informer caches; listing every kind on every run (what this
 //! replaces) cost 1.7 s of the cloud's one busy thread every 5 s at 94,000 records, and would
@@ -30,19 +31,11 @@ struct Seen {
 
 #[derive(Debug, Default)]
 struct KindCache {
-    /// Its watch runs. A kind whose watch ended keeps its objects (unfollowed, not synced)
-    /// so that the list after the next watch tells what changed meanwhile.
+    /// Its watcher runs.
     followed: bool,
-    /// Its list arrived (and no lag since): what is missing here is missing in the cluster,
-    /// as far as a watch can tell.
+    /// Its last list is complete and nothing interrupted the watch since: what is missing
+    /// here is missing in the cluster, as far as a watch can tell.
     synced: bool,
-    /// A list is under way.
-    listing: bool,
-    /// Watch events seen while the list was under way (`None`: a delete), replayed over
-    /// its result: the list may be older than they are.
-    during_list: Vec<(String, String, Option<Seen>)>,
-    /// The watch lagged while the list was under way: its result is not enough.
-    lagged_during_list: bool,
     /// By namespace, then name: looked up with borrowed strings, once per record per run.
     objects: HashMap<String, HashMap<String, Seen>>,
 }
@@ -111,42 +104,6 @@ impl ClusterCache {
         self.kinds.entry(kind.to_owned()).or_default().followed = true;
     }
 
-    /// `kind`'s watch ended: to be followed again (a new watch, a new list, compared with
-    /// what is kept). Says whether it was followed.
-    pub fn unfollow(&mut self, kind: &str) -> bool {
-        let Some(cache) = self.kinds.get_mut(kind) else {
-            return false;
-        };
-        let was = cache.followed;
-        cache.followed = false;
-        cache.synced = false;
-        cache.listing = false;
-        cache.during_list.clear();
-        cache.lagged_during_list = false;
-        was
-    }
-
-    /// Whether `kind` needs a list now: followed, not synced, none under way. Marks the list
-    /// as under way when it does.
-    pub fn start_list(&mut self, kind: &str) -> bool {
-        match self.kinds.get_mut(kind) {
-            Some(cache) if cache.followed && !cache.synced && !cache.listing => {
-                cache.listing = true;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The list of `kind` failed: the next reconcile asks again.
-    pub fn list_failed(&mut self, kind: &str) {
-        if let Some(cache) = self.kinds.get_mut(kind) {
-            cache.listing = false;
-            cache.during_list.clear();
-            cache.lagged_during_list = false;
-        }
-    }
-
     /// The kinds whose list arrived.
     pub fn synced(&self) -> HashSet<String> {
         self.kinds
@@ -161,19 +118,14 @@ impl ClusterCache {
         self.kinds.get(kind).is_some_and(|cache| cache.synced)
     }
 
-    /// A watch event of `kind`.
+    /// A change of `kind`, from its watch or found by a list (the watcher tells only what
+    /// differs from what it saw, which is what the cache holds).
     pub fn apply(&mut self, kind: &str, event: &WatchEvent) {
         let Some(cache) = self.kinds.get_mut(kind).filter(|cache| cache.followed) else {
             return;
         };
         let (namespace, name) = key_of(&event.object);
         let seen = seen_of(&event.object);
-        if cache.listing {
-            let kept = (event.event_type != EventType::Deleted).then(|| seen.clone());
-            cache
-                .during_list
-                .push((namespace.to_owned(), name.to_owned(), kept));
-        }
         if event.event_type == EventType::Deleted {
             let same = cache
                 .get(namespace, name)
@@ -186,56 +138,18 @@ impl ClusterCache {
         }
     }
 
-    /// `kind`'s watch lagged (events were skipped): it needs a list again.
-    pub fn lagged(&mut self, kind: &str) {
+    /// `kind`'s watch lagged, ended or its list failed: not synced until the next list.
+    pub fn interrupted(&mut self, kind: &str) {
         if let Some(cache) = self.kinds.get_mut(kind) {
             cache.synced = false;
-            if cache.listing {
-                cache.lagged_during_list = true;
-            }
         }
     }
 
-    /// `kind`'s list: what it holds is kept unless the watch already told something newer;
-    /// what it lacks is forgotten. Returns the (namespace, name) of the objects whose UID or
-    /// version it changed, added or removed: the only ones whose records may now be owed.
-    pub fn listed(&mut self, kind: &str, objects: &[Value]) -> Vec<(String, String)> {
-        let Some(cache) = self.kinds.get_mut(kind).filter(|cache| cache.followed) else {
-            return Vec::new();
-        };
-        let mut changed = Vec::new();
-        let mut present: HashSet<(&str, &str)> = HashSet::with_capacity(objects.len());
-        for object in objects {
-            let (namespace, name) = key_of(object);
-            present.insert((namespace, name));
-            if cache.keep_newer(namespace, name, seen_of(object)) {
-                changed.push((namespace.to_owned(), name.to_owned()));
-            }
+    /// `kind`'s list is complete (its differences applied): synced.
+    pub fn listed(&mut self, kind: &str) {
+        if let Some(cache) = self.kinds.get_mut(kind).filter(|cache| cache.followed) {
+            cache.synced = true;
         }
-        cache.objects.retain(|namespace, names| {
-            names.retain(|name, _| {
-                let keep = present.contains(&(namespace.as_str(), name.as_str()));
-                if !keep {
-                    changed.push((namespace.clone(), name.clone()));
-                }
-                keep
-            });
-            !names.is_empty()
-        });
-        // What the watch told meanwhile is newer than (or as new as) the list.
-        for (namespace, name, seen) in std::mem::take(&mut cache.during_list) {
-            let differs = match seen {
-                Some(seen) => cache.keep_newer(&namespace, &name, seen),
-                None => cache.remove(&namespace, &name),
-            };
-            if differs {
-                changed.push((namespace, name));
-            }
-        }
-        // A lag meanwhile: events may be missing from both; list again.
-        cache.synced = !std::mem::take(&mut cache.lagged_during_list);
-        cache.listing = false;
-        changed
     }
 
     /// Whether the cluster has a `kind` named `name` (cluster-scoped), as far as the cache
@@ -294,17 +208,17 @@ mod tests {
     }
 
     #[test]
-    fn a_list_and_its_watch_make_the_cluster_view() {
+    fn its_watcher_s_changes_make_the_cluster_view() {
         let mut cache = ClusterCache::default();
-        assert!(!cache.start_list("Pod"), "not followed");
+        cache.apply("Pod", &event(EventType::Added, pod("a", "u1", "5")));
+        assert_eq!(cache.len(), 0, "not followed: ignored");
         cache.follow("Pod");
-        assert!(cache.start_list("Pod"));
-        assert!(!cache.start_list("Pod"), "one list at a time");
-        // The watch runs before the list arrives: a newer version it told is kept.
-        cache.apply("Pod", &event(EventType::Modified, pod("a", "u1", "7")));
-        cache.listed("Pod", &[pod("a", "u1", "5"), pod("b", "u2", "3")]);
+        assert!(!cache.is_synced("Pod"));
+        cache.apply("Pod", &event(EventType::Added, pod("a", "u1", "5")));
+        cache.apply("Pod", &event(EventType::Added, pod("b", "u2", "3")));
+        cache.listed("Pod");
         assert!(cache.is_synced("Pod"));
-        assert_eq!(cache.version("Pod", "default", "a"), Some(("u1", "7")));
+        assert_eq!(cache.version("Pod", "default", "a"), Some(("u1", "5")));
         assert_eq!(cache.version("Pod", "default", "b"), Some(("u2", "3")));
         assert_eq!(cache.version("ConfigMap", "default", "a"), None);
 
@@ -320,14 +234,14 @@ mod tests {
         cache.apply("Pod", &event(EventType::Deleted, pod("a", "u9", "9")));
         assert_eq!(cache.version("Pod", "default", "a"), None);
 
-        // A lag: not synced until listed again; the list forgets what it lacks.
-        cache.lagged("Pod");
+        // An interruption: not synced until listed again.
+        cache.interrupted("Pod");
         assert!(!cache.is_synced("Pod"));
         assert!(cache.synced().is_empty());
-        assert!(cache.start_list("Pod"));
-        cache.listed("Pod", &[pod("c", "u3", "12")]);
-        assert_eq!(cache.version("Pod", "default", "b"), None);
-        assert_eq!(cache.len(), 1);
+        cache.apply("Pod", &event(EventType::Deleted, pod("b", "u2", "12")));
+        cache.listed("Pod");
+        assert!(cache.is_synced("Pod"));
+        assert_eq!(cache.len(), 0);
     }
 
     #[test]
@@ -352,9 +266,8 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let mut cache = ClusterCache::default();
         cache.follow("Pod");
-        assert!(cache.start_list("Pod"));
-        let changed = cache.listed("Pod", &[pod("a", "u1", "7")]);
-        assert_eq!(changed, [("default".to_owned(), "a".to_owned())]);
+        cache.apply("Pod", &event(EventType::Added, pod("a", "u1", "7")));
+        cache.listed("Pod");
         let kinds = cache.synced();
         let quiet = Duration::from_secs(30);
         // Looked at when the record is an interval old: the version the list brought is
@@ -373,85 +286,19 @@ mod tests {
     }
 
     #[test]
-    fn a_list_tells_only_what_changed_also_after_its_watch_ended() {
-        let mut cache = ClusterCache::default();
-        cache.follow("Pod");
-        assert!(cache.start_list("Pod"));
-        let all = cache.listed("Pod", &[pod("a", "u1", "1"), pod("b", "u2", "1")]);
-        assert_eq!(all.len(), 2, "the first list: everything is new");
-        // The watch ends; meanwhile a is updated, b deleted, c created. The next watch's list
-        // names those three, not the unchanged d.
-        cache.apply("Pod", &event(EventType::Added, pod("d", "u4", "2")));
-        assert!(cache.unfollow("Pod"));
-        assert!(!cache.is_synced("Pod") && !cache.is_followed("Pod"));
-        assert!(cache.listed("Pod", &[]).is_empty(), "not followed: ignored");
-        cache.follow("Pod");
-        assert!(cache.start_list("Pod"));
-        let mut changed = cache.listed(
-            "Pod",
-            &[
-                pod("a", "u1", "3"),
-                pod("c", "u3", "4"),
-                pod("d", "u4", "2"),
-            ],
-        );
-        changed.sort();
-        let names: Vec<&str> = changed.iter().map(|(_, name)| name.as_str()).collect();
-        assert_eq!(names, ["a", "b", "c"]);
-        assert!(cache.is_synced("Pod"));
-        // A list with nothing new tells nothing.
-        cache.lagged("Pod");
-        assert!(cache.start_list("Pod"));
-        let same = [
-            pod("a", "u1", "3"),
-            pod("c", "u3", "4"),
-            pod("d", "u4", "2"),
-        ];
-        assert!(cache.listed("Pod", &same).is_empty());
-    }
-
-    #[test]
-    fn what_the_watch_tells_during_a_list_wins_over_it() {
-        let mut cache = ClusterCache::default();
-        cache.follow("Pod");
-        assert!(cache.start_list("Pod"));
-        // While the list runs: b is deleted, c is created; the list was taken before both.
-        cache.apply("Pod", &event(EventType::Deleted, pod("b", "u2", "4")));
-        cache.apply("Pod", &event(EventType::Added, pod("c", "u3", "5")));
-        cache.listed("Pod", &[pod("a", "u1", "1"), pod("b", "u2", "3")]);
-        assert_eq!(
-            cache.version("Pod", "default", "b"),
-            None,
-            "the delete stands"
-        );
-        assert_eq!(cache.version("Pod", "default", "c"), Some(("u3", "5")));
-        assert!(cache.is_synced("Pod"));
-
-        // A lag while a list runs: that list is not enough, another follows.
-        cache.lagged("Pod");
-        assert!(cache.start_list("Pod"));
-        cache.lagged("Pod");
-        cache.listed("Pod", &[pod("a", "u1", "1")]);
-        assert!(!cache.is_synced("Pod"));
-        assert!(cache.start_list("Pod"));
-        cache.listed("Pod", &[pod("a", "u1", "1")]);
-        assert!(cache.is_synced("Pod"));
-    }
-
-    #[test]
     fn nodes_are_known_by_name() {
         let mut cache = ClusterCache::default();
         cache.follow("Node");
-        cache.listed(
-            "Node",
-            &[json!({"metadata": {"name": "edge-1", "uid": "n1", "resourceVersion": "4"}})],
-        );
+        let node = json!({"metadata": {"name": "edge-1", "uid": "n1", "resourceVersion": "4"}});
+        cache.apply("Node", &event(EventType::Added, node));
+        cache.listed("Node");
         assert!(cache.has("Node", "edge-1"));
         assert!(!cache.has("Node", "edge-2"));
-        cache.list_failed("Node");
-        assert!(cache.is_synced("Node"));
-        assert!(cache.unfollow("Node"));
-        assert!(!cache.is_followed("Node") && !cache.has("Node", "edge-1"));
-        assert!(!cache.unfollow("Node"));
+        cache.interrupted("Node");
+        assert!(!cache.is_synced("Node"));
+        assert!(
+            cache.has("Node", "edge-1"),
+            "kept until a list says otherwise"
+        );
     }
 }

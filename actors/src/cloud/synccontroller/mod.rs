@@ -54,12 +54,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{json, Value};
 
-use crate::cloud::cluster::{
-    is_cluster_scoped, ClusterError, EventType, SharedCluster, WatchError, WatchEvent,
-};
+use crate::cloud::cluster::{is_cluster_scoped, ClusterError, EventType, SharedCluster};
 use crate::cloud::contract::{
-    object_message, route, Acked, NodeMessage, ObjectId, Queued, ToNodes,
+    downstream, object_message, route, Acked, NodeMessage, ObjectId, Queued, ToNodes,
 };
+use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use cache::ClusterCache;
 use records::{Records, Resend, Write, NODE_KIND};
@@ -188,6 +187,7 @@ impl Module for SyncControllerModule {
             metrics: self.metrics.clone(),
             records: Records::new(self.interval),
             cache: ClusterCache::default(),
+            relisted: HashMap::new(),
             loaded: false,
             flushing: false,
             flush_pending: false,
@@ -215,6 +215,8 @@ pub struct SyncController {
     metrics: Metrics,
     records: Records,
     cache: ClusterCache,
+    /// Per kind, the objects its list under way found different, judged when it completes.
+    relisted: HashMap<String, Vec<(String, String)>>,
     loaded: bool,
     flushing: bool,
     /// A flush is waiting to run.
@@ -545,25 +547,22 @@ impl SyncController {
         }));
     }
 
-    /// Follows `kind` in the cache: its watch, then its list.
+    /// Follows `kind` in the cache with the cloud's one watch machinery ([`KindWatcher`]: a
+    /// list, then the watch, a list again after a lag, a closed watch or a failed list).
     fn follow(&mut self, kind: &str, ctx: &mut Context<Self>) {
         if self.cache.is_followed(kind) {
             return;
         }
         self.cache.follow(kind);
         let tag: Arc<str> = Arc::from(kind);
-        // A watch that ends says so, so the kind is followed afresh an interval later rather
-        // than read from a cache nothing updates any more.
-        let ended = futures_util::stream::once(futures_util::future::ready(KindEvent {
-            kind: tag.clone(),
-            event: Err(WatchError::Closed),
-        }));
-        let events = self.cluster.watch(kind).map(move |event| KindEvent {
-            kind: tag.clone(),
-            event,
-        });
-        ctx.add_stream(events.chain(ended));
-        self.list_kind(kind, ctx);
+        let changes = KindWatcher::new(self.cluster.clone(), SYNCCONTROLLER_MODULE, kind)
+            .counted(WatchMetrics::of(&self.hive))
+            .into_stream()
+            .map(move |change| KindChange {
+                kind: tag.clone(),
+                change,
+            });
+        ctx.add_stream(changes);
     }
 
     /// Follows `kind` if records are kept for it (the first record of a kind starts its
@@ -572,34 +571,6 @@ impl SyncController {
         if self.records.has_kind(kind) && !self.cache.is_followed(kind) {
             self.follow(kind, ctx);
         }
-    }
-
-    /// Lists `kind` into the cache if it needs it (new, or its watch lagged).
-    fn list_kind(&mut self, kind: &str, ctx: &mut Context<Self>) {
-        if !self.cache.start_list(kind) {
-            return;
-        }
-        let (cluster, kind) = (self.cluster.clone(), kind.to_owned());
-        let fut = async move {
-            let listed = cluster.list(&kind).await;
-            (kind, listed)
-        };
-        ctx.spawn(
-            fut.into_actor(self)
-                .map(|(kind, listed), act, ctx| match listed {
-                    Ok((objects, _)) => {
-                        let changed = act.cache.listed(&kind, &objects);
-                        act.listed(&kind, changed, ctx);
-                    }
-                    Err(error) => {
-                        // A kind the API server does not know, say: its records wait, and the
-                        // list is tried again an interval later.
-                        tracing::warn!(%kind, %error, "reconcile cannot list a kind; its records wait");
-                        act.cache.list_failed(&kind);
-                        ctx.run_later(act.interval, move |act, ctx| act.list_kind(&kind, ctx));
-                    }
-                }),
-        );
     }
 
     /// A list of `kind` arrived and found `changed` objects different from the cache: their
@@ -619,14 +590,7 @@ impl SyncController {
                 self.records.object_changed(kind, namespace, name, at);
             }
         }
-        if self.cache.is_synced(kind) {
-            self.records.kind_synced(kind, now);
-        } else {
-            // The watch lagged while the list ran (a kube watch's first item says so): list
-            // again, soon but not in a loop.
-            let kind = kind.to_owned();
-            ctx.run_later(self.min_gap(), move |act, ctx| act.list_kind(&kind, ctx));
-        }
+        self.records.kind_synced(kind, now);
         self.wake(ctx);
     }
 
@@ -637,14 +601,13 @@ impl SyncController {
     }
 
     /// Follows Nodes and every kind records are kept for (a list of kinds: no record is
-    /// visited); a kind whose list failed is listed again.
+    /// visited).
     fn follow_kinds(&mut self, ctx: &mut Context<Self>) {
         let kinds: Vec<String> = std::iter::once(NODE_KIND.to_owned())
             .chain(self.records.kinds().cloned())
             .collect();
         for kind in &kinds {
             self.follow(kind, ctx);
-            self.list_kind(kind, ctx);
         }
     }
 
@@ -695,8 +658,8 @@ impl SyncController {
         }
         let started = Instant::now();
         self.last_run = Some(started);
-        // Each kind's watch and list start when its first record is made (`follow`); a kind
-        // whose watch ended is followed again, one whose list failed listed again.
+        // Each kind's watch and list start when its first record is made (`follow`); its
+        // watcher lists again after a lag or a failure.
         self.follow_kinds(ctx);
         // Records younger than an interval may be about objects whose events have not reached
         // the cache yet: they are judged when they are an interval old.
@@ -797,20 +760,8 @@ impl SyncController {
                 obj,
                 Operation::Update,
             ),
-            None => {
-                // Enough for the edge to find and delete it: its identity, no version.
-                let mut metadata = json!({"name": id.name, "uid": id.uid});
-                if !id.namespace.is_empty() {
-                    metadata["namespace"] = json!(id.namespace);
-                }
-                Message::new(
-                    edgehive_protocols::ModuleName::EdgeController,
-                    edgehive_protocols::Group::Resource,
-                    Operation::Delete,
-                    id.resource_on(first),
-                    json!({"apiVersion": id.api_version, "kind": id.kind, "metadata": metadata}),
-                )
-            }
+            // Enough for the edge to find and delete it: its identity, no version.
+            None => downstream::object_gone(first, id),
         };
         let count = plan.nodes.len() as u64;
         tracing::debug!(nodes = count, kind = %id.kind, namespace = %id.namespace, name = %id.name,
@@ -945,16 +896,16 @@ impl Handler<SyncView> for SyncController {
     }
 }
 
-/// A watch event of one followed kind.
-pub struct KindEvent {
+/// A change of one followed kind.
+pub struct KindChange {
     kind: Arc<str>,
-    event: Result<WatchEvent, WatchError>,
+    change: Change,
 }
 
-impl StreamHandler<KindEvent> for SyncController {
-    fn handle(&mut self, KindEvent { kind, event }: KindEvent, ctx: &mut Context<Self>) {
-        match event {
-            Ok(event) => {
+impl StreamHandler<KindChange> for SyncController {
+    fn handle(&mut self, KindChange { kind, change }: KindChange, ctx: &mut Context<Self>) {
+        match change {
+            Change::Event(event) => {
                 self.cache.apply(&kind, &event);
                 let object = &event.object;
                 if &*kind == NODE_KIND {
@@ -973,19 +924,21 @@ impl StreamHandler<KindEvent> for SyncController {
                 }
                 self.wake(ctx);
             }
-            Err(WatchError::Lagged { .. }) => {
-                self.cache.lagged(&kind);
-                self.list_kind(&kind, ctx);
+            Change::Relisted(event) => {
+                // Judged when the list is complete (a Node it lacks is confirmed first).
+                self.cache.apply(&kind, &event);
+                let key = (
+                    meta_str(&event.object, "namespace").to_owned(),
+                    meta_str(&event.object, "name").to_owned(),
+                );
+                self.relisted.entry(kind.to_string()).or_default().push(key);
             }
-            Err(WatchError::Closed) => {
-                if self.cache.unfollow(&kind) {
-                    tracing::info!(%kind, "the cluster ended a watch; following the kind again in an interval");
-                    let kind = kind.to_string();
-                    ctx.run_later(self.interval, move |act, ctx| {
-                        act.follow(&kind, ctx);
-                    });
-                }
+            Change::Synced => {
+                self.cache.listed(&kind);
+                let changed = self.relisted.remove(&*kind).unwrap_or_default();
+                self.listed(&kind, changed, ctx);
             }
+            Change::Interrupted(_) => self.cache.interrupted(&kind),
         }
     }
 

@@ -40,3 +40,36 @@ pub(crate) async fn send_with_retry(
         }
     }
 }
+
+/// Tells module `name` the typed `message`, retrying while its mailbox is full, with the
+/// policy of [`send_with_retry`]. A module that does not take `M` (an extension) gives the
+/// message back: `Err((HiveError::WrongType, message))`.
+pub(crate) async fn tell_with_retry<M>(
+    hive: &Hive,
+    name: &str,
+    message: M,
+) -> Result<(), (HiveError, M)>
+where
+    M: actix::Message + Send + 'static,
+    M::Result: Send,
+{
+    let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
+    let mut delay = FIRST_DELAY;
+    let mut message = message;
+    loop {
+        match hive.tell(name, message) {
+            Ok(()) => return Ok(()),
+            Err(refused) => match refused.error {
+                HiveError::MailboxFull(module) => {
+                    if tokio::time::Instant::now() + delay > deadline {
+                        return Err((HiveError::MailboxFull(module), refused.message));
+                    }
+                    message = refused.message;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_DELAY);
+                }
+                error => return Err((error, refused.message)),
+            },
+        }
+    }
+}

@@ -392,7 +392,7 @@ impl Ctx {
             }
             Err(error) => return self.store_failed(&target.key, &error),
         }
-        if object.device && !self.to_twin(&object).await {
+        if object.device && !self.to_twin(&object, false).await {
             return;
         }
         self.to_cloud(ToCloud::Ack(object.origin)).await;
@@ -418,7 +418,7 @@ impl Ctx {
             }
             Err(error) => return self.store_failed(&target.key, &error),
         }
-        if object.device && !self.to_twin(&object).await {
+        if object.device && !self.to_twin(&object, true).await {
             return;
         }
         self.to_cloud(ToCloud::Ack(object.origin)).await;
@@ -426,10 +426,8 @@ impl Ctx {
 
     /// Hands a device object to DeviceTwin and waits for it to be committed there. `true`
     /// when done or when no twin runs (the object is stored; nothing else to do).
-    async fn to_twin(&self, object: &CloudObject) -> bool {
-        let Some(message) = TwinMessage::device(object) else {
-            return true;
-        };
+    async fn to_twin(&self, object: &CloudObject, delete: bool) -> bool {
+        let message = TwinMessage::device(object, delete);
         let resource = object.origin.resource();
         match self.hive.ask(TWIN_MODULE, message, TWIN_TIMEOUT).await {
             Ok(Some(reply)) if reply.is_done() => true,

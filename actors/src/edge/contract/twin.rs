@@ -124,9 +124,26 @@ impl TwinMessage {
         })
     }
 
-    /// A Device or DeviceModel object MetaManager stored, for DeviceTwin to commit.
-    pub fn device(object: &CloudObject) -> Option<TwinMessage> {
-        TwinMessage::from_message(object.origin.0.clone())
+    /// A Device or DeviceModel object MetaManager stored (or deleted: `delete`), for
+    /// DeviceTwin to commit; built from the typed object, not typed again.
+    pub fn device(object: &CloudObject, delete: bool) -> TwinMessage {
+        let target = &object.target;
+        TwinMessage {
+            reply_to: None,
+            error: None,
+            devices: None,
+            body: TwinBody::Device {
+                id: format!(
+                    "{}/{}",
+                    target.namespace,
+                    target.name.as_deref().unwrap_or_default()
+                ),
+                model: target.kind == ResourceType::DeviceModel.as_str(),
+                delete,
+                object: object.value.clone(),
+            },
+            origin: object.origin.clone(),
+        }
     }
 }
 

@@ -346,15 +346,15 @@ impl Handler<ReportTwin> for DeviceTwin {
                     Some(_) => TwinError::UnknownProperty(report.id, report.property),
                 });
             };
-            let upload_ = Upload::twin_reported(
+            let sent = Upload::twin_reported(
                 &report.id,
                 &reported.property,
                 reported.twin,
                 &uuid::Uuid::new_v4().to_string(),
                 now_ms(),
             );
-            upload(&hive, &shared, upload_.clone()).await?;
-            Ok(upload_.into_message())
+            upload(&hive, &shared, sent.clone()).await?;
+            Ok(sent.into_message())
         })
     }
 }
@@ -374,15 +374,15 @@ impl Handler<ReportState> for DeviceTwin {
             {
                 return Err(TwinError::UnknownDevice(report.id));
             }
-            let upload_ = Upload::device_state(
+            let sent = Upload::device_state(
                 &report.id,
                 &report.state,
                 &now,
                 &uuid::Uuid::new_v4().to_string(),
                 now_ms(),
             );
-            upload(&hive, &shared, upload_.clone()).await?;
-            Ok(upload_.into_message())
+            upload(&hive, &shared, sent.clone()).await?;
+            Ok(sent.into_message())
         })
     }
 }

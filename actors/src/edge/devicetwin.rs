@@ -13,6 +13,9 @@
 //! - After each connect, twin asks for `membership/detail` (operation `get`) as a real edge
 //!   does, reusing the same message while it is unanswered. Connects are EdgeHub's
 //!   [`CloudConnection`], which twin follows from the start of each actor.
+//! - It takes [`TwinMessage`]s, typed by EdgeHub (or from an extension's envelope, with the
+//!   same function) and by MetaManager for Device objects; its uploads are the contract's
+//!   [`Upload`]s, which EdgeHub writes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -9,6 +9,10 @@
 //! Device and DeviceModel objects are stored, then handed to the `twin` group; the ACK waits
 //! for twin to commit them too. Whether the cloud is connected is EdgeHub's
 //! [`CloudConnection`], read at each decision.
+//!
+//! It takes [`MetaRequest`]s, typed by EdgeHub from the cloud's messages (or from an
+//! extension's envelope, with the same function), and sends the cloud [`ToCloud`] through
+//! EdgeHub by name; it never reads or builds a beehive message itself.
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -307,3 +307,71 @@ impl LocalReply {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::ToCloud;
+    use super::*;
+
+    fn cloud(operation: Operation, resource: &str, content: Value) -> Message {
+        Message::new(
+            ModuleName::EdgeController,
+            Group::Resource,
+            operation,
+            resource,
+            content,
+        )
+    }
+
+    #[test]
+    fn a_cloud_insert_is_typed_once_with_its_object_and_acked_as_before() {
+        let pod = json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u-1"}});
+        let message = cloud(
+            Operation::Insert,
+            "ns/pod/p",
+            Value::String(pod.to_string()),
+        );
+        let MetaRequest::Store(object) = MetaRequest::from_message(message.clone()) else {
+            panic!("not a store");
+        };
+        assert_eq!(object.target.key, "ns/pod/p");
+        assert_eq!(object.target.kind, "pod");
+        assert_eq!(object.target.namespace, "ns");
+        assert_eq!(object.target.name.as_deref(), Some("p"));
+        assert_eq!(object.value, pod);
+        assert_eq!(object.uid.as_deref(), Some("u-1"));
+        assert!(!object.device);
+        assert_eq!(object.origin.id(), message.id());
+        let ack = ToCloud::Ack(object.origin).into_message();
+        let expected = Message::response_to(&message, json!("OK"));
+        assert_eq!(ack.parent_id(), Some(message.id()));
+        assert_eq!(ack.route, expected.route);
+        assert_eq!(ack.content, expected.content);
+    }
+
+    #[test]
+    fn device_acks_keep_a_real_edges_route_and_bad_writes_are_refused() {
+        let device = Message::new(
+            ModuleName::DeviceController,
+            Group::Resource,
+            Operation::Insert,
+            "default/device/d",
+            json!({"metadata": {"name": "d", "namespace": "default"}}),
+        );
+        let MetaRequest::Store(object) = MetaRequest::from_message(device) else {
+            panic!("not a store");
+        };
+        assert!(object.device);
+        let ack = ToCloud::Ack(object.origin).into_message();
+        assert_eq!(ack.source(), Some(&ModuleName::Meta));
+        assert_eq!(ack.group(), Some(&Group::Twin));
+        assert!(matches!(
+            MetaRequest::from_message(cloud(Operation::Delete, "default/pod", json!({}))),
+            MetaRequest::Refuse { .. }
+        ));
+        assert!(matches!(
+            MetaRequest::from_message(cloud(Operation::Insert, "no-slashes", json!({}))),
+            MetaRequest::Refuse { .. }
+        ));
+    }
+}

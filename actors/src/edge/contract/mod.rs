@@ -242,7 +242,8 @@ pub enum CloudRequestError {
 }
 
 /// Sends `message` to the cloud through EdgeHub and waits, all in all at most `timeout`
-/// (and at most EdgeHub's request timeout), for the cloud's reply to it.
+/// (and at most EdgeHub's request timeout), for the cloud's reply to it. For extension
+/// modules, which speak beehive messages; built-in modules use [`ask_cloud`].
 pub async fn request_cloud(
     hive: &Hive,
     message: Message,

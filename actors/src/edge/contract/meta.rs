@@ -87,7 +87,8 @@ pub struct Query {
     pub origin: Origin,
 }
 
-/// What MetaManager is asked to do; see the [module docs](self).
+/// What MetaManager is asked to do, typed once by [`MetaRequest::from_message`] (by EdgeHub for
+/// the cloud's groups `resource` and `func`, by MetaManager for an extension's envelope).
 #[derive(Debug, Clone)]
 pub enum MetaRequest {
     /// A cloud insert or update to store and ACK.

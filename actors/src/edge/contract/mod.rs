@@ -10,7 +10,7 @@
 //! envelope with the same functions. Upstream, modules tell EdgeHub ([`route::EDGEHUB`])
 //! [`ToCloud`] (ACKs, refusals, forwarded local messages, twin uploads) or ask it with
 //! [`ask_cloud`] (node requests, remote queries); EdgeHub alone turns them into beehive
-//! messages ([`ToCloud::into_message`], [`Ask::into_message`]). Modules follow the connection
+//! messages (`ToCloud::into_message`, `Ask::into_message`). Modules follow the connection
 //! through [`CloudConnection`], which EdgeHub alone writes, and ask for [`GetEdgeHubStatus`].
 //! Extension modules may still send EdgeHub envelopes, or ask the cloud with
 //! [`request_cloud`]; those in group `bus` still get KubeEdge's `node/connection` message,

@@ -37,7 +37,8 @@ pub enum TwinBody {
     Other(&'static str),
 }
 
-/// A message for DeviceTwin; see the [module docs](self).
+/// A message for DeviceTwin, typed once by [`TwinMessage::from_message`] (EdgeHub, or DeviceTwin
+/// for an extension's envelope) or built by [`TwinMessage::device`] (MetaManager).
 #[derive(Debug, Clone)]
 pub struct TwinMessage {
     /// The id of the upload this answers, if it answers one.

@@ -3,7 +3,8 @@
 //! sees the connect, the disconnect and the reconnect, and the built-in modules act on each
 //! (DeviceTwin asks for its membership again, MetaManager refuses what needs the cloud while
 //! it is away, the node module reports the state). And the layering rule that keeps it so:
-//! no edge module but EdgeHub names EdgeHub's actor type.
+//! no edge module but EdgeHub names EdgeHub's actor type, and none but EdgeHub and the contract
+//! builds or reads a beehive message.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -196,18 +197,36 @@ async fn modules_see_a_disconnect_and_a_reconnect_through_the_one_connection_sta
 
 /// Built-in edge modules reach EdgeHub by name with the contract's typed messages: none but
 /// EdgeHub itself names its actor type (`ModuleName::EdgeHub`, the wire's module name, is
-/// not the actor). Comments are not code and are skipped.
+/// not the actor), and none but EdgeHub and the contract builds or reads a beehive message
+/// (they get it typed, and send typed requests EdgeHub turns into messages). Comments are not
+/// code and are skipped.
 #[test]
-fn no_edge_module_but_edgehub_names_the_edgehub_actor_type() {
+fn no_edge_module_but_edgehub_names_the_edgehub_actor_type_or_reads_the_wire() {
     let edge = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/edge");
+    let (checked, offenders) = layering_offenders(&edge);
+    assert!(
+        checked >= 8,
+        "only {checked} edge sources found under {edge:?}"
+    );
+    assert!(
+        offenders.is_empty(),
+        "edge modules naming EdgeHub's actor type or handling beehive messages themselves \
+         (address EdgeHub by name, with the typed messages of edge::contract, instead):\n{}",
+        offenders.join("\n")
+    );
+}
+
+/// The lines of the edge's sources outside `edgehub/` and `contract/` that break the rule,
+/// and how many files were read.
+fn layering_offenders(edge: &Path) -> (usize, Vec<String>) {
     let mut offenders = Vec::new();
     let mut checked = 0;
-    let mut folders = vec![edge.clone()];
+    let mut folders = vec![edge.to_path_buf()];
     while let Some(folder) = folders.pop() {
         for entry in std::fs::read_dir(&folder).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
-                if path != edge.join("edgehub") {
+                if path != edge.join("edgehub") && path != edge.join("contract") {
                     folders.push(path);
                 }
                 continue;
@@ -219,9 +238,14 @@ fn no_edge_module_but_edgehub_names_the_edgehub_actor_type() {
             let text = std::fs::read_to_string(&path).unwrap();
             for (number, line) in text.lines().enumerate() {
                 let code = line.split("//").next().unwrap_or_default();
-                if names_edgehub(code) {
+                let why = if names_edgehub(code) {
+                    Some("names EdgeHub's actor type")
+                } else {
+                    reads_the_wire(code)
+                };
+                if let Some(why) = why {
                     offenders.push(format!(
-                        "{}:{}: {}",
+                        "{}:{}: {why}: {}",
                         path.display(),
                         number + 1,
                         line.trim()
@@ -230,27 +254,55 @@ fn no_edge_module_but_edgehub_names_the_edgehub_actor_type() {
             }
         }
     }
-    assert!(
-        checked >= 8,
-        "only {checked} edge sources found under {edge:?}"
-    );
-    assert!(
-        offenders.is_empty(),
-        "edge modules naming EdgeHub's actor type (address it by name through \
-         edge::contract instead):\n{}",
-        offenders.join("\n")
-    );
+    (checked, offenders)
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
 }
 
 /// Whether `code` has the identifier `EdgeHub` other than as `ModuleName::EdgeHub`.
 fn names_edgehub(code: &str) -> bool {
-    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     code.match_indices("EdgeHub").any(|(at, word)| {
         let before = &code[..at];
         let after = &code[at + word.len()..];
         !before.ends_with(is_ident)
             && !after.starts_with(is_ident)
             && !before.ends_with("ModuleName::")
+    })
+}
+
+/// What `code` does with a beehive message that only EdgeHub and the contract may do: build
+/// one (`Message::…`), read its route, header or content, or parse its resource or a
+/// connection announcement.
+fn reads_the_wire(code: &str) -> Option<&'static str> {
+    // (pattern, must not follow, why)
+    let rules: [(&str, &[char], &str); 9] = [
+        ("Message::", &[], "builds a beehive message"),
+        (".route", &['('], "reads a message's route"),
+        (".header", &['('], "reads a message's header"),
+        (".content", &['('], "reads a message's content"),
+        (".parent_id(", &[], "reads a message's header"),
+        (".content_json(", &[], "reads a message's content"),
+        (".content_str(", &[], "reads a message's content"),
+        ("EdgeResource::parse", &[], "parses a message's resource"),
+        (
+            "ConnectionState::of",
+            &[],
+            "reads a connection announcement",
+        ),
+    ];
+    rules.into_iter().find_map(|(pattern, not_after, why)| {
+        code.match_indices(pattern)
+            .any(|(at, word)| {
+                let before = &code[..at];
+                let after = &code[at + word.len()..];
+                let starts_word = pattern.starts_with('.') || !before.ends_with(is_ident);
+                let ends_word = pattern.ends_with(['(', ':'])
+                    || !after.starts_with(|c: char| is_ident(c) || not_after.contains(&c));
+                starts_word && ends_word
+            })
+            .then_some(why)
     })
 }
 
@@ -264,4 +316,27 @@ fn the_layering_check_finds_what_it_looks_for() {
     assert!(!names_edgehub(
         "use super::edgehub::{EdgeHubModule, EdgeHubError};"
     ));
+    for wire in [
+        "let reply = Message::response_to(msg, json!(\"OK\"));",
+        "reply.route.source = Some(ModuleName::Meta);",
+        "ask.header.id = uuid::Uuid::new_v4().to_string();",
+        "match &reply.content {",
+        "if let Some(parent) = msg.parent_id() {",
+        "let value = msg.content_json().unwrap_or_default();",
+        "if msg.content_str() == Some(\"OK\") {",
+        "if let Ok(resource) = EdgeResource::parse(msg.resource()) {",
+        "if let Some(state) = ConnectionState::of(msg) {",
+    ] {
+        assert!(reads_the_wire(wire).is_some(), "{wire}");
+    }
+    for typed in [
+        "let typed = TwinMessage::from_message(envelope.into_message());",
+        "Ok(reply) => read_answer(reply.content()),",
+        "impl actix::Message for ReportTwin {",
+        "type Result = Option<Message>;",
+        "let request = client.header(\"x\", \"y\");",
+        "let routes = self.routes;",
+    ] {
+        assert_eq!(reads_the_wire(typed), None, "{typed}");
+    }
 }

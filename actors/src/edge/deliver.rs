@@ -25,14 +25,47 @@ pub(crate) async fn send_with_retry(
     name: &str,
     message: &Message,
 ) -> Result<(), HiveError> {
+    retry((), |()| {
+        hive.send(name, message.clone())
+            .map_err(|error| (error, ()))
+    })
+    .await
+    .map_err(|(error, ())| error)
+}
+
+/// Tells module `name` the typed `message`, retrying while its mailbox is full, with the
+/// policy of [`send_with_retry`]. A module that does not take `M` (an extension) gives the
+/// message back: `Err((HiveError::WrongType, message))`.
+pub(crate) async fn tell_with_retry<M>(
+    hive: &Hive,
+    name: &str,
+    message: M,
+) -> Result<(), (HiveError, M)>
+where
+    M: actix::Message + Send + 'static,
+    M::Result: Send,
+{
+    retry(message, |message| {
+        hive.tell(name, message)
+            .map_err(|refused| (refused.error, refused.message))
+    })
+    .await
+}
+
+/// Runs `attempt` until it succeeds, fails otherwise than with a full mailbox, or the
+/// [`RETRY_BUDGET`] is spent; `attempt` gives the message back when it fails.
+async fn retry<M>(
+    mut message: M,
+    mut attempt: impl FnMut(M) -> Result<(), (HiveError, M)>,
+) -> Result<(), (HiveError, M)> {
     let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
     let mut delay = FIRST_DELAY;
     loop {
-        match hive.send(name, message.clone()) {
-            Err(HiveError::MailboxFull(module)) => {
-                if tokio::time::Instant::now() + delay > deadline {
-                    return Err(HiveError::MailboxFull(module));
-                }
+        match attempt(message) {
+            Err((HiveError::MailboxFull(_), back))
+                if tokio::time::Instant::now() + delay <= deadline =>
+            {
+                message = back;
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(MAX_DELAY);
             }

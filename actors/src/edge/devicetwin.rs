@@ -13,6 +13,9 @@
 //! - After each connect, twin asks for `membership/detail` (operation `get`) as a real edge
 //!   does, reusing the same message while it is unanswered. Connects are EdgeHub's
 //!   [`CloudConnection`], which twin follows from the start of each actor.
+//! - It takes [`TwinMessage`]s, typed by EdgeHub (or from an extension's envelope, with the
+//!   same function) and by MetaManager for Device objects; its uploads are the contract's
+//!   [`Upload`]s, which EdgeHub writes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,17 +24,20 @@ use std::time::Duration;
 
 use actix::{Actor, AsyncContext, Context, Handler, ResponseFuture, StreamHandler};
 use edgehive_protocols::object::now_rfc3339;
-use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
+use edgehive_protocols::Message;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::contract::{changes, route, CloudConnection, ConnectionState};
-use super::deliver::send_with_retry;
+use super::contract::{
+    changes, route, CloudConnection, ConnectionState, ToCloud, TwinBody, TwinMessage, TwinReply,
+    Upload,
+};
+use super::deliver::tell_with_retry;
 use super::store::StoreError;
 use super::twin_store::{DeviceSpec, TwinStore};
 use crate::hive::locks;
-use crate::hive::{Envelope, Hive, Module};
+use crate::hive::{Accepts, Envelope, Hive, Module};
 
 /// beehive name of the module.
 pub const MODULE_NAME: &str = route::TWIN;
@@ -141,13 +147,13 @@ impl TwinMetrics {
 #[derive(Debug, Default)]
 struct Unconfirmed {
     order: VecDeque<String>,
-    messages: HashMap<String, Message>,
+    messages: HashMap<String, Upload>,
     /// The pending `membership/detail` request's id, if any.
     detail: Option<String>,
 }
 
 impl Unconfirmed {
-    fn insert(&mut self, message: Message, metrics: &TwinMetrics) {
+    fn insert(&mut self, message: Upload, metrics: &TwinMetrics) {
         while self.order.len() >= MAX_UNCONFIRMED {
             if let Some(oldest) = self.order.pop_front() {
                 self.messages.remove(&oldest);
@@ -159,7 +165,7 @@ impl Unconfirmed {
         metrics.unconfirmed.set(self.order.len() as i64);
     }
 
-    fn confirm(&mut self, id: &str, metrics: &TwinMetrics) -> Option<Message> {
+    fn confirm(&mut self, id: &str, metrics: &TwinMetrics) -> Option<Upload> {
         let message = self.messages.remove(id)?;
         self.order.retain(|pending| pending != id);
         if self.detail.as_deref() == Some(id) {
@@ -169,7 +175,7 @@ impl Unconfirmed {
         Some(message)
     }
 
-    fn all(&self) -> Vec<Message> {
+    fn all(&self) -> Vec<Upload> {
         self.order
             .iter()
             .filter_map(|id| self.messages.get(id).cloned())
@@ -229,6 +235,10 @@ impl Module for DeviceTwinModule {
 
     fn group(&self) -> &str {
         GROUP
+    }
+
+    fn accepts(&self, accepts: &mut Accepts<DeviceTwin>) {
+        accepts.message::<TwinMessage>();
     }
 
     fn create(&self, hive: &Hive) -> DeviceTwin {
@@ -299,12 +309,26 @@ impl StreamHandler<ConnectionState> for DeviceTwin {
     fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
+impl Handler<TwinMessage> for DeviceTwin {
+    type Result = ResponseFuture<Option<TwinReply>>;
+
+    fn handle(&mut self, message: TwinMessage, _: &mut Context<Self>) -> Self::Result {
+        let shared = self.shared.clone();
+        Box::pin(async move { on_message(&shared, message).await })
+    }
+}
+
 impl Handler<Envelope> for DeviceTwin {
     type Result = ResponseFuture<Option<Message>>;
 
+    /// An extension module's message: typed as EdgeHub types the cloud's, then served alike.
     fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Self::Result {
         let shared = self.shared.clone();
-        Box::pin(async move { on_message(&shared, envelope.message()).await })
+        let typed = TwinMessage::from_message(envelope.into_message());
+        Box::pin(async move {
+            let reply = on_message(&shared, typed?).await?;
+            Some(reply.into_message())
+        })
     }
 }
 
@@ -325,20 +349,15 @@ impl Handler<ReportTwin> for DeviceTwin {
                     Some(_) => TwinError::UnknownProperty(report.id, report.property),
                 });
             };
-            let content = json!({
-                "event_id": uuid::Uuid::new_v4().to_string(),
-                "timestamp": now_ms(),
-                "twin": { reported.property: reported.twin },
-            });
-            let message = Message::new(
-                ModuleName::Twin,
-                Group::Resource,
-                Operation::Update,
-                format!("device/{}/twin/edge_updated", report.id),
-                content,
+            let sent = Upload::twin_reported(
+                &report.id,
+                &reported.property,
+                reported.twin,
+                &uuid::Uuid::new_v4().to_string(),
+                now_ms(),
             );
-            upload(&hive, &shared, message.clone()).await?;
-            Ok(message)
+            upload(&hive, &shared, sent.clone()).await?;
+            Ok(sent.into_message())
         })
     }
 }
@@ -358,23 +377,15 @@ impl Handler<ReportState> for DeviceTwin {
             {
                 return Err(TwinError::UnknownDevice(report.id));
             }
-            let name = report.id.rsplit('/').next().unwrap_or_default();
-            // KubeEdge sends this payload as a JSON document inside a string.
-            let content = json!({
-                "event_id": uuid::Uuid::new_v4().to_string(),
-                "timestamp": now_ms(),
-                "device": {"name": name, "state": report.state, "lastOnlineTime": now},
-            })
-            .to_string();
-            let message = Message::new(
-                ModuleName::Twin,
-                Group::Resource,
-                Operation::Update,
-                format!("device/{}/state/update", report.id),
-                Value::String(content),
+            let sent = Upload::device_state(
+                &report.id,
+                &report.state,
+                &now,
+                &uuid::Uuid::new_v4().to_string(),
+                now_ms(),
             );
-            upload(&hive, &shared, message.clone()).await?;
-            Ok(message)
+            upload(&hive, &shared, sent.clone()).await?;
+            Ok(sent.into_message())
         })
     }
 }
@@ -390,7 +401,7 @@ fn refuse_when_full(shared: &Shared) -> Result<(), TwinError> {
 
 /// Remembers `message` until confirmed, in memory and in the store (so it survives a
 /// restart of the process), and sends it now if connected (else at reconnect).
-async fn upload(hive: &Hive, shared: &Shared, message: Message) -> Result<(), TwinError> {
+async fn upload(hive: &Hive, shared: &Shared, message: Upload) -> Result<(), TwinError> {
     shared.store.keep_upload(&message).await?;
     shared
         .unconfirmed()
@@ -429,8 +440,9 @@ async fn load_kept(shared: &Shared) {
     }
 }
 
-async fn to_cloud(hive: &Hive, message: &Message) {
-    if let Err(error) = send_with_retry(hive, HUB_MODULE, message).await {
+async fn to_cloud(hive: &Hive, message: &Upload) {
+    let told = tell_with_retry(hive, HUB_MODULE, ToCloud::Upload(message.clone())).await;
+    if let Err((error, _)) = told {
         // Still unconfirmed, so it goes again after the next connect or interval.
         tracing::warn!(id = message.id(), resource = message.resource(), %error, "twin upload not handed to edgehub");
     }
@@ -448,23 +460,8 @@ async fn resend_all(hive: &Hive, shared: &Shared) {
 }
 
 /// The `membership/detail` request a real edge sends after connecting.
-fn membership_detail(node_name: &str) -> Message {
-    let timestamp = now_ms();
-    let content = json!({
-        "event_type": "group_membership_event",
-        "event_id": uuid::Uuid::new_v4().to_string(),
-        "group_id": node_name,
-        "operation": "detail",
-        "timestamp": timestamp,
-    })
-    .to_string();
-    Message::new(
-        ModuleName::Twin,
-        Group::Resource,
-        Operation::Get,
-        ResourceType::MembershipDetail.as_str(),
-        Value::String(content),
-    )
+fn membership_detail(node_name: &str) -> Upload {
+    Upload::membership_detail(node_name, &uuid::Uuid::new_v4().to_string(), now_ms())
 }
 
 async fn on_connected(hive: &Hive, shared: &Shared) {
@@ -478,17 +475,12 @@ async fn on_connected(hive: &Hive, shared: &Shared) {
     resend_all(hive, shared).await;
 }
 
-async fn on_message(shared: &Shared, msg: &Message) -> Option<Message> {
-    let operation = msg.operation()?;
-    if ConnectionState::of(msg).is_some() {
-        // For extensions; twin follows `CloudConnection`.
-        return None;
-    }
-    if let Some(parent) = msg.parent_id() {
-        if *operation == Operation::Error {
+async fn on_message(shared: &Shared, msg: TwinMessage) -> Option<TwinReply> {
+    if let Some(parent) = msg.reply_to.as_deref() {
+        if let Some(error) = &msg.error {
             // Refused (a limit, a busy cloud): not a confirmation; it goes again later.
             if shared.unconfirmed().messages.contains_key(parent) {
-                tracing::warn!(%parent, error = %msg.content, "the cloud refused a twin upload; sending it again later");
+                tracing::warn!(%parent, %error, "the cloud refused a twin upload; sending it again later");
                 return None;
             }
         }
@@ -499,63 +491,57 @@ async fn on_message(shared: &Shared, msg: &Message) -> Option<Message> {
                 // Kept, so sent again after a restart: the cloud takes a report twice.
                 tracing::warn!(%error, "cannot forget a confirmed twin upload");
             }
-            if request.resource() == ResourceType::MembershipDetail.as_str() {
-                apply_detail(shared, msg).await;
+            if request.is_membership_detail() {
+                apply_detail(shared, msg.devices).await;
             }
             return None;
         }
     }
-    if msg.resource() == ResourceType::Membership.as_str() && *operation == Operation::Update {
-        apply_membership(shared, msg).await;
-        return None;
-    }
-    if let Ok(resource) = EdgeResource::parse(msg.resource()) {
-        let is_device = resource.resource_type == ResourceType::Device;
-        let is_model = resource.resource_type == ResourceType::DeviceModel;
-        if is_device || is_model {
+    match msg.body {
+        TwinBody::Membership { added, removed } => {
+            apply_membership(shared, added, removed).await;
+            None
+        }
+        TwinBody::Device {
+            id,
+            model,
+            delete,
+            object,
+        } => {
             // From MetaManager, which waits for this reply before it ACKs.
-            let outcome = if is_device {
-                apply_device_object(shared, msg, &resource).await
-            } else {
+            let outcome = if model {
                 Ok(())
+            } else {
+                apply_device_object(shared, id, delete, object).await
             };
-            return Some(match outcome {
-                Ok(()) => Message::response_to(msg, json!("OK")),
-                Err(error) => {
-                    let mut reply = Message::error_to(msg, error.to_string());
-                    reply.route.source = Some(ModuleName::Twin);
-                    reply
-                }
-            });
+            Some(match outcome {
+                Ok(()) => TwinReply::Done(msg.origin),
+                Err(error) => TwinReply::Failed {
+                    of: msg.origin,
+                    text: error.to_string(),
+                },
+            })
+        }
+        TwinBody::Invalid(reason) => {
+            tracing::warn!(id = msg.origin.id(), "{reason}");
+            None
+        }
+        TwinBody::Other(reason) => {
+            tracing::debug!(
+                id = msg.origin.id(),
+                resource = msg.origin.resource(),
+                reason,
+                "twin ignores message"
+            );
+            None
         }
     }
-    tracing::debug!(
-        id = msg.id(),
-        resource = msg.resource(),
-        "twin ignores message"
-    );
-    None
 }
 
-async fn apply_membership(shared: &Shared, msg: &Message) {
-    let Ok(content) = msg.content_json() else {
-        tracing::warn!(id = msg.id(), "membership update is not JSON; ignored");
-        return;
-    };
-    let list = |key: &str| -> Vec<Value> {
-        content
-            .get(key)
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
-    let added: Vec<DeviceSpec> = list("added_devices")
+async fn apply_membership(shared: &Shared, added: Vec<Value>, removed: Vec<String>) {
+    let added: Vec<DeviceSpec> = added
         .iter()
         .filter_map(DeviceSpec::from_membership)
-        .collect();
-    let removed: Vec<String> = list("removed_devices")
-        .iter()
-        .filter_map(|device| device.get("id")?.as_str().map(str::to_owned))
         .collect();
     if let Err(error) = shared.store.upsert_devices(added).await {
         tracing::error!(%error, "could not store added devices");
@@ -566,11 +552,7 @@ async fn apply_membership(shared: &Shared, msg: &Message) {
         let ids: Vec<String> = unconfirmed
             .all()
             .iter()
-            .filter(|upload| {
-                removed
-                    .iter()
-                    .any(|id| upload.resource().starts_with(&format!("device/{id}/")))
-            })
+            .filter(|upload| removed.iter().any(|id| upload.is_about(id)))
             .map(|upload| upload.id().to_owned())
             .collect();
         for id in &ids {
@@ -589,12 +571,8 @@ async fn apply_membership(shared: &Shared, msg: &Message) {
 }
 
 /// A cloud answer to `membership/detail` with a `devices` list is the full device set.
-async fn apply_detail(shared: &Shared, msg: &Message) {
-    let Some(devices) = msg
-        .content_json()
-        .ok()
-        .and_then(|content| content.get("devices").and_then(Value::as_array).cloned())
-    else {
+async fn apply_detail(shared: &Shared, devices: Option<Vec<Value>>) {
+    let Some(devices) = devices else {
         return;
     };
     let devices = devices
@@ -608,19 +586,14 @@ async fn apply_detail(shared: &Shared, msg: &Message) {
 
 async fn apply_device_object(
     shared: &Shared,
-    msg: &Message,
-    resource: &EdgeResource,
+    id: String,
+    delete: bool,
+    object: Value,
 ) -> Result<(), StoreError> {
-    let id = format!(
-        "{}/{}",
-        resource.namespace,
-        resource.name.as_deref().unwrap_or_default()
-    );
-    if msg.operation() == Some(&Operation::Delete) {
+    if delete {
         return shared.store.remove_devices(vec![id]).await;
     }
-    let content = msg.content_json().unwrap_or_else(|_| msg.content.clone());
-    match DeviceSpec::from_object(&content) {
+    match DeviceSpec::from_object(&object) {
         Some(device) => shared.store.upsert_devices(vec![device]).await,
         None => {
             tracing::warn!(
@@ -634,23 +607,4 @@ async fn apply_device_object(
 
 fn now_ms() -> i64 {
     i64::try_from(edgehive_protocols::object::now_ms()).unwrap_or(i64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn detail_request_matches_a_real_edge() {
-        let detail = membership_detail("edge-3");
-        assert_eq!(detail.source(), Some(&ModuleName::Twin));
-        assert_eq!(detail.group(), Some(&Group::Resource));
-        assert_eq!(detail.operation(), Some(&Operation::Get));
-        assert_eq!(detail.resource(), "membership/detail");
-        let content = detail.content_json().unwrap();
-        assert_eq!(content["event_type"], "group_membership_event");
-        assert_eq!(content["group_id"], "edge-3");
-        assert_eq!(content["operation"], "detail");
-        assert!(detail.content.is_string(), "sent as a JSON string");
-    }
 }

@@ -19,7 +19,8 @@
 //!   is confirmed at once.
 //!
 //! Frames carry source `edged`, group `meta`, as edged's messages do after MetaManager; each
-//! goes through EdgeHub by name ([`request_cloud`]). Whether the cloud is connected is
+//! is an [`Ask::Node`] that EdgeHub, asked by name ([`ask_hub`]), turns into the frame, and
+//! the answer comes back as a [`CloudReply`]. Whether the cloud is connected is
 //! EdgeHub's [`CloudConnection`], which the module follows from the start of each actor.
 //! Everything the module keeps lives in [`Shared`], which outlives restarts of the actor.
 
@@ -33,13 +34,15 @@ use actix::{
     Actor, AsyncContext as _, Context, Handler, MessageResult, ResponseFuture, StreamHandler,
 };
 use edgehive_protocols::object::{now_ms, now_rfc3339, rfc3339};
-use edgehive_protocols::{Group, Message, ModuleName, Operation};
+use edgehive_protocols::{Message, Operation};
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::contract::{changes, request_cloud, route, CloudConnection, ConnectionState};
+use super::contract::{
+    ask_cloud as ask_hub, changes, route, Ask, CloudConnection, CloudReply, ConnectionState,
+};
 use super::store::{ChangeKind, MetaStore, StoreError};
 use crate::hive::locks;
 use crate::hive::{Accepts, Envelope, Hive, Module};
@@ -365,8 +368,13 @@ impl Shared {
         self.state().last_error = Some(text);
     }
 
-    fn message(&self, operation: Operation, resource: String, content: Value) -> Message {
-        Message::new(ModuleName::Edged, Group::Meta, operation, resource, content)
+    /// A request for the cloud (source `edged`, group `meta`; EdgeHub builds the message).
+    fn message(&self, operation: Operation, resource: String, content: Value) -> Ask {
+        Ask::Node {
+            operation,
+            resource,
+            content,
+        }
     }
 
     fn node_resource(&self) -> String {
@@ -441,8 +449,8 @@ impl Shared {
 
 /// The ObjectResp a reply carries: `Ok(object)`, or `Err((reason, message))`; a reply that is
 /// a plain string is `"OK"` or an error text.
-fn read_answer(reply: &Message) -> Result<Value, (String, String)> {
-    match &reply.content {
+fn read_answer(reply: &Value) -> Result<Value, (String, String)> {
+    match reply {
         Value::Object(map) if map.contains_key("Err") || map.contains_key("Object") => {
             match map.get("Err") {
                 Some(Value::Null) | None => Ok(map.get("Object").cloned().unwrap_or(Value::Null)),
@@ -470,8 +478,8 @@ fn read_answer(reply: &Message) -> Result<Value, (String, String)> {
     }
 }
 
-async fn ask_cloud(hive: &Hive, shared: &Shared, message: Message) -> Result<Message, String> {
-    request_cloud(hive, message, shared.options.request_timeout)
+async fn ask_cloud(hive: &Hive, shared: &Shared, message: Ask) -> Result<CloudReply, String> {
+    ask_hub(hive, message, shared.options.request_timeout)
         .await
         .map_err(|error| error.to_string())
 }
@@ -487,7 +495,7 @@ async fn register(hive: &Hive, shared: &Shared) -> bool {
     });
     let insert = shared.message(Operation::Insert, shared.node_resource(), node);
     let created = match ask_cloud(hive, shared, insert).await {
-        Ok(reply) => read_answer(&reply),
+        Ok(reply) => read_answer(reply.content()),
         Err(error) => {
             shared.fail("node registration got no answer", error);
             return false;
@@ -503,7 +511,7 @@ async fn register(hive: &Hive, shared: &Shared) -> bool {
             );
             match ask_cloud(hive, shared, update)
                 .await
-                .map(|r| read_answer(&r))
+                .map(|r| read_answer(r.content()))
             {
                 Ok(Ok(_)) => None,
                 Ok(Err((_, message))) => {
@@ -546,7 +554,7 @@ async fn report_status(hive: &Hive, shared: &Shared) {
         let message = shared.message(Operation::Patch, resource, Value::String(patch));
         match ask_cloud(hive, shared, message)
             .await
-            .map(|r| read_answer(&r))
+            .map(|r| read_answer(r.content()))
         {
             Ok(Ok(node)) => {
                 shared.metrics.status_reports.inc();
@@ -589,7 +597,7 @@ async fn renew_lease(hive: &Hive, shared: &Shared) {
             let query = shared.message(Operation::Query, resource.clone(), Value::Null);
             match ask_cloud(hive, shared, query)
                 .await
-                .map(|r| read_answer(&r))
+                .map(|r| read_answer(r.content()))
             {
                 Ok(Ok(lease)) if lease.is_object() => Some(lease),
                 Ok(Err((reason, _))) if reason == "NotFound" => None,
@@ -630,7 +638,7 @@ async fn renew_lease(hive: &Hive, shared: &Shared) {
     };
     match ask_cloud(hive, shared, message)
         .await
-        .map(|r| read_answer(&r))
+        .map(|r| read_answer(r.content()))
     {
         Ok(Ok(lease)) => {
             shared.metrics.lease_renewals.inc();
@@ -720,7 +728,7 @@ async fn flush_once(hive: &Hive, shared: &Shared) {
         );
         match ask_cloud(hive, shared, message)
             .await
-            .map(|r| read_answer(&r))
+            .map(|r| read_answer(r.content()))
         {
             Ok(Ok(_)) => {
                 shared.metrics.pod_statuses.inc();
@@ -759,7 +767,7 @@ async fn flush_once(hive: &Hive, shared: &Shared) {
         );
         match ask_cloud(hive, shared, message)
             .await
-            .map(|r| read_answer(&r))
+            .map(|r| read_answer(r.content()))
         {
             // Kept until the cloud's delete removes the pod from the store.
             Ok(Ok(_)) => {
@@ -1054,16 +1062,9 @@ impl Handler<GetNodeStatus> for Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use edgehive_protocols::{Group, ModuleName};
 
-    fn reply(content: Value) -> Message {
-        Message::new(
-            ModuleName::EdgeController,
-            Group::Resource,
-            Operation::Response,
-            "default/node/e",
-            content,
-        )
+    fn reply(content: Value) -> Value {
+        content
     }
 
     #[test]

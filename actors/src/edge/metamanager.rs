@@ -9,22 +9,29 @@
 //! Device and DeviceModel objects are stored, then handed to the `twin` group; the ACK waits
 //! for twin to commit them too. Whether the cloud is connected is EdgeHub's
 //! [`CloudConnection`], read at each decision.
+//!
+//! It takes [`MetaRequest`]s, typed by EdgeHub from the cloud's messages (or from an
+//! extension's envelope, with the same function), and sends the cloud [`ToCloud`] through
+//! EdgeHub by name; it never reads or builds a beehive message itself.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use actix::{Actor, Context, Handler, ResponseFuture};
-use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
+use edgehive_protocols::{Message, ResourceType};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::contract::{request_cloud, route, CloudConnection, CloudRequestError, ConnectionState};
-use super::deliver::send_with_retry;
-use super::remote::{is_remote_type, read_reply, ReplyContent};
+use super::contract::{
+    ask_cloud, route, Ask, CloudConnection, CloudObject, CloudReply, CloudRequestError, LocalReply,
+    LocalWrite, MetaRequest, Origin, Query, Target, ToCloud, TwinMessage, TwinReply,
+};
+use super::deliver::tell_with_retry;
+use super::remote::{read_reply, ReplyContent};
 use super::store::{MetaStore, StoreError, Upsert};
-use crate::hive::{Envelope, Hive, Module};
+use crate::hive::{Accepts, Envelope, Hive, HiveError, Module};
 
 /// beehive name of the module.
 pub const MODULE_NAME: &str = route::METAMANAGER;
@@ -32,8 +39,8 @@ pub const MODULE_NAME: &str = route::METAMANAGER;
 pub const GROUP: &str = route::META_GROUP;
 /// The module ACKs are sent to (edgehub).
 const HUB_MODULE: &str = route::EDGEHUB;
-/// The group Device and DeviceModel objects are handed to (DeviceTwin).
-const TWIN_GROUP: &str = route::TWIN_GROUP;
+/// The module Device and DeviceModel objects are handed to (DeviceTwin).
+const TWIN_MODULE: &str = route::TWIN;
 /// KubeEdge's default `remoteQueryTimeout`.
 pub const DEFAULT_REMOTE_QUERY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How much longer than `remoteQueryTimeout` a remote query waits for EdgeHub's own answer
@@ -149,6 +156,10 @@ impl Module for MetaManagerModule {
         GROUP
     }
 
+    fn accepts(&self, accepts: &mut Accepts<MetaManager>) {
+        accepts.message::<MetaRequest>();
+    }
+
     fn create(&self, hive: &Hive) -> MetaManager {
         MetaManager {
             ctx: Ctx {
@@ -184,103 +195,6 @@ struct Ctx {
     connection: std::sync::Arc<CloudConnection>,
     remote_query_timeout: Duration,
     metrics: MetaMetrics,
-}
-
-/// Where a message's object lives in the `meta` table.
-#[derive(Debug, Clone)]
-struct Target {
-    /// `{ns}/{type}/{name}`, or `{ns}/{type}` for a list.
-    key: String,
-    /// The type token (`pod`, `configmap`, `k8s/ca.crt`, ...).
-    kind: String,
-    /// Whether the resource names one object.
-    named: bool,
-}
-
-/// What a message asks MetaManager to do.
-enum Action {
-    /// A cloud push to store and ACK.
-    Write(Target),
-    /// A cloud delete to apply and ACK.
-    Delete(Target),
-    /// A query: from the cloud when `remote` and connected, else from the database.
-    Query { target: Target, remote: bool },
-    /// A cloud reply nobody waits for any more (e.g. after a remote query timed out).
-    LateReply(Target),
-    /// A local module's write that the cloud must see (update, patch), stored first.
-    LocalWrite(Target),
-    /// A local module's message that only the cloud handles (event, pod delete, insert).
-    Forward,
-    /// A `node/connection` announcement: meant for extensions; MetaManager follows
-    /// [`CloudConnection`].
-    Connection(Result<ConnectionState, String>),
-    /// A cloud write whose resource names no object the edge could store: refused with an
-    /// error reply (counted as `bad_key`), so the cloud hears why it gets no ACK.
-    Refuse(&'static str),
-    /// Not ours; the reason is logged.
-    Ignore(&'static str),
-}
-
-fn target_of(resource: &str) -> Result<Target, &'static str> {
-    if resource == ResourceType::K8sCaCrt.as_str() {
-        return Ok(Target {
-            key: resource.to_owned(),
-            kind: resource.to_owned(),
-            named: true,
-        });
-    }
-    let parsed =
-        EdgeResource::parse(resource).map_err(|_| "resource is not {namespace}/{type}[/{name}]")?;
-    Ok(Target {
-        key: parsed.key(),
-        kind: parsed.resource_type.as_str().to_owned(),
-        named: parsed.name.is_some(),
-    })
-}
-
-fn classify(msg: &Message) -> Action {
-    let Some(operation) = msg.operation() else {
-        return Action::Ignore("no operation");
-    };
-    if let Some(state) = ConnectionState::of(msg) {
-        return Action::Connection(state);
-    }
-    let from_cloud = matches!(msg.group(), Some(Group::Resource) | Some(Group::Func));
-    let cloud_write = from_cloud
-        && matches!(
-            operation,
-            Operation::Insert | Operation::Update | Operation::Delete
-        );
-    let target = match target_of(msg.resource()) {
-        Ok(target) => target,
-        Err(reason) if cloud_write => return Action::Refuse(reason),
-        Err(reason) => return Action::Ignore(reason),
-    };
-    let is_event = target.kind == ResourceType::Event.as_str();
-    match operation {
-        Operation::Query => {
-            let remote = is_remote_type(&target.kind);
-            Action::Query { target, remote }
-        }
-        Operation::Response if from_cloud && target.named => Action::LateReply(target),
-        Operation::Insert | Operation::Update | Operation::Delete
-            if cloud_write && !target.named =>
-        {
-            Action::Refuse("a write must name an object: {namespace}/{type}/{name}")
-        }
-        Operation::Insert | Operation::Update | Operation::Delete | Operation::Patch
-            if !target.named =>
-        {
-            Action::Ignore("write without an object name")
-        }
-        Operation::Insert | Operation::Update if from_cloud => Action::Write(target),
-        Operation::Delete if from_cloud => Action::Delete(target),
-        _ if from_cloud => Action::Ignore("operation not handled"),
-        Operation::Insert | Operation::Update | Operation::Patch if is_event => Action::Forward,
-        Operation::Update | Operation::Patch => Action::LocalWrite(target),
-        Operation::Insert | Operation::Delete => Action::Forward,
-        _ => Action::Ignore("operation not handled"),
-    }
 }
 
 /// Kinds whose content must be a Kubernetes object (a JSON object with metadata).
@@ -343,77 +257,88 @@ fn unusable(target: &Target, value: &Value) -> Result<(), (&'static str, String)
     }
 }
 
-/// Device objects go on to DeviceTwin after they are stored.
-fn is_device_object(msg: &Message, kind: &str) -> bool {
-    msg.source() == Some(&ModuleName::DeviceController)
-        && (kind == ResourceType::Device.as_str() || kind == ResourceType::DeviceModel.as_str())
+impl Handler<MetaRequest> for MetaManager {
+    type Result = ResponseFuture<Option<LocalReply>>;
+
+    /// Store calls are issued in mailbox order: each future reaches the store's FIFO channel
+    /// on its first poll, and the arbiter polls new futures in spawn order. Futures run
+    /// concurrently, so a remote query waiting for the cloud blocks nothing else.
+    fn handle(&mut self, request: MetaRequest, _: &mut Context<Self>) -> Self::Result {
+        self.ctx.clone().serve(request)
+    }
 }
 
 impl Handler<Envelope> for MetaManager {
     type Result = ResponseFuture<Option<Message>>;
 
-    /// Store calls are issued in mailbox order: each future reaches the store's FIFO channel
-    /// on its first poll, and the arbiter polls new futures in spawn order. Futures run
-    /// concurrently, so a remote query waiting for the cloud blocks nothing else.
+    /// An extension module's message: typed as EdgeHub types the cloud's, then served alike.
     fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Self::Result {
-        let ctx = self.ctx.clone();
-        let msg = envelope.message();
-        match classify(msg) {
-            Action::Write(target) => Box::pin(async move {
-                ctx.write(envelope.message(), target).await;
+        let served = self
+            .ctx
+            .clone()
+            .serve(MetaRequest::from_message(envelope.into_message()));
+        Box::pin(async move { served.await.map(LocalReply::into_message) })
+    }
+}
+
+impl Ctx {
+    /// Serves one request; the reply goes to a local requester.
+    fn serve(self, request: MetaRequest) -> ResponseFuture<Option<LocalReply>> {
+        let ctx = self;
+        match request {
+            MetaRequest::Store(object) => Box::pin(async move {
+                ctx.write(object).await;
                 None
             }),
-            Action::Delete(target) => Box::pin(async move {
-                ctx.delete(envelope.message(), target).await;
+            MetaRequest::Delete(object) => Box::pin(async move {
+                ctx.delete(object).await;
                 None
             }),
-            Action::Query { target, remote } => Box::pin(async move {
-                let msg = envelope.message();
-                if remote && ctx.connected() {
-                    if let Some(reply) = ctx.remote(msg, &target).await {
+            MetaRequest::Query(query) => Box::pin(async move {
+                if query.remote && ctx.connected() {
+                    if let Some(reply) = ctx.remote(&query).await {
                         return Some(reply);
                     }
                     ctx.metrics.remote_fallbacks.inc();
                 }
-                Some(ctx.query(msg, &target).await)
+                Some(ctx.query(query).await)
             }),
-            Action::LateReply(target) => Box::pin(async move {
-                ctx.late_reply(envelope.message(), &target).await;
+            MetaRequest::LateReply { target, reply } => Box::pin(async move {
+                ctx.late_reply(reply, &target).await;
                 None
             }),
-            Action::LocalWrite(target) => {
-                Box::pin(async move { Some(ctx.local_write(envelope.message(), &target).await) })
+            MetaRequest::LocalWrite(write) => {
+                Box::pin(async move { Some(ctx.local_write(write).await) })
             }
-            Action::Forward => Box::pin(async move {
-                let msg = envelope.message();
+            MetaRequest::Forward(origin) => Box::pin(async move {
                 if !ctx.connected() {
-                    return Some(error_reply(msg, "connection lost"));
+                    return Some(LocalReply::Error {
+                        of: origin,
+                        text: "connection lost".into(),
+                    });
                 }
-                ctx.to_cloud(msg).await;
+                ctx.to_cloud(ToCloud::Forward(origin)).await;
                 None
             }),
-            Action::Connection(state) => {
-                self.ctx.metrics.ignored.inc();
+            MetaRequest::Connection(state) => {
+                ctx.metrics.ignored.inc();
                 tracing::debug!(
                     ?state,
                     "node/connection ignored; metamanager follows edgehub's connection state"
                 );
                 Box::pin(async { None })
             }
-            Action::Refuse(reason) => {
-                let ctx = self.ctx.clone();
-                Box::pin(async move {
-                    let msg = envelope.message();
-                    ctx.refuse(msg, msg.resource(), "bad_key", reason).await;
-                    None
-                })
-            }
-            Action::Ignore(reason) => {
-                self.ctx.metrics.ignored.inc();
+            MetaRequest::Refuse { reason, origin } => Box::pin(async move {
+                let key = origin.resource().to_owned();
+                ctx.refuse(origin, &key, "bad_key", reason).await;
+                None
+            }),
+            MetaRequest::Ignore { reason, origin } => {
+                ctx.metrics.ignored.inc();
                 tracing::debug!(
-                    id = msg.id(),
-                    operation = ?msg.operation().map(Operation::as_str),
-                    resource = msg.resource(),
+                    id = origin.id(),
+                    operation = origin.operation(),
+                    resource = origin.resource(),
                     reason,
                     "metamanager ignores message"
                 );
@@ -421,9 +346,7 @@ impl Handler<Envelope> for MetaManager {
             }
         }
     }
-}
 
-impl Ctx {
     /// Whether EdgeHub is connected to the cloud now.
     fn connected(&self) -> bool {
         self.connection.current().is_connected()
@@ -431,7 +354,7 @@ impl Ctx {
 
     /// Refuses a cloud write the edge cannot use: counted by `reason`, answered with an error
     /// saying why instead of the ACK.
-    async fn refuse(&self, msg: &Message, key: &str, reason: &str, text: &str) {
+    async fn refuse(&self, of: Origin, key: &str, reason: &str, text: &str) {
         tracing::warn!(key = %key.chars().take(256).collect::<String>(), reason, "cloud write refused: {text}");
         self.metrics
             .refused
@@ -439,21 +362,29 @@ impl Ctx {
                 reason: reason.to_owned(),
             })
             .inc();
-        let refusal = Message::error_to(msg, text.to_owned());
-        self.to_cloud(&refusal).await;
+        self.to_cloud(ToCloud::Refuse {
+            of,
+            text: text.to_owned(),
+        })
+        .await;
     }
 
     /// Stores a cloud push, hands device objects to twin, then ACKs. Nothing is ACKed unless
     /// everything was committed; the cloud then resends and the retry is idempotent.
-    async fn write(&self, msg: &Message, target: Target) {
-        let value = msg.content_json().unwrap_or_else(|_| msg.content.clone());
-        if let Err((reason, text)) = unusable(&target, &value) {
-            self.refuse(msg, &target.key, reason, &text).await;
+    async fn write(&self, object: CloudObject) {
+        let target = &object.target;
+        if let Err((reason, text)) = unusable(target, &object.value) {
+            let key = target.key.clone();
+            self.refuse(object.origin, &key, reason, &text).await;
             return;
         }
         let stored = self
             .store
-            .upsert(target.key.clone(), target.kind.clone(), value)
+            .upsert(
+                target.key.clone(),
+                target.kind.clone(),
+                object.value.clone(),
+            )
             .await;
         match stored {
             Ok(Upsert::Written) => {
@@ -465,23 +396,24 @@ impl Ctx {
             }
             Err(error) => return self.store_failed(&target.key, &error),
         }
-        if is_device_object(msg, &target.kind) && !self.to_twin(msg).await {
+        if object.device && !self.to_twin(&object, false).await {
             return;
         }
-        self.ack(msg).await;
+        self.to_cloud(ToCloud::Ack(object.origin)).await;
     }
 
     /// Applies a cloud delete; an object is only deleted if the stored one has the UID the
     /// cloud names (when it names one), so a late delete of an old object cannot remove its
     /// same-named successor.
-    async fn delete(&self, msg: &Message, target: Target) {
+    async fn delete(&self, object: CloudObject) {
+        let target = &object.target;
         let deleted = if target.kind == ResourceType::Pod.as_str() {
             self.store
-                .delete_pod_with_uid(target.key.clone(), pod_uid(msg))
+                .delete_pod_with_uid(target.key.clone(), object.uid.clone())
                 .await
         } else {
             self.store
-                .delete_with_uid(target.key.clone(), pod_uid(msg))
+                .delete_with_uid(target.key.clone(), object.uid.clone())
                 .await
         };
         match deleted {
@@ -490,26 +422,27 @@ impl Ctx {
             }
             Err(error) => return self.store_failed(&target.key, &error),
         }
-        if is_device_object(msg, &target.kind) && !self.to_twin(msg).await {
+        if object.device && !self.to_twin(&object, true).await {
             return;
         }
-        self.ack(msg).await;
+        self.to_cloud(ToCloud::Ack(object.origin)).await;
     }
 
-    /// Hands a device object to the twin group and waits for it to be committed there.
-    /// `true` when done or when no twin runs (the object is stored; nothing else to do).
-    async fn to_twin(&self, msg: &Message) -> bool {
-        let Some(twin) = self.hive.group_members(TWIN_GROUP).into_iter().next() else {
-            return true;
-        };
-        match self.hive.request(&twin, msg.clone(), TWIN_TIMEOUT).await {
-            Ok(reply) if reply.operation() != Some(&Operation::Error) => true,
-            Ok(reply) => {
-                tracing::warn!(resource = msg.resource(), error = %reply.content, "twin refused a device object; not acknowledged");
+    /// Hands a device object to DeviceTwin and waits for it to be committed there. `true`
+    /// when done or when no twin runs (the object is stored; nothing else to do).
+    async fn to_twin(&self, object: &CloudObject, delete: bool) -> bool {
+        let message = TwinMessage::device(object, delete);
+        let resource = object.origin.resource();
+        match self.hive.ask(TWIN_MODULE, message, TWIN_TIMEOUT).await {
+            Ok(Some(reply)) if reply.is_done() => true,
+            Ok(Some(TwinReply::Failed { text, .. })) => {
+                tracing::warn!(resource, error = %text, "twin refused a device object; not acknowledged");
                 false
             }
+            Ok(_) => true,
+            Err(HiveError::UnknownModule(_)) => true,
             Err(error) => {
-                tracing::warn!(resource = msg.resource(), %error, "twin did not take a device object; not acknowledged");
+                tracing::warn!(resource, %error, "twin did not take a device object; not acknowledged");
                 false
             }
         }
@@ -520,73 +453,56 @@ impl Ctx {
         tracing::error!(key, %error, "edge database write failed; not acknowledged, the cloud will resend");
     }
 
-    /// Acknowledges a stored cloud message through edgehub. If edgehub cannot take it, the
-    /// ACK is lost and the cloud resends the object, whose second write is idempotent.
-    async fn ack(&self, msg: &Message) {
-        let mut reply = Message::response_to(msg, json!("OK"));
-        // A real v1.22 edge ACKs device and devicemodel inserts and deletes as source "meta",
-        // group "twin" (golden frames); updates keep the request's route.
-        let kind = target_of(msg.resource()).map(|target| target.kind);
-        if matches!(msg.operation(), Some(Operation::Insert | Operation::Delete))
-            && kind.is_ok_and(|kind| is_device_object(msg, &kind))
-        {
-            reply.route.source = Some(ModuleName::Meta);
-            reply.route.group = Some(Group::Twin);
-        }
-        self.to_cloud(&reply).await;
-    }
-
-    async fn to_cloud(&self, msg: &Message) {
-        if let Err(error) = send_with_retry(&self.hive, HUB_MODULE, msg).await {
-            tracing::warn!(id = msg.id(), resource = msg.resource(), %error, "message not handed to edgehub");
+    /// Hands `message` to EdgeHub. If EdgeHub cannot take it, an ACK is lost and the cloud
+    /// resends the object, whose second write is idempotent.
+    async fn to_cloud(&self, message: ToCloud) {
+        if let Err((error, message)) = tell_with_retry(&self.hive, HUB_MODULE, message).await {
+            tracing::warn!(?message, %error, "message not handed to edgehub");
         }
     }
 
     /// Asks the cloud; stores what it answers; ACKs the answer; returns it re-parented to the
     /// original request. `None` when the cloud did not answer in time (the caller serves the
     /// stored copy).
-    async fn remote(&self, msg: &Message, target: &Target) -> Option<Message> {
-        let mut ask = msg.clone();
-        ask.header.id = uuid::Uuid::new_v4().to_string();
-        ask.header.parent_id.clear();
-        ask.header.timestamp = Message::keepalive().header.timestamp;
+    async fn remote(&self, query: &Query) -> Option<LocalReply> {
+        let resource = query.origin.resource();
         // EdgeHub times the request out itself (its request timeout is this one) and forgets
         // it before answering, so a reply that arrives later is routed to MetaManager and
         // still stored and ACKed. The call's own deadline is only a backstop, a little later:
         // were it first, as it was when both timers had the same length, a reply arriving in
         // between went to EdgeHub's waiter for a caller already gone, and was lost.
-        let call = request_cloud(
+        let call = ask_cloud(
             &self.hive,
-            ask,
+            Ask::Query(query.origin.clone()),
             self.remote_query_timeout + REMOTE_CALL_MARGIN,
         );
         let reply = match call.await {
             Ok(reply) => reply,
             Err(CloudRequestError::Cloud(error)) => {
-                tracing::info!(resource = msg.resource(), %error, "remote query failed; serving the stored copy");
+                tracing::info!(resource, %error, "remote query failed; serving the stored copy");
                 return None;
             }
             Err(CloudRequestError::Hub(error)) => {
-                tracing::info!(resource = msg.resource(), %error, "edgehub unavailable; serving the stored copy");
+                tracing::info!(resource, %error, "edgehub unavailable; serving the stored copy");
                 return None;
             }
         };
         self.metrics.remote_queries.inc();
-        self.store_reply(&reply, target).await;
+        self.store_reply(&reply, &query.target).await;
         // The cloud resends ACK-required replies (configmap, secret) until acknowledged.
-        self.to_cloud(&Message::response_to(&reply, json!("OK")))
-            .await;
-        let mut answer = reply;
-        answer.header.parent_id = msg.id().to_owned();
-        Some(answer)
+        self.to_cloud(ToCloud::Ack(reply.origin())).await;
+        Some(LocalReply::Remote {
+            of: query.origin.clone(),
+            reply: Box::new(reply),
+        })
     }
 
     /// Stores the object a cloud reply carries, if any, under the query's key.
-    async fn store_reply(&self, reply: &Message, target: &Target) {
-        if !target.named {
+    async fn store_reply(&self, reply: &CloudReply, target: &Target) {
+        if !target.named() {
             return;
         }
-        if let ReplyContent::Object(value) = read_reply(reply, &target.kind) {
+        if let ReplyContent::Object(value) = read_reply(reply.content(), &target.kind) {
             match self
                 .store
                 .upsert(target.key.clone(), target.kind.clone(), value)
@@ -608,40 +524,45 @@ impl Ctx {
 
     /// A reply that arrived after its requester gave up: still worth storing, and the cloud
     /// still wants its ACK (a plain `"OK"` needs none).
-    async fn late_reply(&self, msg: &Message, target: &Target) {
-        if msg.content_str() == Some("OK") {
+    async fn late_reply(&self, reply: CloudReply, target: &Target) {
+        if reply.is_ok_text() {
             return;
         }
-        self.store_reply(msg, target).await;
-        self.to_cloud(&Message::response_to(msg, json!("OK"))).await;
+        self.store_reply(&reply, target).await;
+        self.to_cloud(ToCloud::Ack(reply.origin())).await;
     }
 
     /// A local module's update or patch: stored, then sent to the cloud; without a connection
     /// the caller is told at once (KubeEdge's "connection lost").
-    async fn local_write(&self, msg: &Message, target: &Target) -> Message {
-        let value = msg.content_json().unwrap_or_else(|_| msg.content.clone());
+    async fn local_write(&self, write: LocalWrite) -> LocalReply {
+        let target = &write.target;
         if let Err(error) = self
             .store
-            .upsert(target.key.clone(), target.kind.clone(), value)
+            .upsert(target.key.clone(), target.kind.clone(), write.value.clone())
             .await
         {
             self.metrics.store_errors.inc();
-            return error_reply(msg, &error.to_string());
+            return LocalReply::Error {
+                of: write.origin,
+                text: error.to_string(),
+            };
         }
-        if msg.operation() == Some(&Operation::Patch) && !self.connected() {
-            return error_reply(msg, "connection lost");
+        if write.patch && !self.connected() {
+            return LocalReply::Error {
+                of: write.origin,
+                text: "connection lost".into(),
+            };
         }
-        self.to_cloud(msg).await;
-        let mut reply = Message::response_to(msg, json!("OK"));
-        reply.route.source = Some(ModuleName::MetaManager);
-        reply
+        self.to_cloud(ToCloud::Forward(write.origin.clone())).await;
+        LocalReply::Done(write.origin)
     }
 
     /// Answers a query from the database: KubeEdge's reply content is a JSON array of the
     /// stored objects, each as a JSON string. A list is by type only (KubeEdge ignores the
     /// namespace).
-    async fn query(&self, msg: &Message, target: &Target) -> Message {
-        let rows = if target.named {
+    async fn query(&self, query: Query) -> LocalReply {
+        let target = &query.target;
+        let rows = if target.named() {
             self.store
                 .get(target.key.clone())
                 .await
@@ -650,42 +571,18 @@ impl Ctx {
             self.store.list(Some(target.kind.clone())).await
         };
         match rows {
-            Ok(rows) => {
-                let values: Vec<Value> = rows
-                    .iter()
-                    .map(|row| Value::String(row.value.to_string()))
-                    .collect();
-                let mut reply = Message::response_to(msg, Value::Array(values));
-                reply.route.source = Some(ModuleName::MetaManager);
-                reply
-            }
+            Ok(rows) => LocalReply::Rows {
+                of: query.origin,
+                values: rows.into_iter().map(|row| row.value).collect(),
+            },
             Err(error) => {
                 self.metrics.store_errors.inc();
-                tracing::error!(resource = msg.resource(), %error, "edge database query failed");
-                error_reply(msg, &error.to_string())
+                tracing::error!(resource = query.origin.resource(), %error, "edge database query failed");
+                LocalReply::Error {
+                    of: query.origin,
+                    text: error.to_string(),
+                }
             }
         }
-    }
-}
-
-/// KubeEdge's error reply: operation `error`, source `metamanager`, the request's group.
-fn error_reply(msg: &Message, text: &str) -> Message {
-    let mut reply = Message::error_to(msg, text);
-    reply.route.source = Some(ModuleName::MetaManager);
-    reply.route.group = msg.group().cloned();
-    reply
-}
-
-/// The UID a pod delete names: `metadata.uid` of the object, or the content itself when it is
-/// a bare UID string.
-fn pod_uid(msg: &Message) -> Option<String> {
-    match &msg.content {
-        Value::String(text) if !text.is_empty() && !text.starts_with('{') => Some(text.clone()),
-        _ => msg
-            .content_json()
-            .ok()?
-            .pointer("/metadata/uid")?
-            .as_str()
-            .map(str::to_owned),
     }
 }

@@ -1,7 +1,7 @@
 //! Remote queries: which resource types MetaManager asks the cloud for, and what a cloud reply
 //! means for the store (facts §7, "Remote").
 
-use edgehive_protocols::{Message, ResourceType};
+use edgehive_protocols::ResourceType;
 use serde_json::Value;
 
 /// Resource types a query fetches from the cloud while connected (KubeEdge v1.23; v1.22 also
@@ -32,7 +32,7 @@ pub enum ReplyContent {
     PassOn,
 }
 
-/// Reads a cloud reply the way MetaManager must:
+/// Reads a cloud reply's content the way MetaManager must:
 /// - `{"Object": .., "Err": ..}` (EdgeController's ObjectResp, no JSON tags): an error when
 ///   `Err` is set, else `Object` is stored;
 /// - a Kubernetes error (`{"ErrStatus": ..}`): passed on. KubeEdge stores any other object,
@@ -40,8 +40,8 @@ pub enum ReplyContent {
 /// - any other object: stored;
 /// - a string: `"OK"` or error text, passed on, except for `k8s/ca.crt` whose answer is the
 ///   CA certificate itself (a string, empty when the cluster has none).
-pub fn read_reply(reply: &Message, resource_type: &str) -> ReplyContent {
-    match &reply.content {
+pub fn read_reply(content: &Value, resource_type: &str) -> ReplyContent {
+    match content {
         Value::Object(map) if map.len() == 2 && map.contains_key("Object") => {
             match (map.get("Object"), map.get("Err")) {
                 (Some(object), Some(Value::Null) | None) if object.is_object() => {
@@ -51,7 +51,7 @@ pub fn read_reply(reply: &Message, resource_type: &str) -> ReplyContent {
             }
         }
         Value::Object(map) if map.contains_key("ErrStatus") => ReplyContent::PassOn,
-        Value::Object(_) => ReplyContent::Object(reply.content.clone()),
+        Value::Object(_) => ReplyContent::Object(content.clone()),
         Value::String(text) if resource_type == ResourceType::K8sCaCrt.as_str() => {
             ReplyContent::Object(Value::String(text.clone()))
         }
@@ -62,17 +62,10 @@ pub fn read_reply(reply: &Message, resource_type: &str) -> ReplyContent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use edgehive_protocols::{Group, ModuleName, Operation};
     use serde_json::json;
 
-    fn reply(content: Value) -> Message {
-        Message::new(
-            ModuleName::EdgeController,
-            Group::Resource,
-            Operation::Response,
-            "default/configmap/cm",
-            content,
-        )
+    fn reply(content: Value) -> Value {
+        content
     }
 
     #[test]

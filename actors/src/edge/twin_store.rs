@@ -12,7 +12,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use edgehive_protocols::Message;
+use super::contract::Upload;
 
 use super::store::{MetaStore, StoreError};
 
@@ -234,10 +234,10 @@ impl TwinStore {
             .await
     }
 
-    /// Keeps `message` (a report for the cloud) until [`TwinStore::confirmed`].
-    pub async fn keep_upload(&self, message: &Message) -> Result<(), StoreError> {
-        let id = message.id().to_owned();
-        let text = edgehive_protocols::encode(message);
+    /// Keeps `upload` (a report for the cloud) until [`TwinStore::confirmed`].
+    pub async fn keep_upload(&self, upload: &Upload) -> Result<(), StoreError> {
+        let id = upload.id().to_owned();
+        let text = upload.encode();
         self.store
             .exec(format!("keep upload {id}"), move |conn| {
                 conn.execute(
@@ -261,7 +261,7 @@ impl TwinStore {
 
     /// The kept uploads, oldest first; at most the newest `max` (older ones are deleted). A
     /// row that is not a message is deleted and skipped.
-    pub async fn kept_uploads(&self, max: usize) -> Result<Vec<Message>, StoreError> {
+    pub async fn kept_uploads(&self, max: usize) -> Result<Vec<Upload>, StoreError> {
         self.store
             .exec("read kept uploads".into(), move |conn| {
                 let mut statement =
@@ -272,8 +272,8 @@ impl TwinStore {
                 let skip = rows.len().saturating_sub(max);
                 let mut kept = Vec::new();
                 for (index, (seq, text)) in rows.into_iter().enumerate() {
-                    match edgehive_protocols::decode(text.as_bytes()) {
-                        Ok(message) if index >= skip => kept.push(message),
+                    match Upload::decode(&text) {
+                        Some(upload) if index >= skip => kept.push(upload),
                         _ => {
                             conn.execute(
                                 "DELETE FROM edgehive_twin_uploads WHERE seq = ?1",

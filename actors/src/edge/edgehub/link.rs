@@ -12,6 +12,9 @@ use futures_util::{SinkExt, StreamExt};
 use super::bucket::TokenBucket;
 use super::*;
 use crate::edge::certmanager::ensure_identity;
+use crate::edge::contract::{MetaRequest, TwinMessage};
+use crate::edge::deliver::tell_with_retry;
+use crate::hive::HiveError;
 
 /// Everything the connection task needs.
 #[derive(Debug, Clone)]
@@ -288,20 +291,56 @@ impl Link {
             );
             return;
         }
-        self.deliver(&members, &message).await;
+        // Typed once, here: the built-in module of the group takes the typed message, an
+        // extension in the group the beehive message (as does everyone for what does not type).
+        match target {
+            route::META_GROUP => {
+                let typed = MetaRequest::from_message(message.clone());
+                self.deliver_typed(&members, &message, typed).await;
+            }
+            route::TWIN_GROUP => match TwinMessage::from_message(message.clone()) {
+                Some(typed) => self.deliver_typed(&members, &message, typed).await,
+                None => self.deliver(&members, &message).await,
+            },
+            _ => self.deliver(&members, &message).await,
+        }
+    }
+
+    /// Delivers `typed` to the members that take it, and `message` to the others.
+    async fn deliver_typed<M>(&self, members: &[String], message: &Message, typed: M)
+    where
+        M: actix::Message + Clone + Send + 'static,
+        M::Result: Send,
+    {
+        for member in members {
+            let outcome = match tell_with_retry(&self.hive, member, typed.clone()).await {
+                Ok(()) => Ok(()),
+                Err((HiveError::WrongType(_), _)) => {
+                    send_with_retry(&self.hive, member, message).await
+                }
+                Err((error, _)) => Err(error),
+            };
+            if let Err(error) = outcome {
+                self.undelivered(member, message, &error);
+            }
+        }
+    }
+
+    fn undelivered(&self, member: &str, message: &Message, error: &HiveError) {
+        self.shared.metrics.undelivered.inc();
+        tracing::warn!(
+            module = member,
+            id = message.id(),
+            resource = message.resource(),
+            %error,
+            "cloud message not delivered"
+        );
     }
 
     async fn deliver(&self, members: &[String], message: &Message) {
         for member in members {
             if let Err(error) = send_with_retry(&self.hive, member, message).await {
-                self.shared.metrics.undelivered.inc();
-                tracing::warn!(
-                    module = member.as_str(),
-                    id = message.id(),
-                    resource = message.resource(),
-                    %error,
-                    "cloud message not delivered"
-                );
+                self.undelivered(member, message, &error);
             }
         }
     }

@@ -7,8 +7,12 @@
 //! modules with `node/connection`; when the connection ends it waits a jittered, doubling
 //! backoff and dials again.
 //!
-//! Modules reach it by name with the contract's typed messages ([`CloudRequest`],
-//! [`GetEdgeHubStatus`]), never by its actor type.
+//! It types each cloud message once, on entry, for the built-in modules (the contract's
+//! [`MetaRequest`](crate::edge::contract::MetaRequest),
+//! [`TwinMessage`](crate::edge::contract::TwinMessage), a waiter's reply), and builds the
+//! beehive message of what they send up ([`ToCloud`], [`CloudAsk`]). Modules reach it by name
+//! with those typed messages ([`GetEdgeHubStatus`] too), never by its actor type; extension
+//! modules may still send it envelopes and ask with [`CloudRequest`].
 //!
 //! What must survive a restart of the actor (the outbox, pending cloud requests, counters)
 //! lives in [`EdgeHubModule`], so a restarted EdgeHub resends what was still queued.
@@ -42,7 +46,7 @@ use tokio::sync::{oneshot, Notify};
 use crate::edge::certmanager::EdgeIdentity;
 use crate::edge::contract::{route, CloudConnection, ConnectionState};
 pub use crate::edge::contract::{
-    CloudRequest, EdgeHubError, EdgeHubStatus, GetEdgeHubStatus, PendingReply,
+    CloudAsk, CloudRequest, EdgeHubError, EdgeHubStatus, GetEdgeHubStatus, PendingReply, ToCloud,
 };
 use crate::edge::deliver::send_with_retry;
 use crate::hive::locks::lock;
@@ -290,6 +294,8 @@ impl Module for EdgeHubModule {
     fn accepts(&self, accepts: &mut Accepts<EdgeHub>) {
         accepts
             .message::<CloudRequest>()
+            .message::<CloudAsk>()
+            .message::<ToCloud>()
             .message::<GetEdgeHubStatus>();
     }
 
@@ -342,7 +348,7 @@ impl Actor for EdgeHub {
 impl Handler<Envelope> for EdgeHub {
     type Result = Option<Message>;
 
-    /// Module messages for the cloud (ACKs, uploads): queued and written in order.
+    /// An extension module's messages for the cloud: queued and written in order.
     /// Fire-and-forget; use [`CloudRequest`] to wait for the cloud's reply.
     fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Option<Message> {
         self.link.shared.enqueue(envelope.into_message());
@@ -350,16 +356,41 @@ impl Handler<Envelope> for EdgeHub {
     }
 }
 
+impl Handler<ToCloud> for EdgeHub {
+    type Result = ();
+
+    /// The built-in modules' messages for the cloud (ACKs, refusals, forwarded local
+    /// messages, uploads): built here, queued and written in order (replies first).
+    fn handle(&mut self, message: ToCloud, _: &mut Context<Self>) {
+        self.link.shared.enqueue(message.into_message());
+    }
+}
+
+impl Handler<CloudAsk> for EdgeHub {
+    type Result = Result<PendingReply, EdgeHubError>;
+
+    /// A built-in module's request: built here, then as a [`CloudRequest`].
+    fn handle(&mut self, ask: CloudAsk, _: &mut Context<Self>) -> Self::Result {
+        self.request(ask.0.into_message())
+    }
+}
+
 impl Handler<CloudRequest> for EdgeHub {
     type Result = Result<PendingReply, EdgeHubError>;
 
+    fn handle(&mut self, request: CloudRequest, _: &mut Context<Self>) -> Self::Result {
+        self.request(request.0)
+    }
+}
+
+impl EdgeHub {
     /// Registers the waiter and queues the request; the wait runs on a task of its own, so
     /// the request leaves the mailbox at once and EdgeHub forgets it after its request
     /// timeout whether or not the caller still waits.
-    fn handle(&mut self, request: CloudRequest, _: &mut Context<Self>) -> Self::Result {
+    fn request(&mut self, request: Message) -> Result<PendingReply, EdgeHubError> {
         let shared = self.link.shared.clone();
         let timeout = self.link.options.request_timeout;
-        let id = request.0.id().to_owned();
+        let id = request.id().to_owned();
         let (reply, answer) = oneshot::channel();
         {
             let mut pending = lock(&shared.pending);
@@ -371,7 +402,7 @@ impl Handler<CloudRequest> for EdgeHub {
             }
             pending.insert(id.clone(), reply);
         }
-        shared.enqueue(request.0);
+        shared.enqueue(request);
         let (outcome_tx, outcome_rx) = oneshot::channel();
         actix::spawn(async move {
             let outcome = tokio::time::timeout(timeout, answer).await;

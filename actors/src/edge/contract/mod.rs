@@ -3,11 +3,24 @@
 //! publishes, and the typed messages modules send EdgeHub by name.
 //!
 //! Only EdgeHub converts between the wire and the edge's modules, and no other module names
-//! its actor type: they address it as [`route::EDGEHUB`] with [`CloudRequest`] (see
-//! [`request_cloud`]) or [`GetEdgeHubStatus`] through [`Hive::ask`], and follow the
-//! connection through [`CloudConnection`], which EdgeHub alone writes.
-//! Extension modules in group `bus` still get KubeEdge's `node/connection` message, as an
-//! edgecore module would ([`ConnectionState::message`], [`ConnectionState::of`]).
+//! its actor type. A cloud message is typed once, when EdgeHub takes it: for MetaManager a
+//! [`MetaRequest`] (`meta`), for DeviceTwin a [`TwinMessage`] (`twin`), for a module waiting
+//! on a request a [`CloudReply`]; extension modules of a group get the beehive message in an
+//! envelope, and what does not type is routed so too. Built-in modules type an extension's
+//! envelope with the same functions. Upstream, modules tell EdgeHub ([`route::EDGEHUB`])
+//! [`ToCloud`] (ACKs, refusals, forwarded local messages, twin uploads) or ask it with
+//! [`ask_cloud`] (node requests, remote queries); EdgeHub alone turns them into beehive
+//! messages (`ToCloud::into_message`, `Ask::into_message`). Modules follow the connection
+//! through [`CloudConnection`], which EdgeHub alone writes, and ask for [`GetEdgeHubStatus`].
+//! Extension modules may still send EdgeHub envelopes, or ask the cloud with
+//! [`request_cloud`]; those in group `bus` still get KubeEdge's `node/connection` message,
+//! as an edgecore module would ([`ConnectionState::message`], [`ConnectionState::of`]).
+
+mod meta;
+mod twin;
+
+pub use meta::{CloudObject, LocalReply, LocalWrite, MetaRequest, Query, Target};
+pub use twin::{TwinBody, TwinMessage, TwinReply, Upload};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +28,7 @@ use std::time::Duration;
 use edgehive_protocols::{Group, Message, ModuleName, Operation, ResourceType};
 use futures_util::Stream;
 use serde::Serialize;
+use serde_json::{json, Value};
 use tokio::sync::{oneshot, watch};
 
 use crate::hive::{Hive, HiveError};
@@ -228,16 +242,23 @@ pub enum CloudRequestError {
 }
 
 /// Sends `message` to the cloud through EdgeHub and waits, all in all at most `timeout`
-/// (and at most EdgeHub's request timeout), for the cloud's reply to it.
+/// (and at most EdgeHub's request timeout), for the cloud's reply to it. For extension
+/// modules, which speak beehive messages; built-in modules use [`ask_cloud`].
 pub async fn request_cloud(
     hive: &Hive,
     message: Message,
     timeout: Duration,
 ) -> Result<Message, CloudRequestError> {
+    let pending = hive.ask(route::EDGEHUB, CloudRequest(message), timeout);
+    wait_reply(pending, timeout).await
+}
+
+async fn wait_reply(
+    pending: impl std::future::Future<Output = Result<Result<PendingReply, EdgeHubError>, HiveError>>,
+    timeout: Duration,
+) -> Result<Message, CloudRequestError> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let pending = hive
-        .ask(route::EDGEHUB, CloudRequest(message), timeout)
-        .await??;
+    let pending = pending.await??;
     match tokio::time::timeout_at(deadline, pending.reply()).await {
         Ok(reply) => Ok(reply?),
         Err(_) => Err(CloudRequestError::Hub(HiveError::Timeout {
@@ -245,6 +266,161 @@ pub async fn request_cloud(
             timeout,
         })),
     }
+}
+
+/// The beehive message a typed message was made from, opaque to the modules: EdgeHub builds
+/// the replies to it from it ([`ToCloud`], [`LocalReply`], [`TwinReply`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Origin(Message);
+
+impl Origin {
+    /// The message's id (what a reply names as its parent).
+    pub fn id(&self) -> &str {
+        self.0.id()
+    }
+
+    /// The message's resource, for logs.
+    pub fn resource(&self) -> &str {
+        self.0.resource()
+    }
+
+    /// The message's operation, for logs.
+    pub fn operation(&self) -> &str {
+        self.0
+            .operation()
+            .map(Operation::as_str)
+            .unwrap_or_default()
+    }
+}
+
+/// A cloud message answering a request ([`ask_cloud`]), or one nobody waits for any more.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudReply(Message);
+
+impl CloudReply {
+    /// The content: an object, ObjectResp `{"Object":…,"Err":…}`, `{"ErrStatus":…}`, `"OK"` or
+    /// an error text.
+    pub fn content(&self) -> &Value {
+        &self.0.content
+    }
+
+    /// Whether it is a plain `"OK"`.
+    pub fn is_ok_text(&self) -> bool {
+        self.0.content_str() == Some("OK")
+    }
+
+    /// The reply as the message it came as, for the ACK it may need ([`ToCloud::Ack`]).
+    pub fn origin(&self) -> Origin {
+        Origin(self.0.clone())
+    }
+}
+
+/// Sent to EdgeHub ([`route::EDGEHUB`]) with [`Hive::tell`]: what a module sends the cloud
+/// without waiting for an answer. EdgeHub writes ACKs and refusals ahead of the rest.
+#[derive(Debug, Clone)]
+pub enum ToCloud {
+    /// `"OK"` to a cloud message, once what it said is committed (a real v1.22 edge ACKs
+    /// device and devicemodel inserts and deletes as source `meta`, group `twin`).
+    Ack(Origin),
+    /// An error reply to a cloud message the edge refuses, saying why.
+    Refuse {
+        /// The refused message.
+        of: Origin,
+        /// Why.
+        text: String,
+    },
+    /// A local module's message that the cloud handles, sent as it came.
+    Forward(Origin),
+    /// A twin upload, sent again with the same id and bytes until confirmed.
+    Upload(Upload),
+}
+
+impl actix::Message for ToCloud {
+    type Result = ();
+}
+
+impl ToCloud {
+    /// EdgeHub's: the beehive message to write.
+    pub(in crate::edge) fn into_message(self) -> Message {
+        match self {
+            ToCloud::Ack(of) => {
+                let msg = &of.0;
+                let mut reply = Message::response_to(msg, json!("OK"));
+                let device_kind = edgehive_protocols::EdgeResource::parse(msg.resource())
+                    .is_ok_and(|resource| {
+                        resource.resource_type == ResourceType::Device
+                            || resource.resource_type == ResourceType::DeviceModel
+                    });
+                if matches!(msg.operation(), Some(Operation::Insert | Operation::Delete))
+                    && msg.source() == Some(&ModuleName::DeviceController)
+                    && device_kind
+                {
+                    reply.route.source = Some(ModuleName::Meta);
+                    reply.route.group = Some(Group::Twin);
+                }
+                reply
+            }
+            ToCloud::Refuse { of, text } => Message::error_to(&of.0, text),
+            ToCloud::Forward(of) => of.0,
+            ToCloud::Upload(upload) => upload.message().clone(),
+        }
+    }
+}
+
+/// A request that waits for the cloud's answer ([`ask_cloud`]).
+#[derive(Debug, Clone)]
+pub enum Ask {
+    /// The node module's request (source `edged`, group `meta`): the Node, its status, its
+    /// Lease.
+    Node {
+        /// `insert`, `update`, `patch`, ...
+        operation: Operation,
+        /// The edge-form resource (`default/node/{name}`, ...).
+        resource: String,
+        /// The object or patch.
+        content: Value,
+    },
+    /// A local query asked of the cloud: the query, copied with a new id.
+    Query(Origin),
+}
+
+impl Ask {
+    /// EdgeHub's: the beehive message to write.
+    pub(in crate::edge) fn into_message(self) -> Message {
+        match self {
+            Ask::Node {
+                operation,
+                resource,
+                content,
+            } => Message::new(ModuleName::Edged, Group::Meta, operation, resource, content),
+            Ask::Query(of) => {
+                let mut ask = of.0;
+                ask.header.id = uuid::Uuid::new_v4().to_string();
+                ask.header.parent_id.clear();
+                ask.header.timestamp = Message::keepalive().header.timestamp;
+                ask
+            }
+        }
+    }
+}
+
+/// Sent to EdgeHub ([`route::EDGEHUB`]) with [`Hive::ask`]: the typed [`CloudRequest`].
+#[derive(Debug)]
+pub struct CloudAsk(pub Ask);
+
+impl actix::Message for CloudAsk {
+    type Result = Result<PendingReply, EdgeHubError>;
+}
+
+/// Asks the cloud through EdgeHub and waits, all in all at most `timeout` (and at most
+/// EdgeHub's request timeout), for its answer; see [`request_cloud`].
+pub async fn ask_cloud(
+    hive: &Hive,
+    ask: Ask,
+    timeout: Duration,
+) -> Result<CloudReply, CloudRequestError> {
+    let pending = hive.ask(route::EDGEHUB, CloudAsk(ask), timeout);
+    wait_reply(pending, timeout).await.map(CloudReply)
 }
 
 /// Asks EdgeHub ([`route::EDGEHUB`]) for [`EdgeHubStatus`] with [`Hive::ask`].

@@ -482,3 +482,68 @@ async fn call_waits_for_a_mailbox_slot_and_holds_it_until_the_reply() {
     // The timed-out call was never handled: gate, two tells and the waiting call only.
     assert_eq!(info(&hive, "math").messages_handled, 4);
 }
+
+/// Keeps the order in which its messages were handled: typed `Note`s and envelopes alike.
+struct Log(Arc<std::sync::Mutex<Vec<u64>>>);
+impl Actor for Log {
+    type Context = Context<Self>;
+}
+#[derive(Debug)]
+struct Note(u64);
+impl actix::Message for Note {
+    type Result = ();
+}
+impl Handler<Note> for Log {
+    type Result = ();
+    fn handle(&mut self, Note(n): Note, _: &mut Context<Self>) {
+        self.0.lock().unwrap().push(n);
+    }
+}
+impl Handler<Envelope> for Log {
+    type Result = Option<Message>;
+    fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Option<Message> {
+        let n = envelope.into_message().content["n"].as_u64();
+        self.0.lock().unwrap().push(n.unwrap_or(u64::MAX));
+        None
+    }
+}
+struct LogModule(Arc<std::sync::Mutex<Vec<u64>>>);
+impl Module for LogModule {
+    type Actor = Log;
+    fn name(&self) -> &str {
+        "log"
+    }
+    fn group(&self) -> &str {
+        "g"
+    }
+    fn mailbox_capacity(&self) -> usize {
+        4096
+    }
+    fn accepts(&self, accepts: &mut Accepts<Log>) {
+        accepts.message::<Note>();
+    }
+    fn create(&self, _: &Hive) -> Log {
+        Log(self.0.clone())
+    }
+}
+
+/// "Messages from one sender to one module arrive in the order sent", whether the sender
+/// mixes beehive envelopes (`send`) and typed messages (`tell`).
+#[actix_rt::test]
+async fn messages_from_one_sender_are_handled_in_the_order_sent() {
+    let hive = Hive::new("test");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    hive.start_module(LogModule(seen.clone())).unwrap();
+    for n in 0..2000u64 {
+        if n % 3 == 0 {
+            let mut message = msg("n");
+            message.content = json!({ "n": n });
+            hive.send("log", message).unwrap();
+        } else {
+            hive.tell("log", Note(n)).unwrap();
+        }
+    }
+    wait_until("all handled", || seen.lock().unwrap().len() == 2000).await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, (0..2000).collect::<Vec<_>>());
+}

@@ -14,8 +14,7 @@ use edgehive_actors::cloud::cloudhub::auth::BindingView;
 use edgehive_actors::cloud::cloudhub::certserver::CertServer;
 use edgehive_actors::cloud::cloudhub::mirror::BindingMirror;
 use edgehive_actors::cloud::cloudhub::{
-    start_cloudhub_with, CloudHub, CloudHubSecurity, CloudHubServer, ListNodes, NodeInfo,
-    CLOUDHUB_MODULE,
+    start_cloudhub_with, CloudHubSecurity, CloudHubServer, ListNodes, NodeInfo, CLOUDHUB_MODULE,
 };
 use edgehive_actors::cloud::cluster::kube::{KubeCluster, DEVICE_KINDS};
 use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster, SharedCluster};
@@ -318,7 +317,7 @@ impl CloudProcess {
 }
 
 async fn nodes(hive: &Hive) -> Result<Vec<NodeInfo>, HiveError> {
-    hive.call::<CloudHub, _>(CLOUDHUB_MODULE, ListNodes, Duration::from_secs(5))
+    hive.ask(CLOUDHUB_MODULE, ListNodes, Duration::from_secs(5))
         .await
 }
 

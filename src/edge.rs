@@ -24,9 +24,7 @@ use std::time::Duration;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpResponse};
 use anyhow::Context as _;
-use edgehive_actors::edge::devicetwin::{
-    DeviceTwin, DeviceTwinModule, ReportState, ReportTwin, TwinError,
-};
+use edgehive_actors::edge::devicetwin::{DeviceTwinModule, ReportState, ReportTwin, TwinError};
 use edgehive_actors::edge::edged;
 use edgehive_actors::edge::edged::{
     ConfirmPodDeletion, GetNodeStatus, NodeError, NodeModule, ReportPodStatus,
@@ -364,7 +362,7 @@ async fn report_twin(
         value,
     };
     twin_response(
-        hive.call::<DeviceTwin, _>(
+        hive.ask(
             edgehive_actors::edge::devicetwin::MODULE_NAME,
             report,
             Duration::from_secs(10),
@@ -389,7 +387,7 @@ async fn report_state(
         state,
     };
     twin_response(
-        hive.call::<DeviceTwin, _>(
+        hive.ask(
             edgehive_actors::edge::devicetwin::MODULE_NAME,
             report,
             Duration::from_secs(10),

@@ -207,3 +207,18 @@ fn the_source_checks_find_what_they_look_for() {
     assert!(literal_addresses(&code).is_empty());
     assert!(code.contains("https://x"));
 }
+
+/// Modules address each other by name and message type: no product code names a module's
+/// actor type to reach it (`Hive::call::<Actor, _>` is for tests).
+#[test]
+fn no_product_code_calls_a_module_by_its_actor_type() {
+    let files = product_sources();
+    let found = offenders(&files, |path, line| {
+        !path.ends_with("hive/registry.rs") && line.contains(".call::<")
+    });
+    assert!(
+        found.is_empty(),
+        "a module reached by its actor type (use Hive::ask/tell with a route constant):\n{}",
+        found.join("\n")
+    );
+}

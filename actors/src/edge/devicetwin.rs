@@ -238,7 +238,10 @@ impl Module for DeviceTwinModule {
     }
 
     fn accepts(&self, accepts: &mut Accepts<DeviceTwin>) {
-        accepts.message::<TwinMessage>();
+        accepts
+            .message::<TwinMessage>()
+            .message::<ReportTwin>()
+            .message::<ReportState>();
     }
 
     fn create(&self, hive: &Hive) -> DeviceTwin {

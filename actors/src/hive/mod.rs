@@ -61,11 +61,11 @@ pub mod supervisor;
 pub use edgehive_protocols::Message;
 pub use envelope::Envelope;
 pub use error::HiveError;
-pub use metrics::{HiveMetrics, ModuleLabels};
+pub use metrics::{HiveMetrics, ModuleLabels, ModuleState};
 pub use module::{Module, DEFAULT_MAILBOX_CAPACITY};
 pub use refusals::{Refusal, RefusalKind, RefusalLog, Refusals};
 pub use registry::{
-    Accepts, ChildInfo, ChildrenView, GroupDelivery, Hive, ModuleInfo, ModuleState, Refused,
+    Accepts, ChildInfo, ChildrenView, GroupDelivery, Hive, ModuleInfo, Refused,
     DEFAULT_REQUEST_TIMEOUT,
 };
 pub use supervisor::{supervise, supervise_on, Recipe};

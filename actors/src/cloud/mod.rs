@@ -17,5 +17,5 @@ pub mod cluster;
 pub mod contract;
 pub mod devicecontroller;
 pub mod edgecontroller;
-pub mod outbox;
+pub(crate) mod outbox;
 pub mod synccontroller;

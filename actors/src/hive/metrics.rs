@@ -36,7 +36,7 @@ impl ModuleState {
 
 /// The label set of every per-module metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModuleLabels {
+pub(super) struct ModuleLabels {
     /// The beehive module name.
     pub module: String,
 }

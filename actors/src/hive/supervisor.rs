@@ -33,7 +33,7 @@ const STABLE_AFTER: Duration = Duration::from_secs(10);
 ///
 /// State that must outlive a failure belongs to the recipe (or to something it holds), never
 /// to the actor: [`Recipe::create`] is called again after every failure.
-pub trait Recipe: 'static {
+pub(crate) trait Recipe: 'static {
     /// The supervised actor.
     type Actor: Actor<Context = Context<Self::Actor>>;
 
@@ -66,7 +66,7 @@ pub trait Recipe: 'static {
 
 /// Starts the actor of `recipe` on the current arbiter and supervises it until `hive` shuts
 /// down (or the recipe retires). Must be called inside a running actix system.
-pub fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
+pub(super) fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
     let (addr, died) = spawn_instance(hive, &mut recipe);
     actix::spawn(watch(hive.clone(), recipe, died));
     addr
@@ -76,7 +76,7 @@ pub fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
 /// `arbiter`'s thread, and so does its watcher. The address is ready at once (messages wait in
 /// the mailbox until the actor starts there). How a module spreads many children (CloudHub's
 /// node actors) over the cores, and how a busy module gets a thread of its own.
-pub fn supervise_on<R>(arbiter: &ArbiterHandle, hive: &Hive, mut recipe: R) -> Addr<R::Actor>
+pub(crate) fn supervise_on<R>(arbiter: &ArbiterHandle, hive: &Hive, mut recipe: R) -> Addr<R::Actor>
 where
     R: Recipe + Send,
     R::Actor: Send,

@@ -32,30 +32,34 @@
 //! The leaves (`auth`, `limits`, `pool`, `metrics`, `options`, `gate`, `certlimits`,
 //! `certserver`, `mirror`) import none of those.
 
-pub mod auth;
-pub mod certlimits;
-pub mod certserver;
+mod auth;
+mod certlimits;
+mod certserver;
 mod context;
 mod dispatch;
-pub mod gate;
+mod gate;
 mod hub;
-pub mod limits;
+mod limits;
 mod link;
 #[cfg(feature = "test-hooks")]
-pub mod memory;
-pub mod metrics;
-pub mod mirror;
-pub mod node;
-pub mod options;
-pub mod pool;
-pub mod server;
-pub mod session;
+mod memory;
+mod metrics;
+mod mirror;
+mod node;
+mod options;
+mod pool;
+mod server;
+mod session;
 mod socket;
 // The socket reader's pure parts, for the fuzz targets (`fuzz/`).
 #[doc(hidden)]
 pub use socket::{announced_over, read_frames};
 
 pub use crate::cloud::contract::DisconnectNode;
+pub use auth::BindingView;
+pub use certlimits::SigningLimits;
+pub use certserver::{CertServer, CertServerOptions};
+pub use gate::{ConnectionLimits, GateMetrics};
 #[cfg(feature = "test-hooks")]
 pub use hub::CrashNode;
 pub use hub::{
@@ -64,8 +68,9 @@ pub use hub::{
 #[cfg(feature = "test-hooks")]
 pub use memory::{ByteString, EdgeInbox, FromCloud};
 pub use metrics::{CloudHubMetrics, ReasonLabels};
+pub use mirror::BindingMirror;
 pub use node::{NodeActor, NodeInfo, NODE_MAILBOX_CAPACITY};
-pub use options::{CloudHubOptions, CloudHubSecurity};
+pub use options::{CloudHubOptions, CloudHubSecurity, HandshakeLimits, WriteLimits};
 pub use server::{start_cloudhub, start_cloudhub_with, CloudHubError, CloudHubServer};
 #[cfg(feature = "test-hooks")]
 pub use server::{MemoryConnector, MemoryRefused};

@@ -7,9 +7,9 @@
 
 pub mod crds;
 mod datastore;
-pub mod embedded;
+mod embedded;
 pub mod kube;
-pub mod port;
+mod port;
 mod types;
 pub(crate) use edgehive_protocols::object::rfc3339;
 pub use embedded::{merge, EmbeddedCluster, EventRetention, StoreLimits};

@@ -65,10 +65,7 @@ pub use metrics::{HiveMetrics, ModuleState};
 pub use module::Module;
 pub(crate) use module::DEFAULT_MAILBOX_CAPACITY;
 pub use refusals::{Refusal, RefusalKind, RefusalLog};
-pub use registry::{
-    Accepts, ChildInfo, ChildrenView, GroupDelivery, Hive, ModuleInfo, Refused,
-    DEFAULT_REQUEST_TIMEOUT,
-};
+pub use registry::{Accepts, ChildInfo, GroupDelivery, Hive, ModuleInfo, Refused};
 // CloudHub supervises its node actors with these.
 #[cfg(feature = "cloud")]
 pub(crate) use supervisor::{supervise_on, Recipe};

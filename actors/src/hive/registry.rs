@@ -15,9 +15,6 @@ use super::locks;
 use super::metrics::{ModuleState, ModuleStats};
 use super::{Envelope, HiveError, HiveMetrics, RefusalLog};
 
-/// beehive's default `SendSync` timeout.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// A module as the admin endpoint shows it.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -78,7 +75,7 @@ pub struct ChildInfo {
 
 /// How a module reports the actors it supervises (see [`Hive::set_children`]): given a limit,
 /// the first that many by name, and how many there are in all.
-pub type ChildrenView = Arc<dyn Fn(usize) -> (Vec<ChildInfo>, usize) + Send + Sync>;
+pub(crate) type ChildrenView = Arc<dyn Fn(usize) -> (Vec<ChildInfo>, usize) + Send + Sync>;
 
 /// The typed messages a module accepts by name (see [`Module::accepts`](super::Module::accepts)).
 pub struct Accepts<A: Actor> {
@@ -298,7 +295,7 @@ impl Hive {
     }
 
     /// Whether the process is stopping (supervisors then let modules stay down).
-    pub fn is_shutting_down(&self) -> bool {
+    pub(crate) fn is_shutting_down(&self) -> bool {
         self.inner.shutting_down.load(Ordering::Relaxed)
     }
 
@@ -499,7 +496,8 @@ impl Hive {
     }
 
     /// Lets module `name` show the actors it supervises under it in [`Hive::modules`].
-    pub fn set_children(&self, name: &str, view: ChildrenView) -> Result<(), HiveError> {
+    #[cfg_attr(not(feature = "cloud"), allow(dead_code))] // CloudHub's node actors
+    pub(crate) fn set_children(&self, name: &str, view: ChildrenView) -> Result<(), HiveError> {
         let mut modules = self.write_modules();
         let entry = modules
             .get_mut(name)

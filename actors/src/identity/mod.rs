@@ -9,4 +9,4 @@ pub mod private_files;
 pub mod tls;
 pub mod token;
 
-pub use node_name::{check_node_name, MAX_NODE_NAME_LEN};
+pub use node_name::check_node_name;

@@ -1,7 +1,7 @@
 //! Node names: what the cloud accepts as the name of an edge node.
 
 /// Longest node name (a DNS subdomain, like Kubernetes node names).
-pub const MAX_NODE_NAME_LEN: usize = 253;
+pub(crate) const MAX_NODE_NAME_LEN: usize = 253;
 
 /// Whether `name` can be a Kubernetes node name: a DNS-1123 subdomain (at most 253
 /// characters; dot-separated labels of lowercase letters, digits and `-`, each starting and

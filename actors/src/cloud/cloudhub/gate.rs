@@ -120,13 +120,13 @@ impl GateMetrics {
 
 impl GateMetrics {
     /// Counts a certificate server warning that was not logged.
-    pub fn certificate_warning_held_back(&self) {
+    pub(crate) fn certificate_warning_held_back(&self) {
         self.certificate_warnings_held_back.inc();
     }
 
     /// Counts a refused certificate request (and records it: the node it named, if any,
     /// the peer, and what was wrong).
-    pub fn certificate_refused(
+    pub(crate) fn certificate_refused(
         &self,
         reason: &str,
         node: &str,

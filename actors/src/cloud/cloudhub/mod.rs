@@ -62,16 +62,13 @@ pub use certserver::{CertServer, CertServerOptions};
 pub use gate::{ConnectionLimits, GateMetrics};
 #[cfg(feature = "test-hooks")]
 pub use hub::CrashNode;
-pub use hub::{
-    CloudHub, CloudHubModule, Downstream, ListNodes, CLOUDHUB_GROUP, CLOUDHUB_MODULE, NODE_ARBITERS,
-};
+pub use hub::{CloudHub, ListNodes, CLOUDHUB_MODULE};
 #[cfg(feature = "test-hooks")]
 pub use memory::{ByteString, EdgeInbox, FromCloud};
-pub use metrics::{CloudHubMetrics, ReasonLabels};
+pub use metrics::ReasonLabels;
 pub use mirror::BindingMirror;
-pub use node::{NodeActor, NodeInfo, NODE_MAILBOX_CAPACITY};
+pub use node::NodeInfo;
 pub use options::{CloudHubOptions, CloudHubSecurity, HandshakeLimits, WriteLimits};
 pub use server::{start_cloudhub, start_cloudhub_with, CloudHubError, CloudHubServer};
 #[cfg(feature = "test-hooks")]
 pub use server::{MemoryConnector, MemoryRefused};
-pub use session::NodeSession;

@@ -469,7 +469,7 @@ impl EmbeddedCluster {
 
     /// Deletes the object only if its UID is `uid` (Kubernetes' delete precondition); 409 if
     /// it is another object with the same name.
-    pub fn delete_if_uid(
+    pub(crate) fn delete_if_uid(
         &self,
         kind: &str,
         namespace: Option<&str>,
@@ -509,7 +509,7 @@ impl EmbeddedCluster {
     /// Applies `patch` as a JSON merge patch (RFC 7386) to the stored object, or only to its
     /// `status` when `status_only` (the status subresource: other fields of the patch are
     /// ignored). Lists are replaced, not merged by key as a strategic merge patch would.
-    pub fn merge_patch(
+    pub(crate) fn merge_patch(
         &self,
         kind: &str,
         namespace: Option<&str>,

@@ -102,7 +102,7 @@ pub enum KubeStartError {
 }
 
 /// How long the start-up checks wait for the API server before calling it unreachable.
-pub const START_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// What the adapter knows about one kind.
 #[derive(Debug, Clone)]
@@ -145,7 +145,7 @@ where
 }
 
 /// Every kind the controllers read or write, by kind name.
-pub const KINDS: &[&str] = &[
+pub(crate) const KINDS: &[&str] = &[
     "Pod",
     "Node",
     "ConfigMap",

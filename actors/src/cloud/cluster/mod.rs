@@ -12,8 +12,7 @@ pub mod kube;
 mod port;
 mod types;
 pub(crate) use edgehive_protocols::object::rfc3339;
-pub use embedded::{merge, EmbeddedCluster, EventRetention, StoreLimits};
+pub use embedded::{EmbeddedCluster, EventRetention, StoreLimits};
 pub use port::{ClusterFuture, ClusterPort, SharedCluster, Watch};
-pub use types::{
-    is_cluster_scoped, ClusterError, EventType, WatchError, WatchEvent, WatchStream, WATCH_CAPACITY,
-};
+pub(crate) use types::{is_cluster_scoped, WATCH_CAPACITY};
+pub use types::{ClusterError, EventType, WatchError, WatchEvent, WatchStream};

@@ -33,7 +33,7 @@ const CLUSTER_SCOPED: &[&str] = &[
 ];
 
 /// Whether objects of `kind` have no namespace.
-pub fn is_cluster_scoped(kind: &str) -> bool {
+pub(crate) fn is_cluster_scoped(kind: &str) -> bool {
     CLUSTER_SCOPED.contains(&kind)
 }
 
@@ -148,7 +148,7 @@ impl ClusterError {
     /// reason, details {name, kind}, code}}`. This is what KubeEdge's cloud puts in a reply's
     /// content (alone for queries, as `Err` of an ObjectResp otherwise), so edges that parse
     /// replies see the shape they know.
-    pub fn to_status(&self, kind: &str, name: &str) -> Value {
+    pub(crate) fn to_status(&self, kind: &str, name: &str) -> Value {
         json!({
             "ErrStatus": {
                 "metadata": {},

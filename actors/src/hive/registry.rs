@@ -224,7 +224,7 @@ impl Hive {
     /// `Arc` ever after: state that modules share without naming each other's actors (the
     /// edge's connection to the cloud, `edge::contract::CloudConnection`), whichever module
     /// starts first.
-    pub fn shared<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+    pub(crate) fn shared<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
         let mut shared = locks::lock(&self.inner.shared);
         let entry = shared
             .entry(TypeId::of::<T>())

@@ -764,7 +764,7 @@ fn same_content(current: &Value, new: &Value) -> bool {
 
 /// RFC 7386 JSON merge patch: objects merge recursively, `null` removes, anything else
 /// replaces.
-pub fn merge(target: &mut Value, patch: &Value) {
+pub(crate) fn merge(target: &mut Value, patch: &Value) {
     let Value::Object(patch) = patch else {
         *target = patch.clone();
         return;

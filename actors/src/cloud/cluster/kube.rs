@@ -225,7 +225,7 @@ fn display_key(namespace: Option<&str>, name: &str) -> String {
 }
 
 /// Turns kube's error into the port's, keeping the API server's code, reason and message.
-pub fn cluster_error(kind: &str, key: &str, error: kube::Error) -> ClusterError {
+pub(crate) fn cluster_error(kind: &str, key: &str, error: kube::Error) -> ClusterError {
     match error {
         kube::Error::Api(status) => match (status.code, status.reason.as_str()) {
             (404, _) => ClusterError::NotFound {

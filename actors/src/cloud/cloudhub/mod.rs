@@ -10,17 +10,17 @@
 //!   and hands each [`ToNodes`](crate::cloud::contract::ToNodes) to the pools of the nodes it
 //!   names. It has no timer: it acts when a controller, a connection or the admin endpoint
 //!   asks.
-//! - [`node`]: one actor per edge node, owning its message pool (ACK and no-ACK lanes), its
+//! - `node.rs`: one actor per edge node, owning its message pool (ACK and no-ACK lanes), its
 //!   resend deadline and its connection; created on the node's first message or connect,
 //!   it outlives connections and is restarted after a panic with its pool intact. Node
-//!   actors run on [`NODE_ARBITERS`] arbiters of CloudHub's own, not on the hub's.
-//! - [`session`]: one [`NodeSession`] actor per connection: frames in, frames out, keepalive.
-//! - [`server`]: the actix-web WebSocket server edges connect to (headers `node_id`,
+//!   actors run on `NODE_ARBITERS` arbiters of CloudHub's own, not on the hub's.
+//! - `session.rs`: one `NodeSession` actor per connection: frames in, frames out, keepalive.
+//! - `server.rs`: the actix-web WebSocket server edges connect to (headers `node_id`,
 //!   `project_id`, `ConnectionUse: msg`, any path).
-//! - [`pool`]: what a node still has to receive; [`dispatch`]: where its upstream messages go;
-//!   [`auth`]: which upstream messages a node may send; [`limits`]: how much and how fast it
-//!   may write; [`mirror`]: pod bindings for that on
-//!   the `kube` adapter; [`certserver`]: the HTTPS certificate server edges bootstrap from.
+//! - `pool.rs`: what a node still has to receive; `dispatch.rs`: where its upstream messages go;
+//!   `auth.rs`: which upstream messages a node may send; `limits.rs`: how much and how fast it
+//!   may write; `mirror.rs`: pod bindings for that on
+//!   the `kube` adapter; `certserver.rs`: the HTTPS certificate server edges bootstrap from.
 //!
 //! Start it with [`start_cloudhub_with`] (or [`start_cloudhub`] for plain `ws://`).
 //!

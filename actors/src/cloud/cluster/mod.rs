@@ -1,8 +1,8 @@
 //! The cluster the cloud controllers read and write, behind one port.
 //!
-//! - [`port`]: [`ClusterPort`], all the controllers know of the cluster, with the watch
-//!   vocabulary below ([`WatchEvent`], [`WatchError`], [`ClusterError`]).
-//! - [`embedded`]: [`EmbeddedCluster`], the in-process stand-in for the API server (default).
+//! - `port.rs`: [`ClusterPort`], all the controllers know of the cluster, with the watch
+//!   vocabulary of `types.rs` ([`WatchEvent`], [`WatchError`], [`ClusterError`]).
+//! - `embedded.rs`: [`EmbeddedCluster`], the in-process stand-in for the API server (default).
 //! - [`kube`]: the adapter for a real API server; [`crds`]: KubeEdge's CRDs as types.
 
 pub mod crds;

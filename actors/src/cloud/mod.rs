@@ -2,7 +2,7 @@
 //! [`edgecontroller`] (cluster changes -> messages for edge nodes; edge requests -> the
 //! cluster), [`devicecontroller`] (devices and twins), the [`cluster`] they read through one
 //! port, and what they share: [`contract`] (the typed messages between them and the routing
-//! table) and [`outbox`] (how a controller hands messages to CloudHub).
+//! table) and `outbox` (how a controller hands messages to CloudHub).
 //!
 //! A Pod bound to an edge node is written to the cluster; [`edgecontroller`] sees it on its
 //! watch and tells [`cloudhub`] a `ToNodes` (the message, encoded once), which queues it in

@@ -160,7 +160,7 @@ async fn watch<R: Recipe>(hive: Hive, mut recipe: R, mut died: oneshot::Receiver
     }
 }
 
-/// Modules: registered with the hive and supervised with a [`ModuleRecipe`].
+/// Modules: registered with the hive and supervised with a `ModuleRecipe`.
 impl Hive {
     /// Starts `module` on the current arbiter, registers it and supervises it.
     ///

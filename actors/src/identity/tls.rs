@@ -1,7 +1,7 @@
 //! rustls configurations for both ends of the link, as KubeEdge sets up TLS:
 //!
 //! - CloudHub's WebSocket port requires a client certificate that chains to the cloud CA
-//!   (mutual TLS); the node name is read from its CN by [`peer_node`].
+//!   (mutual TLS); the node name is read from its CN by `peer_node`.
 //! - The certificate server (`/ca.crt`, `/edge.crt`) asks for a client certificate but does
 //!   not require one: an edge without a certificate authenticates with a token.
 //! - The edge verifies the server against the CA file (never "insecure"), except for the one

@@ -18,7 +18,7 @@ pub(super) const MAX_SOURCES: usize = 16_384;
 /// together (each source has its own [`crate::hive::log::WARNINGS_PER_WINDOW`] too).
 pub(super) const WARNINGS_IN_ALL: u32 = 100;
 
-/// How fast certificates may be signed; see the [module docs](self).
+/// How fast certificates may be signed; see `certlimits.rs`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SigningLimits {
     /// Certificates one source may get a minute, sustained.

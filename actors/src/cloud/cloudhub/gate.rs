@@ -39,7 +39,7 @@ use crate::hive::locks;
 use crate::hive::{Hive, RefusalKind, RefusalLog};
 use crate::identity::tls::record_peer_certificate;
 
-/// The bounds; see the [module docs](self).
+/// The bounds; see `gate.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HandshakeLimits {
     /// Longest a TLS handshake (and then the first request) may take.

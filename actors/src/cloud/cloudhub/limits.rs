@@ -14,7 +14,7 @@ use edgehive_protocols::{Message, Operation, ResourceType};
 
 use super::auth::{BindingView, Denied};
 
-/// The limits; see the [module docs](self).
+/// The limits; see `limits.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteLimits {
     /// Largest write (its frame) an edge may send, in bytes; the API server's own limit is

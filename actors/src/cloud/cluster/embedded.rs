@@ -634,7 +634,7 @@ impl EmbeddedCluster {
         (items, next, inner.resource_version.to_string())
     }
 
-    /// Watches `kind` from now on. See [`WatchStream`] and [`WATCH_CAPACITY`].
+    /// Watches `kind` from now on. See [`WatchStream`] and `WATCH_CAPACITY`.
     pub fn watch(&self, kind: &str) -> WatchStream {
         let mut inner = self.lock();
         let sender = inner

@@ -4,9 +4,9 @@
 //! Objects stay JSON end to end ([`DynamicObject`] with the [`ApiResource`] of each kind), so
 //! the controllers get the same wire-form objects as from the embedded cluster. The kinds
 //! come from k8s-openapi's types (core kinds) and from [`super::crds`] (KubeEdge's custom
-//! kinds); a kind outside [`KINDS`] is refused with a 422.
+//! kinds); a kind outside `KINDS` is refused with a 422.
 //!
-//! Watches are [`kube::runtime::watcher`] streams with kube's default backoff. A watcher
+//! Watches are [`kube::runtime::watcher`](mod@::kube::runtime::watcher) streams with kube's default backoff. A watcher
 //! starts with a list and lists again after a desync (410 Gone, a dropped connection);
 //! those lists are not passed on as events: when one is complete the stream yields
 //! [`WatchError::Lagged`], which tells the controller to list itself and compare, exactly as
@@ -164,7 +164,7 @@ pub(crate) const KINDS: &[&str] = &[
     "ClusterObjectSync",
 ];
 
-/// The adapter's facts about `kind`, if it is one of [`KINDS`].
+/// The adapter's facts about `kind`, if it is one of `KINDS`.
 pub fn kind_info(kind: &str) -> Option<KindInfo> {
     // Scope and status subresources as the API server defines them (for the custom kinds:
     // as KubeEdge's CRDs and ours in config/crds/ define them).

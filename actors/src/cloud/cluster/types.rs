@@ -204,7 +204,7 @@ pub enum WatchError {
 
 /// A watch on one kind, from the moment [`EmbeddedCluster::watch`](super::EmbeddedCluster::watch) was called.
 ///
-/// Buffers at most [`WATCH_CAPACITY`] events; see there for the overflow policy. Subscribe
+/// Buffers at most `WATCH_CAPACITY` events; see there for the overflow policy. Subscribe
 /// before listing so no change falls between the list and the watch.
 #[derive(Debug)]
 pub struct WatchStream {

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
 use anyhow::Context as _;
-use edgehive_actors::cloud::cloudhub::auth::BindingView;
-use edgehive_actors::cloud::cloudhub::certserver::CertServer;
-use edgehive_actors::cloud::cloudhub::mirror::BindingMirror;
+use edgehive_actors::cloud::cloudhub::BindingMirror;
+use edgehive_actors::cloud::cloudhub::BindingView;
+use edgehive_actors::cloud::cloudhub::CertServer;
 use edgehive_actors::cloud::cloudhub::{
     start_cloudhub_with, CloudHubSecurity, CloudHubServer, ListNodes, NodeInfo, CLOUDHUB_MODULE,
 };

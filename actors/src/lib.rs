@@ -10,6 +10,12 @@
 //!
 //! `cloud` and `edge` are siblings over `hive`, `identity` and the protocol crate: neither
 //! imports the other.
+//!
+//! The public surface is what the binary, the load tool, the fuzz targets, the examples and the
+//! tests use; everything else is crate-private. Every public item is documented
+//! (`missing_docs` is denied).
+
+#![deny(missing_docs)]
 
 #[cfg(feature = "cloud")]
 pub mod cloud;

@@ -1,6 +1,6 @@
 //! The import rules ARCHITECTURE.md states, checked on the sources: `cloud` and `edge` never
-//! import each other, and the files of `cloud/cloudhub/` import each other one way (no cycle;
-//! `mod.rs` on top). Comments, string literals and `#[cfg(test)]` modules are not imports and
+//! import each other, and the files of every folder of `src/` import each other one way (no
+//! cycle; `mod.rs` on top; a few folders wait in `CHECKED_AFTER_REWORK`). Comments, string literals and `#[cfg(test)]` modules are not imports and
 //! are skipped. (`edge_connection.rs` checks the edge's rule about EdgeHub's actor type.)
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -200,7 +200,10 @@ fn absolute_paths(module: &[String], code: &str) -> Vec<(Vec<String>, usize)> {
             let starts_path = ["crate::", "super::", "self::"]
                 .iter()
                 .any(|prefix| rest.starts_with(prefix));
-            let preceded = line[..at].ends_with(is_ident) || line[..at].ends_with("::");
+            // `pub(in crate::edge)` is a visibility, not an import.
+            let preceded = line[..at].ends_with(is_ident)
+                || line[..at].ends_with("::")
+                || line[..at].ends_with("(in ");
             if !starts_path || preceded {
                 at += rest.chars().next().map_or(1, char::len_utf8);
                 continue;
@@ -303,32 +306,44 @@ fn group_items(text: &str) -> Vec<String> {
 }
 
 /// The file-level import graph of the folder `folder` (a module path such as
-/// `cloud/cloudhub`): an edge `a → b` with the line that makes it when file `a` names
-/// something of file `b`. `mod.rs` (shown as `mod`) declares every other file, so it
-/// depends on all of them; a file that names an item defined in `mod.rs` depends on it.
+/// `cloud/cloudhub`, or `` for `src/` itself): its nodes are its files and its subfolders
+/// (a subfolder counts as one node, all its files together), and `mod` for its `mod.rs`
+/// (`lib.rs` at the top); an edge `a → b`, with the line that makes it, when `a` names
+/// something of `b`. `mod.rs` declares every other file, so it depends on all of them; a name
+/// `mod.rs` re-exports from a file (`pub use node::NodeActor;`) belongs to that file (and one
+/// it re-exports from outside the folder to none), and a file that names an item defined in
+/// `mod.rs` itself depends on `mod.rs`.
 type Graph = BTreeMap<String, BTreeMap<String, String>>;
 
 fn folder_graph(folder: &str) -> Graph {
     let files = sources(folder);
-    let folder_module: Vec<String> = folder.split('/').map(String::from).collect();
-    let own: Vec<&Source> = files
-        .iter()
-        .filter(|s| {
-            (s.module.len() == folder_module.len() + 1 && s.module.starts_with(&folder_module))
-                || s.module == folder_module
-        })
+    let folder_module: Vec<String> = folder
+        .split('/')
+        .filter(|part| !part.is_empty())
+        .map(String::from)
         .collect();
-    let name_of = |s: &Source| {
-        if s.module == folder_module {
+    let is_top =
+        |s: &Source| s.module == folder_module || (folder_module.is_empty() && s.module == ["lib"]);
+    // The node a file belongs to: `mod`, a file of the folder, or a subfolder.
+    let node_of = |s: &Source| {
+        if is_top(s) {
             "mod".to_owned()
         } else {
-            s.module.last().unwrap().clone()
+            s.module[folder_module.len()].clone()
         }
     };
-    let stems: BTreeSet<String> = own.iter().map(|s| name_of(s)).collect();
+    let stems: BTreeSet<String> = files.iter().map(node_of).collect();
+    let reexports = files
+        .iter()
+        .find(|s| is_top(s))
+        .map(|top| reexported_names(&top.code, &stems))
+        .unwrap_or_default();
     let mut graph = Graph::new();
-    for source in &own {
-        let from = name_of(source);
+    for stem in &stems {
+        graph.entry(stem.clone()).or_default();
+    }
+    for source in &files {
+        let from = node_of(source);
         let edges = graph.entry(from.clone()).or_default();
         if from == "mod" {
             for stem in stems.iter().filter(|stem| *stem != "mod") {
@@ -342,17 +357,57 @@ fn folder_graph(folder: &str) -> Graph {
             }
             let to = match path.get(folder_module.len()) {
                 Some(first) if stems.contains(first) && first != "mod" => first.clone(),
+                Some(name) if reexports.contains_key(name) => reexports[name].clone(),
                 _ => "mod".to_owned(),
             };
-            if to != from {
+            if to != from && !to.is_empty() {
+                let file = source.path.strip_prefix(src()).unwrap_or(&source.path);
                 let text = source.code.lines().nth(line - 1).unwrap_or_default().trim();
                 edges
                     .entry(to)
-                    .or_insert_with(|| format!("{from}.rs:{line}: {text}"));
+                    .or_insert_with(|| format!("{}:{line}: {text}", file.display()));
             }
         }
     }
     graph
+}
+
+/// The names the top file `code` (a `mod.rs` or `lib.rs`) re-exports (`pub use
+/// node::{NodeActor, NodeInfo};`, `pub use a::B as C;`), each with its file, or `` when it
+/// comes from outside the folder.
+fn reexported_names(code: &str, stems: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut names = BTreeMap::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("use ") {
+        let preceded = rest[..at].ends_with(is_ident);
+        let after = &rest[at + "use ".len()..];
+        let end = after.find(';').unwrap_or(after.len());
+        let tree = &after[..end];
+        rest = &after[end..];
+        if preceded {
+            continue;
+        }
+        let Some((first, leaves)) = tree.trim().split_once("::") else {
+            continue;
+        };
+        if first == "mod" {
+            continue;
+        }
+        // A name re-exported from outside the folder (`pub use edgehive_protocols::x;`)
+        // belongs to no file of it: "" below.
+        let owner = if stems.contains(first) { first } else { "" };
+        let words: Vec<&str> = leaves
+            .split(|c: char| !is_ident(c))
+            .filter(|word| !word.is_empty())
+            .collect();
+        for (i, word) in words.iter().enumerate() {
+            if *word == "as" || *word == "self" || words.get(i + 1) == Some(&"as") {
+                continue;
+            }
+            names.insert((*word).to_owned(), owner.to_owned());
+        }
+    }
+    names
 }
 
 /// The groups of files that import each other in a circle (each listed in name order).
@@ -455,6 +510,70 @@ fn cloudhub_files_import_each_other_one_way() {
     assert_eq!(order.last().map(String::as_str), Some("mod"), "{order:?}");
 }
 
+/// Folders of `src/` whose cycles are not checked yet: they are being reworked on other
+/// branches (the typed edge messages; the controllers' one watch machinery) and are checked
+/// once that rework merges. These three have a cycle today, each through its `mod.rs`.
+const CHECKED_AFTER_REWORK: &[&str] = &[
+    "cloud/devicecontroller",
+    "cloud/edgecontroller",
+    "edge/edgehub",
+];
+
+/// Every folder of `src/` (`` for `src/` itself), sorted.
+fn folders() -> Vec<String> {
+    let root = src();
+    let mut found = vec![String::new()];
+    let mut pending = vec![root.clone()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                let relative = path.strip_prefix(&root).unwrap();
+                found.push(relative.to_string_lossy().replace('\\', "/"));
+                pending.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn no_folder_has_an_import_cycle() {
+    let all = folders();
+    for expected in [
+        "",
+        "hive",
+        "identity",
+        "cloud/cloudhub",
+        "cloud/cluster",
+        "edge",
+    ] {
+        assert!(
+            all.iter().any(|f| f == expected),
+            "src/{expected} not found: {all:?}"
+        );
+    }
+    let mut report = String::new();
+    for folder in &all {
+        if CHECKED_AFTER_REWORK.contains(&folder.as_str()) {
+            println!("src/{folder}/: not checked yet (CHECKED_AFTER_REWORK)");
+            continue;
+        }
+        let graph = folder_graph(folder);
+        let found = cycles(&graph);
+        println!("src/{folder}/, bottom first: {}", layers(&graph).join(", "));
+        if !found.is_empty() {
+            report.push_str(&format!("src/{folder}/:\n{}", describe(&graph, &found)));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "import cycles among the files of a folder (dependencies must run one way, see \
+         ARCHITECTURE.md):\n{report}"
+    );
+}
+
 #[test]
 fn cloud_and_edge_never_import_each_other() {
     let mut offenders = Vec::new();
@@ -515,6 +634,7 @@ fn the_import_checks_find_what_they_look_for() {
         paths("use super::super::contract::route;"),
         ["cloud::contract::route"]
     );
+    assert!(paths("pub(in crate::edge) fn publish(&self) {}").is_empty());
     // Comments, strings and test modules are not imports.
     assert!(paths("// use super::session::Outgoing;\n/// [`super::node`]").is_empty());
     assert!(paths("let s = \"use super::node::X;\"; let c = '{';").is_empty());
@@ -541,4 +661,18 @@ fn the_import_checks_find_what_they_look_for() {
     let found = cycles(&graph);
     assert_eq!(found, [vec!["dispatch".to_owned(), "node".to_owned()]]);
     assert!(describe(&graph, &found).contains("dispatch -> node   (dispatch uses node)"));
+
+    // A name `mod.rs` re-exports belongs to the file it comes from; one from outside the
+    // folder to none.
+    let stems: BTreeSet<String> = ["hub", "node"].map(String::from).into();
+    let names = reexported_names(
+        "pub mod hub;\nmod node;\npub use hub::{CloudHub, Downstream as Down};\n\
+         pub use node::NodeActor;\npub use crate::cloud::contract::DisconnectNode;\n",
+        &stems,
+    );
+    assert_eq!(names.get("CloudHub").map(String::as_str), Some("hub"));
+    assert_eq!(names.get("Down").map(String::as_str), Some("hub"));
+    assert_eq!(names.get("Downstream"), None);
+    assert_eq!(names.get("NodeActor").map(String::as_str), Some("node"));
+    assert_eq!(names.get("DisconnectNode").map(String::as_str), Some(""));
 }

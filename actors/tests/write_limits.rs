@@ -5,7 +5,7 @@
 use crate::cloud_support as support;
 use support::*;
 
-use edgehive_actors::cloud::cloudhub::options::WriteLimits;
+use edgehive_actors::cloud::cloudhub::WriteLimits;
 use edgehive_actors::cloud::cluster::EventRetention;
 use edgehive_protocols::{Group, Message, ModuleName, Operation};
 use serde_json::json;

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use edgehive::config::{CloudConfig, EdgeConfig};
-use edgehive_actors::cloud::cloudhub::gate::GateMetrics;
+use edgehive_actors::cloud::cloudhub::GateMetrics;
 use libfuzzer_sys::fuzz_target;
 
 edgehive_fuzz::capped_allocator!();

@@ -4,11 +4,11 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use edgehive_actors::cloud::cloudhub::certlimits::SigningLimits;
-use edgehive_actors::cloud::cloudhub::certserver::CertServerOptions;
-use edgehive_actors::cloud::cloudhub::gate::{ConnectionLimits, GateMetrics};
-use edgehive_actors::cloud::cloudhub::options::{HandshakeLimits, WriteLimits};
+use edgehive_actors::cloud::cloudhub::CertServerOptions;
 use edgehive_actors::cloud::cloudhub::CloudHubOptions;
+use edgehive_actors::cloud::cloudhub::SigningLimits;
+use edgehive_actors::cloud::cloudhub::{ConnectionLimits, GateMetrics};
+use edgehive_actors::cloud::cloudhub::{HandshakeLimits, WriteLimits};
 use edgehive_actors::cloud::cluster::kube::KubeOptions;
 use edgehive_actors::cloud::cluster::{EventRetention, StoreLimits};
 use edgehive_actors::identity::tls::CloudTlsFiles;

@@ -2,7 +2,7 @@
 //! [`edgecontroller`] (cluster changes -> messages for edge nodes; edge requests -> the
 //! cluster), [`devicecontroller`] (devices and twins), the [`cluster`] they read through one
 //! port, and what they share: [`contract`] (the typed messages between them, the beehive
-//! messages they send and the routing table), [`outbox`] (how a controller hands messages to
+//! messages they send and the routing table), `outbox` (how a controller hands messages to
 //! CloudHub) and [`watcher`] (how each follows a kind of the cluster).
 //!
 //! A Pod bound to an edge node is written to the cluster; [`edgecontroller`] sees it on its
@@ -18,6 +18,6 @@ pub mod cluster;
 pub mod contract;
 pub mod devicecontroller;
 pub mod edgecontroller;
-pub mod outbox;
+pub(crate) mod outbox;
 pub mod synccontroller;
 pub mod watcher;

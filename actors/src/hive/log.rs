@@ -5,23 +5,26 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 /// Characters of untrusted text a log line keeps.
-pub const CLIP_CHARS: usize = 128;
+pub(crate) const CLIP_CHARS: usize = 128;
 
 /// `text` as a log line may carry it: at most [`CLIP_CHARS`] characters, then how long it was.
-pub fn clip(text: &str) -> Cow<'_, str> {
+pub(crate) fn clip(text: &str) -> Cow<'_, str> {
     match text.char_indices().nth(CLIP_CHARS) {
         None => Cow::Borrowed(text),
         Some((cut, _)) => Cow::Owned(format!("{}… ({} bytes)", &text[..cut], text.len())),
     }
 }
 
+// Only the cloud budgets its peers' warnings today.
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
 /// Warnings one peer may cause per [`WarnBudget::WINDOW`].
-pub const WARNINGS_PER_WINDOW: u32 = 20;
+pub(crate) const WARNINGS_PER_WINDOW: u32 = 20;
 
 /// A peer's allowance of warning lines: [`WARNINGS_PER_WINDOW`] per [`WarnBudget::WINDOW`],
 /// the rest held back and counted.
 #[derive(Debug)]
-pub struct WarnBudget {
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
+pub(crate) struct WarnBudget {
     window_start: Instant,
     used: u32,
     held_back: u64,
@@ -34,12 +37,13 @@ impl Default for WarnBudget {
     }
 }
 
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
 impl WarnBudget {
     /// The length of one window.
-    pub const WINDOW: Duration = Duration::from_secs(10);
+    pub(crate) const WINDOW: Duration = Duration::from_secs(10);
 
     /// A budget of `limit` warnings per [`WarnBudget::WINDOW`] (for many peers together).
-    pub fn with_limit(limit: u32) -> Self {
+    pub(crate) fn with_limit(limit: u32) -> Self {
         WarnBudget {
             window_start: Instant::now(),
             used: 0,
@@ -50,13 +54,13 @@ impl WarnBudget {
 
     /// Whether the budget is as new at `now`: its window is over and nothing is held back, so
     /// forgetting it loses nothing.
-    pub fn is_idle(&self, now: Instant) -> bool {
+    pub(crate) fn is_idle(&self, now: Instant) -> bool {
         self.held_back == 0 && now.saturating_duration_since(self.window_start) >= Self::WINDOW
     }
 
     /// Whether a warning may be logged at `now`: `Some(n)` with the number held back since
     /// the last one logged (for the line to report), `None` when it is held back.
-    pub fn take(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn take(&mut self, now: Instant) -> Option<u64> {
         if now.saturating_duration_since(self.window_start) >= Self::WINDOW {
             self.window_start = now;
             self.used = 0;

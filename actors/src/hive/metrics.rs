@@ -8,12 +8,35 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Metric, Registry};
 
+use serde::Serialize;
+
 use super::locks;
-use super::registry::ModuleState;
+
+/// Where a module is in its life, as the supervisor sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModuleState {
+    /// Its actor is running and receiving messages.
+    Running = 0,
+    /// Its actor failed; the supervisor starts a new one after a backoff.
+    Restarting = 1,
+    /// The process is shutting down; it is not restarted.
+    Stopped = 2,
+}
+
+impl ModuleState {
+    pub(super) fn from_u8(value: u8) -> Self {
+        match value {
+            0 => ModuleState::Running,
+            1 => ModuleState::Restarting,
+            _ => ModuleState::Stopped,
+        }
+    }
+}
 
 /// The label set of every per-module metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModuleLabels {
+pub(super) struct ModuleLabels {
     /// The beehive module name.
     pub module: String,
 }

@@ -50,22 +50,22 @@
 
 mod envelope;
 mod error;
-pub mod locks;
-pub mod log;
+pub(crate) mod locks;
+pub(crate) mod log;
 mod metrics;
 mod module;
 mod refusals;
 mod registry;
-pub mod supervisor;
+mod supervisor;
 
 pub use edgehive_protocols::Message;
 pub use envelope::Envelope;
 pub use error::HiveError;
-pub use metrics::{HiveMetrics, ModuleLabels};
-pub use module::{Module, DEFAULT_MAILBOX_CAPACITY};
-pub use refusals::{Refusal, RefusalKind, RefusalLog, Refusals};
-pub use registry::{
-    Accepts, ChildInfo, ChildrenView, GroupDelivery, Hive, ModuleInfo, ModuleState, Refused,
-    DEFAULT_REQUEST_TIMEOUT,
-};
-pub use supervisor::{supervise, supervise_on, Recipe};
+pub use metrics::{HiveMetrics, ModuleState};
+pub use module::Module;
+pub(crate) use module::DEFAULT_MAILBOX_CAPACITY;
+pub use refusals::{Refusal, RefusalKind, RefusalLog};
+pub use registry::{Accepts, ChildInfo, GroupDelivery, Hive, ModuleInfo, Refused};
+// CloudHub supervises its node actors with these.
+#[cfg(feature = "cloud")]
+pub(crate) use supervisor::{supervise_on, Recipe};

@@ -3,7 +3,7 @@ use actix::{Actor, Context, Handler};
 use super::{Accepts, Envelope, Hive};
 
 /// Mailbox capacity of a module unless it says otherwise: beehive's channel size.
-pub const DEFAULT_MAILBOX_CAPACITY: usize = 1024;
+pub(crate) const DEFAULT_MAILBOX_CAPACITY: usize = 1024;
 
 /// The recipe of a module: its beehive identity and how to build its actor.
 ///

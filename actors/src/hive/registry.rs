@@ -12,33 +12,8 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use super::locks;
-use super::metrics::ModuleStats;
-use super::{supervisor, Envelope, HiveError, HiveMetrics, Module, RefusalLog};
-
-/// beehive's default `SendSync` timeout.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Where a module is in its life, as the supervisor sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModuleState {
-    /// Its actor is running and receiving messages.
-    Running = 0,
-    /// Its actor failed; the supervisor starts a new one after a backoff.
-    Restarting = 1,
-    /// The process is shutting down; it is not restarted.
-    Stopped = 2,
-}
-
-impl ModuleState {
-    pub(super) fn from_u8(value: u8) -> Self {
-        match value {
-            0 => ModuleState::Running,
-            1 => ModuleState::Restarting,
-            _ => ModuleState::Stopped,
-        }
-    }
-}
+use super::metrics::{ModuleState, ModuleStats};
+use super::{Envelope, HiveError, HiveMetrics, RefusalLog};
 
 /// A module as the admin endpoint shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -100,9 +75,9 @@ pub struct ChildInfo {
 
 /// How a module reports the actors it supervises (see [`Hive::set_children`]): given a limit,
 /// the first that many by name, and how many there are in all.
-pub type ChildrenView = Arc<dyn Fn(usize) -> (Vec<ChildInfo>, usize) + Send + Sync>;
+pub(crate) type ChildrenView = Arc<dyn Fn(usize) -> (Vec<ChildInfo>, usize) + Send + Sync>;
 
-/// The typed messages a module accepts by name (see [`Module::accepts`]).
+/// The typed messages a module accepts by name (see [`Module::accepts`](super::Module::accepts)).
 pub struct Accepts<A: Actor> {
     routes: Vec<(TypeId, RecipientFactory<A>)>,
 }
@@ -113,6 +88,11 @@ type TypedRoutes =
     Arc<dyn Fn(&dyn Any) -> HashMap<TypeId, Box<dyn Any + Send + Sync>> + Send + Sync>;
 
 impl<A: Actor> Accepts<A> {
+    /// No typed messages yet.
+    pub(super) fn new() -> Self {
+        Accepts { routes: Vec::new() }
+    }
+
     /// The module handles `M`.
     pub fn message<M>(&mut self) -> &mut Self
     where
@@ -244,7 +224,7 @@ impl Hive {
     /// `Arc` ever after: state that modules share without naming each other's actors (the
     /// edge's connection to the cloud, `edge::contract::CloudConnection`), whichever module
     /// starts first.
-    pub fn shared<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+    pub(crate) fn shared<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
         let mut shared = locks::lock(&self.inner.shared);
         let entry = shared
             .entry(TypeId::of::<T>())
@@ -260,54 +240,27 @@ impl Hive {
         }
     }
 
-    /// Starts `module` on the current arbiter, registers it and supervises it.
-    ///
-    /// Must be called from inside a running actix system.
-    pub fn start_module<M: Module>(&self, module: M) -> Result<Addr<M::Actor>, HiveError> {
-        self.register(module, supervisor::supervise)
-    }
-
-    /// [`Hive::start_module`] on `arbiter`'s thread: for a module whose work should not
-    /// share a thread with the others (the actor is built here, then moved there; restarts
-    /// happen there).
-    pub fn start_module_on<M>(
+    /// Registers the module `name` of `group`, which handles `accepts` besides envelopes,
+    /// with the actor `start` starts and supervises (given the module's stats).
+    pub(super) fn register<A>(
         &self,
-        arbiter: &actix::ArbiterHandle,
-        module: M,
-    ) -> Result<Addr<M::Actor>, HiveError>
+        name: String,
+        group: &str,
+        capacity: usize,
+        accepts: Accepts<A>,
+        start: impl FnOnce(&Hive, Arc<ModuleStats>) -> Addr<A>,
+    ) -> Result<Addr<A>, HiveError>
     where
-        M: Module,
-        M::Actor: Send,
+        A: Actor<Context = actix::Context<A>> + Handler<Envelope>,
     {
-        self.register(module, |hive, recipe| {
-            supervisor::supervise_on(arbiter, hive, recipe)
-        })
-    }
-
-    fn register<M: Module>(
-        &self,
-        module: M,
-        supervise: impl FnOnce(&Hive, supervisor::ModuleRecipe<M>) -> Addr<M::Actor>,
-    ) -> Result<Addr<M::Actor>, HiveError> {
-        let name = module.name().to_owned();
         if self.read_modules().contains_key(&name) {
             return Err(HiveError::AlreadyRegistered(name));
         }
-        let stats = Arc::new(self.inner.metrics.module_stats(&name, module.group()));
-        let capacity = module.mailbox_capacity();
-        let mut accepts = Accepts { routes: Vec::new() };
-        module.accepts(&mut accepts);
+        let stats = Arc::new(self.inner.metrics.module_stats(&name, group));
         let retype = accepts.into_routes();
         // The first actor is built here, outside the registry's lock: a module's `create` may
         // look up other modules.
-        let addr = supervise(
-            self,
-            supervisor::ModuleRecipe {
-                hive: self.clone(),
-                module: Arc::new(module),
-                stats: stats.clone(),
-            },
-        );
+        let addr = start(self, stats.clone());
         let mut modules = self.write_modules();
         if modules.contains_key(&name) {
             return Err(HiveError::AlreadyRegistered(name));
@@ -342,7 +295,7 @@ impl Hive {
     }
 
     /// Whether the process is stopping (supervisors then let modules stay down).
-    pub fn is_shutting_down(&self) -> bool {
+    pub(crate) fn is_shutting_down(&self) -> bool {
         self.inner.shutting_down.load(Ordering::Relaxed)
     }
 
@@ -543,7 +496,8 @@ impl Hive {
     }
 
     /// Lets module `name` show the actors it supervises under it in [`Hive::modules`].
-    pub fn set_children(&self, name: &str, view: ChildrenView) -> Result<(), HiveError> {
+    #[cfg_attr(not(feature = "cloud"), allow(dead_code))] // CloudHub's node actors
+    pub(crate) fn set_children(&self, name: &str, view: ChildrenView) -> Result<(), HiveError> {
         let mut modules = self.write_modules();
         let entry = modules
             .get_mut(name)
@@ -553,7 +507,7 @@ impl Hive {
     }
 
     /// Sends typed `message` to module `name`, which must accept `M` (see
-    /// [`Module::accepts`]), without waiting for the handler.
+    /// [`Module::accepts`](super::Module::accepts)), without waiting for the handler.
     ///
     /// Bounded like [`Hive::send`]: it takes one of the module's mailbox slots until the
     /// handler is done, and is refused at once ([`HiveError::MailboxFull`], the message given

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use actix::{Actor, ActorContext, ActorFutureExt, Addr, ArbiterHandle, AsyncContext, Context};
 use tokio::sync::oneshot;
 
+use super::metrics::ModuleState;
 use super::metrics::ModuleStats;
-use super::{Hive, Module, ModuleState};
+use super::{Accepts, Hive, HiveError, Module};
 
 /// First restart delay; doubled per consecutive failure.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -32,7 +33,7 @@ const STABLE_AFTER: Duration = Duration::from_secs(10);
 ///
 /// State that must outlive a failure belongs to the recipe (or to something it holds), never
 /// to the actor: [`Recipe::create`] is called again after every failure.
-pub trait Recipe: 'static {
+pub(crate) trait Recipe: 'static {
     /// The supervised actor.
     type Actor: Actor<Context = Context<Self::Actor>>;
 
@@ -65,7 +66,7 @@ pub trait Recipe: 'static {
 
 /// Starts the actor of `recipe` on the current arbiter and supervises it until `hive` shuts
 /// down (or the recipe retires). Must be called inside a running actix system.
-pub fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
+pub(super) fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
     let (addr, died) = spawn_instance(hive, &mut recipe);
     actix::spawn(watch(hive.clone(), recipe, died));
     addr
@@ -75,7 +76,7 @@ pub fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
 /// `arbiter`'s thread, and so does its watcher. The address is ready at once (messages wait in
 /// the mailbox until the actor starts there). How a module spreads many children (CloudHub's
 /// node actors) over the cores, and how a busy module gets a thread of its own.
-pub fn supervise_on<R>(arbiter: &ArbiterHandle, hive: &Hive, mut recipe: R) -> Addr<R::Actor>
+pub(crate) fn supervise_on<R>(arbiter: &ArbiterHandle, hive: &Hive, mut recipe: R) -> Addr<R::Actor>
 where
     R: Recipe + Send,
     R::Actor: Send,
@@ -159,11 +160,59 @@ async fn watch<R: Recipe>(hive: Hive, mut recipe: R, mut died: oneshot::Receiver
     }
 }
 
+/// Modules: registered with the hive and supervised with a `ModuleRecipe`.
+impl Hive {
+    /// Starts `module` on the current arbiter, registers it and supervises it.
+    ///
+    /// Must be called from inside a running actix system.
+    pub fn start_module<M: Module>(&self, module: M) -> Result<Addr<M::Actor>, HiveError> {
+        self.register_module(module, supervise)
+    }
+
+    /// [`Hive::start_module`] on `arbiter`'s thread: for a module whose work should not
+    /// share a thread with the others (the actor is built here, then moved there; restarts
+    /// happen there).
+    pub fn start_module_on<M>(
+        &self,
+        arbiter: &actix::ArbiterHandle,
+        module: M,
+    ) -> Result<Addr<M::Actor>, HiveError>
+    where
+        M: Module,
+        M::Actor: Send,
+    {
+        self.register_module(module, |hive, recipe| supervise_on(arbiter, hive, recipe))
+    }
+
+    /// Registers `module` with the actor `supervise` starts from its recipe.
+    fn register_module<M: Module>(
+        &self,
+        module: M,
+        supervise: impl FnOnce(&Hive, ModuleRecipe<M>) -> Addr<M::Actor>,
+    ) -> Result<Addr<M::Actor>, HiveError> {
+        let name = module.name().to_owned();
+        let group = module.group().to_owned();
+        let capacity = module.mailbox_capacity();
+        let mut accepts = Accepts::new();
+        module.accepts(&mut accepts);
+        self.register(name, &group, capacity, accepts, |hive, stats| {
+            supervise(
+                hive,
+                ModuleRecipe {
+                    hive: hive.clone(),
+                    module: Arc::new(module),
+                    stats,
+                },
+            )
+        })
+    }
+}
+
 /// The recipe the hive supervises a registered [`Module`] with.
-pub(super) struct ModuleRecipe<M: Module> {
-    pub(super) hive: Hive,
-    pub(super) module: Arc<M>,
-    pub(super) stats: Arc<ModuleStats>,
+struct ModuleRecipe<M: Module> {
+    hive: Hive,
+    module: Arc<M>,
+    stats: Arc<ModuleStats>,
 }
 
 impl<M: Module> Recipe for ModuleRecipe<M> {

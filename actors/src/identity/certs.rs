@@ -21,9 +21,9 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, CertificateSigningRequestDer, PrivatePkcs8KeyDer};
 
 /// Organization of edge node certificates.
-pub const NODE_ORGANIZATION: &str = "system:nodes";
+pub(crate) const NODE_ORGANIZATION: &str = "system:nodes";
 /// Prefix of an edge node certificate's common name; the node name follows.
-pub const NODE_CN_PREFIX: &str = "system:node:";
+pub(crate) const NODE_CN_PREFIX: &str = "system:node:";
 /// Common name and organization of the CA and the server certificate (as in cloudcore).
 const KUBEEDGE: &str = "KubeEdge";
 /// Lifetime of the CA and server certificates (cloudcore: about 100 years).
@@ -95,9 +95,9 @@ pub enum CsrError {
 }
 
 /// Smallest RSA modulus accepted in a CSR, in bits (what TLS here verifies, and NIST's floor).
-pub const RSA_MIN_BITS: usize = 2048;
+pub(crate) const RSA_MIN_BITS: usize = 2048;
 /// Largest RSA modulus accepted in a CSR, in bits (what TLS here verifies).
-pub const RSA_MAX_BITS: usize = 8192;
+pub(crate) const RSA_MAX_BITS: usize = 8192;
 
 /// Bits of a big-endian unsigned integer (leading zero bytes and bits not counted).
 fn bit_length(bytes: &[u8]) -> usize {
@@ -200,7 +200,7 @@ impl CertAuthority {
     }
 
     /// A CA from its certificate (DER) and key.
-    pub fn from_parts(cert_der: Vec<u8>, key: KeyPair) -> Result<Self, CertError> {
+    pub(crate) fn from_parts(cert_der: Vec<u8>, key: KeyPair) -> Result<Self, CertError> {
         let key_sec1 = sec1_from_pkcs8(key.serialized_der())?;
         let issuer = Issuer::from_ca_cert_der(&CertificateDer::from(cert_der.as_slice()), key)?;
         Ok(CertAuthority {
@@ -248,11 +248,6 @@ impl CertAuthority {
         &self.cert_der
     }
 
-    /// The CA certificate, PEM.
-    pub fn cert_pem(&self) -> String {
-        pem_encode("CERTIFICATE", &self.cert_der)
-    }
-
     /// The CA key as SEC1 DER, exactly as Go's `x509.MarshalECPrivateKey` writes it: the HMAC
     /// key of join tokens.
     pub fn key_sec1_der(&self) -> &[u8] {
@@ -270,7 +265,7 @@ impl CertAuthority {
 
     /// A server certificate for CloudHub (CN/O `KubeEdge`, ServerAuth, ~100 years) with
     /// `addresses` and `dns_names` as SANs; returns the certificate DER and its new key.
-    pub fn issue_server_cert(
+    pub(crate) fn issue_server_cert(
         &self,
         addresses: &[IpAddr],
         dns_names: &[String],
@@ -357,7 +352,7 @@ impl CertAuthority {
 
 /// Loads CloudHub's server certificate and key from PEM files, or issues them from `ca` with
 /// the given SANs and writes them there (key 0600) when neither exists.
-pub fn load_or_create_server_cert(
+pub(crate) fn load_or_create_server_cert(
     ca: &CertAuthority,
     cert_file: &Path,
     key_file: &Path,
@@ -407,7 +402,7 @@ pub fn generate_key() -> Result<KeyPair, CertError> {
 }
 
 /// The key as `EC PRIVATE KEY` (SEC1) PEM, the form KubeEdge writes.
-pub fn key_to_sec1_pem(key: &KeyPair) -> Result<String, CertError> {
+pub(crate) fn key_to_sec1_pem(key: &KeyPair) -> Result<String, CertError> {
     Ok(pem_encode(
         "EC PRIVATE KEY",
         &sec1_from_pkcs8(key.serialized_der())?,
@@ -415,7 +410,7 @@ pub fn key_to_sec1_pem(key: &KeyPair) -> Result<String, CertError> {
 }
 
 /// Reads a P-256 key from a PEM file holding `EC PRIVATE KEY` (SEC1) or `PRIVATE KEY` (PKCS#8).
-pub fn read_key(path: &Path) -> Result<KeyPair, CertError> {
+pub(crate) fn read_key(path: &Path) -> Result<KeyPair, CertError> {
     let text = read_text(path)?;
     key_from_pem(&text).map_err(|error| CertError::BadFile {
         path: path.to_owned(),
@@ -424,7 +419,7 @@ pub fn read_key(path: &Path) -> Result<KeyPair, CertError> {
 }
 
 /// Parses a P-256 key from `EC PRIVATE KEY` (SEC1) or `PRIVATE KEY` (PKCS#8) PEM.
-pub fn key_from_pem(text: &str) -> Result<KeyPair, CertError> {
+pub(crate) fn key_from_pem(text: &str) -> Result<KeyPair, CertError> {
     let block = pem::parse(text).map_err(|error| CertError::BadKey(error.to_string()))?;
     let pkcs8 = match block.tag() {
         "EC PRIVATE KEY" => pkcs8_from_sec1(block.contents())?,
@@ -460,7 +455,7 @@ fn read_text(path: &Path) -> Result<String, CertError> {
 }
 
 /// PEM text of `der` under `tag`.
-pub fn pem_encode(tag: &str, der: &[u8]) -> String {
+pub(crate) fn pem_encode(tag: &str, der: &[u8]) -> String {
     pem::encode_config(
         &pem::Pem::new(tag, der.to_vec()),
         pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
@@ -469,7 +464,7 @@ pub fn pem_encode(tag: &str, der: &[u8]) -> String {
 
 /// Writes `contents` to `path` (creating its folder), replacing it atomically; `private`
 /// files get mode 0600 from the start, so a key is never readable by others, even briefly.
-pub fn write_file(path: &Path, contents: &[u8], private: bool) -> Result<(), CertError> {
+pub(crate) fn write_file(path: &Path, contents: &[u8], private: bool) -> Result<(), CertError> {
     let io = |source| CertError::Io {
         path: path.to_owned(),
         source,
@@ -514,7 +509,7 @@ pub fn node_of_cert(der: &[u8]) -> Option<String> {
 }
 
 /// Lowercase hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     ring::digest::digest(&ring::digest::SHA256, bytes)
         .as_ref()
         .iter()
@@ -655,7 +650,7 @@ fn sec1(private: &[u8], public: &[u8]) -> Vec<u8> {
 }
 
 /// Converts a P-256 PKCS#8 key (ring's form) to Go-style SEC1 DER.
-pub fn sec1_from_pkcs8(pkcs8: &[u8]) -> Result<Vec<u8>, CertError> {
+pub(crate) fn sec1_from_pkcs8(pkcs8: &[u8]) -> Result<Vec<u8>, CertError> {
     let (_, body, _) = read_tlv(pkcs8)?;
     let (_, _version, rest) = read_tlv(body)?;
     let (_, algorithm, rest) = read_tlv(rest)?;
@@ -668,7 +663,7 @@ pub fn sec1_from_pkcs8(pkcs8: &[u8]) -> Result<Vec<u8>, CertError> {
 }
 
 /// Converts a SEC1 P-256 key to PKCS#8 (the form ring loads).
-pub fn pkcs8_from_sec1(der: &[u8]) -> Result<Vec<u8>, CertError> {
+pub(crate) fn pkcs8_from_sec1(der: &[u8]) -> Result<Vec<u8>, CertError> {
     let (private, public) = parse_sec1(der)?;
     let mut inner = tlv(0x02, &[1]);
     inner.extend(tlv(0x04, &private));

@@ -14,12 +14,12 @@ use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt 
 use std::path::{Path, PathBuf};
 
 /// Mode of a file holding secrets.
-pub const FILE_MODE: u32 = 0o600;
+pub(crate) const FILE_MODE: u32 = 0o600;
 /// Mode of a folder the process creates for such files.
-pub const DIR_MODE: u32 = 0o700;
+pub(crate) const DIR_MODE: u32 = 0o700;
 
 /// The files SQLite keeps beside a database at `path`.
-pub fn sqlite_companions(path: &Path) -> [PathBuf; 3] {
+pub(crate) fn sqlite_companions(path: &Path) -> [PathBuf; 3] {
     ["-wal", "-shm", "-journal"].map(|suffix| {
         let mut name = path.as_os_str().to_owned();
         name.push(suffix);
@@ -43,7 +43,7 @@ pub fn create_private_dir(dir: &Path) -> io::Result<()> {
 /// missing, the file is created empty with mode 0600 when missing (an empty file is a valid
 /// SQLite database), and an existing one, or SQLite's files beside it, that others may read
 /// are tightened to 0600 with a warning. Returns the files tightened.
-pub fn prepare_private_file(path: &Path) -> io::Result<Vec<PathBuf>> {
+pub(crate) fn prepare_private_file(path: &Path) -> io::Result<Vec<PathBuf>> {
     if let Some(parent) = path.parent() {
         create_private_dir(parent)?;
     }

@@ -1,7 +1,7 @@
 //! rustls configurations for both ends of the link, as KubeEdge sets up TLS:
 //!
 //! - CloudHub's WebSocket port requires a client certificate that chains to the cloud CA
-//!   (mutual TLS); the node name is read from its CN by [`peer_node`].
+//!   (mutual TLS); the node name is read from its CN by `peer_node`.
 //! - The certificate server (`/ca.crt`, `/edge.crt`) asks for a client certificate but does
 //!   not require one: an edge without a certificate authenticates with a token.
 //! - The edge verifies the server against the CA file (never "insecure"), except for the one
@@ -36,7 +36,7 @@ pub enum TlsError {
 }
 
 /// The ring provider, shared by every config.
-pub fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -52,6 +52,8 @@ fn private_key(key: &KeyPair) -> PrivateKeyDer<'static> {
 }
 
 /// The cloud's TLS identity: its CA and the server certificate CloudHub presents.
+// The cloud serves with these; the edge-only build keeps them unused.
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
 #[derive(Debug)]
 pub struct CloudTls {
     /// The CA that signs edge certificates and verifies them.
@@ -60,6 +62,7 @@ pub struct CloudTls {
     server_key: PrivateKeyDer<'static>,
 }
 
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
 impl CloudTls {
     /// Combines the CA with the server certificate (DER) and its key.
     pub fn new(ca: Arc<CertAuthority>, server_cert: Vec<u8>, server_key: &KeyPair) -> Self {
@@ -96,12 +99,12 @@ impl CloudTls {
     }
 
     /// CloudHub's WebSocket port: a client certificate signed by the CA is required.
-    pub fn websocket_config(&self) -> Result<ServerConfig, TlsError> {
+    pub(crate) fn websocket_config(&self) -> Result<ServerConfig, TlsError> {
         self.server_config(true)
     }
 
     /// The certificate server: a client certificate is verified if sent, not required.
-    pub fn https_config(&self) -> Result<ServerConfig, TlsError> {
+    pub(crate) fn https_config(&self) -> Result<ServerConfig, TlsError> {
         self.server_config(false)
     }
 }
@@ -144,14 +147,16 @@ impl CloudTls {
     }
 }
 
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
 /// The client certificate a TLS connection presented (its leaf, DER), stored in the
 /// connection's extensions by [`record_peer_certificate`].
 #[derive(Debug, Clone)]
-pub struct PeerCertificate(pub Vec<u8>);
+pub(crate) struct PeerCertificate(pub Vec<u8>);
 
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
 /// `HttpServer::on_connect` hook: keeps the verified client certificate of a rustls
 /// connection for the request handlers.
-pub fn record_peer_certificate(connection: &dyn Any, extensions: &mut Extensions) {
+pub(crate) fn record_peer_certificate(connection: &dyn Any, extensions: &mut Extensions) {
     type Tls = actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>;
     if let Some(stream) = connection.downcast_ref::<Tls>() {
         let (_, session) = stream.get_ref();
@@ -161,15 +166,17 @@ pub fn record_peer_certificate(connection: &dyn Any, extensions: &mut Extensions
     }
 }
 
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
 /// The node named by a request's client certificate, if it presented one with a
 /// `system:node:{node}` CN.
-pub fn peer_node(req: &actix_web::HttpRequest) -> Option<String> {
+pub(crate) fn peer_node(req: &actix_web::HttpRequest) -> Option<String> {
     certificate_node(req.conn_data::<PeerCertificate>())
 }
 
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
 /// The node named by a connection's recorded client certificate (see
 /// [`record_peer_certificate`]), if it has one with a `system:node:{node}` CN.
-pub fn certificate_node(cert: Option<&PeerCertificate>) -> Option<String> {
+pub(crate) fn certificate_node(cert: Option<&PeerCertificate>) -> Option<String> {
     super::certs::node_of_cert(&cert?.0)
 }
 

@@ -50,7 +50,7 @@ pub fn join_token(ca: &CertAuthority, now: SystemTime, refresh: Duration) -> Str
 }
 
 /// Unix seconds of the expiry of the token current at `now`.
-pub fn expiry(now: SystemTime, refresh: Duration) -> u64 {
+pub(crate) fn expiry(now: SystemTime, refresh: Duration) -> u64 {
     let now = unix(now);
     let step = refresh.as_secs().max(1);
     now / step * step + 2 * step

@@ -21,19 +21,19 @@
 
 use std::collections::HashSet;
 
+pub(crate) use edgehive_protocols::object::is_mirror_pod;
 use edgehive_protocols::object::{self, RefKind};
-pub use edgehive_protocols::object::{is_mirror_pod, MIRROR_ANNOTATION};
 use edgehive_protocols::{EdgeResource, Message, Operation, ResourceType};
 use serde_json::Value;
 
 use crate::cloud::cluster::EmbeddedCluster;
 
 /// The namespace of node Leases.
-pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+pub(super) const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// Most bound objects remembered per node; beyond it, new ones are not recorded and checks
 /// fall back to the cluster (nothing is refused because of the cap).
-pub const MAX_BOUND_PER_NODE: usize = 65_536;
+pub(super) const MAX_BOUND_PER_NODE: usize = 65_536;
 
 /// What CloudHub needs to know about the cluster to scope a node's messages.
 pub trait BindingView: Send + Sync + 'static {
@@ -52,7 +52,7 @@ pub trait BindingView: Send + Sync + 'static {
     /// Whether a pod bound to `node` names service account `namespace/account`.
     fn service_account_on_node(&self, node: &str, namespace: &str, account: &str) -> bool;
     /// How many pods bound to `node` the node created itself (mirror pods: annotated
-    /// [`MIRROR_ANNOTATION`]), for the per-node quota.
+    /// [`MIRROR_ANNOTATION`](edgehive_protocols::object::MIRROR_ANNOTATION)), for the per-node quota.
     fn mirror_pods_on_node(&self, node: &str) -> usize;
     /// The node Device `namespace/name` is bound to (`spec.nodeName`), if the view follows
     /// devices; otherwise only devices the cloud sent to the node count as its own.
@@ -65,7 +65,7 @@ pub trait BindingView: Send + Sync + 'static {
 /// The service account a pod names in `spec.serviceAccountName`, if any. Only a named
 /// account links a node to it (as Kubernetes' node authorizer does): a pod that names none,
 /// a node's own mirror pod for instance, gets no token for `default`.
-pub fn service_account_of(pod: &Value) -> Option<&str> {
+pub(super) fn service_account_of(pod: &Value) -> Option<&str> {
     pod["spec"]["serviceAccountName"]
         .as_str()
         .filter(|account| !account.is_empty())
@@ -123,7 +123,7 @@ impl BindingView for EmbeddedCluster {
 
 /// Whether `pod` references the `configmap` or `secret` called `name` (the same rules
 /// that decide delivery: [`edgehive_protocols::object::pod_references`]).
-pub fn pod_references(pod: &Value, kind: &str, name: &str) -> bool {
+pub(super) fn pod_references(pod: &Value, kind: &str, name: &str) -> bool {
     let Some(kind) = RefKind::from_resource_type(kind) else {
         return false;
     };
@@ -133,7 +133,7 @@ pub fn pod_references(pod: &Value, kind: &str, name: &str) -> bool {
 /// What a pod created by a node (a mirror pod) references that Kubernetes' NodeRestriction
 /// forbids it: secrets, configmaps, a service account, persistent volume claims or projected
 /// service account tokens. `None` when it references none of them.
-pub fn mirror_pod_refusal(pod: &Value) -> Option<&'static str> {
+pub(super) fn mirror_pod_refusal(pod: &Value) -> Option<&'static str> {
     let references = object::pod_references(pod);
     if references.iter().any(|(kind, _)| *kind == RefKind::Secret) {
         return Some("secrets");
@@ -169,7 +169,7 @@ pub fn mirror_pod_refusal(pod: &Value) -> Option<&'static str> {
 
 /// The key CloudHub records for a downstream object bound to a node (`{ns}/{type}/{name}`),
 /// for the types whose upstream messages are scoped by it.
-pub fn bound_key(edge_resource: &str) -> Option<String> {
+pub(super) fn bound_key(edge_resource: &str) -> Option<String> {
     let parsed = EdgeResource::parse(edge_resource).ok()?;
     let kind = match parsed.resource_type {
         ResourceType::Pod => "pod",
@@ -201,7 +201,7 @@ fn carries_object(kind: &ResourceType, operation: Option<&Operation>) -> bool {
 /// The bound key a message the node has just ACKed grants it: only a controller's push of an
 /// object (`insert` or `update`, not a reply) does. Replies and refusals name whatever the
 /// node asked about, so a queued or even ACKed reply grants nothing.
-pub fn binds(acked: &crate::cloud::contract::NodeMessage) -> Option<String> {
+pub(super) fn binds(acked: &crate::cloud::contract::NodeMessage) -> Option<String> {
     if acked.is_response()
         || !matches!(
             acked.operation(),
@@ -216,7 +216,7 @@ pub fn binds(acked: &crate::cloud::contract::NodeMessage) -> Option<String> {
 /// Why a node's message was refused: the `/metrics` reason label and the text of the `error`
 /// reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denied {
+pub(super) struct Denied {
     /// The reason label (`not_bound_to_node`, `mirror_pod_reference`).
     pub reason: &'static str,
     /// What the node is told.
@@ -224,7 +224,7 @@ pub struct Denied {
 }
 
 /// Decides whether `node` may send `message` (resource in edge form); `Err` says why not.
-pub fn authorize(
+pub(super) fn authorize(
     node: &str,
     message: &Message,
     bound: &HashSet<String>,

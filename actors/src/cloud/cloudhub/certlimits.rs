@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 use crate::hive::log::WarnBudget;
 
 /// Sources remembered at most by each per-source map.
-pub const MAX_SOURCES: usize = 16_384;
+pub(super) const MAX_SOURCES: usize = 16_384;
 
 /// Warning lines the certificate server writes per [`WarnBudget::WINDOW`] for all sources
 /// together (each source has its own [`crate::hive::log::WARNINGS_PER_WINDOW`] too).
-pub const WARNINGS_IN_ALL: u32 = 100;
+pub(super) const WARNINGS_IN_ALL: u32 = 100;
 
-/// How fast certificates may be signed; see the [module docs](self).
+/// How fast certificates may be signed; see `certlimits.rs`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SigningLimits {
     /// Certificates one source may get a minute, sustained.
@@ -74,7 +74,7 @@ impl Bucket {
 
 /// Why a certificate may not be signed now, and when to ask again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateLimited {
+pub(super) struct RateLimited {
     /// `true`: this source's allowance; `false`: everyone's.
     pub per_source: bool,
     /// Whole seconds to wait (at least 1): the `Retry-After` header.
@@ -83,7 +83,7 @@ pub struct RateLimited {
 
 /// The certificate server's signing rate; see [`SigningLimits`].
 #[derive(Debug)]
-pub struct SigningRate {
+pub(super) struct SigningRate {
     limits: SigningLimits,
     global: Bucket,
     per_source: HashMap<IpAddr, Bucket>,
@@ -93,7 +93,7 @@ pub struct SigningRate {
 
 impl SigningRate {
     /// Every allowance full.
-    pub fn new(limits: SigningLimits, now: Instant) -> Self {
+    pub(super) fn new(limits: SigningLimits, now: Instant) -> Self {
         SigningRate {
             limits,
             global: Bucket::full(f64::from(limits.per_second), now),
@@ -112,7 +112,7 @@ impl SigningRate {
 
     /// Takes one signing for `source` at `now`, or says why not: its own allowance first,
     /// then everyone's (a source refused its own takes none of everyone's).
-    pub fn take(&mut self, source: Option<IpAddr>, now: Instant) -> Result<(), RateLimited> {
+    pub(super) fn take(&mut self, source: Option<IpAddr>, now: Instant) -> Result<(), RateLimited> {
         let (capacity, rate) = (self.source_capacity(), self.source_rate());
         if source.is_some_and(|source| !self.per_source.contains_key(&source))
             && self.per_source.len() >= MAX_SOURCES
@@ -172,7 +172,7 @@ fn whole_seconds(wait: Duration) -> u64 {
 
 /// The certificate server's warning lines: a budget per source and one for all.
 #[derive(Debug)]
-pub struct Warnings {
+pub(super) struct Warnings {
     per_source: HashMap<IpAddr, WarnBudget>,
     all: WarnBudget,
     pruned: Option<Instant>,
@@ -192,7 +192,7 @@ impl Warnings {
     /// Whether a warning caused by `source` may be logged at `now`: `Some(n)` with the
     /// number held back before it (from this source, or in all when that is larger),
     /// `None` when it is held back.
-    pub fn take(&mut self, source: Option<IpAddr>, now: Instant) -> Option<u64> {
+    pub(super) fn take(&mut self, source: Option<IpAddr>, now: Instant) -> Option<u64> {
         if let Some(source) = source {
             if !self.per_source.contains_key(&source)
                 && self.per_source.len() >= MAX_SOURCES

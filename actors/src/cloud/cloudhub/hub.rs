@@ -25,7 +25,7 @@ use crate::hive::{
 /// The module name other modules address CloudHub by.
 pub const CLOUDHUB_MODULE: &str = route::CLOUDHUB;
 /// CloudHub's group.
-pub const CLOUDHUB_GROUP: &str = route::CLOUDHUB;
+pub(crate) const CLOUDHUB_GROUP: &str = route::CLOUDHUB;
 
 /// What the module recipe keeps for every incarnation of the CloudHub actor: the context
 /// node actors share, and the directory of node cells.
@@ -41,7 +41,7 @@ pub(crate) struct Shared {
 /// Arbiters (threads) CloudHub's node actors are spread over, as many as its WebSocket
 /// workers: the nodes' work (pools, ACKs, requests) uses every core instead of sharing
 /// the system arbiter with the controllers and the cluster.
-pub const NODE_ARBITERS: usize = 2;
+pub(crate) const NODE_ARBITERS: usize = 2;
 
 impl Shared {
     fn nodes(&self) -> MutexGuard<'_, HashMap<String, Arc<NodeCell>>> {
@@ -95,19 +95,14 @@ impl Shared {
 }
 
 /// CloudHub's module recipe; its shared state survives actor restarts.
-pub struct CloudHubModule {
+pub(crate) struct CloudHubModule {
     shared: Shared,
 }
 
 impl CloudHubModule {
-    /// A recipe for `hive` with `options`; registers CloudHub's metrics with the hive (create
-    /// one per hive).
-    pub fn new(hive: &Hive, options: CloudHubOptions) -> Self {
-        Self::with_security(hive, options, CloudHubSecurity::default())
-    }
-
-    /// A recipe with `security` (mutual TLS, message scoping).
-    pub fn with_security(
+    /// A recipe for `hive` with `options` and `security` (mutual TLS, message scoping);
+    /// registers CloudHub's metrics with the hive (create one per hive).
+    pub(crate) fn with_security(
         hive: &Hive,
         options: CloudHubOptions,
         security: CloudHubSecurity,

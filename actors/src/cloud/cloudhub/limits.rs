@@ -14,7 +14,7 @@ use edgehive_protocols::{Message, Operation, ResourceType};
 
 use super::auth::{BindingView, Denied};
 
-/// The limits; see the [module docs](self).
+/// The limits; see `limits.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteLimits {
     /// Largest write (its frame) an edge may send, in bytes; the API server's own limit is
@@ -43,7 +43,7 @@ impl Default for WriteLimits {
 }
 
 /// Whether `message` asks the cloud to write something.
-pub fn is_write(message: &Message) -> bool {
+pub(super) fn is_write(message: &Message) -> bool {
     matches!(
         message.operation(),
         Some(Operation::Insert | Operation::Update | Operation::Patch)
@@ -56,14 +56,14 @@ const PENDING_FOR: Duration = Duration::from_secs(10);
 
 /// A node's pod inserts let through whose pods the cluster may not show yet: `(namespace,
 /// name, when)`. At most the quota's worth (beyond, inserts are refused).
-pub type PendingPods = VecDeque<(String, String, Instant)>;
+pub(super) type PendingPods = VecDeque<(String, String, Instant)>;
 
 /// Checks the quota on what a node creates and keeps in the cluster: a pod it inserts (a
 /// mirror pod) is refused once its mirror pods in the cluster, and the inserts let through
 /// that the cluster does not show yet (`pending`: a burst is counted before its creates
 /// land), reach [`WriteLimits::mirror_pods_per_node`]. Its Node and Lease are one each by
 /// authorization; its events have their own share in the embedded cluster.
-pub fn check_quota(
+pub(super) fn check_quota(
     limits: &WriteLimits,
     node: &str,
     message: &Message,
@@ -98,14 +98,14 @@ pub fn check_quota(
 
 /// A node's write budget: a token bucket of [`WriteLimits::writes_per_second`].
 #[derive(Debug, Clone)]
-pub struct WriteBudget {
+pub(super) struct WriteBudget {
     tokens: f64,
     last: Instant,
 }
 
 impl WriteBudget {
     /// A full bucket.
-    pub fn new(limits: &WriteLimits) -> Self {
+    pub(super) fn new(limits: &WriteLimits) -> Self {
         WriteBudget {
             tokens: f64::from(limits.write_burst.max(1)),
             last: Instant::now(),
@@ -114,7 +114,7 @@ impl WriteBudget {
 
     /// Checks a write of `bytes` (its frame) from `node`: within the size limit for its
     /// kind, and within the node's rate (spending one token).
-    pub fn check(
+    pub(super) fn check(
         &mut self,
         limits: &WriteLimits,
         node: &str,

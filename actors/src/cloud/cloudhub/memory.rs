@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use super::link::Outgoing;
 
 /// Frames an edge may have in flight to its session before sending waits (a socket's buffer).
-pub const MEMORY_LINK_CAPACITY: usize = 16;
+pub(super) const MEMORY_LINK_CAPACITY: usize = 16;
 
 /// A frame from the cloud to a linked edge.
 #[derive(Debug, Clone, PartialEq, Eq)]

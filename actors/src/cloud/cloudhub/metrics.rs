@@ -14,9 +14,9 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
-/// CloudHub's metrics; registered once per hive by [`CloudHubModule::new`].
+/// CloudHub's metrics; registered once per hive by [`CloudHubModule::with_security`](super::hub::CloudHubModule::with_security).
 #[derive(Debug, Clone, Default)]
-pub struct CloudHubMetrics {
+pub(crate) struct CloudHubMetrics {
     /// Nodes with an open session.
     pub connected_nodes: Gauge,
     /// Frames received from edges (valid or not).

@@ -10,17 +10,17 @@
 //!   and hands each [`ToNodes`](crate::cloud::contract::ToNodes) to the pools of the nodes it
 //!   names. It has no timer: it acts when a controller, a connection or the admin endpoint
 //!   asks.
-//! - [`node`]: one actor per edge node, owning its message pool (ACK and no-ACK lanes), its
+//! - `node.rs`: one actor per edge node, owning its message pool (ACK and no-ACK lanes), its
 //!   resend deadline and its connection; created on the node's first message or connect,
 //!   it outlives connections and is restarted after a panic with its pool intact. Node
-//!   actors run on [`NODE_ARBITERS`] arbiters of CloudHub's own, not on the hub's.
-//! - [`session`]: one [`NodeSession`] actor per connection: frames in, frames out, keepalive.
-//! - [`server`]: the actix-web WebSocket server edges connect to (headers `node_id`,
+//!   actors run on `NODE_ARBITERS` arbiters of CloudHub's own, not on the hub's.
+//! - `session.rs`: one `NodeSession` actor per connection: frames in, frames out, keepalive.
+//! - `server.rs`: the actix-web WebSocket server edges connect to (headers `node_id`,
 //!   `project_id`, `ConnectionUse: msg`, any path).
-//! - [`pool`]: what a node still has to receive; [`dispatch`]: where its upstream messages go;
-//!   [`auth`]: which upstream messages a node may send; [`limits`]: how much and how fast it
-//!   may write; [`mirror`]: pod bindings for that on
-//!   the `kube` adapter; [`certserver`]: the HTTPS certificate server edges bootstrap from.
+//! - `pool.rs`: what a node still has to receive; `dispatch.rs`: where its upstream messages go;
+//!   `auth.rs`: which upstream messages a node may send; `limits.rs`: how much and how fast it
+//!   may write; `mirror.rs`: pod bindings for that on
+//!   the `kube` adapter; `certserver.rs`: the HTTPS certificate server edges bootstrap from.
 //!
 //! Start it with [`start_cloudhub_with`] (or [`start_cloudhub`] for plain `ws://`).
 //!
@@ -32,41 +32,43 @@
 //! The leaves (`auth`, `limits`, `pool`, `metrics`, `options`, `gate`, `certlimits`,
 //! `certserver`, `mirror`) import none of those.
 
-pub mod auth;
-pub mod certlimits;
-pub mod certserver;
+mod auth;
+mod certlimits;
+mod certserver;
 mod context;
 mod dispatch;
-pub mod gate;
+mod gate;
 mod hub;
-pub mod limits;
+mod limits;
 mod link;
 #[cfg(feature = "test-hooks")]
-pub mod memory;
-pub mod metrics;
-pub mod mirror;
-pub mod node;
-pub mod options;
-pub mod pool;
-pub mod server;
-pub mod session;
+mod memory;
+mod metrics;
+mod mirror;
+mod node;
+mod options;
+mod pool;
+mod server;
+mod session;
 mod socket;
 // The socket reader's pure parts, for the fuzz targets (`fuzz/`).
 #[doc(hidden)]
 pub use socket::{announced_over, read_frames};
 
 pub use crate::cloud::contract::DisconnectNode;
+pub use auth::BindingView;
+pub use certlimits::SigningLimits;
+pub use certserver::{CertServer, CertServerOptions};
+pub use gate::{ConnectionLimits, GateMetrics};
 #[cfg(feature = "test-hooks")]
 pub use hub::CrashNode;
-pub use hub::{
-    CloudHub, CloudHubModule, Downstream, ListNodes, CLOUDHUB_GROUP, CLOUDHUB_MODULE, NODE_ARBITERS,
-};
+pub use hub::{CloudHub, ListNodes, CLOUDHUB_MODULE};
 #[cfg(feature = "test-hooks")]
 pub use memory::{ByteString, EdgeInbox, FromCloud};
-pub use metrics::{CloudHubMetrics, ReasonLabels};
-pub use node::{NodeActor, NodeInfo, NODE_MAILBOX_CAPACITY};
-pub use options::{CloudHubOptions, CloudHubSecurity};
+pub use metrics::ReasonLabels;
+pub use mirror::BindingMirror;
+pub use node::NodeInfo;
+pub use options::{CloudHubOptions, CloudHubSecurity, HandshakeLimits, WriteLimits};
 pub use server::{start_cloudhub, start_cloudhub_with, CloudHubError, CloudHubServer};
 #[cfg(feature = "test-hooks")]
 pub use server::{MemoryConnector, MemoryRefused};
-pub use session::NodeSession;

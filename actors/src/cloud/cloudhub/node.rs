@@ -43,7 +43,7 @@ use crate::hive::{ChildInfo, HiveError, ModuleState, Recipe, RefusalKind, Refuse
 /// Mailbox of a node actor. Senders never overrun it by much: wakes are coalesced,
 /// connection events are one per connection, and a session whose frame finds the mailbox full
 /// stops reading its socket until the node actor has handled that frame.
-pub const NODE_MAILBOX_CAPACITY: usize = 64;
+pub(crate) const NODE_MAILBOX_CAPACITY: usize = 64;
 
 /// How many times (a second apart) an ACK event SyncController's full mailbox refused is
 /// offered again.

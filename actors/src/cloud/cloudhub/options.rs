@@ -17,9 +17,9 @@ use crate::identity::tls;
 pub struct CloudHubSecurity {
     /// Mutual TLS on the WebSocket port; `None` serves plain `ws://`.
     pub tls: Option<Arc<tls::CloudTls>>,
-    /// Refuse upstream messages about objects not bound to the sending node (see [`auth`]).
+    /// Refuse upstream messages about objects not bound to the sending node (see `auth.rs`).
     pub authorize: bool,
-    /// The cluster, for the binding checks of [`auth`]; without it only what the node has
+    /// The cluster, for the binding checks of `auth.rs`; without it only what the node has
     /// ACKed of the controllers' pushes counts as bound.
     pub view: Option<Arc<dyn auth::BindingView>>,
 }
@@ -52,9 +52,9 @@ pub struct CloudHubOptions {
     pub ack_retry_interval: Duration,
     /// How often an ACK-lane message is written before it is requeued with backoff.
     pub ack_max_sends: u32,
-    /// Most distinct objects waiting for delivery per node (see [`PoolLimits`]).
+    /// Most distinct objects waiting for delivery per node (see `PoolLimits`).
     pub ack_queue_capacity: usize,
-    /// Most no-ACK messages waiting per node (see [`PoolLimits`]).
+    /// Most no-ACK messages waiting per node (see `PoolLimits`).
     pub noack_queue_capacity: usize,
     /// What one node may write (see [`WriteLimits`]).
     pub write_limits: WriteLimits,

@@ -21,24 +21,23 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use crate::cloud::contract::{ack_key, needs_ack};
 use crate::cloud::contract::{Lane, NodeMessage};
 use edgehive_protocols::object::is_newer;
 
 /// Longest wait before a message that was never ACKed is tried again.
-pub const MAX_REQUEUE_BACKOFF: Duration = Duration::from_secs(60);
+pub(super) const MAX_REQUEUE_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Connections lost while a message was on the wire after which it is parked: it is then
 /// tried only every [`PARKED_RETRY`], counted and shown, and never blocks the rest (an
 /// object the edge cannot take, e.g. larger than its frame limit, ends every connection).
-pub const PARK_AFTER: u32 = 5;
+pub(super) const PARK_AFTER: u32 = 5;
 
 /// How often a parked message is tried again.
-pub const PARKED_RETRY: Duration = Duration::from_secs(600);
+pub(super) const PARKED_RETRY: Duration = Duration::from_secs(600);
 
 /// How big a pool may grow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolLimits {
+pub(crate) struct PoolLimits {
     /// Most distinct objects waiting in the ACK lane. Overflow policy: a message for a new
     /// object is refused and counted ([`Enqueued::AckQueueFull`]); updates of objects already
     /// waiting still replace their entry, so the newest state of those is never lost.
@@ -50,7 +49,7 @@ pub struct PoolLimits {
 
 /// What [`NodePool::enqueue`] did with a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Enqueued {
+pub(crate) enum Enqueued {
     /// Queued in the no-ACK lane.
     NoAck,
     /// Queued in the no-ACK lane after dropping its oldest message (lane full).
@@ -73,7 +72,7 @@ pub enum Enqueued {
 
 impl Enqueued {
     /// Whether the message is now waiting to be sent.
-    pub fn is_queued(self) -> bool {
+    pub(crate) fn is_queued(self) -> bool {
         matches!(
             self,
             Enqueued::NoAck | Enqueued::NoAckOldestDropped | Enqueued::Ack | Enqueued::Replaced
@@ -92,7 +91,7 @@ struct Pending {
 
 /// The ACK-lane message currently on the wire, waiting for its ACK.
 #[derive(Debug, Clone)]
-pub struct InFlight {
+pub(super) struct InFlight {
     /// The message exactly as written (resent with the same msg_id and bytes).
     pub message: Arc<NodeMessage>,
     /// How often it was written on the current session.
@@ -105,7 +104,7 @@ pub struct InFlight {
 
 /// Per-node delivery counters, kept with the pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PoolStats {
+pub(super) struct PoolStats {
     /// Frames written (first sends, resends and no-ACK messages).
     pub sent: u64,
     /// ACKs matched.
@@ -120,7 +119,7 @@ pub struct PoolStats {
 
 /// One node's pending messages; see the module docs.
 #[derive(Debug)]
-pub struct NodePool {
+pub(super) struct NodePool {
     limits: PoolLimits,
     pending: HashMap<String, Pending>,
     /// Send order of the pending keys; each key appears once.
@@ -136,7 +135,7 @@ pub struct NodePool {
 
 impl NodePool {
     /// An empty pool.
-    pub fn new(limits: PoolLimits) -> Self {
+    pub(super) fn new(limits: PoolLimits) -> Self {
         NodePool {
             limits,
             pending: HashMap::new(),
@@ -149,7 +148,7 @@ impl NodePool {
     }
 
     /// Queues `message` according to the rules in the module docs.
-    pub fn enqueue(&mut self, message: Arc<NodeMessage>) -> Enqueued {
+    pub(super) fn enqueue(&mut self, message: Arc<NodeMessage>) -> Enqueued {
         let outcome = match message.lane() {
             Lane::NoAck => self.push_noack(message),
             Lane::Ack => self.enqueue_ack(message),
@@ -229,12 +228,12 @@ impl NodePool {
 
     /// The oldest no-ACK message, left in place until [`NodePool::pop_noack`] confirms it
     /// was handed to the session.
-    pub fn front_noack(&self) -> Option<&Arc<NodeMessage>> {
+    pub(super) fn front_noack(&self) -> Option<&Arc<NodeMessage>> {
         self.noack.front()
     }
 
     /// Removes the oldest no-ACK message after it was written.
-    pub fn pop_noack(&mut self) -> Option<Arc<NodeMessage>> {
+    pub(super) fn pop_noack(&mut self) -> Option<Arc<NodeMessage>> {
         let message = self.noack.pop_front();
         if message.is_some() {
             self.stats.sent += 1;
@@ -250,7 +249,7 @@ impl NodePool {
     /// gets its turn. With nothing in flight, the next pending object whose backoff is over
     /// is taken. Returns the message to write now (first send or resend), if any; the pool
     /// counts it as written.
-    pub fn poll_ack_lane(
+    pub(super) fn poll_ack_lane(
         &mut self,
         now: Instant,
         retry: Duration,
@@ -282,7 +281,7 @@ impl NodePool {
 
     /// When the ACK lane next has something to do on its own (a resend, a give-up, a backoff
     /// that ends); `None` when only a new message or an ACK can make it act.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(super) fn next_due(&self) -> Option<Instant> {
         if let Some(flight) = &self.in_flight {
             return Some(flight.due);
         }
@@ -300,7 +299,7 @@ impl NodePool {
 
     /// The in-flight message that [`NodePool::poll_ack_lane`] just returned could not be
     /// written: it does not count as sent, and is due again at `retry_at`.
-    pub fn unsend(&mut self, retry_at: Instant) {
+    pub(super) fn unsend(&mut self, retry_at: Instant) {
         if let Some(flight) = &mut self.in_flight {
             if flight.sends > 1 {
                 self.stats.resends = self.stats.resends.saturating_sub(1);
@@ -312,7 +311,7 @@ impl NodePool {
     }
 
     /// Makes the in-flight message due at once with a fresh send budget (a new session).
-    pub fn restart_in_flight(&mut self, now: Instant) {
+    pub(super) fn restart_in_flight(&mut self, now: Instant) {
         if let Some(flight) = &mut self.in_flight {
             flight.sends = 0;
             flight.due = now;
@@ -321,7 +320,7 @@ impl NodePool {
 
     /// The edge ACKed `parent_id`. Returns the message it ACKed if that is the one in flight
     /// (anything else is ignored, as KubeEdge does).
-    pub fn ack(&mut self, parent_id: &str) -> Option<Arc<NodeMessage>> {
+    pub(super) fn ack(&mut self, parent_id: &str) -> Option<Arc<NodeMessage>> {
         let matches = self
             .in_flight
             .as_ref()
@@ -344,26 +343,27 @@ impl NodePool {
     }
 
     /// The message in flight, if any.
-    pub fn in_flight(&self) -> Option<&InFlight> {
+    pub(super) fn in_flight(&self) -> Option<&InFlight> {
         self.in_flight.as_ref()
     }
 
     /// Objects waiting in the ACK lane (not counting the one in flight).
-    pub fn ack_len(&self) -> usize {
+    pub(super) fn ack_len(&self) -> usize {
         self.pending.len()
     }
 
     /// Messages waiting in the no-ACK lane.
-    pub fn noack_len(&self) -> usize {
+    pub(super) fn noack_len(&self) -> usize {
         self.noack.len()
     }
 
     /// Objects with a recorded ACKed resourceVersion.
-    pub fn acked_objects(&self) -> usize {
+    pub(super) fn acked_objects(&self) -> usize {
         self.acked.len()
     }
 
     /// The resourceVersion at which the edge last ACKed object `key`.
+    #[cfg(test)]
     pub fn acked_version(&self, key: &str) -> Option<&str> {
         self.acked.get(key).map(String::as_str)
     }
@@ -415,7 +415,7 @@ impl NodePool {
     /// first (no backoff: a flapping link must not delay delivery); after [`PARK_AFTER`] of
     /// those it is parked. Returns whether it was parked
     /// just now.
-    pub fn connection_lost(&mut self, now: Instant, retry: Duration) -> bool {
+    pub(super) fn connection_lost(&mut self, now: Instant, retry: Duration) -> bool {
         if self
             .in_flight
             .as_ref()
@@ -428,12 +428,12 @@ impl NodePool {
 
     /// Forgets which versions the edge ACKed (its store was replaced): everything is sent
     /// again.
-    pub fn forget_acked(&mut self) {
+    pub(super) fn forget_acked(&mut self) {
         self.acked.clear();
     }
 
     /// Objects parked (see [`PARK_AFTER`]).
-    pub fn parked(&self) -> usize {
+    pub(super) fn parked(&self) -> usize {
         self.pending
             .values()
             .filter(|pending| pending.lost_connections >= PARK_AFTER)
@@ -492,6 +492,7 @@ impl NodePool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloud::contract::needs_ack;
     use edgehive_protocols::{trim_for_edge, Group, Message, ModuleName, Operation};
     use serde_json::json;
 

@@ -112,7 +112,7 @@ impl CloudHubServer {
 /// Starts the CloudHub module in `hive` and its WebSocket server on plain `ws://`, with no
 /// node identity checks: for tests and local development (see [`start_cloudhub_with`]).
 ///
-/// Must be called inside a running actix system; the server runs on [`WORKERS`] worker
+/// Must be called inside a running actix system; the server runs on `WORKERS` worker
 /// threads and the module on the current arbiter.
 pub async fn start_cloudhub(
     hive: &Hive,

@@ -30,7 +30,7 @@ use crate::hive::RefusalKind;
 /// Frames waiting for the socket. Overflow policy: when the peer does not read and this many
 /// frames are queued, the connection is closed (its ACK-lane message is resent on the next
 /// connection; the frame that did not fit is counted as dropped `slow_peer`).
-pub const WRITE_QUEUE_CAPACITY: usize = 256;
+pub(super) const WRITE_QUEUE_CAPACITY: usize = 256;
 
 /// Mailbox of a session actor; the node keeps what does not fit in its pool.
 const SESSION_MAILBOX_CAPACITY: usize = 64;

@@ -19,11 +19,6 @@ use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// `apiVersion` of Device, DeviceModel and DeviceStatus.
-pub const DEVICES_API_VERSION: &str = "devices.kubeedge.io/v1beta1";
-/// `apiVersion` of ObjectSync and ClusterObjectSync.
-pub const RELIABLESYNCS_API_VERSION: &str = "reliablesyncs.kubeedge.io/v1alpha1";
-
 /// Schema of a free-form object whose fields the API server must keep.
 fn preserved_object(_: &mut SchemaGenerator) -> Schema {
     json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})

@@ -45,7 +45,7 @@ impl Datastore {
     /// Opens (or creates) the file at `path` and reads everything in it. A file that is not
     /// an edgehive datastore, or holds a row that cannot be read, is an error naming the file
     /// (and the row), never an empty cluster.
-    pub fn open(path: &Path) -> Result<(Datastore, Loaded), ClusterError> {
+    pub(super) fn open(path: &Path) -> Result<(Datastore, Loaded), ClusterError> {
         // Every Secret of the cluster is in this file: 0600 (and so SQLite's -wal, -shm and
         // -journal files), in a 0700 folder when the cloud creates it.
         crate::identity::private_files::prepare_private_file(path)
@@ -127,7 +127,7 @@ impl Datastore {
 
     /// Commits one write: `object` stored under `key` (`None`: removed) and the cluster at
     /// `resource_version`. Nothing changes when it fails.
-    pub fn write(
+    pub(super) fn write(
         &mut self,
         key: &ObjectKey,
         object: Option<&str>,

@@ -469,7 +469,7 @@ impl EmbeddedCluster {
 
     /// Deletes the object only if its UID is `uid` (Kubernetes' delete precondition); 409 if
     /// it is another object with the same name.
-    pub fn delete_if_uid(
+    pub(crate) fn delete_if_uid(
         &self,
         kind: &str,
         namespace: Option<&str>,
@@ -509,7 +509,7 @@ impl EmbeddedCluster {
     /// Applies `patch` as a JSON merge patch (RFC 7386) to the stored object, or only to its
     /// `status` when `status_only` (the status subresource: other fields of the patch are
     /// ignored). Lists are replaced, not merged by key as a strategic merge patch would.
-    pub fn merge_patch(
+    pub(crate) fn merge_patch(
         &self,
         kind: &str,
         namespace: Option<&str>,
@@ -634,7 +634,7 @@ impl EmbeddedCluster {
         (items, next, inner.resource_version.to_string())
     }
 
-    /// Watches `kind` from now on. See [`WatchStream`] and [`WATCH_CAPACITY`].
+    /// Watches `kind` from now on. See [`WatchStream`] and `WATCH_CAPACITY`.
     pub fn watch(&self, kind: &str) -> WatchStream {
         let mut inner = self.lock();
         let sender = inner
@@ -764,7 +764,7 @@ fn same_content(current: &Value, new: &Value) -> bool {
 
 /// RFC 7386 JSON merge patch: objects merge recursively, `null` removes, anything else
 /// replaces.
-pub fn merge(target: &mut Value, patch: &Value) {
+pub(crate) fn merge(target: &mut Value, patch: &Value) {
     let Value::Object(patch) = patch else {
         *target = patch.clone();
         return;

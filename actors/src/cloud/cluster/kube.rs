@@ -4,9 +4,9 @@
 //! Objects stay JSON end to end ([`DynamicObject`] with the [`ApiResource`] of each kind), so
 //! the controllers get the same wire-form objects as from the embedded cluster. The kinds
 //! come from k8s-openapi's types (core kinds) and from [`super::crds`] (KubeEdge's custom
-//! kinds); a kind outside [`KINDS`] is refused with a 422.
+//! kinds); a kind outside `KINDS` is refused with a 422.
 //!
-//! Watches are [`kube::runtime::watcher`] streams with kube's default backoff. A watcher
+//! Watches are [`kube::runtime::watcher`](mod@::kube::runtime::watcher) streams with kube's default backoff. A watcher
 //! starts with a list and lists again after a desync (410 Gone, a dropped connection);
 //! those lists are not passed on as events: when one is complete the stream yields
 //! [`WatchError::Lagged`], which tells the controller to list itself and compare, exactly as
@@ -102,7 +102,7 @@ pub enum KubeStartError {
 }
 
 /// How long the start-up checks wait for the API server before calling it unreachable.
-pub const START_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// What the adapter knows about one kind.
 #[derive(Debug, Clone)]
@@ -145,7 +145,7 @@ where
 }
 
 /// Every kind the controllers read or write, by kind name.
-pub const KINDS: &[&str] = &[
+pub(crate) const KINDS: &[&str] = &[
     "Pod",
     "Node",
     "ConfigMap",
@@ -164,7 +164,7 @@ pub const KINDS: &[&str] = &[
     "ClusterObjectSync",
 ];
 
-/// The adapter's facts about `kind`, if it is one of [`KINDS`].
+/// The adapter's facts about `kind`, if it is one of `KINDS`.
 pub fn kind_info(kind: &str) -> Option<KindInfo> {
     // Scope and status subresources as the API server defines them (for the custom kinds:
     // as KubeEdge's CRDs and ours in config/crds/ define them).
@@ -225,7 +225,7 @@ fn display_key(namespace: Option<&str>, name: &str) -> String {
 }
 
 /// Turns kube's error into the port's, keeping the API server's code, reason and message.
-pub fn cluster_error(kind: &str, key: &str, error: kube::Error) -> ClusterError {
+pub(crate) fn cluster_error(kind: &str, key: &str, error: kube::Error) -> ClusterError {
     match error {
         kube::Error::Api(status) => match (status.code, status.reason.as_str()) {
             (404, _) => ClusterError::NotFound {

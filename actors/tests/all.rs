@@ -15,6 +15,7 @@ mod cloud_edgecontroller;
 mod cloud_hub;
 mod cloud_kube;
 mod cloud_kube_controllers;
+mod cloudstream;
 mod devices_controller;
 mod edge_connection;
 mod edge_metamanager;

@@ -13,6 +13,7 @@
 //! and the hive.
 
 pub mod cloudhub;
+pub mod cloudstream;
 pub mod cluster;
 pub mod contract;
 pub mod devicecontroller;

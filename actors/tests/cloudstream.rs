@@ -514,3 +514,101 @@ async fn streams_per_node_are_limited() {
     );
     assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 2);
 }
+
+type SplitFrames = futures_util::stream::SplitStream<Box<dyn Frames>>;
+
+/// The next tunnel message's connectID and type on a split tunnel.
+async fn next_message(frames: &mut SplitFrames) -> (u64, TunnelType) {
+    loop {
+        match tokio::time::timeout(WITHIN, frames.next()).await.unwrap() {
+            Some(Ok(Frame::Text(bytes) | Frame::Binary(bytes))) => {
+                let frame = decode_tunnel(&bytes).unwrap();
+                return (frame.connect_id, frame.kind);
+            }
+            Some(Ok(_)) => {}
+            other => panic!("tunnel ended: {other:?}"),
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn a_slow_reader_loses_its_stream_instead_of_growing_the_cloud() {
+    let stream = Stream::start(CloudStreamOptions {
+        slow_reader_timeout: Duration::from_secs(1),
+        ..CloudStreamOptions::default()
+    });
+    let edge = stream.dial("node-a", "node-a").await.unwrap();
+    let client = stream.api_client(true);
+    let url = stream.logs_url("/containerLogs/default/chatty/main?follow=true");
+    let request = client.get(&url).insert_header(("Host", "node-a")).send();
+    let Tunnel(socket) = edge;
+    let (mut sink, mut frames) = socket.split();
+    let (response, (id, kind)) = tokio::join!(request, next_message(&mut frames));
+    assert_eq!(kind, TunnelType::LogsConnect);
+    // kubectl logs -f that never reads: the edge writes on until the cloud cuts the stream
+    // (bounded: at most 64 MiB, far more than the socket buffers and channels hold).
+    let _unread = response.unwrap();
+    let chunk = vec![b'x'; 64 * 1024];
+    let writer = async {
+        for _ in 0..1024 {
+            let payload = encode_tunnel(id, TunnelType::Data, &chunk);
+            if sink
+                .send(Message::Binary(Bytes::from(payload)))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    };
+    let removed = async {
+        loop {
+            if next_message(&mut frames).await == (id, TunnelType::RemoveConnect) {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), async {
+        tokio::join!(writer, removed)
+    })
+    .await
+    .expect("the cloud never cut the stream of a reader that reads nothing");
+    // What reached the response before the cut: the client's socket buffers and the
+    // stream's channel, not the 64 MiB the edge wrote.
+    let delivered = stream.metric(r#"edgehive_cloudstream_bytes_total{direction="to_apiserver"}"#);
+    assert!(
+        delivered < 32 << 20,
+        "{delivered} bytes taken for a reader that reads nothing"
+    );
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_streams_closed_total{reason="slow_reader"}"#),
+        1
+    );
+    assert_eq!(stream.server.open_streams("node-a"), 0);
+    // The tunnel reads on: another request on the node is served.
+    let request = stream
+        .api_client(true)
+        .get(stream.logs_url("/containerLogs/default/printer/main"))
+        .insert_header(("Host", "node-a"))
+        .send();
+    let answer = async {
+        loop {
+            let (next, kind) = next_message(&mut frames).await;
+            if kind == TunnelType::LogsConnect {
+                for payload in [
+                    encode_tunnel(next, TunnelType::Data, b"served\n"),
+                    encode_tunnel(next, TunnelType::RemoveConnect, b""),
+                ] {
+                    sink.send(Message::Binary(Bytes::from(payload)))
+                        .await
+                        .unwrap();
+                }
+                return;
+            }
+        }
+    };
+    let (response, ()) = tokio::join!(request, answer);
+    let mut response = response.unwrap();
+    let body = response.body().await.unwrap();
+    assert_eq!(&body[..], b"served\n");
+}

@@ -216,6 +216,8 @@ impl Sessions {
             self.metrics.tunnels.dec();
         }
         drop(tunnels);
+        // The writer sends a close frame now, not when the last request lets go of it.
+        tunnel.shutdown.send_replace(true);
         tunnel.abort_all();
     }
 

@@ -348,11 +348,14 @@ impl CloudProcess {
         nodes(&self.hive).await
     }
 
-    /// Stops the WebSocket server, the modules and the admin endpoint.
+    /// Stops the WebSocket server, CloudStream, the modules and the admin endpoint.
     pub async fn stop(self) {
         self.hub.stop(false).await;
         if let Some(cert_server) = &self.cert_server {
             cert_server.stop().await;
+        }
+        if let Some(cloud_stream) = &self.cloud_stream {
+            cloud_stream.stop().await;
         }
         self.hive.shutdown();
         self.admin.stop().await;

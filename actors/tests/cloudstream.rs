@@ -612,3 +612,33 @@ async fn a_slow_reader_loses_its_stream_instead_of_growing_the_cloud() {
     let body = response.body().await.unwrap();
     assert_eq!(&body[..], b"served\n");
 }
+
+#[actix_rt::test]
+async fn an_address_two_nodes_claim_routes_to_neither() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    // Both claim 192.0.2.2 in SessionInternalIP (a header, not part of the certificate).
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let squatter = stream.dial("node-b", "node-b").await.unwrap();
+    let client = stream.api_client(true);
+    let url = stream.logs_url("/containerLogs/default/printer/main");
+    for _ in 0..3 {
+        let (status, text) = get_logs(&client, &url, "192.0.2.2:10351").await;
+        assert_eq!(status, 502, "{text}");
+        assert!(text.contains("more than one node"), "{text}");
+    }
+    // By name each still reaches its own; once node-b has gone, the address is node-a's.
+    drop(squatter);
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while stream.metric("edgehive_cloudstream_tunnels") != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node-b's tunnel never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (answered, _) = tokio::join!(
+        get_logs(&client, &url, "192.0.2.2:10351"),
+        edge.answer_logs(&["node-a by address\n"]),
+    );
+    assert_eq!(answered, (200, "node-a by address\n".to_owned()));
+}

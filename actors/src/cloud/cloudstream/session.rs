@@ -7,7 +7,7 @@
 //! that stream is closed (REMOVE_CONNECT to the edge) and the tunnel reads on. Nothing is
 //! buffered beyond the channels.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -148,10 +148,31 @@ impl Tunnel {
 /// The tunnels of this process, by node, and the one connectID counter (KubeEdge numbers
 /// streams over the whole process too).
 pub(crate) struct Sessions {
-    tunnels: Mutex<HashMap<String, Arc<Tunnel>>>,
+    tunnels: Mutex<Registry>,
     next_connect_id: AtomicU64,
     next_generation: AtomicU64,
     pub(crate) metrics: CloudStreamMetrics,
+}
+
+/// The tunnels by node name, and the nodes by the internal IP their edge claimed (so a
+/// request by address looks at those nodes only, never at every tunnel).
+#[derive(Default)]
+struct Registry {
+    by_name: HashMap<String, Arc<Tunnel>>,
+    by_ip: HashMap<IpAddr, HashSet<String>>,
+}
+
+impl Registry {
+    fn forget_ip(&mut self, tunnel: &Tunnel) {
+        if let Some(ip) = tunnel.internal_ip {
+            if let Some(nodes) = self.by_ip.get_mut(&ip) {
+                nodes.remove(&tunnel.node);
+                if nodes.is_empty() {
+                    self.by_ip.remove(&ip);
+                }
+            }
+        }
+    }
 }
 
 /// What the connection that registered a tunnel keeps: its receivers.
@@ -164,7 +185,7 @@ pub(crate) struct Registered {
 impl Sessions {
     pub(crate) fn new(metrics: CloudStreamMetrics) -> Self {
         Sessions {
-            tunnels: Mutex::new(HashMap::new()),
+            tunnels: Mutex::new(Registry::default()),
             next_connect_id: AtomicU64::new(1),
             next_generation: AtomicU64::new(1),
             metrics,
@@ -186,7 +207,21 @@ impl Sessions {
             streams: Mutex::new(HashMap::new()),
             metrics: self.metrics.clone(),
         });
-        let previous = lock(&self.tunnels).insert(node.to_owned(), tunnel.clone());
+        let previous = {
+            let mut registry = lock(&self.tunnels);
+            let previous = registry.by_name.insert(node.to_owned(), tunnel.clone());
+            if let Some(previous) = &previous {
+                registry.forget_ip(previous);
+            }
+            if let Some(ip) = internal_ip {
+                registry
+                    .by_ip
+                    .entry(ip)
+                    .or_default()
+                    .insert(node.to_owned());
+            }
+            previous
+        };
         match previous {
             Some(previous) => {
                 self.metrics.tunnels_replaced.inc();
@@ -207,15 +242,17 @@ impl Sessions {
     /// Forgets `tunnel` (its connection ended) unless a newer one replaced it; its streams
     /// end with an error.
     pub(crate) fn unregister(&self, tunnel: &Tunnel) {
-        let mut tunnels = lock(&self.tunnels);
-        if tunnels
+        let mut registry = lock(&self.tunnels);
+        if registry
+            .by_name
             .get(&tunnel.node)
             .is_some_and(|current| current.generation == tunnel.generation)
         {
-            tunnels.remove(&tunnel.node);
+            registry.by_name.remove(&tunnel.node);
+            registry.forget_ip(tunnel);
             self.metrics.tunnels.dec();
         }
-        drop(tunnels);
+        drop(registry);
         // The writer sends a close frame now, not when the last request lets go of it.
         tunnel.shutdown.send_replace(true);
         tunnel.abort_all();
@@ -223,21 +260,24 @@ impl Sessions {
 
     /// The tunnel of node `name`.
     pub(crate) fn by_name(&self, name: &str) -> Option<Arc<Tunnel>> {
-        lock(&self.tunnels).get(name).cloned()
+        lock(&self.tunnels).by_name.get(name).cloned()
     }
 
     /// The tunnel whose node claimed internal IP `ip`, when exactly one did (the claim is a
     /// header the edge sends; two nodes claiming one address get neither).
     pub(crate) fn by_ip(&self, ip: IpAddr) -> Result<Arc<Tunnel>, usize> {
-        let tunnels = lock(&self.tunnels);
-        let mut found = tunnels
-            .values()
-            .filter(|tunnel| tunnel.internal_ip == Some(ip));
-        match (found.next(), found.next()) {
-            (Some(tunnel), None) => Ok(tunnel.clone()),
-            (None, _) => Err(0),
-            (Some(_), Some(_)) => Err(2),
+        let registry = lock(&self.tunnels);
+        let nodes = registry.by_ip.get(&ip).map_or(0, HashSet::len);
+        if nodes != 1 {
+            return Err(nodes);
         }
+        registry
+            .by_ip
+            .get(&ip)
+            .and_then(|nodes| nodes.iter().next())
+            .and_then(|node| registry.by_name.get(node))
+            .cloned()
+            .ok_or(0)
     }
 
     /// A fresh connectID.
@@ -247,7 +287,11 @@ impl Sessions {
 
     /// Shuts every tunnel down (the server is stopping).
     pub(crate) fn shutdown_all(&self) {
-        let tunnels: Vec<Arc<Tunnel>> = lock(&self.tunnels).drain().map(|(_, t)| t).collect();
+        let tunnels: Vec<Arc<Tunnel>> = {
+            let mut registry = lock(&self.tunnels);
+            registry.by_ip.clear();
+            registry.by_name.drain().map(|(_, tunnel)| tunnel).collect()
+        };
         for tunnel in tunnels {
             self.metrics.tunnels.dec();
             tunnel.shutdown.send_replace(true);

@@ -119,5 +119,22 @@ write('ws_frames', 'ping-pong-close', b'\x40' + ws(9, b'hi') + ws(10, b'hi') + w
 write('ws_frames', 'binary', b'\x08' + ws(2, bytes(range(200))))
 write('ws_frames', 'large-header', b'\x20' + ws(1, raws[-1].encode()))
 
+# Tunnel messages (EdgeStream <-> CloudStream): one per (direction, type), smallest first,
+# from the stream captures' base64 payloads, and two malformed ones.
+tunnel = {}
+for path in sorted(glob.glob(os.path.join(golden, 'stream-tunnel*.jsonl'))):
+    for line in open(path):
+        record = json.loads(line)
+        if 'tunnel' not in record or 'b64' not in record:
+            continue
+        payload = base64.b64decode(record['b64'])
+        key = (record['dir'], record['tunnel']['type_name'])
+        if key not in tunnel or len(payload) < len(tunnel[key]):
+            tunnel[key] = payload
+for (direction, name), payload in sorted(tunnel.items()):
+    write('tunnel', f"golden-{'up' if direction == 'edge->cloud' else 'down'}-{name.lower()}", payload)
+write('tunnel', 'varint-overflow', b'\xff' * 10 + b'\x01\x03')
+write('tunnel', 'unknown-type', b'\x01\x07data')
+
 total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
 print(f'{sum(len(fs) for _, _, fs in os.walk(out))} seeds, {total} bytes in {out}')

@@ -31,6 +31,42 @@ use serde_json::json;
 use crate::admin::{AdminAccess, AdminRefusals, AdminServer};
 use crate::config::CloudConfig;
 
+/// Starts CloudStream when `modules.cloudStream.enable` is on: it needs the cloud's TLS (the
+/// node is its certificate) and the API server's client CA (`tlsStreamCAFile`).
+fn start_cloud_stream(
+    hive: &Hive,
+    config: &CloudConfig,
+    tls: Option<&CloudTls>,
+    hub: &CloudHubServer,
+) -> anyhow::Result<Option<edgehive_actors::cloud::cloudstream::CloudStreamServer>> {
+    let stream = &config.modules.cloud_stream;
+    if !stream.enable {
+        return Ok(None);
+    }
+    let Some(tls) = tls else {
+        anyhow::bail!(
+            "modules.cloudStream.enable needs TLS: it cannot run with modules.cloudHub.websocket.insecurePlaintext"
+        );
+    };
+    let ca = edgehive_actors::identity::certs::read_pem(&stream.tls_stream_ca_file, "CERTIFICATE")
+        .with_context(|| {
+            format!(
+                "modules.cloudStream.tlsStreamCAFile: cannot read the API server's client CA {}",
+                stream.tls_stream_ca_file.display()
+            )
+        })?;
+    let options = stream.options(config.modules.cloud_hub.handshake_limits());
+    let server = edgehive_actors::cloud::cloudstream::start_cloudstream(
+        hive,
+        options,
+        tls,
+        &ca,
+        hub.gate_metrics(),
+    )
+    .context("cannot start cloudstream")?;
+    Ok(Some(server))
+}
+
 /// A running cloud process.
 pub struct CloudProcess {
     hive: Hive,
@@ -42,6 +78,8 @@ pub struct CloudProcess {
     admin: AdminServer,
     tls: Option<Arc<CloudTls>>,
     cert_server: Option<CertServer>,
+    /// CloudStream's tunnel and stream servers (`modules.cloudStream.enable`).
+    cloud_stream: Option<edgehive_actors::cloud::cloudstream::CloudStreamServer>,
     token_refresh: Duration,
     /// SyncController's thread, kept for the process's life.
     _sync_arbiter: Option<actix::Arbiter>,
@@ -170,6 +208,7 @@ impl CloudProcess {
             ),
             _ => None,
         };
+        let cloud_stream = start_cloud_stream(&hive, config, tls.as_deref(), &hub)?;
         if config.modules.edge_controller.enable {
             hive.start_module(EdgeControllerModule::new(&hive, cluster.clone()))?;
         }
@@ -244,6 +283,7 @@ impl CloudProcess {
             admin,
             tls,
             cert_server,
+            cloud_stream,
             token_refresh: hub_config.token_refresh(),
             _sync_arbiter: sync_arbiter,
         })
@@ -262,6 +302,11 @@ impl CloudProcess {
     /// Where the certificate server listens, if it runs.
     pub fn cert_server_addr(&self) -> Option<SocketAddr> {
         self.cert_server.as_ref().map(CertServer::local_addr)
+    }
+
+    /// CloudStream's servers, when `modules.cloudStream.enable` is on.
+    pub fn cloud_stream(&self) -> Option<&edgehive_actors::cloud::cloudstream::CloudStreamServer> {
+        self.cloud_stream.as_ref()
     }
 
     /// Whether the WebSocket port requires mutual TLS.
@@ -305,11 +350,14 @@ impl CloudProcess {
         nodes(&self.hive).await
     }
 
-    /// Stops the WebSocket server, the modules and the admin endpoint.
+    /// Stops the WebSocket server, CloudStream, the modules and the admin endpoint.
     pub async fn stop(self) {
         self.hub.stop(false).await;
         if let Some(cert_server) = &self.cert_server {
             cert_server.stop().await;
+        }
+        if let Some(cloud_stream) = &self.cloud_stream {
+            cloud_stream.stop().await;
         }
         self.hive.shutdown();
         self.admin.stop().await;

@@ -8,6 +8,7 @@ mod unlisted;
 
 // One module per file of tests.
 mod cloud_controller_admin;
+mod cloudstream;
 mod delivery_faults;
 mod devices_end_to_end;
 mod edge_api;

@@ -173,6 +173,18 @@ fn write_frame(message: &Message, out: &mut Vec<u8>) -> serde_json::Result<()> {
     Ok(())
 }
 
+/// Any value as Go's `json.Marshal` writes it (no trailing newline): the tunnel's connect data.
+pub(crate) fn go_json<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, GoFormatter);
+    if let Err(err) = value.serialize(&mut serializer) {
+        // Unreachable for the string-keyed types it is used with; never half a value.
+        debug_assert!(false, "encoding as Go JSON failed: {err}");
+        out.clear();
+    }
+    out
+}
+
 /// Compact JSON with the two places where Go's `encoding/json` differs from serde_json:
 /// HTML-safe string escaping and float formatting. Control characters, quotes and backslashes
 /// are escaped identically by both (`\b \f \n \r \t`, else lowercase `\u00xx`), so serde_json's

@@ -28,6 +28,7 @@ pub mod message;
 pub mod names;
 pub mod object;
 pub mod resource;
+pub mod tunnel;
 
 pub use codec::{decode, decode_with_limit, encode, DecodeError, DEFAULT_MAX_FRAME_BYTES};
 pub use message::{ContentError, Message, MessageHeader, MessageRoute};

@@ -38,7 +38,12 @@ impl Schema for CloudConfig {
         "modules.deviceController.load",
         "modules.dynamicController",
         "modules.taskManager",
-        "modules.cloudStream",
+        // Both CloudStream ports use the cloud's CA and server certificate (cloud_stream.rs).
+        "modules.cloudStream.tlsStreamCertFile",
+        "modules.cloudStream.tlsStreamPrivateKeyFile",
+        "modules.cloudStream.tlsTunnelCAFile",
+        "modules.cloudStream.tlsTunnelCertFile",
+        "modules.cloudStream.tlsTunnelPrivateKeyFile",
         "modules.router",
         "modules.iptablesManager",
         "modules.nodeUpgradeJobController",
@@ -244,6 +249,7 @@ impl Validate for CloudConfig {
             "pods",
         )?;
         self.modules.cloud_hub.validate()?;
+        self.modules.cloud_stream.validate()?;
         within(
             "modules.syncController.reconcileInterval",
             self.modules.sync_controller.reconcile_interval,
@@ -498,6 +504,8 @@ pub struct CloudModules {
     pub device_controller: Enable,
     /// `modules.syncController`.
     pub sync_controller: SyncControllerConfig,
+    /// `modules.cloudStream`.
+    pub cloud_stream: super::CloudStreamConfig,
 }
 
 /// `modules.syncController`.

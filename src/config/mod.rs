@@ -13,10 +13,14 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "cloud")]
 mod cloud;
+#[cfg(feature = "cloud")]
+mod cloud_stream;
 mod edge;
 
 #[cfg(feature = "cloud")]
 pub use cloud::*;
+#[cfg(feature = "cloud")]
+pub use cloud_stream::*;
 pub use edge::*;
 
 /// A configuration file that could not be used.

@@ -14,6 +14,7 @@
 //! [`watcher`] (the one list→watch→relist machinery) and the hive.
 
 pub mod cloudhub;
+pub mod cloudstream;
 pub mod cluster;
 pub mod contract;
 pub mod devicecontroller;

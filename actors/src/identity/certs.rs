@@ -248,6 +248,11 @@ impl CertAuthority {
         &self.cert_der
     }
 
+    /// The CA certificate, PEM.
+    pub fn cert_pem(&self) -> String {
+        pem_encode("CERTIFICATE", &self.cert_der)
+    }
+
     /// The CA key as SEC1 DER, exactly as Go's `x509.MarshalECPrivateKey` writes it: the HMAC
     /// key of join tokens.
     pub fn key_sec1_der(&self) -> &[u8] {
@@ -265,7 +270,7 @@ impl CertAuthority {
 
     /// A server certificate for CloudHub (CN/O `KubeEdge`, ServerAuth, ~100 years) with
     /// `addresses` and `dns_names` as SANs; returns the certificate DER and its new key.
-    pub(crate) fn issue_server_cert(
+    pub fn issue_server_cert(
         &self,
         addresses: &[IpAddr],
         dns_names: &[String],

@@ -107,6 +107,29 @@ impl CloudTls {
     pub(crate) fn https_config(&self) -> Result<ServerConfig, TlsError> {
         self.server_config(false)
     }
+
+    /// CloudStream's stream server: the cloud's server certificate, and client certificates
+    /// verified against `client_ca_der` (the API server's, KubeEdge's `tlsStreamCAFile`) when
+    /// sent; not required at the handshake, so a request without one is answered and counted.
+    pub fn stream_server_config(&self, client_ca_der: &[u8]) -> Result<ServerConfig, TlsError> {
+        let provider = provider();
+        let verifier = WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots(client_ca_der)?),
+            provider.clone(),
+        )
+        .allow_unauthenticated()
+        .build()
+        .map_err(|error| TlsError::Verifier(error.to_string()))?;
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                vec![CertificateDer::from(self.server_cert.clone())],
+                self.server_key.clone_key(),
+            )?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
 }
 
 /// Where the cloud keeps its CA and server certificate (cloudcore's `tlsCAFile`,

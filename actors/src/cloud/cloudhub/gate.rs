@@ -339,7 +339,7 @@ impl Default for ConnectionLimits {
 
 /// One port's gate. Cheap to clone; clones share the counts (all workers of a server).
 #[derive(Clone)]
-pub(super) struct Gate {
+pub(crate) struct Gate {
     port: String,
     limits: HandshakeLimits,
     handshakes: Slots,
@@ -350,7 +350,7 @@ pub(super) struct Gate {
 
 impl Gate {
     /// The gate of port `port` (a metrics label: `websocket`, `certificates`).
-    pub(super) fn new(port: &str, limits: HandshakeLimits, metrics: GateMetrics) -> Self {
+    pub(crate) fn new(port: &str, limits: HandshakeLimits, metrics: GateMetrics) -> Self {
         Gate {
             port: port.to_owned(),
             limits,
@@ -361,7 +361,7 @@ impl Gate {
     }
 
     /// This gate, also bounding whole connections (see [`ConnectionLimits`]).
-    pub(super) fn with_connection_limits(mut self, limits: ConnectionLimits) -> Self {
+    pub(crate) fn with_connection_limits(mut self, limits: ConnectionLimits) -> Self {
         self.connections = Some((limits, Slots::new(limits.per_source, limits.total)));
         self
     }
@@ -550,7 +550,7 @@ pub(crate) fn source_of(ip: IpAddr) -> IpAddr {
 }
 
 /// A listening socket for `address` with a deep accept queue (actix-web's default, 2048).
-pub(super) fn listener(address: &str, port: u16) -> std::io::Result<std::net::TcpListener> {
+pub(crate) fn listener(address: &str, port: u16) -> std::io::Result<std::net::TcpListener> {
     let ip: IpAddr = address.parse().map_err(|_| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -571,7 +571,7 @@ pub(super) fn listener(address: &str, port: u16) -> std::io::Result<std::net::Tc
 /// Serves the actix-web app `app` over TLS on `listener`, behind `gate`, on `workers`
 /// threads; the peer's client certificate is recorded for the handlers (as actix-web's
 /// `on_connect` did).
-pub(super) fn serve<F, I, S, B>(
+pub(crate) fn serve<F, I, S, B>(
     name: &str,
     listener: std::net::TcpListener,
     workers: usize,
@@ -621,7 +621,7 @@ where
 
 /// As [`serve`], and a request for a WebSocket upgrade goes to the service `upgrade` makes,
 /// with its connection (actix-http's `HttpService::upgrade`) instead of to `app`.
-pub(super) fn serve_upgrading<F, I, S, B, G, U>(
+pub(crate) fn serve_upgrading<F, I, S, B, G, U>(
     name: &str,
     listener: std::net::TcpListener,
     workers: usize,

@@ -37,7 +37,8 @@ mod certlimits;
 mod certserver;
 mod context;
 mod dispatch;
-mod gate;
+// Also CloudStream's ports (`cloud/cloudstream`): one handshake gate for every TLS port.
+pub(crate) mod gate;
 mod hub;
 mod limits;
 mod link;

@@ -1,0 +1,275 @@
+//! CloudStream: `kubectl logs` for pods on edge nodes, through the node's stream tunnel
+//! (KubeEdge's CloudStream, compatible with edgecore's EdgeStream).
+//!
+//! Two TLS ports: the tunnel server ([`tunnel`], KubeEdge's `tunnelPort` 10004) where edges
+//! keep one WebSocket each, and the stream server ([`streams`], `streamPort` 10003) where the
+//! API server calls the kubelet API paths. A request picks the node's tunnel, sends a
+//! LOGS_CONNECT with the request as the edge replays it to its kubelet API, and pipes the
+//! edge's DATA messages into the response ([`session`] says how memory stays bounded).
+//!
+//! Both ports use the TLS ports' handshake gate of CloudHub (`cloudhub::gate`) and the cloud's
+//! server certificate. Not yet: exec, attach, the metrics paths, the API server's egress
+//! selector, edgehive's own EdgeStream.
+
+pub mod metrics;
+mod session;
+mod streams;
+mod tunnel;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::http::StatusCode;
+use actix_web::{web, App, HttpRequest, HttpResponse};
+use edgehive_protocols::tunnel::TUNNEL_PATH;
+
+use crate::cloud::cloudhub::gate::{self, Gate, GateMetrics, HandshakeLimits};
+use crate::hive::log::{clip, WarnBudget};
+use crate::hive::{Hive, RefusalKind};
+use crate::identity::tls::{CloudTls, PeerCertificate, TlsError};
+pub use metrics::CloudStreamMetrics;
+use session::Sessions;
+
+/// Worker threads of each server.
+const WORKERS: usize = 1;
+/// Refusal warnings logged per [`WarnBudget::WINDOW`], all peers together.
+const WARNINGS_PER_WINDOW: u32 = 50;
+
+/// CloudStream's settings (`modules.cloudStream`).
+#[derive(Debug, Clone)]
+pub struct CloudStreamOptions {
+    /// Address both servers bind.
+    pub address: String,
+    /// The tunnel server's port (`tunnelPort`, 10004).
+    pub tunnel_port: u16,
+    /// The stream server's port (`streamPort`, 10003).
+    pub stream_port: u16,
+    /// Streams open at once per node (`maxStreamsPerNode`).
+    pub max_streams_per_node: usize,
+    /// A stream with no data for this long ends (`streamIdleTimeout`; kubelet's
+    /// `streamingConnectionIdleTimeout` is 4 h).
+    pub idle_timeout: Duration,
+    /// How long the tunnel waits for a stream's reader before cutting that stream.
+    pub slow_reader_timeout: Duration,
+    /// A tunnel with nothing from the edge (not even a ping) for this long is closed.
+    pub tunnel_read_timeout: Duration,
+    /// The largest tunnel message (WebSocket frame) accepted from an edge.
+    pub max_message_bytes: usize,
+    /// Where the edge replays requests (edged's kubelet API; cloudcore's fixed
+    /// `127.0.0.1:10350`).
+    pub kubelet_endpoint: String,
+    /// TLS handshake bounds of both ports.
+    pub handshake_limits: HandshakeLimits,
+}
+
+impl Default for CloudStreamOptions {
+    fn default() -> Self {
+        CloudStreamOptions {
+            address: "0.0.0.0".to_owned(),
+            tunnel_port: 10004,
+            stream_port: 10003,
+            max_streams_per_node: 64,
+            idle_timeout: Duration::from_secs(4 * 3600),
+            slow_reader_timeout: Duration::from_secs(30),
+            tunnel_read_timeout: tunnel::DEFAULT_TUNNEL_READ_TIMEOUT,
+            max_message_bytes: 1024 * 1024,
+            kubelet_endpoint: "127.0.0.1:10350".to_owned(),
+            handshake_limits: HandshakeLimits::default(),
+        }
+    }
+}
+
+/// Why CloudStream could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CloudStreamError {
+    /// TLS could not be configured.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A port could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// `address:port`.
+        address: String,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+}
+
+/// What both servers' handlers share.
+pub(crate) struct StreamContext {
+    options: CloudStreamOptions,
+    sessions: Sessions,
+    warnings: Mutex<WarnBudget>,
+}
+
+impl StreamContext {
+    fn metrics(&self) -> &CloudStreamMetrics {
+        &self.sessions.metrics
+    }
+
+    fn warn(&self, peer: Option<SocketAddr>, text: &str) {
+        let held_back = crate::hive::locks::lock(&self.warnings).take(std::time::Instant::now());
+        if let Some(held_back) = held_back {
+            tracing::warn!(?peer, reason = %clip(text), held_back, "cloudstream refused");
+        }
+    }
+}
+
+/// The running tunnel and stream servers.
+pub struct CloudStreamServer {
+    tunnel_addr: SocketAddr,
+    stream_addr: SocketAddr,
+    handles: [ServerHandle; 2],
+    context: Arc<StreamContext>,
+}
+
+impl std::fmt::Debug for CloudStreamServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudStreamServer")
+            .field("tunnel_addr", &self.tunnel_addr)
+            .field("stream_addr", &self.stream_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CloudStreamServer {
+    /// Where edges dial their tunnel.
+    pub fn tunnel_addr(&self) -> SocketAddr {
+        self.tunnel_addr
+    }
+
+    /// Where the API server calls the kubelet API paths.
+    pub fn stream_addr(&self) -> SocketAddr {
+        self.stream_addr
+    }
+
+    /// Streams open on `node` now (0 without a tunnel).
+    pub fn open_streams(&self, node: &str) -> usize {
+        self.context
+            .sessions
+            .by_name(node)
+            .map_or(0, |tunnel| tunnel.open_streams())
+    }
+
+    /// Stops both servers; every tunnel is closed and its streams end with an error.
+    pub async fn stop(&self) {
+        self.context.sessions.shutdown_all();
+        for handle in &self.handles {
+            handle.stop(false).await;
+        }
+    }
+}
+
+/// Starts CloudStream's two servers over TLS with the cloud's certificates: edges must
+/// present a node certificate from the cloud CA on the tunnel port; the API server a client
+/// certificate from `stream_client_ca_der` (PEM-decoded `tlsStreamCAFile`) on the stream port.
+/// Must be called inside a running actix system.
+pub fn start_cloudstream(
+    hive: &Hive,
+    options: CloudStreamOptions,
+    tls: &CloudTls,
+    stream_client_ca_der: &[u8],
+    gate_metrics: GateMetrics,
+) -> Result<CloudStreamServer, CloudStreamError> {
+    let tunnel_tls = tls.websocket_config()?;
+    let stream_tls = tls.stream_server_config(stream_client_ca_der)?;
+    let context = Arc::new(StreamContext {
+        options: options.clone(),
+        sessions: Sessions::new(CloudStreamMetrics::register(hive)),
+        warnings: Mutex::new(WarnBudget::with_limit(WARNINGS_PER_WINDOW)),
+    });
+    let data = web::Data::from(context.clone());
+    let bind = |port: u16| {
+        let address = format!("{}:{port}", options.address);
+        let error = |source| CloudStreamError::Bind {
+            address: address.clone(),
+            source,
+        };
+        let listener = gate::listener(&options.address, port).map_err(error)?;
+        let local = listener.local_addr().map_err(error)?;
+        Ok::<_, CloudStreamError>((listener, local, address))
+    };
+    let (listener, tunnel_addr, address) = bind(options.tunnel_port)?;
+    let tunnel_data = data.clone();
+    let tunnel_server = gate::serve(
+        "cloudstream-tunnel",
+        listener,
+        WORKERS,
+        tunnel_tls,
+        Gate::new("tunnel", options.handshake_limits, gate_metrics.clone()),
+        move || {
+            App::new()
+                .app_data(tunnel_data.clone())
+                .route(TUNNEL_PATH, web::get().to(tunnel::connect))
+        },
+    )
+    .map_err(|source| CloudStreamError::Bind { address, source })?;
+    let (listener, stream_addr, address) = bind(options.stream_port)?;
+    let stream_data = data.clone();
+    let stream_server = gate::serve(
+        "cloudstream-stream",
+        listener,
+        WORKERS,
+        stream_tls,
+        Gate::new("stream", options.handshake_limits, gate_metrics),
+        move || {
+            App::new()
+                .app_data(stream_data.clone())
+                .route(
+                    "/containerLogs/{namespace}/{pod}/{container}",
+                    web::get().to(streams::container_logs),
+                )
+                .default_service(web::to(not_served))
+        },
+    )
+    .map_err(|source| CloudStreamError::Bind { address, source })?;
+    let handles = [tunnel_server.handle(), stream_server.handle()];
+    for (name, server) in [("tunnel", tunnel_server), ("stream", stream_server)] {
+        actix::spawn(async move {
+            if let Err(err) = server.await {
+                tracing::error!(error = %err, server = name, "cloudstream server failed");
+            }
+        });
+    }
+    tracing::info!(%tunnel_addr, %stream_addr, "cloudstream listening");
+    Ok(CloudStreamServer {
+        tunnel_addr,
+        stream_addr,
+        handles,
+        context,
+    })
+}
+
+/// Every other path: anonymous callers are refused as on the logs path; the kubelet paths
+/// CloudStream does not serve yet say so.
+async fn not_served(req: HttpRequest, context: web::Data<StreamContext>) -> HttpResponse {
+    if req.conn_data::<PeerCertificate>().is_none() {
+        let text = "a client certificate from the stream CA (tlsStreamCAFile) is required";
+        context.metrics().refuse(
+            RefusalKind::Connection,
+            "anonymous",
+            None,
+            req.peer_addr(),
+            text,
+        );
+        context.warn(req.peer_addr(), text);
+        return HttpResponse::Unauthorized().body(format!("{text}\n"));
+    }
+    let path = req.path();
+    let (status, text) = if ["/exec/", "/attach/", "/metrics", "/stats/", "/portForward/"]
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
+    {
+        (
+            StatusCode::NOT_IMPLEMENTED,
+            "edgehive's CloudStream serves only /containerLogs so far",
+        )
+    } else {
+        (StatusCode::NOT_FOUND, "404 page not found")
+    };
+    HttpResponse::build(status)
+        .content_type("text/plain; charset=utf-8")
+        .body(format!("{text}\n"))
+}

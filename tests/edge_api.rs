@@ -44,7 +44,7 @@ fn from_cloud(edge: &EdgeProcess, module: &str, message: Message) {
 /// waits until its API lists it with the desired temperature 20; returns the listing.
 /// Sets up device thermo-1 on `edge` as the cloud would. With a cloud (`connected`), the
 /// edge's own connect-time exchange (DeviceTwin asks for its membership, which lists no
-/// device) is waited out first, or its answer would remove what is set up here.
+/// device) is waited out first: its confirmation is counted once the answer is applied.
 async fn install_thermometer(edge: &EdgeProcess, connected: bool) -> Value {
     if connected {
         membership_exchanged(edge).await;

@@ -234,3 +234,76 @@ async fn devices_twins_and_reports_follow_kubeedge_and_survive_a_reconnect() {
     hive.shutdown();
     cloud.stop().await;
 }
+
+/// The cloud's answer to `membership/detail` (as edgehive's DeviceController sends it, with
+/// the edge-side resource): the node's devices, here `devices`.
+fn membership_answer(request: &Message, devices: serde_json::Value) -> Message {
+    let mut reply = Message::response_to(
+        request,
+        json!({"event_id": "answer", "timestamp": 1, "devices": devices}),
+    );
+    reply.route.source = Some(ModuleName::DeviceController);
+    reply.route.group = Some(Group::Twin);
+    reply.route.resource = "membership/detail".into();
+    reply
+}
+
+fn is_membership_detail(frame: &Message) -> bool {
+    frame.resource() == "membership/detail" && frame.operation() != Some(&Operation::Response)
+}
+
+/// The cloud answers `membership/detail` with the devices it has when it reads the request;
+/// a Device added just after travels on the ACK lane and can overtake that answer (no-ACK
+/// lane). The edge has then stored and ACKed the device: the older answer must not remove
+/// it. A later answer, to a request made after the device arrived, still decides.
+#[actix_rt::test]
+async fn a_membership_answer_older_than_a_device_insert_keeps_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("edge.db");
+    let mut cloud = FakeCloud::start();
+    let (hive, _twins) = start(&db, cloud.addr).await;
+    let mut session = cloud.accept().await;
+    let detail = cloud.frame_where(is_membership_detail).await;
+
+    // The device is added after the cloud computed its (empty) answer: membership, then
+    // DeviceModel and Device inserts, stored and ACKed before the answer arrives.
+    send_raw(&mut session, &golden(31)).await;
+    for push in [32, 34] {
+        let pushed = golden_message(push);
+        send_raw(&mut session, &golden(push)).await;
+        cloud
+            .frame_where(|frame| frame.parent_id() == Some(pushed.id()))
+            .await;
+    }
+    assert_eq!(
+        twin_row(&db, "default/thermo-1", "temperature"),
+        Some(("20".into(), None))
+    );
+
+    send_frame(&mut session, &membership_answer(&detail, json!([]))).await;
+    eventually("the membership answer applied", || async {
+        hive.metrics()
+            .encode()
+            .contains("edgehive_twin_confirmed_total 1")
+    })
+    .await;
+    assert_eq!(device_count(&db), 1, "the ACKed device was removed");
+    assert_eq!(
+        twin_row(&db, "default/thermo-1", "temperature"),
+        Some(("20".into(), None))
+    );
+
+    // After a reconnect the edge asks again; an answer to that request is the full set.
+    session.close(None).await.unwrap();
+    let mut session = cloud.accept().await;
+    let again = cloud.frame_where(is_membership_detail).await;
+    assert_ne!(again.id(), detail.id(), "a new request after the answer");
+    send_frame(&mut session, &membership_answer(&again, json!([]))).await;
+    eventually("the device removed by the newer answer", || async {
+        device_count(&db) == 0
+    })
+    .await;
+
+    hive.shutdown();
+    cloud.stop().await;
+}

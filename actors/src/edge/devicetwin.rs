@@ -13,11 +13,14 @@
 //! - After each connect, twin asks for `membership/detail` (operation `get`) as a real edge
 //!   does, reusing the same message while it is unanswered. Connects are EdgeHub's
 //!   [`CloudConnection`], which twin follows from the start of each actor.
+//!   The answer's device list is the full set, except for devices added, changed or removed
+//!   after the request was made (the answer may be older: it travels on the no-ACK lane,
+//!   which Device inserts overtake); its confirmation is counted once it is applied.
 //! - It takes [`TwinMessage`]s, typed by EdgeHub (or from an extension's envelope, with the
 //!   same function) and by MetaManager for Device objects; its uploads are the contract's
 //!   [`Upload`]s, which EdgeHub writes.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -193,6 +196,9 @@ struct Shared {
     unconfirmed: Mutex<Unconfirmed>,
     /// The kept uploads were read back (see `load_kept`).
     loaded: AtomicBool,
+    /// Devices added, changed or removed since the pending `membership/detail` request was
+    /// made: its answer may have been computed before, so it does not undo them.
+    settled: Arc<Mutex<HashSet<String>>>,
     metrics: TwinMetrics,
 }
 
@@ -204,6 +210,13 @@ impl Shared {
 
     fn connected(&self) -> bool {
         self.connection.current().is_connected()
+    }
+
+    /// Notes that the edge learned about device `id` now, after any pending
+    /// `membership/detail` request was sent. Called before the change is written, so an
+    /// answer that sees the write sees the note too.
+    fn settle(&self, id: &str) {
+        locks::lock(&self.settled).insert(id.to_owned());
     }
 }
 
@@ -254,6 +267,7 @@ impl Module for DeviceTwinModule {
                     connection: CloudConnection::of(hive),
                     unconfirmed: Mutex::new(Unconfirmed::default()),
                     loaded: AtomicBool::new(false),
+                    settled: Arc::default(),
                     metrics: TwinMetrics::register(hive),
                 })
             })
@@ -471,6 +485,7 @@ async fn on_connected(hive: &Hive, shared: &Shared) {
     let has_detail = shared.unconfirmed().detail.is_some();
     if !has_detail {
         let detail = membership_detail(&shared.node_name);
+        locks::lock(&shared.settled).clear();
         let mut unconfirmed = shared.unconfirmed();
         unconfirmed.detail = Some(detail.id().to_owned());
         unconfirmed.insert(detail, &shared.metrics);
@@ -489,7 +504,6 @@ async fn on_message(shared: &Shared, msg: TwinMessage) -> Option<TwinReply> {
         }
         let confirmed = shared.unconfirmed().confirm(parent, &shared.metrics);
         if let Some(request) = confirmed {
-            shared.metrics.confirmed.inc();
             if let Err(error) = shared.store.confirmed(parent.to_owned()).await {
                 // Kept, so sent again after a restart: the cloud takes a report twice.
                 tracing::warn!(%error, "cannot forget a confirmed twin upload");
@@ -497,11 +511,20 @@ async fn on_message(shared: &Shared, msg: TwinMessage) -> Option<TwinReply> {
             if request.is_membership_detail() {
                 apply_detail(shared, msg.devices).await;
             }
+            // Counted once applied: a confirmed membership answer has taken effect.
+            shared.metrics.confirmed.inc();
             return None;
         }
     }
     match msg.body {
         TwinBody::Membership { added, removed } => {
+            for id in added
+                .iter()
+                .filter_map(|device| device.get("id")?.as_str())
+                .chain(removed.iter().map(String::as_str))
+            {
+                shared.settle(id);
+            }
             apply_membership(shared, added, removed).await;
             None
         }
@@ -515,6 +538,7 @@ async fn on_message(shared: &Shared, msg: TwinMessage) -> Option<TwinReply> {
             let outcome = if model {
                 Ok(())
             } else {
+                shared.settle(&id);
                 apply_device_object(shared, id, delete, object).await
             };
             Some(match outcome {
@@ -573,7 +597,10 @@ async fn apply_membership(shared: &Shared, added: Vec<Value>, removed: Vec<Strin
     }
 }
 
-/// A cloud answer to `membership/detail` with a `devices` list is the full device set.
+/// A cloud answer to `membership/detail` with a `devices` list is the full device set, but
+/// for the devices the edge learned about after asking: the cloud may have computed the
+/// answer before them, and it travels on the no-ACK lane, which Device inserts (ACK lane)
+/// overtake. Those keep what the edge stored.
 async fn apply_detail(shared: &Shared, devices: Option<Vec<Value>>) {
     let Some(devices) = devices else {
         return;
@@ -582,7 +609,9 @@ async fn apply_detail(shared: &Shared, devices: Option<Vec<Value>>) {
         .iter()
         .filter_map(DeviceSpec::from_membership)
         .collect();
-    if let Err(error) = shared.store.replace_devices(devices).await {
+    let settled = shared.settled.clone();
+    let is_settled = move |id: &str| locks::lock(&settled).contains(id);
+    if let Err(error) = shared.store.replace_devices(devices, is_settled).await {
         tracing::error!(%error, "could not store the membership detail");
     }
 }

@@ -204,18 +204,39 @@ impl TwinStore {
             .await
     }
 
-    /// Makes the device set exactly `devices` (a full membership answer).
-    pub async fn replace_devices(&self, devices: Vec<DeviceSpec>) -> Result<(), StoreError> {
-        let keep: Vec<String> = devices.iter().map(|device| device.id.clone()).collect();
-        let stale: Vec<String> = self
-            .list()
-            .await?
-            .into_iter()
-            .map(|device| device.id)
-            .filter(|id| !keep.contains(id))
-            .collect();
-        self.remove_devices(stale).await?;
-        self.upsert_devices(devices).await
+    /// Makes the device set exactly `devices` (a full membership answer), except for the
+    /// devices `settled` names: those are left as they are, neither removed nor written. One
+    /// job on the store thread, so `settled` is asked after every write queued before it.
+    pub async fn replace_devices(
+        &self,
+        devices: Vec<DeviceSpec>,
+        settled: impl Fn(&str) -> bool + Send + 'static,
+    ) -> Result<(), StoreError> {
+        self.store
+            .exec("replace devices".into(), move |conn| {
+                let tx = conn.unchecked_transaction()?;
+                let stored: Vec<String> = {
+                    let mut statement = tx.prepare("SELECT id FROM device")?;
+                    let ids = statement
+                        .query_map([], |row| row.get(0))?
+                        .collect::<Result<_, _>>()?;
+                    ids
+                };
+                for id in stored {
+                    if settled(&id) || devices.iter().any(|device| device.id == id) {
+                        continue;
+                    }
+                    for table in ["device_twin", "device_attr"] {
+                        tx.execute(&format!("DELETE FROM {table} WHERE deviceid = ?1"), [&id])?;
+                    }
+                    tx.execute("DELETE FROM device WHERE id = ?1", [&id])?;
+                }
+                for device in devices.iter().filter(|device| !settled(&device.id)) {
+                    upsert_device(&tx, device)?;
+                }
+                tx.commit()
+            })
+            .await
     }
 
     /// Every device with its twins, by id.

@@ -73,10 +73,16 @@ impl CloudTls {
         }
     }
 
-    fn server_config(&self, require_client_cert: bool) -> Result<ServerConfig, TlsError> {
+    /// The cloud's server certificate, with client certificates verified against
+    /// `client_ca_der`: required at the handshake, or verified only when sent.
+    fn server_config(
+        &self,
+        client_ca_der: &[u8],
+        require_client_cert: bool,
+    ) -> Result<ServerConfig, TlsError> {
         let provider = provider();
         let builder = WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots(self.ca.cert_der())?),
+            Arc::new(roots(client_ca_der)?),
             provider.clone(),
         );
         let builder = if require_client_cert {
@@ -100,35 +106,19 @@ impl CloudTls {
 
     /// CloudHub's WebSocket port: a client certificate signed by the CA is required.
     pub(crate) fn websocket_config(&self) -> Result<ServerConfig, TlsError> {
-        self.server_config(true)
+        self.server_config(self.ca.cert_der(), true)
     }
 
     /// The certificate server: a client certificate is verified if sent, not required.
     pub(crate) fn https_config(&self) -> Result<ServerConfig, TlsError> {
-        self.server_config(false)
+        self.server_config(self.ca.cert_der(), false)
     }
 
     /// CloudStream's stream server: the cloud's server certificate, and client certificates
     /// verified against `client_ca_der` (the API server's, KubeEdge's `tlsStreamCAFile`) when
     /// sent; not required at the handshake, so a request without one is answered and counted.
     pub fn stream_server_config(&self, client_ca_der: &[u8]) -> Result<ServerConfig, TlsError> {
-        let provider = provider();
-        let verifier = WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots(client_ca_der)?),
-            provider.clone(),
-        )
-        .allow_unauthenticated()
-        .build()
-        .map_err(|error| TlsError::Verifier(error.to_string()))?;
-        let mut config = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(
-                vec![CertificateDer::from(self.server_cert.clone())],
-                self.server_key.clone_key(),
-            )?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(config)
+        self.server_config(client_ca_der, false)
     }
 }
 

@@ -10,6 +10,7 @@ mod unlisted;
 mod cloud_controller_admin;
 mod cloudstream;
 mod delivery_faults;
+mod deploy;
 mod devices_end_to_end;
 mod edge_api;
 mod edge_autonomy;

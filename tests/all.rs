@@ -18,6 +18,7 @@ mod edge_rss;
 mod end_to_end;
 mod handshake_flood;
 mod join;
+mod join_service;
 mod kubeedge_config;
 mod log_flood;
 mod node_actors;

@@ -177,16 +177,14 @@ const NON_LITERAL_CALLS: &[(&str, &str, &str, &str)] = &[
     ("Event", "", "update", "EdgeController upstream"),
     // devicecontroller/downstream.rs: a device's DeviceStatus.
     ("DeviceStatus", "", "create", "DeviceController"),
-    // synccontroller: follows, gets and lists what it delivered (its cache and reconcile).
+    // synccontroller: follows, gets and lists the kinds it keeps records for (those of
+    // `resource`-group messages with an ACK: Pods, ConfigMaps, Secrets; not devices, whose
+    // messages are `twin`), in its cache and at reconcile (`fetch`).
     ("Pod", "", "get", "SyncController"),
     ("ConfigMap", "", "list", "SyncController"),
     ("ConfigMap", "", "watch", "SyncController"),
     ("Secret", "", "list", "SyncController"),
     ("Secret", "", "watch", "SyncController"),
-    ("Device", "", "get", "SyncController"),
-    ("Device", "", "list", "SyncController"),
-    ("Device", "", "watch", "SyncController"),
-    ("DeviceModel", "", "get", "SyncController"),
     ("Node", "", "get", "SyncController"),
     ("ConfigMap", "", "get", "SyncController"),
     ("Secret", "", "get", "SyncController"),
@@ -196,13 +194,9 @@ const NON_LITERAL_CALLS: &[(&str, &str, &str, &str)] = &[
     ("ObjectSync", "", "create", "SyncController"),
     ("ObjectSync", "", "delete", "SyncController"),
     ("ObjectSync", "status", "patch", "SyncController"),
-    ("ObjectSync", "", "get", "SyncController"),
-    ("ObjectSync", "", "watch", "SyncController"),
     ("ClusterObjectSync", "", "create", "SyncController"),
     ("ClusterObjectSync", "", "delete", "SyncController"),
     ("ClusterObjectSync", "status", "patch", "SyncController"),
-    ("ClusterObjectSync", "", "get", "SyncController"),
-    ("ClusterObjectSync", "", "watch", "SyncController"),
 ];
 
 /// `(group, resource[/subresource], verb)` as RBAC names it.

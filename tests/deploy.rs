@@ -512,3 +512,32 @@ fn manifests_pass_a_server_dry_run_when_an_api_server_is_given() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn the_cloud_started_with_the_configmap_uses_the_pods_service_account() {
+    // The real process with the ConfigMap's config (files under a temporary folder, the
+    // listeners on loopback): it loads it, and goes for the in-cluster service account,
+    // which outside a pod it says it cannot find, before it listens on anything.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let text = cloud_config_text()
+        .replace("/etc/kubeedge/", &format!("{d}/"))
+        .replace("0.0.0.0", "127.0.0.1");
+    let path = dir.path().join("cloudcore.yaml");
+    std::fs::write(&path, text).unwrap();
+    std::fs::create_dir_all(dir.path().join("admin")).unwrap();
+    std::fs::write(dir.path().join("admin/token"), "x").unwrap();
+    let out = Command::new(crate::support::process::BIN)
+        .args(["cloud", "--config"])
+        .arg(&path)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no in-cluster service account"),
+        "the cloud did not go for the pod's service account: {stderr}"
+    );
+}

@@ -1,4 +1,4 @@
-//! `edgehive`: `cloud`, `edge`, `join`, `token`, `status`, `demo`, `apply`, `delete` and
+//! `edgehive`: `cloud`, `edge`, `join`, `reset`, `token`, `status`, `demo`, `apply`, `delete` and
 //! `version`. The load tool is a binary of its own, `edgehive-loadtest` (`loadtest/`).
 
 use std::path::PathBuf;
@@ -158,6 +158,28 @@ enum Command {
         /// Run the edge with the config once written.
         #[arg(long)]
         start: bool,
+        /// Also write a systemd unit, edgecore.service (KubeEdge's shape: started after the
+        /// network, restarted always), running `edgehive edge --config` on the written
+        /// config. Not the default: without it join writes the config only.
+        #[arg(long)]
+        service: bool,
+        /// Where the unit goes.
+        #[arg(long, default_value = "/etc/systemd/system", requires = "service")]
+        unit_dir: PathBuf,
+        /// Enable and start the unit (`systemctl daemon-reload`, `systemctl enable --now`).
+        #[arg(long, requires = "service", conflicts_with = "start")]
+        enable: bool,
+    },
+    /// Undo what `join` did, as `keadm reset` does: the unit (disabled first if join enabled
+    /// it), the config, and the certificates, database and folders the join created, as listed
+    /// in the manifest join wrote next to the config. Nothing else is touched.
+    Reset {
+        /// The config `join` wrote.
+        #[arg(long, default_value = "/etc/kubeedge/config/edge.yaml")]
+        config: PathBuf,
+        /// Remove without asking: without it reset only lists what it would remove.
+        #[arg(long)]
+        force: bool,
     },
     /// Print a running process's supervision tree and, for a cloud, its nodes, as tables (from
     /// its admin endpoint: --admin 127.0.0.1:10351 for an edge).
@@ -167,6 +189,18 @@ enum Command {
     },
     /// Print the version.
     Version,
+}
+
+/// Runs `systemctl args`, failing with its status when it fails.
+fn systemctl(args: &[&str]) -> anyhow::Result<()> {
+    let status = std::process::Command::new("systemctl")
+        .args(args)
+        .status()
+        .with_context(|| format!("cannot run systemctl {}", args.join(" ")))?;
+    if !status.success() {
+        anyhow::bail!("systemctl {} failed ({status})", args.join(" "));
+    }
+    Ok(())
 }
 
 /// The join token from `file` (`-`: standard input), without surrounding white space.
@@ -370,12 +404,17 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
             admin,
             force,
             start,
+            service,
+            unit_dir,
+            enable,
         } => {
             let token = match (token, token_file) {
                 (Some(token), _) => token,
                 (None, Some(file)) => read_join_token(&file)?,
                 (None, None) => anyhow::bail!("join: give --token or --token-file"),
             };
+            let data_dir = std::path::absolute(&data_dir)
+                .with_context(|| format!("cannot resolve {}", data_dir.display()))?;
             let options = edgehive::join::JoinOptions {
                 cloud,
                 cert_port,
@@ -384,7 +423,23 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
                 data_dir,
                 admin,
             };
-            let written = edgehive::join::write(&options, &config, force)?;
+            // The unit and the manifest name the paths: all absolute, so reset works from any
+            // folder.
+            let absolute = |path: PathBuf| {
+                std::path::absolute(&path)
+                    .with_context(|| format!("cannot resolve {}", path.display()))
+            };
+            let config = absolute(config)?;
+            let unit_dir = absolute(unit_dir)?;
+            let service = match service {
+                true => Some(edgehive::join::ServiceOptions {
+                    unit_dir,
+                    binary: std::env::current_exe()
+                        .context("cannot find this binary's path for the unit")?,
+                }),
+                false => None,
+            };
+            let written = edgehive::join::write(&options, &config, force, service.as_ref())?;
             println!(
                 "edgehive join: wrote {} for node {} (cloud {}, certificates from {})",
                 config.display(),
@@ -392,11 +447,49 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
                 written.modules.edge_hub.websocket.server,
                 written.modules.edge_hub.http_server
             );
+            if let Some(service) = &service {
+                let unit = service.unit_dir.join(edgehive::join::UNIT_NAME);
+                println!("edgehive join: wrote {}", unit.display());
+                if enable {
+                    systemctl(&["daemon-reload"])?;
+                    systemctl(&["enable", "--now", edgehive::join::UNIT_NAME])?;
+                    edgehive::join::mark_enabled(&config)?;
+                    println!(
+                        "edgehive join: enabled and started {}",
+                        edgehive::join::UNIT_NAME
+                    );
+                    return Ok(());
+                }
+            }
             if !start {
                 println!("start it with: edgehive edge --config {}", config.display());
                 return Ok(());
             }
             start_joined_edge(&config, log_format)
+        }
+        Command::Reset { config, force } => {
+            let manifest = edgehive::join::read_manifest(&config)?;
+            if !force {
+                println!("edgehive reset would remove (folders only when empty):");
+                for path in edgehive::join::reset_paths(&manifest) {
+                    println!("  {}", path.display());
+                }
+                anyhow::bail!("nothing removed; pass --force to remove them");
+            }
+            if manifest.enabled {
+                systemctl(&["disable", "--now", edgehive::join::UNIT_NAME])?;
+            }
+            let (removed, kept) = edgehive::join::reset(&manifest)?;
+            if manifest.enabled {
+                systemctl(&["daemon-reload"])?;
+            }
+            for path in removed {
+                println!("removed {}", path.display());
+            }
+            for path in kept {
+                println!("kept {} (not empty)", path.display());
+            }
+            Ok(())
         }
         Command::Status { admin } => {
             let base = format!("http://{}", admin.address()?);

@@ -1,0 +1,543 @@
+//! The in-cluster manifests in deploy/ stay true to the code: each parses, the kustomization
+//! lists every one, the CRDs are the ones config/crds/ holds, the ClusterRole grants exactly
+//! the API calls the cloud's code makes (and fails when a new call is not granted), the
+//! ConfigMap's config loads with the cloud's own loader, and the Deployment's ports, probes
+//! and mounts are the ones that config names.
+//!
+//! `kubectl kustomize` (offline) builds the kustomization when kubectl is installed; a
+//! `kubectl apply --dry-run=server` of every manifest runs only when
+//! `EDGEHIVE_TEST_KUBECONFIG` names a kubeconfig of a reachable API server (skipped with a
+//! message otherwise).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use edgehive::config::CloudConfig;
+use edgehive_actors::cloud::cluster::kube::kind_info;
+use serde_yaml_ng::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn deploy() -> PathBuf {
+    root().join("deploy")
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn manifest(name: &str) -> Value {
+    let path = deploy().join("manifests").join(name);
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_sequence()
+        .map(|items| {
+            items
+                .iter()
+                .map(|item| item.as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_manifest_parses_and_the_kustomization_lists_them_all() {
+    let mut on_disk = BTreeSet::new();
+    for sub in ["manifests", "crds"] {
+        for path in yaml_files(&deploy().join(sub)) {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let value: Value = serde_yaml_ng::from_str(&text)
+                .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+            for key in ["apiVersion", "kind", "metadata"] {
+                assert!(!value[key].is_null(), "{} has no {key}", path.display());
+            }
+            on_disk.insert(format!(
+                "{sub}/{}",
+                path.file_name().unwrap().to_str().unwrap()
+            ));
+        }
+    }
+    let kustomization: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(deploy().join("kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    let listed: BTreeSet<String> = strings(&kustomization["resources"]).into_iter().collect();
+    assert_eq!(
+        listed, on_disk,
+        "kustomization.yaml's resources against deploy/'s files"
+    );
+    // The namespace goes first (`-f deploy/manifests/` applies files in name order too).
+    assert_eq!(
+        strings(&kustomization["resources"])[0],
+        "manifests/00-namespace.yaml"
+    );
+
+    // The CRDs are the generated ones (kustomize reads no file outside deploy/, so a copy).
+    let generated = yaml_files(&root().join("config/crds"));
+    assert_eq!(generated.len(), yaml_files(&deploy().join("crds")).len());
+    for path in generated {
+        let copy = deploy().join("crds").join(path.file_name().unwrap());
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            std::fs::read_to_string(&copy).unwrap_or_default(),
+            "{} is not a copy of {}: cp config/crds/*.yaml deploy/crds/",
+            copy.display(),
+            path.display()
+        );
+    }
+
+    match Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(deploy())
+        .output()
+    {
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "kubectl kustomize deploy/: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let built = String::from_utf8(out.stdout).unwrap();
+            let kinds = built
+                .lines()
+                .filter(|line| line.starts_with("kind: "))
+                .count();
+            assert_eq!(kinds, on_disk.len(), "{built}");
+        }
+        Err(err) => eprintln!("SKIPPED kubectl kustomize deploy/: kubectl not runnable ({err})"),
+    }
+}
+
+/// The calls whose kind is not a literal at the call site (an object's own kind, a kind from
+/// an edge's request), with the module that makes them: (kind, subresource, verb, who).
+/// Literal-kind calls are found in the source by [`literal_calls`].
+const NON_LITERAL_CALLS: &[(&str, &str, &str, &str)] = &[
+    // edgecontroller/upstream.rs: a node registers itself, a node's update.
+    ("Node", "", "create", "EdgeController upstream"),
+    ("Node", "", "update", "EdgeController upstream"),
+    (
+        "Node",
+        "status",
+        "update",
+        "EdgeController upstream (update_status)",
+    ),
+    // edgecontroller/upstream.rs: a mirror pod, a pod's status from its node.
+    ("Pod", "", "create", "EdgeController upstream"),
+    (
+        "Pod",
+        "status",
+        "update",
+        "EdgeController upstream (update_status)",
+    ),
+    // edgecontroller/upstream.rs: Request::Query for the five queryable kinds.
+    ("ConfigMap", "", "get", "EdgeController upstream query"),
+    ("Secret", "", "get", "EdgeController upstream query"),
+    (
+        "PersistentVolume",
+        "",
+        "get",
+        "EdgeController upstream query",
+    ),
+    (
+        "PersistentVolumeClaim",
+        "",
+        "get",
+        "EdgeController upstream query",
+    ),
+    (
+        "VolumeAttachment",
+        "",
+        "get",
+        "EdgeController upstream query",
+    ),
+    // edgecontroller/upstream.rs: create_token.
+    (
+        "ServiceAccount",
+        "token",
+        "create",
+        "EdgeController upstream",
+    ),
+    // edgecontroller/upstream.rs: leases and events from the edges.
+    ("Lease", "", "create", "EdgeController upstream"),
+    ("Lease", "", "update", "EdgeController upstream"),
+    ("Event", "", "create", "EdgeController upstream"),
+    ("Event", "", "update", "EdgeController upstream"),
+    // devicecontroller/downstream.rs: a device's DeviceStatus.
+    ("DeviceStatus", "", "create", "DeviceController"),
+    // synccontroller: follows, gets and lists the kinds it keeps records for (those of
+    // `resource`-group messages with an ACK: Pods, ConfigMaps, Secrets; not devices, whose
+    // messages are `twin`), in its cache and at reconcile (`fetch`).
+    ("Pod", "", "get", "SyncController"),
+    ("ConfigMap", "", "list", "SyncController"),
+    ("ConfigMap", "", "watch", "SyncController"),
+    ("Secret", "", "list", "SyncController"),
+    ("Secret", "", "watch", "SyncController"),
+    ("Node", "", "get", "SyncController"),
+    ("ConfigMap", "", "get", "SyncController"),
+    ("Secret", "", "get", "SyncController"),
+    ("Pod", "", "list", "SyncController"),
+    ("Pod", "", "watch", "SyncController"),
+    // synccontroller/mod.rs `write`: its records, by the object's scope.
+    ("ObjectSync", "", "create", "SyncController"),
+    ("ObjectSync", "", "delete", "SyncController"),
+    ("ObjectSync", "status", "patch", "SyncController"),
+    ("ClusterObjectSync", "", "create", "SyncController"),
+    ("ClusterObjectSync", "", "delete", "SyncController"),
+    ("ClusterObjectSync", "status", "patch", "SyncController"),
+];
+
+/// `(group, resource[/subresource], verb)` as RBAC names it.
+type Grant = (String, String, String);
+
+fn grant(kind: &str, subresource: &str, verb: &str) -> Grant {
+    let info =
+        kind_info(kind).unwrap_or_else(|| panic!("{kind} is not a kind of the kube adapter"));
+    let mut resource = info.resource.plural.clone();
+    if !subresource.is_empty() {
+        resource = format!("{resource}/{subresource}");
+    }
+    (info.resource.group.clone(), resource, verb.to_owned())
+}
+
+/// The cluster calls in the cloud's controllers whose kind is a string literal, as grants:
+/// `.get("K"`, `.list("K"`, `.delete("K"`, `.patch("K", .., status_only)` and the watches
+/// (`KindWatcher::new(.., "K")`, `follow("K"`: a list then a watch). Test code (after
+/// `#[cfg(test)]`) is left out.
+fn literal_calls() -> BTreeMap<Grant, String> {
+    let mut found = BTreeMap::new();
+    let mut files = Vec::new();
+    let mut dirs = vec![root().join("actors/src/cloud")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                // The port's adapters implement the calls; they make none of their own.
+                if !path.ends_with("cluster") {
+                    dirs.push(path);
+                }
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let code: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
+        let code = code.replace("( ", "(").replace(". ", ".");
+        let name = path.strip_prefix(root()).unwrap().display().to_string();
+        let patterns: &[(&str, &[&str])] = &[
+            ("cluster.get(\"", &["get"]),
+            ("cluster.list(\"", &["list"]),
+            ("cluster.delete(\"", &["delete"]),
+            ("follow(\"", &["list", "watch"]),
+        ];
+        for (pattern, verbs) in patterns {
+            for (at, _) in code.match_indices(pattern) {
+                let rest = &code[at + pattern.len()..];
+                let kind = &rest[..rest.find('"').unwrap()];
+                if kind_info(kind).is_none() {
+                    continue; // a cache's own follow(), not a cluster call
+                }
+                for verb in *verbs {
+                    found.insert(grant(kind, "", verb), name.clone());
+                }
+            }
+        }
+        for (at, _) in code.match_indices(".patch(\"") {
+            let rest = &code[at + ".patch(\"".len()..];
+            let kind = &rest[..rest.find('"').unwrap()];
+            let call = &rest[..rest.find(".await").unwrap_or(rest.len())];
+            let status_only = call
+                .trim_end()
+                .trim_end_matches(')')
+                .trim()
+                .ends_with("true");
+            let subresource =
+                if status_only && kind_info(kind).is_some_and(|i| i.status_subresource) {
+                    "status"
+                } else {
+                    ""
+                };
+            found.insert(grant(kind, subresource, "patch"), name.clone());
+        }
+        for (at, _) in code.match_indices("KindWatcher::new(") {
+            let rest = &code[at..];
+            let call = &rest[..rest.find(')').unwrap()];
+            if let Some(start) = call.find('"') {
+                let kind = &call[start + 1..call[start + 1..].find('"').unwrap() + start + 1];
+                for verb in ["list", "watch"] {
+                    found.insert(grant(kind, "", verb), name.clone());
+                }
+            }
+        }
+    }
+    found
+}
+
+fn role_grants() -> BTreeSet<Grant> {
+    let role = manifest("02-clusterrole.yaml");
+    let mut grants = BTreeSet::new();
+    for rule in role["rules"].as_sequence().unwrap() {
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    for name in [&group, &resource, &verb] {
+                        assert!(
+                            !name.contains('*'),
+                            "a wildcard in the ClusterRole: {rule:?}"
+                        );
+                    }
+                    grants.insert((group.clone(), resource.clone(), verb));
+                }
+            }
+        }
+    }
+    grants
+}
+
+#[test]
+fn cluster_role_grants_exactly_the_calls_the_cloud_makes() {
+    let role = role_grants();
+    let literal = literal_calls();
+    // The scan finds the calls it should (so a broken scan does not pass silently).
+    for (kind, sub, verb) in [
+        ("Node", "", "watch"),
+        ("Pod", "status", "patch"),
+        ("DeviceStatus", "", "patch"),
+        ("ObjectSync", "", "list"),
+        ("Pod", "", "delete"),
+    ] {
+        assert!(
+            literal.contains_key(&grant(kind, sub, verb)),
+            "the source scan no longer finds {verb} {kind}/{sub}: {literal:?}"
+        );
+    }
+    let mut used: BTreeSet<Grant> = literal.keys().cloned().collect();
+    for (kind, sub, verb, _) in NON_LITERAL_CALLS {
+        used.insert(grant(kind, sub, verb));
+    }
+    let missing: Vec<_> = used
+        .difference(&role)
+        .map(|g| {
+            (
+                g,
+                literal
+                    .get(g)
+                    .cloned()
+                    .unwrap_or_else(|| "NON_LITERAL_CALLS".into()),
+            )
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the cloud makes calls deploy/manifests/02-clusterrole.yaml does not grant (would be 403): {missing:?}"
+    );
+    let extra: Vec<_> = role.difference(&used).collect();
+    assert!(
+        extra.is_empty(),
+        "the ClusterRole grants what no code calls: {extra:?}"
+    );
+}
+
+fn cloud_config_text() -> String {
+    let map = manifest("04-configmap.yaml");
+    map["data"]["cloudcore.yaml"].as_str().unwrap().to_owned()
+}
+
+fn port_of(address: &str) -> u16 {
+    address.rsplit_once(':').unwrap().1.parse().unwrap()
+}
+
+#[test]
+fn configmap_config_loads_and_the_deployment_matches_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cloudcore.yaml");
+    std::fs::write(&path, cloud_config_text()).unwrap();
+    // The loader `edgehive cloud --config` uses.
+    let config = CloudConfig::load_files(std::slice::from_ref(&path)).unwrap();
+    let options = config
+        .kube_api_config
+        .kube_options()
+        .expect("the config must name the API server, not the embedded cluster");
+    assert!(
+        options.kube_config.is_none(),
+        "in-cluster: the service account's token, no kubeconfig file"
+    );
+
+    let deployment = manifest("05-deployment.yaml");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "edgehive-cloud");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    let containers = pod["containers"].as_sequence().unwrap();
+    assert_eq!(containers.len(), 1);
+    let container = &containers[0];
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+
+    // The config file the container is started with is the ConfigMap's key.
+    let args = strings(&container["args"]);
+    assert_eq!(args[..2], ["cloud", "--config"]);
+    let mounts = container["volumeMounts"].as_sequence().unwrap();
+    let volumes = pod["volumes"].as_sequence().unwrap();
+    let volume_of = |file: &Path| -> (&Value, &Value) {
+        let mount = mounts
+            .iter()
+            .filter(|m| file.starts_with(m["mountPath"].as_str().unwrap()))
+            .max_by_key(|m| m["mountPath"].as_str().unwrap().len())
+            .unwrap_or_else(|| panic!("nothing is mounted for {}", file.display()));
+        let volume = volumes.iter().find(|v| v["name"] == mount["name"]).unwrap();
+        (mount, volume)
+    };
+    let (_, config_volume) = volume_of(Path::new(&args[2]));
+    assert_eq!(config_volume["configMap"]["name"], "edgehive-cloud");
+    assert!(args[2].ends_with("/cloudcore.yaml"));
+
+    // Files the cloud reads come from Secrets; files it writes go to writable volumes (the
+    // root file system is read-only).
+    let hub = &config.modules.cloud_hub;
+    for file in [&hub.tls_ca_file, &hub.tls_ca_key_file] {
+        let (_, volume) = volume_of(file);
+        assert_eq!(
+            volume["secret"]["secretName"],
+            "edgehive-ca",
+            "{}",
+            file.display()
+        );
+    }
+    let token = &config.common_config.monitor_server.token_file;
+    assert_eq!(
+        volume_of(token).1["secret"]["secretName"],
+        "edgehive-admin-token"
+    );
+    for file in [&hub.tls_cert_file, &hub.tls_private_key_file] {
+        let (mount, volume) = volume_of(file);
+        assert!(!volume["emptyDir"].is_null(), "{}", file.display());
+        assert_ne!(mount["readOnly"], true);
+    }
+
+    // Ports: the container's and the Service's are the config's.
+    let ports: BTreeMap<String, u16> = container["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_owned(),
+                p["containerPort"].as_u64().unwrap() as u16,
+            )
+        })
+        .collect();
+    let stream = &config.modules.cloud_stream;
+    let admin = port_of(&config.common_config.monitor_server.bind_address);
+    let expected: BTreeMap<String, u16> = [
+        ("websocket", hub.websocket.port),
+        ("https", hub.https.port),
+        ("stream", stream.stream_port),
+        ("tunnel", stream.tunnel_port),
+        ("admin", admin),
+    ]
+    .into_iter()
+    .map(|(name, port)| (name.to_owned(), port))
+    .collect();
+    assert_eq!(ports, expected);
+    let service = manifest("06-service.yaml");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["template"]["metadata"]["labels"]
+    );
+    for port in service["spec"]["ports"].as_sequence().unwrap() {
+        let target = port["targetPort"].as_str().unwrap();
+        assert_eq!(
+            Some(&(port["port"].as_u64().unwrap() as u16)),
+            expected.get(target),
+            "Service port {target}"
+        );
+        assert_ne!(target, "admin", "the admin endpoint is not for edges");
+    }
+
+    // Probes: the admin endpoint's open routes, on the port it listens on beyond loopback.
+    let bind = &config.common_config.monitor_server.bind_address;
+    assert!(
+        bind.starts_with("0.0.0.0:"),
+        "the kubelet must reach {bind}"
+    );
+    for (probe, path) in [
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/healthz"),
+    ] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}");
+        assert_eq!(get["port"], "admin", "{probe}");
+    }
+}
+
+#[test]
+fn manifests_pass_a_server_dry_run_when_an_api_server_is_given() {
+    let Ok(kubeconfig) = std::env::var("EDGEHIVE_TEST_KUBECONFIG") else {
+        eprintln!(
+            "SKIPPED kubectl apply --dry-run=server -k deploy/: set EDGEHIVE_TEST_KUBECONFIG to \
+             the kubeconfig of a reachable API server to run it"
+        );
+        return;
+    };
+    let out = Command::new("kubectl")
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "apply",
+            "--dry-run=server",
+            "-k",
+        ])
+        .arg(deploy())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply --dry-run=server: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_cloud_started_with_the_configmap_uses_the_pods_service_account() {
+    // The real process with the ConfigMap's config (files under a temporary folder, the
+    // listeners on loopback): it loads it, and goes for the in-cluster service account,
+    // which outside a pod it says it cannot find, before it listens on anything.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let text = cloud_config_text()
+        .replace("/etc/kubeedge/", &format!("{d}/"))
+        .replace("0.0.0.0", "127.0.0.1");
+    let path = dir.path().join("cloudcore.yaml");
+    std::fs::write(&path, text).unwrap();
+    std::fs::create_dir_all(dir.path().join("admin")).unwrap();
+    std::fs::write(dir.path().join("admin/token"), "x").unwrap();
+    let out = Command::new(crate::support::process::BIN)
+        .args(["cloud", "--config"])
+        .arg(&path)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no in-cluster service account"),
+        "the cloud did not go for the pod's service account: {stderr}"
+    );
+}

@@ -53,6 +53,8 @@ pub struct EdgeProcess {
     admin: AdminServer,
     node_name: String,
     socket: std::path::PathBuf,
+    /// `modules.edgeStream`, when enabled; dropped (stopped) with the process.
+    _edge_stream: Option<edgehive_actors::edge::edgestream::EdgeStream>,
 }
 
 impl EdgeProcess {
@@ -95,6 +97,13 @@ impl EdgeProcess {
             hive.start_module(EdgeHubModule::new(options))?;
         }
         plug(&hive)?;
+        let edge_stream = config.modules.edge_stream.enable.then(|| {
+            use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics};
+            EdgeStream::start(
+                config.edge_stream_options(),
+                EdgeStreamMetrics::register(&hive),
+            )
+        });
         let (stopping, stop_signal) = tokio::sync::watch::channel(false);
         let routes_store = store.clone();
         let routes_hive = hive.clone();
@@ -166,6 +175,7 @@ impl EdgeProcess {
             admin,
             node_name,
             socket: config.admin_socket(),
+            _edge_stream: edge_stream,
         })
     }
 

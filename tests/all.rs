@@ -15,6 +15,7 @@ mod devices_end_to_end;
 mod edge_api;
 mod edge_autonomy;
 mod edge_rss;
+mod edgestream;
 mod end_to_end;
 mod handshake_flood;
 mod join;

@@ -37,7 +37,6 @@ impl Schema for EdgeConfig {
         "modules.edged",
         "modules.eventBus",
         "modules.serviceBus",
-        "modules.edgeStream",
         "modules.taskManager",
         "modules.dbTest",
     ];
@@ -143,6 +142,7 @@ impl Validate for EdgeConfig {
             1..=3600,
             "seconds",
         )?;
+        self.modules.edge_stream.validate()?;
         self.modules.edged.validate()
     }
 }
@@ -411,6 +411,8 @@ pub struct EdgeModules {
     pub device_twin: Enable,
     /// `modules.edged`: the node name, and the node module.
     pub edged: Edged,
+    /// `modules.edgeStream`: the stream tunnel for `kubectl logs`.
+    pub edge_stream: super::EdgeStreamConfig,
 }
 
 /// `modules.metaManager`.

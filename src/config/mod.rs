@@ -16,12 +16,14 @@ mod cloud;
 #[cfg(feature = "cloud")]
 mod cloud_stream;
 mod edge;
+mod edge_stream;
 
 #[cfg(feature = "cloud")]
 pub use cloud::*;
 #[cfg(feature = "cloud")]
 pub use cloud_stream::*;
 pub use edge::*;
+pub use edge_stream::*;
 
 /// A configuration file that could not be used.
 #[derive(Debug, thiserror::Error)]

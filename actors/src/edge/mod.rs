@@ -10,6 +10,7 @@ mod deliver;
 pub mod devicetwin;
 pub mod edged;
 pub mod edgehub;
+pub mod edgestream;
 pub mod metamanager;
 pub mod remote;
 pub mod store;

@@ -1,0 +1,297 @@
+//! edgehive's own EdgeStream (`modules.edgeStream`) against edgehive's CloudStream, all over
+//! loopback: the cloud with its tunnel and stream servers, an edge that bootstraps its node
+//! certificate and dials the tunnel, a stand-in kubelet API on the edge side (a real HTTP
+//! server on a socket), and the API server's stand-in asking `/containerLogs` with its client
+//! certificate, as in `tests/cloudstream.rs`.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use edgehive::cloud::CloudProcess;
+use edgehive::edge::EdgeProcess;
+use edgehive_actors::identity::certs::{self, CertAuthority};
+use edgehive_actors::identity::tls;
+use futures_util::StreamExt;
+
+use crate::support::{eventually, WITHIN};
+use crate::tls_join::cloud_ca;
+
+/// A stand-in kubelet API: `printer` answers a two-line log; `ticker` streams a line every
+/// 50 ms until its client goes away, then sets `follow_ended`.
+#[derive(Clone, Default)]
+struct Kubelet {
+    requests: Arc<Mutex<Vec<String>>>,
+    follow_ended: Arc<AtomicBool>,
+}
+
+impl Kubelet {
+    fn start(&self) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let kubelet = self.clone();
+        std::thread::spawn(move || {
+            for connection in listener.incoming() {
+                let Ok(connection) = connection else { return };
+                let kubelet = kubelet.clone();
+                std::thread::spawn(move || kubelet.serve(connection));
+            }
+        });
+        addr
+    }
+
+    fn serve(&self, mut connection: std::net::TcpStream) {
+        let mut reader = BufReader::new(connection.try_clone().unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let request_line = line.trim_end().to_owned();
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                break;
+            }
+        }
+        self.requests.lock().unwrap().push(request_line.clone());
+        if request_line.contains("/ticker/") {
+            let _ = connection.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n",
+            );
+            // Bounded: 20 minutes of ticks at most, far beyond any test.
+            for tick in 0..24_000 {
+                let text = format!("tick-{tick}\n");
+                let chunk = format!("{:x}\r\n{text}\r\n", text.len());
+                if connection.write_all(chunk.as_bytes()).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            self.follow_ended.store(true, Ordering::Release);
+        } else {
+            let body = "line-1\nline-2\n";
+            let _ = connection.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+    }
+}
+
+struct Setup {
+    cloud: CloudProcess,
+    edge: EdgeProcess,
+    api: awc::Client,
+    stream_addr: SocketAddr,
+}
+
+async fn setup(dir: &std::path::Path, node: &str, kubelet: SocketAddr) -> Setup {
+    let api_ca = CertAuthority::generate().unwrap();
+    let mut config = edgehive::demo::loopback_cloud_config(&dir.join("cloud"), true);
+    let ca_file = dir.join("apiserver-ca.crt");
+    std::fs::write(&ca_file, api_ca.cert_pem()).unwrap();
+    let stream = &mut config.modules.cloud_stream;
+    stream.enable = true;
+    stream.address = "127.0.0.1".into();
+    stream.stream_port = 0;
+    stream.tunnel_port = 0;
+    stream.tls_stream_ca_file = ca_file;
+    let cloud = CloudProcess::start(&config, None).await.unwrap();
+    let servers = cloud.cloud_stream().expect("cloudStream is enabled");
+    let stream_addr = servers.stream_addr();
+
+    let mut edge_config = edgehive::demo::loopback_edge_config(node, &cloud, dir);
+    let edge_stream = &mut edge_config.modules.edge_stream;
+    edge_stream.enable = true;
+    edge_stream.server = servers.tunnel_addr().to_string();
+    edge_stream.kubelet_endpoint = format!("http://{kubelet}");
+    let edge = EdgeProcess::start(&edge_config).await.unwrap();
+    let hive = cloud.hive().clone();
+    eventually("the edge's stream tunnel is up", WITHIN, || {
+        let metrics = hive.metrics().encode();
+        async move {
+            metrics
+                .contains("edgehive_cloudstream_tunnels 1")
+                .then_some(())
+        }
+    })
+    .await;
+
+    // The API server, with its kubelet client certificate.
+    let ca = cloud_ca(dir);
+    let key = certs::generate_key().unwrap();
+    let csr = certs::node_csr(&key, "kube-apiserver-kubelet-client").unwrap();
+    let api_cert = api_ca
+        .sign_node_csr(
+            &csr,
+            "kube-apiserver-kubelet-client",
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let tls_config = tls::edge_client_config(ca.cert_der(), &api_cert, &key).unwrap();
+    let api = awc::Client::builder()
+        .connector(awc::Connector::new().rustls_0_23(Arc::new(tls_config)))
+        .disable_timeout()
+        .finish();
+    Setup {
+        cloud,
+        edge,
+        api,
+        stream_addr,
+    }
+}
+
+#[actix_rt::test]
+async fn kubectl_logs_and_logs_follow_reach_the_kubelet_api_behind_edgehives_edge() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::default();
+    let kubelet_addr = kubelet.start();
+    let s = setup(dir.path(), "edge-es", kubelet_addr).await;
+
+    // `kubectl logs`, the node named by its internal IP as the API server may (the edge sent
+    // SessionInternalIP: the local address of its route to the cloud, 127.0.0.1).
+    for host in ["edge-es:10351", "127.0.0.1:10351"] {
+        let mut response = tokio::time::timeout(
+            WITHIN,
+            s.api
+                .get(format!(
+                    "https://{}/containerLogs/default/printer/main?tailLines=2",
+                    s.stream_addr
+                ))
+                .insert_header(("Host", host))
+                .send(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{host}");
+        let body = tokio::time::timeout(WITHIN, response.body())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&body[..], b"line-1\nline-2\n", "{host}");
+    }
+    assert_eq!(
+        kubelet.requests.lock().unwrap()[0],
+        "GET /containerLogs/default/printer/main?tailLines=2 HTTP/1.1"
+    );
+
+    // `kubectl logs -f`: lines keep coming until the client leaves; then the kubelet API's
+    // request ends too.
+    let mut response = tokio::time::timeout(
+        WITHIN,
+        s.api
+            .get(format!(
+                "https://{}/containerLogs/default/ticker/main?follow=true",
+                s.stream_addr
+            ))
+            .insert_header(("Host", "edge-es:10351"))
+            .send(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("tick-3\n") {
+        let chunk = tokio::time::timeout(WITHIN, response.next())
+            .await
+            .expect("follow lines keep coming")
+            .expect("the stream does not end")
+            .unwrap();
+        seen.extend_from_slice(&chunk);
+    }
+    assert!(String::from_utf8_lossy(&seen).starts_with("tick-0\ntick-1\n"));
+    assert!(!kubelet.follow_ended.load(Ordering::Acquire));
+    drop(response);
+    let ended = kubelet.follow_ended.clone();
+    eventually(
+        "the kubelet API's follow request ends after the client left",
+        WITHIN,
+        || {
+            let ended = ended.load(Ordering::Acquire);
+            async move { ended.then_some(()) }
+        },
+    )
+    .await;
+    let hive = s.edge.hive().clone();
+    eventually(
+        "the edge counts the stream the cloud removed",
+        WITHIN,
+        || {
+            let metrics = hive.metrics().encode();
+            async move {
+                (metrics.contains(
+                    r#"edgehive_edgestream_streams_closed_total{reason="cloud_removed"} 1"#,
+                ) && metrics.contains("edgehive_edgestream_open_streams 0"))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+    let metrics = s.edge.hive().metrics().encode();
+    assert!(
+        metrics.contains(r#"edgehive_edgestream_streams_closed_total{reason="body_end"} 2"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("edgehive_edgestream_connected 1"),
+        "{metrics}"
+    );
+    s.edge.stop().await;
+    s.cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn an_edge_whose_kubelet_api_is_down_gives_kubectl_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port nothing listens on any more.
+    let down = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let s = setup(dir.path(), "edge-down", down).await;
+    // Asked again: each request gets the error, and the edge keeps serving.
+    for _ in 0..3 {
+        let mut response = tokio::time::timeout(
+            WITHIN,
+            s.api
+                .get(format!(
+                    "https://{}/containerLogs/default/printer/main",
+                    s.stream_addr
+                ))
+                .insert_header(("Host", "edge-down:10351"))
+                .send(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let body = tokio::time::timeout(WITHIN, response.body())
+            .await
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains(&format!(
+                "edgehive edge edge-down: cannot reach the kubelet API at http://{down}"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("modules.edgeStream.kubeletEndpoint"),
+            "{text}"
+        );
+    }
+    let metrics = s.edge.hive().metrics().encode();
+    assert!(
+        metrics.contains(
+            r#"edgehive_edgestream_streams_closed_total{reason="kubelet_unreachable"} 3"#
+        ),
+        "{metrics}"
+    );
+    s.edge.stop().await;
+    s.cloud.stop().await;
+}

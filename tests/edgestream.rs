@@ -88,7 +88,12 @@ struct Setup {
     stream_addr: SocketAddr,
 }
 
-async fn setup(dir: &std::path::Path, node: &str, kubelet: SocketAddr) -> Setup {
+async fn setup(
+    dir: &std::path::Path,
+    node: &str,
+    kubelet: SocketAddr,
+    read_deadline: u64,
+) -> Setup {
     let api_ca = CertAuthority::generate().unwrap();
     let mut config = edgehive::demo::loopback_cloud_config(&dir.join("cloud"), true);
     let ca_file = dir.join("apiserver-ca.crt");
@@ -108,6 +113,7 @@ async fn setup(dir: &std::path::Path, node: &str, kubelet: SocketAddr) -> Setup 
     edge_stream.enable = true;
     edge_stream.server = servers.tunnel_addr().to_string();
     edge_stream.kubelet_endpoint = format!("http://{kubelet}");
+    edge_stream.read_deadline = read_deadline;
     let edge = EdgeProcess::start(&edge_config).await.unwrap();
     let hive = cloud.hive().clone();
     eventually("the edge's stream tunnel is up", WITHIN, || {
@@ -149,7 +155,7 @@ async fn kubectl_logs_and_logs_follow_reach_the_kubelet_api_behind_edgehives_edg
     let dir = tempfile::tempdir().unwrap();
     let kubelet = Kubelet::default();
     let kubelet_addr = kubelet.start();
-    let s = setup(dir.path(), "edge-es", kubelet_addr).await;
+    let s = setup(dir.path(), "edge-es", kubelet_addr, 15).await;
 
     // `kubectl logs`, the node named by its internal IP as the API server may (the edge sent
     // SessionInternalIP: the local address of its route to the cloud, 127.0.0.1).
@@ -253,7 +259,8 @@ async fn an_edge_whose_kubelet_api_is_down_gives_kubectl_a_clear_error() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let s = setup(dir.path(), "edge-down", down).await;
+    // A short readDeadline: the edge's pings (and the cloud's pongs) keep the tunnel up.
+    let s = setup(dir.path(), "edge-down", down, 2).await;
     // Asked again: each request gets the error, and the edge keeps serving.
     for _ in 0..3 {
         let mut response = tokio::time::timeout(
@@ -290,6 +297,17 @@ async fn an_edge_whose_kubelet_api_is_down_gives_kubectl_a_clear_error() {
         metrics.contains(
             r#"edgehive_edgestream_streams_closed_total{reason="kubelet_unreachable"} 3"#
         ),
+        "{metrics}"
+    );
+    // Past two read deadlines the tunnel is still the first one.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let metrics = s.edge.hive().metrics().encode();
+    assert!(
+        metrics.contains("edgehive_edgestream_connects_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("edgehive_edgestream_connected 1"),
         "{metrics}"
     );
     s.edge.stop().await;

@@ -41,6 +41,7 @@ const MAX_DATA_CHUNK: usize = 32 * 1024;
 /// Messages queued for the tunnel writer (each stream has at most one in flight).
 const OUTBOX: usize = 16;
 /// edgecore pings the tunnel server this often (`ping you`); the cloud answers with a pong.
+/// A shorter `readDeadline` pings three times within it.
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// The payload of edgecore's pings.
 const PING_PAYLOAD: &[u8] = b"ping you";
@@ -135,6 +136,8 @@ pub struct EdgeStreamMetrics {
     pub malformed: Family<ReasonLabels, Counter>,
     /// Connects refused, by reason.
     pub refused: Family<ReasonLabels, Counter>,
+    /// Tunnels established.
+    pub connects: Counter,
     /// Failed dials of the tunnel.
     pub connect_errors: Counter,
 }
@@ -178,6 +181,11 @@ impl EdgeStreamMetrics {
             "edgehive_edgestream_refused",
             "Stream connects refused, by reason (too_many_streams, exec_not_supported, attach_not_supported, metrics_not_supported, bad_path)",
             metrics.refused.clone(),
+        );
+        m.register(
+            "edgehive_edgestream_connects",
+            "Stream tunnels established",
+            metrics.connects.clone(),
         );
         m.register(
             "edgehive_edgestream_connect_errors",
@@ -298,6 +306,7 @@ async fn run(options: Arc<EdgeStreamOptions>, metrics: EdgeStreamMetrics) {
             Ok(socket) => {
                 tracing::info!(url = %options.tunnel_url(), "stream tunnel connected");
                 metrics.connected.set(1);
+                metrics.connects.inc();
                 let started = tokio::time::Instant::now();
                 let reason = serve(&options, &metrics, socket).await;
                 metrics.connected.set(0);
@@ -383,7 +392,11 @@ where
 {
     let streams: Streams = Arc::default();
     let (outbox, mut outgoing) = mpsc::channel::<Outgoing>(OUTBOX);
-    let mut ping = tokio::time::interval(PING_INTERVAL);
+    let mut ping = tokio::time::interval(
+        PING_INTERVAL
+            .min(options.read_deadline / 3)
+            .max(Duration::from_millis(100)),
+    );
     let mut last_read = tokio::time::Instant::now();
     let reason = loop {
         let deadline = tokio::time::sleep_until(last_read + options.read_deadline);
@@ -455,7 +468,8 @@ where
             () = deadline => break format!("nothing from the cloud for {:?} (readDeadline)", options.read_deadline),
         }
     };
-    // Every stream ends with the tunnel.
+    // Every stream ends with the tunnel (closing the outbox first tells them why).
+    drop(outgoing);
     lock(&streams).clear();
     reason
 }
@@ -507,7 +521,7 @@ fn open_stream(
     actix_rt::spawn(async move {
         let reason = tokio::select! {
             reason = pipe(&options, &outbox, id, &request) => reason,
-            _ = stopped => "cloud_removed",
+            _ = stopped => if outbox.is_closed() { "tunnel_closed" } else { "cloud_removed" },
         };
         lock(&streams).remove(&id);
         metrics.open_streams.dec();

@@ -4,7 +4,7 @@
 //! server on a socket), and the API server's stand-in asking `/containerLogs` with its client
 //! certificate, as in `tests/cloudstream.rs`.
 
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -312,4 +312,287 @@ async fn an_edge_whose_kubelet_api_is_down_gives_kubectl_a_clear_error() {
     );
     s.edge.stop().await;
     s.cloud.stop().await;
+}
+
+/// A stand-in tunnel server (TLS, a hand-written WebSocket upgrade and frames on a real
+/// socket), to send the edge what the real cloud never does: malformed messages and an exec.
+mod fake_tunnel {
+    use std::io::{BufRead as _, BufReader, Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use base64::Engine as _;
+    use edgehive_actors::identity::certs::CertAuthority;
+    use edgehive_actors::identity::tls::CloudTls;
+
+    pub type Tls = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
+    /// The accepted connection and its handshake's headers (lowercase names).
+    pub type Accepted = std::thread::JoinHandle<(Tls, Vec<(String, String)>)>;
+
+    /// Accepts one connection; returns its address and the accepted connection with the
+    /// handshake's headers (lowercase names).
+    pub fn start(ca: Arc<CertAuthority>) -> (SocketAddr, Accepted) {
+        let (cert, key) = ca
+            .issue_server_cert(&["127.0.0.1".parse().unwrap()], &[])
+            .unwrap();
+        let config = CloudTls::new(ca.clone(), cert, &key)
+            .stream_server_config(ca.cert_der())
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handle = std::thread::spawn(move || {
+            let (socket, _) = listener.accept().unwrap();
+            socket
+                .set_read_timeout(Some(Duration::from_secs(15)))
+                .unwrap();
+            let connection = rustls::ServerConnection::new(Arc::new(config)).unwrap();
+            let mut tls = rustls::StreamOwned::new(connection, socket);
+            let mut head = Vec::new();
+            {
+                let mut reader = BufReader::new(&mut tls);
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    if line == "\r\n" || line.is_empty() {
+                        break;
+                    }
+                    head.push(line.trim_end().to_owned());
+                }
+            }
+            let headers: Vec<(String, String)> = head[1..]
+                .iter()
+                .filter_map(|line| line.split_once(':'))
+                .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+                .collect();
+            let key = headers
+                .iter()
+                .find(|(name, _)| name == "sec-websocket-key")
+                .map(|(_, value)| value.clone())
+                .unwrap();
+            let digest = ring::digest::digest(
+                &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
+                format!("{key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11").as_bytes(),
+            );
+            let accept = base64::engine::general_purpose::STANDARD.encode(digest.as_ref());
+            write!(
+                tls,
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+            )
+            .unwrap();
+            tls.flush().unwrap();
+            (tls, headers)
+        });
+        (addr, handle)
+    }
+
+    /// Writes one unmasked frame (server to client).
+    pub fn send(tls: &mut Tls, opcode: u8, payload: &[u8]) {
+        let mut frame = vec![0x80 | opcode];
+        if payload.len() < 126 {
+            frame.push(payload.len() as u8);
+        } else {
+            frame.push(126);
+            frame.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        }
+        frame.extend_from_slice(payload);
+        tls.write_all(&frame).unwrap();
+        tls.flush().unwrap();
+    }
+
+    /// Reads one masked frame (client to server): its opcode and payload.
+    pub fn read(tls: &mut Tls) -> (u8, Vec<u8>) {
+        let mut head = [0u8; 2];
+        tls.read_exact(&mut head).unwrap();
+        let mut len = u64::from(head[1] & 0x7f);
+        if len == 126 {
+            let mut ext = [0u8; 2];
+            tls.read_exact(&mut ext).unwrap();
+            len = u64::from(u16::from_be_bytes(ext));
+        } else if len == 127 {
+            let mut ext = [0u8; 8];
+            tls.read_exact(&mut ext).unwrap();
+            len = u64::from_be_bytes(ext);
+        }
+        let mut mask = [0u8; 4];
+        tls.read_exact(&mut mask).unwrap();
+        let mut payload = vec![0u8; usize::try_from(len).unwrap()];
+        tls.read_exact(&mut payload).unwrap();
+        for (index, byte) in payload.iter_mut().enumerate() {
+            *byte ^= mask[index % 4];
+        }
+        (head[0] & 0x0f, payload)
+    }
+}
+
+fn pem(tag: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let text = base64::engine::general_purpose::STANDARD.encode(der);
+    let lines: Vec<&str> = text
+        .as_bytes()
+        .chunks(64)
+        .map(|line| std::str::from_utf8(line).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN {tag}-----\n{}\n-----END {tag}-----\n",
+        lines.join("\n")
+    )
+}
+
+#[actix_rt::test]
+async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_exec() {
+    use edgehive_actors::edge::certmanager::EdgeTlsOptions;
+    use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics, EdgeStreamOptions};
+    use edgehive_protocols::tunnel::{
+        decode_tunnel, encode_tunnel, ConnectRequest, GoUrl, TunnelType,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::default();
+    let kubelet_addr = kubelet.start();
+    let ca = Arc::new(CertAuthority::generate().unwrap());
+    let (cert, key) = crate::tls_join::node_cert(&ca, "edge-fake");
+    let tls = EdgeTlsOptions {
+        ca_file: dir.path().join("ca.crt"),
+        cert_file: dir.path().join("node.crt"),
+        key_file: dir.path().join("node.key"),
+        http_server: String::new(),
+        token: String::new(),
+    };
+    std::fs::write(&tls.ca_file, ca.cert_pem()).unwrap();
+    std::fs::write(&tls.cert_file, pem("CERTIFICATE", &cert)).unwrap();
+    std::fs::write(&tls.key_file, key.serialize_pem()).unwrap();
+    let (addr, accepted) = fake_tunnel::start(ca.clone());
+    let mut options = EdgeStreamOptions::new("edge-fake", &addr.to_string(), tls);
+    options.internal_ip = Some("192.0.2.9".parse().unwrap());
+    options.kubelet_endpoint = format!("http://{kubelet_addr}");
+    options.max_message_bytes = 4096;
+    let hive = edgehive_actors::hive::Hive::new("edge-fake");
+    let edge = EdgeStream::start(options, EdgeStreamMetrics::register(&hive));
+
+    let server = tokio::task::spawn_blocking(move || {
+        let (mut tls, headers) = accepted.join().unwrap();
+        let request = |id: u64, path: &str| {
+            ConnectRequest {
+                mess_id: id,
+                url: GoUrl {
+                    scheme: "http".into(),
+                    host: "127.0.0.1:10350".into(),
+                    path: path.into(),
+                    ..GoUrl::default()
+                },
+                ..ConnectRequest::default()
+            }
+            .to_json()
+        };
+        // Malformed: empty, an unknown type, a cut varint, too large, bad JSON.
+        for payload in [
+            Vec::new(),
+            b"\x01\x09".to_vec(),
+            b"\x80".to_vec(),
+            encode_tunnel(9, TunnelType::LogsConnect, b"{nope"),
+        ] {
+            fake_tunnel::send(&mut tls, 0x1, &payload);
+        }
+        fake_tunnel::send(
+            &mut tls,
+            0x1,
+            &encode_tunnel(5, TunnelType::ExecConnect, &request(5, "/exec/default/p/c")),
+        );
+        fake_tunnel::send(
+            &mut tls,
+            0x1,
+            &encode_tunnel(
+                7,
+                TunnelType::LogsConnect,
+                &request(7, "/containerLogs/default/printer/main"),
+            ),
+        );
+        fake_tunnel::send(&mut tls, 0x9, b"hello?");
+        let mut seen = Vec::new();
+        let mut data = Vec::new();
+        let mut pong = false;
+        // Bounded: the messages expected, and the edge's pings.
+        for _ in 0..50 {
+            let (opcode, payload) = fake_tunnel::read(&mut tls);
+            match opcode {
+                0x9 => continue,
+                0xA => {
+                    pong = payload == b"hello?";
+                    continue;
+                }
+                _ => {}
+            }
+            let message = decode_tunnel(&payload).unwrap();
+            if message.kind == TunnelType::Data && message.connect_id == 7 {
+                data.extend_from_slice(message.data);
+                continue;
+            }
+            seen.push((message.connect_id, message.kind));
+            if seen.contains(&(5, TunnelType::RemoveConnect))
+                && seen.contains(&(7, TunnelType::RemoveConnect))
+                && pong
+            {
+                break;
+            }
+        }
+        // A frame over maxMessageBytes ends the tunnel (the edge dials again).
+        fake_tunnel::send(
+            &mut tls,
+            0x1,
+            &encode_tunnel(9, TunnelType::Data, &[b'x'; 5000]),
+        );
+        let mut byte = [0u8; 1];
+        let closed = loop {
+            match tls.read(&mut byte) {
+                Ok(0) | Err(_) => break true,
+                Ok(_) => continue,
+            }
+        };
+        assert!(closed);
+        (headers, seen, data, pong)
+    });
+    let (headers, seen, data, pong) = tokio::time::timeout(WITHIN * 2, server)
+        .await
+        .unwrap()
+        .unwrap();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+    };
+    assert_eq!(
+        header("sessionhostnameoverride").as_deref(),
+        Some("edge-fake")
+    );
+    assert_eq!(header("sessioninternalip").as_deref(), Some("192.0.2.9"));
+    assert_eq!(
+        seen,
+        vec![
+            (5, TunnelType::RemoveConnect),
+            (7, TunnelType::RemoveConnect)
+        ]
+    );
+    assert_eq!(&data[..], b"line-1\nline-2\n");
+    assert!(pong, "the edge answers the cloud's ping");
+    let metrics = hive.metrics().encode();
+    for reason in [
+        "truncated",
+        "unknown_type",
+        "too_large",
+        "bad_connect_request",
+    ] {
+        assert!(
+            metrics.contains(&format!(
+                "edgehive_edgestream_malformed_total{{reason=\"{reason}\"}}"
+            )),
+            "{reason}: {metrics}"
+        );
+    }
+    assert!(
+        metrics.contains(r#"edgehive_edgestream_refused_total{reason="exec_not_supported"} 1"#),
+        "{metrics}"
+    );
+    edge.stop();
 }

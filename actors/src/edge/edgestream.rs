@@ -12,8 +12,9 @@
 //! REMOVE_CONNECT. exec, attach and the metrics paths are not served: their connects get
 //! REMOVE_CONNECT at once (edgecore's answer to a connect that fails).
 //!
-//! Malformed messages are counted (`edgehive_edgestream_malformed_total{reason}`) and skipped;
-//! the tunnel is dialled again after a doubling backoff when it drops.
+//! Malformed messages are counted (`edgehive_edgestream_malformed_total{reason}`) and skipped
+//! (a frame over the size limit ends the tunnel: its bytes are never read in); the tunnel is
+//! dialled again after a doubling backoff when it drops.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, ToSocketAddrs as _, UdpSocket};
@@ -405,6 +406,15 @@ where
                 last_read = tokio::time::Instant::now();
                 let bytes = match frame {
                     None => break "the cloud closed the tunnel".to_owned(),
+                    Some(Err(awc::error::WsProtocolError::Overflow)) => {
+                        // A frame over the limit cannot be skipped (its bytes are not read):
+                        // the tunnel ends and is dialled again, as the cloud does.
+                        EdgeStreamMetrics::count(&metrics.malformed, "too_large");
+                        break format!(
+                            "a tunnel message over {} bytes (maxMessageBytes)",
+                            options.max_message_bytes
+                        );
+                    }
                     Some(Err(error)) => break format!("tunnel read: {error}"),
                     Some(Ok(Frame::Ping(payload))) => {
                         if let Err(error) = write(options, &mut socket, WsMessage::Pong(payload)).await {

@@ -25,6 +25,8 @@ use crate::tls_join::cloud_ca;
 struct Kubelet {
     requests: Arc<Mutex<Vec<String>>>,
     follow_ended: Arc<AtomicBool>,
+    /// Bytes of the `flood` log written to the edge so far.
+    flooded: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Kubelet {
@@ -54,7 +56,21 @@ impl Kubelet {
             }
         }
         self.requests.lock().unwrap().push(request_line.clone());
-        if request_line.contains("/ticker/") {
+        if request_line.contains("/flood/") {
+            let _ = connection.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n",
+            );
+            let line = "x".repeat(1023) + "\n";
+            let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, line.repeat(64));
+            // Bounded: 256 MiB at most.
+            for _ in 0..4096 {
+                if connection.write_all(chunk.as_bytes()).is_err() {
+                    break;
+                }
+                self.flooded
+                    .fetch_add(64 * 1024, std::sync::atomic::Ordering::AcqRel);
+            }
+        } else if request_line.contains("/ticker/") {
             let _ = connection.write_all(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n",
             );
@@ -595,4 +611,77 @@ async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_e
         "{metrics}"
     );
     edge.stop();
+}
+
+#[actix_rt::test]
+async fn a_tunnel_that_does_not_read_holds_the_kubelet_apis_body_not_the_edges_memory() {
+    use edgehive_actors::edge::certmanager::EdgeTlsOptions;
+    use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics, EdgeStreamOptions};
+    use edgehive_protocols::tunnel::{encode_tunnel, ConnectRequest, GoUrl, TunnelType};
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::default();
+    let kubelet_addr = kubelet.start();
+    let ca = Arc::new(CertAuthority::generate().unwrap());
+    let (cert, key) = crate::tls_join::node_cert(&ca, "edge-slow");
+    let tls = EdgeTlsOptions {
+        ca_file: dir.path().join("ca.crt"),
+        cert_file: dir.path().join("node.crt"),
+        key_file: dir.path().join("node.key"),
+        http_server: String::new(),
+        token: String::new(),
+    };
+    std::fs::write(&tls.ca_file, ca.cert_pem()).unwrap();
+    std::fs::write(&tls.cert_file, pem("CERTIFICATE", &cert)).unwrap();
+    std::fs::write(&tls.key_file, key.serialize_pem()).unwrap();
+    let (addr, accepted) = fake_tunnel::start(ca.clone());
+    let mut options = EdgeStreamOptions::new("edge-slow", &addr.to_string(), tls);
+    options.kubelet_endpoint = format!("http://{kubelet_addr}");
+    // Generous: the stand-in cloud does not read at all while the test watches.
+    options.read_deadline = Duration::from_secs(120);
+    options.write_deadline = Duration::from_secs(120);
+    let hive = edgehive_actors::hive::Hive::new("edge-slow");
+    let edge = EdgeStream::start(options, EdgeStreamMetrics::register(&hive));
+    let tunnel = tokio::task::spawn_blocking(move || {
+        let (mut tls, _) = accepted.join().unwrap();
+        let request = ConnectRequest {
+            mess_id: 1,
+            url: GoUrl {
+                scheme: "http".into(),
+                host: "127.0.0.1:10350".into(),
+                path: "/containerLogs/default/flood/main".into(),
+                ..GoUrl::default()
+            },
+            ..ConnectRequest::default()
+        };
+        fake_tunnel::send(
+            &mut tls,
+            0x1,
+            &encode_tunnel(1, TunnelType::LogsConnect, &request.to_json()),
+        );
+        // ... and reads nothing from here on.
+        tls
+    });
+    let tunnel = tokio::time::timeout(WITHIN, tunnel).await.unwrap().unwrap();
+    // Wait until the stand-in kubelet API cannot write any more (no progress for 2 s).
+    let flooded = kubelet.flooded.clone();
+    let mut last = u64::MAX;
+    let mut stable = 0;
+    let deadline = tokio::time::Instant::now() + WITHIN * 4;
+    while stable < 4 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = flooded.load(Ordering::Acquire);
+        if now == last && now > 0 {
+            stable += 1;
+        } else {
+            stable = 0;
+        }
+        last = now;
+    }
+    assert_eq!(stable, 4, "the kubelet API kept writing: {last} bytes");
+    // Socket buffers on both sides hold some MiB; an edge that read ahead would take all
+    // 256 MiB.
+    assert!(last < 64 * 1024 * 1024, "{last} bytes left the kubelet API");
+    edge.stop();
+    drop(tunnel);
 }

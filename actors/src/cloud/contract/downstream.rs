@@ -11,7 +11,7 @@ use edgehive_protocols::object::{meta_str, namespaced_key, now_ms};
 use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
 use serde_json::{json, Value};
 
-use super::ObjectId;
+use super::object_id::ObjectId;
 
 /// The message for `obj` of `kind` on `node`: source edgecontroller, group resource,
 /// resourceversion = the object's, content = the object with apiVersion and kind (what

@@ -6,7 +6,8 @@
 use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
 use serde_json::{json, Value};
 
-use super::{CloudReply, ConnectionState, Origin};
+use super::connection_state::ConnectionState;
+use super::origin::{CloudReply, Origin};
 use crate::edge::remote::is_remote_type;
 
 /// Where a message's object lives in the `meta` table.

@@ -16,10 +16,14 @@
 //! [`request_cloud`]; those in group `bus` still get KubeEdge's `node/connection` message,
 //! as an edgecore module would ([`ConnectionState::message`], [`ConnectionState::of`]).
 
+mod connection_state;
 mod meta;
+mod origin;
 mod twin;
 
+pub use connection_state::ConnectionState;
 pub use meta::{CloudObject, LocalReply, LocalWrite, MetaRequest, Query, Target};
+pub use origin::{CloudReply, Origin};
 pub use twin::{TwinBody, TwinMessage, TwinReply, Upload};
 
 use std::sync::Arc;
@@ -69,56 +73,6 @@ pub mod route {
             Some(Group::User) => Some(BUS_GROUP),
             _ => None,
         }
-    }
-}
-
-/// Whether the edge has its cloud connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectionState {
-    /// Connected to CloudHub.
-    Connected,
-    /// The connection is gone; EdgeHub is reconnecting.
-    Disconnected,
-}
-
-impl ConnectionState {
-    /// Whether this is [`ConnectionState::Connected`].
-    pub fn is_connected(self) -> bool {
-        self == ConnectionState::Connected
-    }
-
-    /// The content KubeEdge gives the announcement.
-    pub fn as_content(self) -> &'static str {
-        match self {
-            ConnectionState::Connected => "cloud_connected",
-            ConnectionState::Disconnected => "cloud_disconnected",
-        }
-    }
-
-    /// The announcement for the modules of `group`, as EdgeHub sends it.
-    pub fn message(self, group: &str) -> Message {
-        Message::new(
-            ModuleName::EdgeHub,
-            Group::from(group),
-            Operation::Connect,
-            ResourceType::NodeConnection.as_str(),
-            serde_json::Value::from(self.as_content()),
-        )
-    }
-
-    /// The state `message` announces: `None` if it is no connection announcement,
-    /// `Some(Err(content))` if it is one with content we do not know.
-    pub fn of(message: &Message) -> Option<Result<Self, String>> {
-        if message.operation() != Some(&Operation::Connect)
-            || message.resource() != ResourceType::NodeConnection.as_str()
-        {
-            return None;
-        }
-        Some(match message.content_str() {
-            Some("cloud_connected") => Ok(ConnectionState::Connected),
-            Some("cloud_disconnected") => Ok(ConnectionState::Disconnected),
-            _ => Err(message.content.to_string()),
-        })
     }
 }
 
@@ -265,53 +219,6 @@ async fn wait_reply(
             module: route::EDGEHUB.to_owned(),
             timeout,
         })),
-    }
-}
-
-/// The beehive message a typed message was made from, opaque to the modules: EdgeHub builds
-/// the replies to it from it ([`ToCloud`], [`LocalReply`], [`TwinReply`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Origin(Message);
-
-impl Origin {
-    /// The message's id (what a reply names as its parent).
-    pub fn id(&self) -> &str {
-        self.0.id()
-    }
-
-    /// The message's resource, for logs.
-    pub fn resource(&self) -> &str {
-        self.0.resource()
-    }
-
-    /// The message's operation, for logs.
-    pub fn operation(&self) -> &str {
-        self.0
-            .operation()
-            .map(Operation::as_str)
-            .unwrap_or_default()
-    }
-}
-
-/// A cloud message answering a request ([`ask_cloud`]), or one nobody waits for any more.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CloudReply(Message);
-
-impl CloudReply {
-    /// The content: an object, ObjectResp `{"Object":…,"Err":…}`, `{"ErrStatus":…}`, `"OK"` or
-    /// an error text.
-    pub fn content(&self) -> &Value {
-        &self.0.content
-    }
-
-    /// Whether it is a plain `"OK"`.
-    pub fn is_ok_text(&self) -> bool {
-        self.0.content_str() == Some("OK")
-    }
-
-    /// The reply as the message it came as, for the ACK it may need ([`ToCloud::Ack`]).
-    pub fn origin(&self) -> Origin {
-        Origin(self.0.clone())
     }
 }
 

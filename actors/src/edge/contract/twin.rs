@@ -6,8 +6,9 @@
 use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
 use serde_json::{json, Value};
 
+use super::connection_state::ConnectionState;
 use super::meta::CloudObject;
-use super::{ConnectionState, Origin};
+use super::origin::Origin;
 
 /// A device added or removed, or a Device object to commit.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@
 //!   Modified update, Deleted delete) to the nodes the [`LocationCache`] names; a node that
 //!   gains its first pod using one is sent it, a node that loses its last is sent a delete
 //!   (see [`super::location`] for why).
-//! - Edge nodes (label [`super::EDGE_NODE_LABEL`]): Deleted -> delete without content
+//! - Edge nodes (label [`EDGE_NODE_LABEL`]): Deleted -> delete without content
 //!   (`node/{n}/null/node/{n}`, no ACK), then the node's session is closed. Added/Modified ->
 //!   update with the Node when its metadata or spec changed (status changes come from the
 //!   edge itself) only if node updates are on: KubeEdge HEAD pushes them, v1.22.0 (what the
@@ -24,12 +24,14 @@ use edgehive_protocols::{Operation, ResourceType};
 use serde_json::Value;
 
 use super::location::{LocationCache, ObjectRef, RefKind};
-use super::EDGE_NODE_LABEL;
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
-use crate::cloud::contract::{downstream, NodeMessage, ToNodes};
+use crate::cloud::contract::{downstream, route, NodeMessage, ToNodes};
 use crate::cloud::outbox::{Outbox, RETRY_INTERVAL};
 use crate::cloud::watcher::{keep_all, Keep, KindWatcher, WatchMetrics};
 use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
+
+/// The label that marks a Node as an edge node.
+const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
 
 /// What was last seen of a pod.
 struct PodSeen {
@@ -109,9 +111,8 @@ impl Watcher {
         metrics: WatchMetrics,
     ) {
         let follow = |kind: &str, keep: Option<Keep>| {
-            let watcher =
-                KindWatcher::new(self.cluster.clone(), super::EDGECONTROLLER_MODULE, kind)
-                    .counted(metrics.clone());
+            let watcher = KindWatcher::new(self.cluster.clone(), route::EDGECONTROLLER, kind)
+                .counted(metrics.clone());
             match keep {
                 Some(keep) => watcher.keeping(keep),
                 None => watcher,

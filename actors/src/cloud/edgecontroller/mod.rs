@@ -37,8 +37,6 @@ pub use upstream::{EdgeRequest, ParseError, Request, RequestKind, Unparsed};
 pub const EDGECONTROLLER_MODULE: &str = crate::cloud::contract::route::EDGECONTROLLER;
 /// The module group.
 pub const EDGECONTROLLER_GROUP: &str = crate::cloud::contract::route::EDGECONTROLLER;
-/// The label that marks a Node as an edge node.
-pub const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
 pub use crate::cloud::outbox::BUFFER_CAPACITY;
 
 /// Requests of one kind that may wait for a worker. Overflow policy: a request beyond it is

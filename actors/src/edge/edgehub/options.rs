@@ -4,8 +4,10 @@ use std::time::Duration;
 
 use edgehive_protocols::DEFAULT_MAX_FRAME_BYTES;
 
-use super::DEFAULT_PROJECT_ID;
 use crate::edge::certmanager::EdgeTlsOptions;
+
+/// KubeEdge's default `projectID`.
+pub const DEFAULT_PROJECT_ID: &str = "e632aba927ea4ac2b575ec1603d56f10";
 
 /// EdgeHub's settings (edgecore's `modules.edgeHub`).
 #[derive(Debug, Clone)]

@@ -13,15 +13,15 @@ use crate::hive::Hive;
 /// Messages kept while CloudHub is full or restarting. A controller waits for
 /// [`Outbox::room`] before taking its next cluster event, so the buffer holds at most this
 /// many plus what one event produces; a watch that falls behind meanwhile is relisted.
-pub const BUFFER_CAPACITY: usize = 1024;
+pub(crate) const BUFFER_CAPACITY: usize = 1024;
 
 /// The last resort, never reached while the controllers wait for room: past this many kept
 /// messages the oldest is dropped, logged and counted in the owner's overflow counter (the
 /// reconcile repairs what it carried).
-pub const BUFFER_LIMIT: usize = 16 * BUFFER_CAPACITY;
+pub(crate) const BUFFER_LIMIT: usize = 16 * BUFFER_CAPACITY;
 
 /// How long a controller waits before offering kept messages to CloudHub again.
-pub const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+pub(crate) const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What waits in the buffer, in order.
 #[derive(Debug)]
@@ -33,7 +33,7 @@ enum Kept {
 
 /// A bounded buffer in front of CloudHub; see [`BUFFER_CAPACITY`].
 #[derive(Debug)]
-pub struct Outbox {
+pub(crate) struct Outbox {
     hive: Hive,
     buffer: VecDeque<Kept>,
     sent: Counter,
@@ -148,7 +148,7 @@ impl Outbox {
 }
 
 /// Hands `message` to CloudHub; gives it back if CloudHub is full or not running.
-pub fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
+pub(crate) fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
     match hive.tell(route::CLOUDHUB, message) {
         Ok(()) => {
             sent.inc();
@@ -160,14 +160,14 @@ pub fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
 
 /// How long a reply to an edge's request waits for room in CloudHub's mailbox before it is
 /// given up (logged and counted by the caller).
-pub const REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Hands a reply to an edge's request (resource in cloud form, naming its node) to CloudHub,
 /// waiting up to [`REPLY_WAIT`] for a slot in its mailbox. A burst of requests fills that
 /// mailbox in a moment, and a reply refused there would leave the edge waiting its whole
 /// request timeout; the caller holds a worker permit meanwhile, so what waits is bounded.
 /// `false` when CloudHub did not take it (not running, or full that long) or it names no node.
-pub async fn deliver_reply(hive: &Hive, sent: &Counter, message: Message) -> bool {
+pub(crate) async fn deliver_reply(hive: &Hive, sent: &Counter, message: Message) -> bool {
     let Some(to_nodes) = ToNodes::from_message(message) else {
         return false;
     };
@@ -182,7 +182,11 @@ pub async fn deliver_reply(hive: &Hive, sent: &Counter, message: Message) -> boo
 
 /// [`offer`] for a message whose cloud-form resource names its node; `Err` gives back what
 /// CloudHub did not take, `Ok(false)` means the message named no node.
-pub fn offer_message(hive: &Hive, sent: &Counter, message: Message) -> Result<bool, ToNodes> {
+pub(crate) fn offer_message(
+    hive: &Hive,
+    sent: &Counter,
+    message: Message,
+) -> Result<bool, ToNodes> {
     match ToNodes::from_message(message) {
         Some(to_nodes) => offer(hive, sent, to_nodes).map_or(Ok(true), Err),
         None => Ok(false),

@@ -38,11 +38,11 @@ use crate::cloud::cluster::{
 use crate::hive::Hive;
 
 /// The first wait after a closed watch or a failed list.
-pub const FIRST_RETRY: Duration = Duration::from_millis(100);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_millis(100);
 /// The longest wait.
-pub const MAX_RETRY: Duration = Duration::from_secs(30);
+pub(crate) const MAX_RETRY: Duration = Duration::from_secs(30);
 /// A watch that ran this long since its last good list starts the waits over.
-pub const HEALTHY: Duration = Duration::from_secs(60);
+pub(crate) const HEALTHY: Duration = Duration::from_secs(60);
 
 /// Why a watcher lists again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -204,7 +204,7 @@ impl WatchMetrics {
 pub type Keep = fn(&Value) -> Value;
 
 /// Keeps the whole object.
-pub fn keep_all(object: &Value) -> Value {
+pub(crate) fn keep_all(object: &Value) -> Value {
     object.clone()
 }
 

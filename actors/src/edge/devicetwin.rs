@@ -45,12 +45,12 @@ use crate::hive::{Accepts, Envelope, Hive, Module};
 /// beehive name of the module.
 pub const MODULE_NAME: &str = route::TWIN;
 /// beehive group of the module.
-pub const GROUP: &str = route::TWIN_GROUP;
+pub(crate) const GROUP: &str = route::TWIN_GROUP;
 /// Uploads awaiting the cloud's confirmation, at most. Overflow policy: the oldest is dropped
 /// (and counted): a newer reading of the same device supersedes it in the cloud anyway.
 pub const MAX_UNCONFIRMED: usize = 1024;
 /// How often unconfirmed uploads are resent while connected (KubeEdge: after 60 s idle).
-pub const RESEND_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const RESEND_INTERVAL: Duration = Duration::from_secs(60);
 const HUB_MODULE: &str = route::EDGEHUB;
 
 /// Why a report was refused.

@@ -36,13 +36,13 @@ use crate::hive::{Accepts, Envelope, Hive, HiveError, Module};
 /// beehive name of the module.
 pub const MODULE_NAME: &str = route::METAMANAGER;
 /// beehive group of the module.
-pub const GROUP: &str = route::META_GROUP;
+pub(crate) const GROUP: &str = route::META_GROUP;
 /// The module ACKs are sent to (edgehub).
 const HUB_MODULE: &str = route::EDGEHUB;
 /// The module Device and DeviceModel objects are handed to (DeviceTwin).
 const TWIN_MODULE: &str = route::TWIN;
 /// KubeEdge's default `remoteQueryTimeout`.
-pub const DEFAULT_REMOTE_QUERY_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_REMOTE_QUERY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How much longer than `remoteQueryTimeout` a remote query waits for EdgeHub's own answer
 /// (which is a timeout error at `remoteQueryTimeout`); see `Ctx::remote`.
 const REMOTE_CALL_MARGIN: Duration = Duration::from_secs(1);

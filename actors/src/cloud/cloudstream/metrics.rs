@@ -17,14 +17,14 @@ pub struct ReasonLabels {
 
 /// Label set of the byte counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DirectionLabels {
+pub(crate) struct DirectionLabels {
     /// `to_apiserver` (from the edge's tunnel to an HTTP response) or `to_edge`.
     pub direction: String,
 }
 
 /// CloudStream's metrics.
 #[derive(Debug, Clone, Default)]
-pub struct CloudStreamMetrics {
+pub(crate) struct CloudStreamMetrics {
     /// Nodes with an open tunnel.
     pub tunnels: Gauge,
     /// Streams open now, all nodes together.

@@ -30,7 +30,7 @@ use crate::hive::{Hive, RefusalKind};
 use crate::identity::tls::{CloudTls, PeerCertificate, TlsError};
 pub use context::CloudStreamOptions;
 use context::StreamContext;
-pub use metrics::CloudStreamMetrics;
+pub(crate) use metrics::CloudStreamMetrics;
 
 /// Worker threads of each server.
 const WORKERS: usize = 1;

@@ -12,7 +12,7 @@ mod object_id;
 pub mod request;
 pub mod twin;
 
-pub use downstream::object_message;
+pub(crate) use downstream::object_message;
 pub use object_id::ObjectId;
 
 use std::sync::Arc;
@@ -244,7 +244,7 @@ pub struct DisconnectNode {
 /// knew the node.
 #[derive(Debug, ActixMessage)]
 #[rtype(result = "bool")]
-pub struct NodeDeleted {
+pub(crate) struct NodeDeleted {
     /// The deleted node.
     pub node: String,
 }
@@ -253,7 +253,7 @@ pub struct NodeDeleted {
 /// forgotten what it ACKed, and EdgeController sends it everything bound to it again.
 #[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
 #[rtype(result = "()")]
-pub struct ResyncNode {
+pub(crate) struct ResyncNode {
     /// The node.
     pub node: String,
 }
@@ -268,7 +268,7 @@ pub struct ResyncNode {
 /// operation is update), lease, nodepatch, podpatch, podstatus, certificatesigningrequest, or
 /// pod with operation `response`. (KubeEdge also treats a response carrying a Go error as
 /// no-ACK; a Go error has no wire form we can recognise, so such replies take the ACK lane.)
-pub fn needs_ack(message: &Message) -> bool {
+pub(crate) fn needs_ack(message: &Message) -> bool {
     const NO_ACK_RESOURCES: [&str; 5] = [
         "podlist",
         "membership",
@@ -330,7 +330,7 @@ pub fn needs_ack(message: &Message) -> bool {
 /// The ACK-lane key of a message: the object's UID, or the resource string when the content
 /// has none (responses, device messages). The resource is taken in edge form, so the key is
 /// the same for every node.
-pub fn ack_key(message: &Message) -> String {
+pub(crate) fn ack_key(message: &Message) -> String {
     message.content["metadata"]["uid"]
         .as_str()
         .filter(|uid| !uid.is_empty())

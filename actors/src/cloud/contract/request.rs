@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 /// The request kinds, each with its own concurrency limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RequestKind {
+pub(crate) enum RequestKind {
     /// `nodestatus` insert/update.
     NodeStatus,
     /// `node` insert/query/update.
@@ -142,7 +142,7 @@ pub enum Request {
 /// An edge's request, as the controller actor receives it.
 #[derive(Debug, Clone, actix::Message)]
 #[rtype(result = "()")]
-pub struct EdgeRequest {
+pub(crate) struct EdgeRequest {
     /// The message as CloudHub handed it over (resource `node/{node}/...`).
     pub message: Message,
     /// Its parsed resource.
@@ -155,7 +155,7 @@ pub struct EdgeRequest {
 /// reason: EdgeController counts it and answers a malformed one (as KubeEdge does).
 #[derive(Debug, Clone, actix::Message)]
 #[rtype(result = "()")]
-pub struct Unparsed {
+pub(crate) struct Unparsed {
     /// The message as CloudHub handed it over (resource `node/{node}/...`).
     pub message: Message,
     /// Why it is not a request.
@@ -164,7 +164,7 @@ pub struct Unparsed {
 
 /// Why a message is not an [`EdgeRequest`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ParseError {
+pub(crate) enum ParseError {
     /// Not a resource/operation EdgeController handles (KubeEdge logs and drops these).
     #[error("unhandled: {0}")]
     Unhandled(String),
@@ -178,15 +178,7 @@ pub enum ParseError {
     },
 }
 
-impl ParseError {
-    /// The kind, when the message was a handled kind with bad content.
-    pub fn kind(&self) -> Option<RequestKind> {
-        match self {
-            ParseError::Malformed { kind, .. } => Some(*kind),
-            ParseError::Unhandled(_) => None,
-        }
-    }
-}
+impl ParseError {}
 
 fn content_object(message: &Message, kind: RequestKind) -> Result<Value, ParseError> {
     match message.content_json() {
@@ -204,6 +196,7 @@ fn content_object(message: &Message, kind: RequestKind) -> Result<Value, ParseEr
 
 impl EdgeRequest {
     /// Types `message`; see [`ParseError`] for what is refused.
+    #[cfg(test)]
     pub fn parse(message: Message) -> Result<EdgeRequest, ParseError> {
         Self::from_message(message).map_err(|unparsed| unparsed.error)
     }
@@ -405,7 +398,7 @@ fn uid_precondition(options: &Value) -> Option<String> {
 }
 
 /// A reply to `request` from edgecontroller (group resource) on `resource`.
-pub fn reply_on(request: &Message, resource: String, content: Value) -> Message {
+pub(crate) fn reply_on(request: &Message, resource: String, content: Value) -> Message {
     let mut reply = Message::response_to(request, content);
     reply.route.source = Some(ModuleName::EdgeController);
     reply.route.group = Some(Group::Resource);

@@ -37,15 +37,15 @@ use controller::{DeviceController, Metrics};
 use index::DeviceIndex;
 
 /// The module name.
-pub const DEVICECONTROLLER_MODULE: &str = super::contract::route::DEVICECONTROLLER;
+pub(crate) const DEVICECONTROLLER_MODULE: &str = super::contract::route::DEVICECONTROLLER;
 /// The module group (CloudHub sends devicetwin's messages here).
-pub const DEVICECONTROLLER_GROUP: &str = super::contract::route::DEVICECONTROLLER;
+pub(crate) const DEVICECONTROLLER_GROUP: &str = super::contract::route::DEVICECONTROLLER;
 /// Twin reports written at once (KubeEdge's updateDeviceStatusWorkers).
-pub const STATUS_WORKERS: usize = 1;
+pub(crate) const STATUS_WORKERS: usize = 1;
 /// Twin reports that may wait for the worker. Overflow policy: a report beyond it is dropped,
 /// logged and counted (`edgehive_devicecontroller_busy_total`); devicetwin resends
 /// unconfirmed reports itself.
-pub const WAITING_CAPACITY: usize = 1024;
+pub(crate) const WAITING_CAPACITY: usize = 1024;
 
 /// DeviceController's module recipe.
 pub struct DeviceControllerModule {

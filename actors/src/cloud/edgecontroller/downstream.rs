@@ -58,10 +58,10 @@ fn is_edge_node(node: &Value) -> bool {
     node["metadata"]["labels"].get(EDGE_NODE_LABEL).is_some()
 }
 
-pub use crate::cloud::contract::object_message;
+pub(crate) use crate::cloud::contract::object_message;
 
 /// The watch loop's state.
-pub struct Watcher {
+pub(crate) struct Watcher {
     cluster: SharedCluster,
     outbox: Outbox,
     node_updates: bool,

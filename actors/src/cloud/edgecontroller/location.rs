@@ -21,7 +21,7 @@ use serde_json::Value;
 pub use edgehive_protocols::object::RefKind;
 
 /// A referenced object: kind, namespace, name.
-pub type ObjectRef = (RefKind, String, String);
+pub(crate) type ObjectRef = (RefKind, String, String);
 
 /// How the node set of a referenced object changed.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -34,7 +34,7 @@ pub struct Changes {
 
 /// See the [module docs](self).
 #[derive(Debug, Default)]
-pub struct LocationCache {
+pub(crate) struct LocationCache {
     /// (namespace, pod name) -> (node, what it references).
     pods: HashMap<(String, String), (String, BTreeSet<ObjectRef>)>,
     /// object -> node -> how many pods on that node use it.
@@ -121,11 +121,6 @@ impl LocationCache {
             .collect();
         objects.sort();
         objects
-    }
-
-    /// Every pod known, as (namespace, name) keys.
-    pub fn pod_keys(&self) -> Vec<(String, String)> {
-        self.pods.keys().cloned().collect()
     }
 }
 

@@ -12,7 +12,7 @@
 //! the same on the embedded cluster and on a real API server.
 
 pub mod downstream;
-pub mod location;
+pub(crate) mod location;
 pub mod upstream;
 
 use std::collections::HashMap;
@@ -31,22 +31,22 @@ use crate::cloud::outbox::{deliver_reply, offer_message, Outbox};
 use crate::cloud::watcher::WatchMetrics;
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use downstream::Watcher;
-pub use upstream::{EdgeRequest, ParseError, Request, RequestKind, Unparsed};
+pub use upstream::Request;
+pub(crate) use upstream::{EdgeRequest, ParseError, RequestKind, Unparsed};
 
 /// The module name.
-pub const EDGECONTROLLER_MODULE: &str = crate::cloud::contract::route::EDGECONTROLLER;
+pub(crate) const EDGECONTROLLER_MODULE: &str = crate::cloud::contract::route::EDGECONTROLLER;
 /// The module group.
-pub const EDGECONTROLLER_GROUP: &str = crate::cloud::contract::route::EDGECONTROLLER;
-pub use crate::cloud::outbox::BUFFER_CAPACITY;
+pub(crate) const EDGECONTROLLER_GROUP: &str = crate::cloud::contract::route::EDGECONTROLLER;
 
 /// Requests of one kind that may wait for a worker. Overflow policy: a request beyond it is
 /// refused at once, answered with an error text (when its kind is answered) and counted with
 /// outcome `busy`; the edge retries as it does after any error.
-pub const WAITING_CAPACITY: usize = 1024;
+pub(crate) const WAITING_CAPACITY: usize = 1024;
 
 /// Labels of `edgehive_edgecontroller_requests_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+pub(crate) struct RequestLabels {
     /// The request kind ([`RequestKind::as_str`]).
     pub kind: String,
     /// `ok`, `error`, `busy`, `malformed`.

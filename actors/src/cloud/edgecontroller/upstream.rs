@@ -14,8 +14,9 @@ use serde_json::{json, Value};
 
 use crate::cloud::cluster::{ClusterError, SharedCluster};
 use crate::cloud::contract::downstream;
-pub use crate::cloud::contract::request::{
-    reply_on, EdgeRequest, ParseError, QueryTarget, Request, RequestKind, Unparsed,
+pub use crate::cloud::contract::request::Request;
+pub(crate) use crate::cloud::contract::request::{
+    reply_on, EdgeRequest, ParseError, RequestKind, Unparsed,
 };
 
 impl EdgeRequest {
@@ -321,7 +322,7 @@ impl EdgeRequest {
 
 /// What running a request produced.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The reply for the edge, if KubeEdge sends one.
     pub reply: Option<Message>,
     /// Other messages for the edge.
@@ -408,6 +409,7 @@ fn named_object(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloud::contract::request::QueryTarget;
     use edgehive_protocols::{Group, ModuleName, Operation};
 
     fn upstream(op: Operation, resource: &str, content: Value) -> Message {

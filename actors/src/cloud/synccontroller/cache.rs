@@ -82,6 +82,7 @@ impl KindCache {
         }
     }
 
+    #[cfg(test)]
     fn len(&self) -> usize {
         self.objects.values().map(HashMap::len).sum()
     }
@@ -89,7 +90,7 @@ impl KindCache {
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub struct ClusterCache {
+pub(crate) struct ClusterCache {
     kinds: HashMap<String, KindCache>,
 }
 
@@ -113,6 +114,7 @@ impl ClusterCache {
             .collect()
     }
 
+    #[cfg(test)]
     /// Whether `kind`'s list arrived.
     pub fn is_synced(&self, kind: &str) -> bool {
         self.kinds.get(kind).is_some_and(|cache| cache.synced)
@@ -160,14 +162,10 @@ impl ClusterCache {
             .is_some_and(|cache| cache.followed && cache.get("", name).is_some())
     }
 
+    #[cfg(test)]
     /// How many objects it knows.
     pub fn len(&self) -> usize {
         self.kinds.values().map(KindCache::len).sum()
-    }
-
-    /// Whether it knows none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

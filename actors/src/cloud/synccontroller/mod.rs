@@ -66,16 +66,13 @@ use records::{Records, Resend, Write, NODE_KIND};
 /// The module name.
 pub const SYNCCONTROLLER_MODULE: &str = route::SYNCCONTROLLER;
 /// `apiVersion` of the records.
-pub const RELIABLESYNCS_API_VERSION: &str = "reliablesyncs.kubeedge.io/v1alpha1";
-/// KubeEdge's reconcile period; here, how long a change is left to the controllers before
-/// the reconcile judges it.
-pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const RELIABLESYNCS_API_VERSION: &str = "reliablesyncs.kubeedge.io/v1alpha1";
 /// A resend of the same object version to the same node is not repeated sooner.
-pub const RESEND_QUIET: Duration = Duration::from_secs(30);
+pub(crate) const RESEND_QUIET: Duration = Duration::from_secs(30);
 /// Events that may wait: every ACK of every node is one, so the mailbox is deep. Overflow
 /// policy: CloudHub counts a refused event (`sync_event_undelivered`, `ack_event_undelivered`)
 /// and the reconcile repairs the record with a resend.
-pub const MAILBOX_CAPACITY: usize = 65_536;
+pub(crate) const MAILBOX_CAPACITY: usize = 65_536;
 /// Record writes per batch.
 const BATCH: usize = 256;
 /// How long dirty records gather before a batch is written.
@@ -250,12 +247,12 @@ fn record_kind(object: &ObjectId) -> (&'static str, Option<&str>) {
 }
 
 /// The record's name: `{node}.{uid}`.
-pub fn record_name(node: &str, uid: &str) -> String {
+pub(crate) fn record_name(node: &str, uid: &str) -> String {
     format!("{node}.{uid}")
 }
 
 /// A record as the cluster holds it (KubeEdge's fields).
-pub fn record_object(node: &str, object: &ObjectId, version: &str) -> Value {
+pub(crate) fn record_object(node: &str, object: &ObjectId, version: &str) -> Value {
     let (kind, namespace) = record_kind(object);
     let mut metadata = json!({"name": record_name(node, &object.uid)});
     if let Some(namespace) = namespace {
@@ -897,7 +894,7 @@ impl Handler<SyncView> for SyncController {
 }
 
 /// A change of one followed kind.
-pub struct KindChange {
+pub(crate) struct KindChange {
     kind: Arc<str>,
     change: Change,
 }

@@ -27,17 +27,17 @@ use edgehive_protocols::object::is_newer;
 use crate::cloud::contract::ObjectId;
 
 /// The version a record holds for an object queued but not yet acknowledged (KubeEdge's).
-pub const QUEUED: &str = "0";
+pub(crate) const QUEUED: &str = "0";
 
 /// The kind whose objects tell which nodes exist.
-pub const NODE_KIND: &str = "Node";
+pub(crate) const NODE_KIND: &str = "Node";
 
 /// The delay of a [`Records::default`]: KubeEdge's reconcile period.
 const DEFAULT_DELAY: Duration = Duration::from_secs(5);
 
 /// One node's record of one object.
 #[derive(Debug, Clone)]
-pub struct Record {
+pub(crate) struct Record {
     /// The object.
     pub object: Arc<ObjectId>,
     /// What the record should say; `None`: the record is to be deleted.
@@ -65,11 +65,6 @@ impl Record {
             (Some((None, _)), Some(_)) => true,
             _ => false,
         }
-    }
-
-    /// When it is to be looked at next, if it is on the deadline queue.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
     }
 }
 
@@ -125,7 +120,7 @@ enum Verdict {
 }
 
 /// What a reconcile knows of the cluster: an object's UID and resourceVersion, if it has one.
-pub trait ClusterView {
+pub(crate) trait ClusterView {
     /// The UID and resourceVersion of the object of `kind` at `namespace`/`name`.
     fn version(&self, kind: &str, namespace: &str, name: &str) -> Option<(&str, &str)>;
 
@@ -153,7 +148,7 @@ fn object_key(object: &ObjectId) -> ObjectKey {
 /// Every node's records, their deadline queue and the index events find them by; see the
 /// module docs.
 #[derive(Debug)]
-pub struct Records {
+pub(crate) struct Records {
     nodes: HashMap<String, HashMap<String, Record>>,
     dirty: VecDeque<RecordKey>,
     dirty_set: HashSet<RecordKey>,
@@ -200,6 +195,7 @@ impl Records {
     }
 
     /// Whether there are none.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }

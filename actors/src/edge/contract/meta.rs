@@ -66,7 +66,7 @@ pub struct CloudObject {
 
 /// A local module's update or patch, stored and then sent to the cloud.
 #[derive(Debug, Clone)]
-pub struct LocalWrite {
+pub(crate) struct LocalWrite {
     /// Where it is stored.
     pub target: Target,
     /// The object.
@@ -91,7 +91,7 @@ pub struct Query {
 /// What MetaManager is asked to do, typed once by [`MetaRequest::from_message`] (by EdgeHub for
 /// the cloud's groups `resource` and `func`, by MetaManager for an extension's envelope).
 #[derive(Debug, Clone)]
-pub enum MetaRequest {
+pub(crate) enum MetaRequest {
     /// A cloud insert or update to store and ACK.
     Store(CloudObject),
     /// A cloud delete to apply and ACK.
@@ -251,7 +251,7 @@ fn uid_of(msg: &Message) -> Option<String> {
 
 /// MetaManager's answer to a local requester (an extension module), as KubeEdge gives it.
 #[derive(Debug, Clone)]
-pub enum LocalReply {
+pub(crate) enum LocalReply {
     /// The stored objects: a JSON array of them, each as a JSON string (source `metamanager`).
     Rows {
         /// The query.

@@ -22,8 +22,10 @@ mod origin;
 mod twin;
 
 pub use connection_state::ConnectionState;
-pub use meta::{CloudObject, LocalReply, LocalWrite, MetaRequest, Query, Target};
-pub use origin::{CloudReply, Origin};
+pub use meta::{CloudObject, Query, Target};
+pub(crate) use meta::{LocalReply, LocalWrite, MetaRequest};
+pub(crate) use origin::CloudReply;
+pub use origin::Origin;
 pub use twin::{TwinBody, TwinMessage, TwinReply, Upload};
 
 use std::sync::Arc;
@@ -225,7 +227,7 @@ async fn wait_reply(
 /// Sent to EdgeHub ([`route::EDGEHUB`]) with [`Hive::tell`]: what a module sends the cloud
 /// without waiting for an answer. EdgeHub writes ACKs and refusals ahead of the rest.
 #[derive(Debug, Clone)]
-pub enum ToCloud {
+pub(crate) enum ToCloud {
     /// `"OK"` to a cloud message, once what it said is committed (a real v1.22 edge ACKs
     /// device and devicemodel inserts and deletes as source `meta`, group `twin`).
     Ack(Origin),
@@ -276,7 +278,7 @@ impl ToCloud {
 
 /// A request that waits for the cloud's answer ([`ask_cloud`]).
 #[derive(Debug, Clone)]
-pub enum Ask {
+pub(crate) enum Ask {
     /// The node module's request (source `edged`, group `meta`): the Node, its status, its
     /// Lease.
     Node {
@@ -313,7 +315,7 @@ impl Ask {
 
 /// Sent to EdgeHub ([`route::EDGEHUB`]) with [`Hive::ask`]: the typed [`CloudRequest`].
 #[derive(Debug)]
-pub struct CloudAsk(pub Ask);
+pub(crate) struct CloudAsk(pub Ask);
 
 impl actix::Message for CloudAsk {
     type Result = Result<PendingReply, EdgeHubError>;
@@ -321,7 +323,7 @@ impl actix::Message for CloudAsk {
 
 /// Asks the cloud through EdgeHub and waits, all in all at most `timeout` (and at most
 /// EdgeHub's request timeout), for its answer; see [`request_cloud`].
-pub async fn ask_cloud(
+pub(crate) async fn ask_cloud(
     hive: &Hive,
     ask: Ask,
     timeout: Duration,

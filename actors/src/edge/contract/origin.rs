@@ -31,7 +31,7 @@ impl Origin {
 
 /// A cloud message answering a request ([`ask_cloud`]), or one nobody waits for any more.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CloudReply(pub(super) Message);
+pub(crate) struct CloudReply(pub(super) Message);
 
 impl CloudReply {
     /// The content: an object, ObjectResp `{"Object":…,"Err":…}`, `{"ErrStatus":…}`, `"OK"` or

@@ -32,7 +32,7 @@ pub mod options;
 mod shared;
 
 use link::Link;
-pub use options::{events_url, EdgeHubOptions, DEFAULT_PROJECT_ID};
+pub use options::{EdgeHubOptions, DEFAULT_PROJECT_ID};
 use shared::{HubMetrics, HubState, Shared, MAX_PENDING_REQUESTS};
 
 use std::collections::HashMap;
@@ -42,17 +42,17 @@ use actix::{Actor, AsyncContext, Context, Handler, MessageResult};
 use edgehive_protocols::Message;
 use tokio::sync::{oneshot, Notify};
 
+pub use crate::edge::contract::PendingReply;
 use crate::edge::contract::{route, CloudConnection};
-pub use crate::edge::contract::{
-    CloudAsk, CloudRequest, EdgeHubError, EdgeHubStatus, GetEdgeHubStatus, PendingReply, ToCloud,
-};
+use crate::edge::contract::{CloudAsk, ToCloud};
+pub use crate::edge::contract::{CloudRequest, EdgeHubError, EdgeHubStatus, GetEdgeHubStatus};
 use crate::hive::locks::lock;
 use crate::hive::{Accepts, Envelope, Hive, Module};
 
 /// beehive name of the module.
 pub const MODULE_NAME: &str = route::EDGEHUB;
 /// beehive group of the module.
-pub const GROUP: &str = route::EDGEHUB_GROUP;
+pub(crate) const GROUP: &str = route::EDGEHUB_GROUP;
 /// The EdgeHub recipe: options plus the state that outlives a restart of the actor.
 #[derive(Debug)]
 pub struct EdgeHubModule {

@@ -74,7 +74,7 @@ fn default_node_name() -> String {
 
 /// The URL EdgeHub dials: `wss://` with TLS, `ws://` without. CloudHub accepts any path;
 /// identity travels in headers (and, with TLS, in the client certificate).
-pub fn events_url(options: &EdgeHubOptions) -> String {
+pub(crate) fn events_url(options: &EdgeHubOptions) -> String {
     let scheme = if options.tls.is_some() { "wss" } else { "ws" };
     format!(
         "{scheme}://{}/{}/{}/events",

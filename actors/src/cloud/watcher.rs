@@ -117,7 +117,7 @@ impl Backoff {
         }
     }
 
-    /// [`FIRST_RETRY`] doubling to [`MAX_RETRY`], started over after [`HEALTHY`].
+    /// `FIRST_RETRY` doubling to `MAX_RETRY`, started over after `HEALTHY`.
     pub fn standard() -> Self {
         Backoff::new(FIRST_RETRY, MAX_RETRY, HEALTHY)
     }

@@ -8,7 +8,7 @@
 //!   sent up as `device/{ns}/{name}/twin/edge_updated` or `.../state/update` (source `twin`,
 //!   group `resource`, operation `update`). Each upload stays in the confirm list until a
 //!   cloud message whose `parent_msg_id` is its id arrives, and is resent after every
-//!   reconnect and every [`RESEND_INTERVAL`] while connected. Reports are kept in the store
+//!   reconnect and every `RESEND_INTERVAL` while connected. Reports are kept in the store
 //!   too (before they are sent) and taken back when the process starts again.
 //! - After each connect, twin asks for `membership/detail` (operation `get`) as a real edge
 //!   does, reusing the same message while it is unanswered. Connects are EdgeHub's

@@ -19,10 +19,10 @@
 //!   is confirmed at once.
 //!
 //! Frames carry source `edged`, group `meta`, as edged's messages do after MetaManager; each
-//! is an [`Ask::Node`] that EdgeHub, asked by name ([`ask_hub`]), turns into the frame, and
-//! the answer comes back as a [`CloudReply`]. Whether the cloud is connected is
+//! is an `Ask::Node` that EdgeHub, asked by name (`ask_hub`), turns into the frame, and
+//! the answer comes back as a `CloudReply`. Whether the cloud is connected is
 //! EdgeHub's [`CloudConnection`], which the module follows from the start of each actor.
-//! Everything the module keeps lives in [`Shared`], which outlives restarts of the actor.
+//! Everything the module keeps lives in `Shared`, which outlives restarts of the actor.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, ToSocketAddrs as _, UdpSocket};

@@ -11,7 +11,7 @@ pub mod devicetwin;
 pub mod edged;
 pub mod edgehub;
 pub mod metamanager;
-pub mod remote;
+pub(crate) mod remote;
 pub mod store;
 pub mod twin_store;
 pub mod watch;

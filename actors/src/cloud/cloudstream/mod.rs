@@ -1,18 +1,18 @@
 //! CloudStream: `kubectl logs` for pods on edge nodes, through the node's stream tunnel
 //! (KubeEdge's CloudStream, compatible with edgecore's EdgeStream).
 //!
-//! Two TLS ports: the tunnel server ([`tunnel`], KubeEdge's `tunnelPort` 10004) where edges
-//! keep one WebSocket each, and the stream server ([`streams`], `streamPort` 10003) where the
+//! Two TLS ports: the tunnel server (`tunnel`, KubeEdge's `tunnelPort` 10004) where edges
+//! keep one WebSocket each, and the stream server (`streams`, `streamPort` 10003) where the
 //! API server calls the kubelet API paths. A request picks the node's tunnel, sends a
 //! LOGS_CONNECT with the request as the edge replays it to its kubelet API, and pipes the
-//! edge's DATA messages into the response ([`session`] says how memory stays bounded).
+//! edge's DATA messages into the response (`session` says how memory stays bounded).
 //!
 //! Both ports use the TLS ports' handshake gate of CloudHub (`cloudhub::gate`) and the cloud's
 //! server certificate. Not yet: exec, attach, the metrics paths, the API server's egress
 //! selector, edgehive's own EdgeStream.
 
 mod context;
-pub mod metrics;
+mod metrics;
 mod session;
 mod streams;
 mod tunnel;

@@ -1,16 +1,16 @@
 //! The typed messages that cross module boundaries on the cloud side.
 //!
 //! Only CloudHub converts between the beehive [`Message`] on the wire and these types, and
-//! the beehive messages controllers send are built here ([`downstream`], and [`request`]'s
+//! the beehive messages controllers send are built here (`downstream`, and `request`'s
 //! replies), never in the controllers; the controllers hand CloudHub a [`NodeMessage`] (built once per change, encoded once, shared by
 //! every node that gets it) inside [`ToNodes`], and CloudHub hands EdgeController typed
-//! [`request::EdgeRequest`]s. Modules address each other by the names in [`route`] and the
+//! `request::EdgeRequest`s. Modules address each other by the names in [`route`] and the
 //! message type (`Hive::tell`), never by actor type.
 
-pub mod downstream;
+pub(crate) mod downstream;
 mod object_id;
-pub mod request;
-pub mod twin;
+pub(crate) mod request;
+pub(crate) mod twin;
 
 pub(crate) use downstream::object_message;
 pub use object_id::ObjectId;
@@ -53,7 +53,7 @@ pub struct NodeMessage {
 
 impl NodeMessage {
     /// Reads `message` (resource in cloud form, `node/{node}/…`, or already in edge form)
-    /// once: its lane by KubeEdge's rules ([`needs_ack`]), its object key, and its frame.
+    /// once: its lane by KubeEdge's rules (`needs_ack`), its object key, and its frame.
     pub fn new(message: &Message) -> Arc<Self> {
         Self::with_lane(message.clone(), needs_ack(message))
     }

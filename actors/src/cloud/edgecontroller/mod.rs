@@ -1,19 +1,19 @@
 //! EdgeController (module `edgecontroller`, group `edgecontroller`): the cluster's side of
 //! KubeEdge's edge nodes.
 //!
-//! - [`downstream`]: pods, ConfigMaps, Secrets and Nodes from the cluster's watches become
-//!   messages for the edge nodes that need them ([`location`] decides which ConfigMaps and
+//! - `downstream`: pods, ConfigMaps, Secrets and Nodes from the cluster's watches become
+//!   messages for the edge nodes that need them (`location` decides which ConfigMaps and
 //!   Secrets go where).
-//! - [`upstream`]: what edges send (node and pod status, queries, leases, events, ...) becomes
-//!   a typed [`EdgeRequest`], run against the cluster with a concurrency limit per kind, and
+//! - `upstream`: what edges send (node and pod status, queries, leases, events, ...) becomes
+//!   a typed `EdgeRequest`, run against the cluster with a concurrency limit per kind, and
 //!   answered the way KubeEdge answers.
 //!
 //! The controller reads and writes the cluster only through the [`ClusterPort`](crate::cloud::cluster::ClusterPort), so it runs
 //! the same on the embedded cluster and on a real API server.
 
-pub mod downstream;
+mod downstream;
 pub(crate) mod location;
-pub mod upstream;
+mod upstream;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -12,15 +12,15 @@
 //!   longer exist.
 //!
 //! The reconcile is driven by deadlines, not by a timer that walks every record: a record is
-//! put on a deadline queue ([`records::Records`], earliest deadline wins) when something may
+//! put on a deadline queue (`records::Records`, earliest deadline wins) when something may
 //! be owed for it: it was made (queued for a node, acknowledged, read at start: looked at
-//! once it is `reconcile_interval` old), its object changed in the [`cache`] of the cluster
+//! once it is `reconcile_interval` old), its object changed in the `cache` of the cluster
 //! (a watch event or a list that found it different: looked at `reconcile_interval` later,
 //! the controllers deliver it meanwhile), its kind was listed, a resend of it is under way
-//! (looked at again after [`RESEND_QUIET`]), or a resend could not be confirmed or handed to
+//! (looked at again after `RESEND_QUIET`), or a resend could not be confirmed or handed to
 //! CloudHub. The actor sleeps until the earliest deadline (runs at least
 //! `reconcile_interval / 10` apart, at most 1 s) and a run looks only at the records due
-//! ([`records::Records::run`]); a settled record (acknowledged at the cluster's version, or
+//! (`records::Records::run`); a settled record (acknowledged at the cluster's version, or
 //! its version waiting in the node's pool) is never looked at, and with nothing owed nothing
 //! runs. The cache holds the UID and resourceVersion of every object of the kinds it keeps
 //! records for, and of Nodes: one list each, then a watch. What a run finds owed is
@@ -38,8 +38,8 @@
 //! ACK event again for a minute (the reconcile trusts a record's pooled version, so the
 //! record must hear of it).
 
-pub mod cache;
-pub mod records;
+mod cache;
+mod records;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

@@ -60,7 +60,7 @@ pub struct CloudObject {
     pub uid: Option<String>,
     /// A Device or DeviceModel from DeviceController: DeviceTwin commits it too.
     pub device: bool,
-    /// The message, for its ACK ([`super::ToCloud::Ack`]).
+    /// The message, for its ACK (`super::ToCloud::Ack`).
     pub origin: Origin,
 }
 
@@ -82,7 +82,7 @@ pub(crate) struct LocalWrite {
 pub struct Query {
     /// What is asked for.
     pub target: Target,
-    /// A type asked from the cloud while connected ([`is_remote_type`]).
+    /// A type asked from the cloud while connected (`is_remote_type`).
     pub remote: bool,
     /// The message, answered.
     pub origin: Origin,

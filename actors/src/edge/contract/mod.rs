@@ -4,12 +4,12 @@
 //!
 //! Only EdgeHub converts between the wire and the edge's modules, and no other module names
 //! its actor type. A cloud message is typed once, when EdgeHub takes it: for MetaManager a
-//! [`MetaRequest`] (`meta`), for DeviceTwin a [`TwinMessage`] (`twin`), for a module waiting
-//! on a request a [`CloudReply`]; extension modules of a group get the beehive message in an
+//! `MetaRequest` (`meta`), for DeviceTwin a [`TwinMessage`] (`twin`), for a module waiting
+//! on a request a `CloudReply`; extension modules of a group get the beehive message in an
 //! envelope, and what does not type is routed so too. Built-in modules type an extension's
 //! envelope with the same functions. Upstream, modules tell EdgeHub ([`route::EDGEHUB`])
-//! [`ToCloud`] (ACKs, refusals, forwarded local messages, twin uploads) or ask it with
-//! [`ask_cloud`] (node requests, remote queries); EdgeHub alone turns them into beehive
+//! `ToCloud` (ACKs, refusals, forwarded local messages, twin uploads) or ask it with
+//! `ask_cloud` (node requests, remote queries); EdgeHub alone turns them into beehive
 //! messages (`ToCloud::into_message`, `Ask::into_message`). Modules follow the connection
 //! through [`CloudConnection`], which EdgeHub alone writes, and ask for [`GetEdgeHubStatus`].
 //! Extension modules may still send EdgeHub envelopes, or ask the cloud with
@@ -199,7 +199,7 @@ pub enum CloudRequestError {
 
 /// Sends `message` to the cloud through EdgeHub and waits, all in all at most `timeout`
 /// (and at most EdgeHub's request timeout), for the cloud's reply to it. For extension
-/// modules, which speak beehive messages; built-in modules use [`ask_cloud`].
+/// modules, which speak beehive messages; built-in modules use `ask_cloud`.
 pub async fn request_cloud(
     hive: &Hive,
     message: Message,

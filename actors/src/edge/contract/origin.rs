@@ -5,7 +5,7 @@ use edgehive_protocols::{Message, Operation};
 use serde_json::Value;
 
 /// The beehive message a typed message was made from, opaque to the modules: EdgeHub builds
-/// the replies to it from it ([`ToCloud`], [`LocalReply`], [`TwinReply`]).
+/// the replies to it from it (`ToCloud`, `LocalReply`, `TwinReply`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Origin(pub(super) Message);
 

@@ -183,7 +183,7 @@ impl TwinReply {
 }
 
 /// An upload DeviceTwin keeps until the cloud confirms it (source `twin`, group `resource`),
-/// sent again with the same id and bytes; see [`super::ToCloud::Upload`].
+/// sent again with the same id and bytes; see `super::ToCloud::Upload`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Upload(Message);
 

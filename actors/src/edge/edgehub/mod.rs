@@ -8,9 +8,9 @@
 //! backoff and dials again.
 //!
 //! It types each cloud message once, on entry, for the built-in modules (the contract's
-//! [`MetaRequest`](crate::edge::contract::MetaRequest),
+//! `MetaRequest`,
 //! [`TwinMessage`](crate::edge::contract::TwinMessage), a waiter's reply), and builds the
-//! beehive message of what they send up ([`ToCloud`], [`CloudAsk`]). Modules reach it by name
+//! beehive message of what they send up (`ToCloud`, `CloudAsk`). Modules reach it by name
 //! with those typed messages ([`GetEdgeHubStatus`] too), never by its actor type; extension
 //! modules may still send it envelopes and ask with [`CloudRequest`].
 //!
@@ -23,12 +23,12 @@
 //! Module messages go up through a token bucket (`messageQPS`, `messageBurst`), as in
 //! KubeEdge; keepalives and ACK-less control frames are not throttled.
 //!
-//! - [`options`]: its settings; `link`: the dial–serve–reconnect loop; `bucket`: the
+//! - `options`: its settings; `link`: the dial–serve–reconnect loop; `bucket`: the
 //!   upstream rate limit.
 
 mod bucket;
 mod link;
-pub mod options;
+mod options;
 mod shared;
 
 use link::Link;

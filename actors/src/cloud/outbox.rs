@@ -58,7 +58,7 @@ impl Outbox {
 
     /// Whether the buffer is at [`BUFFER_CAPACITY`]: take no more cluster events until
     /// [`Outbox::room`].
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.buffer.len() >= BUFFER_CAPACITY
     }
 
@@ -86,7 +86,7 @@ impl Outbox {
     }
 
     /// Sends `to_nodes` now, or keeps it (behind anything already kept, to keep the order).
-    pub fn send_to(&mut self, message: ToNodes) {
+    pub(crate) fn send_to(&mut self, message: ToNodes) {
         self.send_kept(Kept::Message(message));
     }
 

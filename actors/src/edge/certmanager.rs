@@ -103,7 +103,7 @@ impl std::fmt::Debug for EdgeIdentity {
 
 impl EdgeIdentity {
     /// The rustls client config: trusts only the CA, presents the node certificate.
-    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+    pub(crate) fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
         tls::edge_client_config(&self.ca_der, &self.cert_der, &self.key)
     }
 }

@@ -18,7 +18,7 @@
 //!   which Device inserts overtake); its confirmation is counted once it is applied.
 //! - It takes [`TwinMessage`]s, typed by EdgeHub (or from an extension's envelope, with the
 //!   same function) and by MetaManager for Device objects; its uploads are the contract's
-//!   [`Upload`]s, which EdgeHub writes.
+//!   `Upload`s, which EdgeHub writes.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -342,7 +342,7 @@ impl MetaStore {
     /// holds that UID is deleted (KubeEdge's rule): a delete for an old pod must not remove a
     /// new pod of the same name. If another pod is stored, nothing is deleted and the result
     /// is `false`; the `podpatch` row goes with the pod row (or alone when no pod is stored).
-    pub async fn delete_pod_with_uid(
+    pub(crate) async fn delete_pod_with_uid(
         &self,
         key: String,
         uid: Option<String>,

@@ -66,7 +66,7 @@ impl NodeMessage {
     }
 
     /// Like [`NodeMessage::new`], but always the no-ACK lane (CloudHub's own refusals).
-    pub fn no_ack(message: &Message) -> Arc<Self> {
+    pub(crate) fn no_ack(message: &Message) -> Arc<Self> {
         Self::with_lane(message.clone(), false)
     }
 
@@ -142,13 +142,13 @@ impl NodeMessage {
     }
 
     /// Whether it is a `delete`.
-    pub fn is_delete(&self) -> bool {
+    pub(crate) fn is_delete(&self) -> bool {
         self.delete
     }
 
     /// Whether it deletes its object or the object is being deleted (such messages may come
     /// without a resourceVersion and are never dropped as stale).
-    pub fn is_deleting(&self) -> bool {
+    pub(crate) fn is_deleting(&self) -> bool {
         self.deleting
     }
 
@@ -158,7 +158,7 @@ impl NodeMessage {
     }
 
     /// Whether it is SyncController's resend ([`NodeMessage::resend`]).
-    pub fn is_resend(&self) -> bool {
+    pub(crate) fn is_resend(&self) -> bool {
         self.resend
     }
 
@@ -348,13 +348,13 @@ pub mod route {
     /// EdgeController's module name and group.
     pub const EDGECONTROLLER: &str = "edgecontroller";
     /// DeviceController's module name and group.
-    pub const DEVICECONTROLLER: &str = "devicecontroller";
+    pub(crate) const DEVICECONTROLLER: &str = "devicecontroller";
     /// SyncController's module name (KubeEdge's; reserved).
     pub const SYNCCONTROLLER: &str = "synccontroller";
     /// The router module that takes `user`-group uploads (KubeEdge's; an extension).
-    pub const ROUTER: &str = "router";
+    pub(crate) const ROUTER: &str = "router";
     /// The group of task managers (KubeEdge's; extensions).
-    pub const TASKMANAGER: &str = "taskmanager";
+    pub(crate) const TASKMANAGER: &str = "taskmanager";
     /// The edge module whose upstream messages go to DeviceController.
     const EDGE_TWIN: &str = "twin";
 
@@ -369,7 +369,7 @@ pub mod route {
 
     /// Where an upstream message goes.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Destination {
+    pub(crate) enum Destination {
         /// EdgeController, as a typed request.
         EdgeController,
         /// DeviceController, as a typed twin request.
@@ -383,7 +383,7 @@ pub mod route {
     /// KubeEdge's DispatchUpstream: `user` uploads to the router, task operations to the task
     /// managers, the edge twin's messages to DeviceController, the rest to EdgeController.
     /// `None` for a message that claims a cloud module as its source.
-    pub fn upstream_destination(message: &Message) -> Option<Destination> {
+    pub(crate) fn upstream_destination(message: &Message) -> Option<Destination> {
         let source = message.source().map(|s| s.as_str());
         if source.is_some_and(|source| CLOUD_SOURCES.contains(&source)) {
             return None;

@@ -47,7 +47,7 @@ impl ObjectId {
 
     /// The cloud-form resource of this object on `node`:
     /// `node/{node}/{namespace or "null"}/{lowercase kind}/{name}`.
-    pub fn resource_on(&self, node: &str) -> String {
+    pub(crate) fn resource_on(&self, node: &str) -> String {
         let namespace = if self.namespace.is_empty() {
             "null".to_owned()
         } else {

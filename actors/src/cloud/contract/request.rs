@@ -32,7 +32,7 @@ pub(crate) enum RequestKind {
 
 impl RequestKind {
     /// Every kind.
-    pub const ALL: [RequestKind; 10] = [
+    pub(crate) const ALL: [RequestKind; 10] = [
         RequestKind::NodeStatus,
         RequestKind::Node,
         RequestKind::NodePatch,
@@ -370,7 +370,7 @@ impl EdgeRequest {
     }
 
     /// Whether KubeEdge answers this request (events are not answered).
-    pub fn expects_reply(&self) -> bool {
+    pub(crate) fn expects_reply(&self) -> bool {
         self.kind() != RequestKind::Event
     }
 

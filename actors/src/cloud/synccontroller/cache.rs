@@ -96,7 +96,7 @@ pub(crate) struct ClusterCache {
 
 impl ClusterCache {
     /// Whether `kind` is followed (its watch was started).
-    pub fn is_followed(&self, kind: &str) -> bool {
+    pub(crate) fn is_followed(&self, kind: &str) -> bool {
         self.kinds.get(kind).is_some_and(|cache| cache.followed)
     }
 
@@ -106,7 +106,7 @@ impl ClusterCache {
     }
 
     /// The kinds whose list arrived.
-    pub fn synced(&self) -> HashSet<String> {
+    pub(crate) fn synced(&self) -> HashSet<String> {
         self.kinds
             .iter()
             .filter(|(_, cache)| cache.synced)
@@ -114,9 +114,9 @@ impl ClusterCache {
             .collect()
     }
 
-    #[cfg(test)]
     /// Whether `kind`'s list arrived.
-    pub fn is_synced(&self, kind: &str) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_synced(&self, kind: &str) -> bool {
         self.kinds.get(kind).is_some_and(|cache| cache.synced)
     }
 
@@ -162,8 +162,8 @@ impl ClusterCache {
             .is_some_and(|cache| cache.followed && cache.get("", name).is_some())
     }
 
-    #[cfg(test)]
     /// How many objects it knows.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.kinds.values().map(KindCache::len).sum()
     }

@@ -85,7 +85,7 @@ pub struct Write {
 /// object the cluster no longer has (`version` is `None`: send a delete). A candidate: the
 /// actor confirms it against the cluster (and fetches the object) before sending.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resend {
+pub(crate) struct Resend {
     /// The nodes.
     pub nodes: Vec<String>,
     /// The object as recorded.
@@ -201,17 +201,17 @@ impl Records {
     }
 
     /// How many records wait to be written.
-    pub fn dirty(&self) -> usize {
+    pub(crate) fn dirty(&self) -> usize {
         self.dirty.len()
     }
 
     /// How many records are on the deadline queue.
-    pub fn scheduled(&self) -> usize {
+    pub(crate) fn scheduled(&self) -> usize {
         self.due.len()
     }
 
     /// The earliest deadline, if any record has one.
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.due.first().map(|(at, _, _)| *at)
     }
 
@@ -221,12 +221,12 @@ impl Records {
     }
 
     /// Whether `node` has records.
-    pub fn has_node(&self, node: &str) -> bool {
+    pub(crate) fn has_node(&self, node: &str) -> bool {
         self.nodes.contains_key(node)
     }
 
     /// The nodes with records.
-    pub fn node_names(&self) -> impl Iterator<Item = &String> {
+    pub(crate) fn node_names(&self) -> impl Iterator<Item = &String> {
         self.nodes.keys()
     }
 
@@ -236,7 +236,7 @@ impl Records {
     }
 
     /// Whether records are kept for `kind`.
-    pub fn has_kind(&self, kind: &str) -> bool {
+    pub(crate) fn has_kind(&self, kind: &str) -> bool {
         self.kinds.contains_key(kind)
     }
 
@@ -425,13 +425,13 @@ impl Records {
 
     /// `node` no longer exists: all its records are to be deleted (the writes find them by
     /// node; no other record is looked at).
-    pub fn node_gone(&mut self, node: &str) {
+    pub(crate) fn node_gone(&mut self, node: &str) {
         self.node_gone_before(node, None);
     }
 
     /// [`Records::node_gone`] for the records made before `before` only (`None`: all): a
     /// node missing from a list taken at `before` may have been created since.
-    pub fn node_gone_before(&mut self, node: &str, before: Option<Instant>) {
+    pub(crate) fn node_gone_before(&mut self, node: &str, before: Option<Instant>) {
         let uids: Vec<String> = match self.nodes.get_mut(node) {
             Some(records) => records
                 .values_mut()
@@ -449,7 +449,7 @@ impl Records {
     }
 
     /// Up to `max` dirty records to write now.
-    pub fn take_dirty(&mut self, max: usize) -> Vec<Write> {
+    pub(crate) fn take_dirty(&mut self, max: usize) -> Vec<Write> {
         let mut writes = Vec::new();
         while writes.len() < max {
             let Some((node, uid)) = self.dirty.pop_front() else {
@@ -539,7 +539,7 @@ impl Records {
     /// another UID, deleted) or may have (a list found it different): its records are looked
     /// at `at` (an interval after the change: the controllers deliver it meanwhile). Returns
     /// how many records that is. No other record is touched.
-    pub fn object_changed(
+    pub(crate) fn object_changed(
         &mut self,
         kind: &str,
         namespace: &str,
@@ -559,7 +559,7 @@ impl Records {
 
     /// `kind` was listed (its view of the cluster is complete): the records that waited for
     /// it are looked at `at`.
-    pub fn kind_synced(&mut self, kind: &str, at: Instant) {
+    pub(crate) fn kind_synced(&mut self, kind: &str, at: Instant) {
         let Some(parked) = self.parked.remove(kind) else {
             return;
         };

@@ -18,7 +18,7 @@ impl ConnectionState {
     }
 
     /// The content KubeEdge gives the announcement.
-    pub fn as_content(self) -> &'static str {
+    pub(crate) fn as_content(self) -> &'static str {
         match self {
             ConnectionState::Connected => "cloud_connected",
             ConnectionState::Disconnected => "cloud_disconnected",

@@ -26,7 +26,8 @@ pub use meta::{CloudObject, Query, Target};
 pub(crate) use meta::{LocalReply, LocalWrite, MetaRequest};
 pub(crate) use origin::CloudReply;
 pub use origin::Origin;
-pub use twin::{TwinBody, TwinMessage, TwinReply, Upload};
+pub(crate) use twin::Upload;
+pub use twin::{TwinBody, TwinMessage, TwinReply};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,30 +45,30 @@ pub mod route {
     /// EdgeHub's module name (KubeEdge's `websocket`).
     pub const EDGEHUB: &str = "websocket";
     /// EdgeHub's group.
-    pub const EDGEHUB_GROUP: &str = "hub";
+    pub(crate) const EDGEHUB_GROUP: &str = "hub";
     /// MetaManager's module name.
-    pub const METAMANAGER: &str = "metamanager";
+    pub(crate) const METAMANAGER: &str = "metamanager";
     /// MetaManager's group: cloud messages of groups `resource` and `func` go here.
-    pub const META_GROUP: &str = "meta";
+    pub(crate) const META_GROUP: &str = "meta";
     /// DeviceTwin's module name.
     pub const TWIN: &str = "twin";
     /// DeviceTwin's group: cloud messages of group `twin` go here.
-    pub const TWIN_GROUP: &str = "twin";
+    pub(crate) const TWIN_GROUP: &str = "twin";
     /// The group of extension modules that take `user` messages (KubeEdge's EventBus).
-    pub const BUS_GROUP: &str = "bus";
+    pub(crate) const BUS_GROUP: &str = "bus";
     /// The node module's name (KubeEdge's `edged`).
-    pub const EDGED: &str = "edged";
+    pub(crate) const EDGED: &str = "edged";
     /// The node module's group.
-    pub const EDGED_GROUP: &str = "edged";
+    pub(crate) const EDGED_GROUP: &str = "edged";
 
     /// The groups told when the cloud connection comes and goes with a `node/connection`
     /// message: the extensions. Built-in modules follow
     /// [`CloudConnection`](super::CloudConnection) instead.
-    pub const CONNECTION_GROUPS: [&str; 1] = [BUS_GROUP];
+    pub(crate) const CONNECTION_GROUPS: [&str; 1] = [BUS_GROUP];
 
     /// The edge group a cloud message of `group` goes to, like KubeEdge's routeToEdge;
     /// `None` for a group no edge module serves.
-    pub fn group_for(group: Option<&edgehive_protocols::Group>) -> Option<&'static str> {
+    pub(crate) fn group_for(group: Option<&edgehive_protocols::Group>) -> Option<&'static str> {
         use edgehive_protocols::Group;
         match group {
             Some(Group::Resource) | Some(Group::Func) => Some(META_GROUP),

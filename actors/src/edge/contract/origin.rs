@@ -41,7 +41,7 @@ impl CloudReply {
     }
 
     /// Whether it is a plain `"OK"`.
-    pub fn is_ok_text(&self) -> bool {
+    pub(crate) fn is_ok_text(&self) -> bool {
         self.0.content_str() == Some("OK")
     }
 

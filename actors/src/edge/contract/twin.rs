@@ -165,7 +165,7 @@ pub enum TwinReply {
 
 impl TwinReply {
     /// Whether it was committed.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         matches!(self, TwinReply::Done(_))
     }
 
@@ -185,11 +185,11 @@ impl TwinReply {
 /// An upload DeviceTwin keeps until the cloud confirms it (source `twin`, group `resource`),
 /// sent again with the same id and bytes; see `super::ToCloud::Upload`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Upload(Message);
+pub(crate) struct Upload(Message);
 
 impl Upload {
     /// A mapper's reading of one property: `device/{id}/twin/edge_updated`.
-    pub fn twin_reported(
+    pub(crate) fn twin_reported(
         id: &str,
         property: &str,
         twin: Value,
@@ -212,7 +212,13 @@ impl Upload {
 
     /// A device's state: `device/{id}/state/update`, its payload a JSON document inside a
     /// string, as KubeEdge sends it.
-    pub fn device_state(id: &str, state: &str, at: &str, event_id: &str, at_ms: i64) -> Upload {
+    pub(crate) fn device_state(
+        id: &str,
+        state: &str,
+        at: &str,
+        event_id: &str,
+        at_ms: i64,
+    ) -> Upload {
         let name = id.rsplit('/').next().unwrap_or_default();
         let content = json!({
             "event_id": event_id,
@@ -230,7 +236,7 @@ impl Upload {
     }
 
     /// The `membership/detail` request a real edge sends after connecting.
-    pub fn membership_detail(node_name: &str, event_id: &str, at_ms: i64) -> Upload {
+    pub(crate) fn membership_detail(node_name: &str, event_id: &str, at_ms: i64) -> Upload {
         let content = json!({
             "event_type": "group_membership_event",
             "event_id": event_id,
@@ -264,7 +270,7 @@ impl Upload {
     }
 
     /// Whether it reports on device `id` (`{ns}/{name}`).
-    pub fn is_about(&self, id: &str) -> bool {
+    pub(crate) fn is_about(&self, id: &str) -> bool {
         self.0.resource().starts_with(&format!("device/{id}/"))
     }
 

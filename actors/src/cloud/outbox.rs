@@ -42,7 +42,7 @@ pub(crate) struct Outbox {
 
 impl Outbox {
     /// An empty outbox counting into `sent` and `overflow`.
-    pub fn new(hive: Hive, sent: Counter, overflow: Counter) -> Self {
+    pub(crate) fn new(hive: Hive, sent: Counter, overflow: Counter) -> Self {
         Outbox {
             hive,
             buffer: VecDeque::new(),
@@ -52,7 +52,7 @@ impl Outbox {
     }
 
     /// Whether messages wait for CloudHub.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.buffer.is_empty()
     }
 
@@ -65,7 +65,7 @@ impl Outbox {
     /// Waits until CloudHub has taken enough of what is kept for the buffer to be below
     /// [`BUFFER_CAPACITY`]: the backpressure that keeps a burst of cluster events (a list of
     /// 100,000 pods) from overflowing it.
-    pub async fn room(&mut self) {
+    pub(crate) async fn room(&mut self) {
         loop {
             self.flush();
             if !self.is_full() {
@@ -77,7 +77,7 @@ impl Outbox {
 
     /// Sends `message` (resource in cloud form, naming its node) now, or keeps it (behind
     /// anything already kept, to keep the order).
-    pub fn send(&mut self, message: Message) {
+    pub(crate) fn send(&mut self, message: Message) {
         let resource = message.resource().to_owned();
         match ToNodes::from_message(message) {
             Some(to_nodes) => self.send_to(to_nodes),
@@ -92,7 +92,7 @@ impl Outbox {
 
     /// Closes `node`'s session after everything queued before has reached CloudHub, and has
     /// CloudHub forget it: a deleted node must not stay connected, nor keep a pool.
-    pub fn disconnect(&mut self, node: &str) {
+    pub(crate) fn disconnect(&mut self, node: &str) {
         self.send_kept(Kept::Disconnect(node.to_owned()));
     }
 
@@ -137,7 +137,7 @@ impl Outbox {
     }
 
     /// Offers the kept messages to CloudHub again, in order, until one is refused.
-    pub fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         while let Some(kept) = self.buffer.pop_front() {
             if let Some(kept) = self.offer_kept(kept) {
                 self.buffer.push_front(kept);

@@ -107,7 +107,7 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     /// Waits from `first` doubling to `max`, started over after `healthy` without trouble.
-    pub fn new(first: Duration, max: Duration, healthy: Duration) -> Self {
+    pub(crate) fn new(first: Duration, max: Duration, healthy: Duration) -> Self {
         Backoff {
             first,
             max,
@@ -118,17 +118,17 @@ impl Backoff {
     }
 
     /// `FIRST_RETRY` doubling to `MAX_RETRY`, started over after `HEALTHY`.
-    pub fn standard() -> Self {
+    pub(crate) fn standard() -> Self {
         Backoff::new(FIRST_RETRY, MAX_RETRY, HEALTHY)
     }
 
     /// A list succeeded at `now`: the watch is healthy from then on.
-    pub fn listed(&mut self, now: Instant) {
+    pub(crate) fn listed(&mut self, now: Instant) {
         self.healthy_since.get_or_insert(now);
     }
 
     /// The wait before the next try, after a failure at `now`.
-    pub fn failed(&mut self, now: Instant) -> Duration {
+    pub(crate) fn failed(&mut self, now: Instant) -> Duration {
         if self
             .healthy_since
             .take()

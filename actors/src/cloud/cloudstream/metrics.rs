@@ -10,7 +10,7 @@ use crate::hive::{Hive, RefusalKind, RefusalLog};
 
 /// Label set of the reason-labelled counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
+pub(crate) struct ReasonLabels {
     /// Why it was counted.
     pub reason: String,
 }
@@ -44,7 +44,7 @@ pub(crate) struct CloudStreamMetrics {
 
 impl CloudStreamMetrics {
     /// Registers the metrics with `hive`'s registry.
-    pub fn register(hive: &Hive) -> Self {
+    pub(crate) fn register(hive: &Hive) -> Self {
         let metrics = CloudStreamMetrics {
             refusals: hive.refusals().clone(),
             ..CloudStreamMetrics::default()

@@ -37,7 +37,7 @@ pub(crate) fn object_message(
 
 /// A Device or DeviceModel (`resource_type`) for `node`: as [`object_message`], from
 /// devicecontroller.
-pub fn device_object(
+pub(crate) fn device_object(
     node: &str,
     resource_type: ResourceType,
     api_version: &str,
@@ -116,7 +116,7 @@ pub(crate) fn object_gone(node: &str, id: &ObjectId) -> Message {
 
 /// EdgeController's delete for the edge of a pod it reports on but which is gone from the
 /// cluster (or replaced by another with the same name): its identity, no version.
-pub fn pod_gone(node: &str, namespace: &str, name: &str, uid: &str) -> Message {
+pub(crate) fn pod_gone(node: &str, namespace: &str, name: &str, uid: &str) -> Message {
     let pod = json!({
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
     });

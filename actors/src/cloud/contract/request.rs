@@ -46,7 +46,7 @@ impl RequestKind {
     ];
 
     /// The metric label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RequestKind::NodeStatus => "nodestatus",
             RequestKind::Node => "node",
@@ -64,7 +64,7 @@ impl RequestKind {
     /// How many requests of this kind run at once: KubeEdge's default worker counts for a
     /// cloud with the default nodeLimit of 500 (queryNode and createLease = nodeLimit,
     /// patchNode = 100 + nodeLimit/50, processEvent 4, most others 100).
-    pub fn workers(self) -> usize {
+    pub(crate) fn workers(self) -> usize {
         match self {
             RequestKind::Node | RequestKind::Lease => 500,
             RequestKind::NodePatch => 110,
@@ -197,12 +197,12 @@ fn content_object(message: &Message, kind: RequestKind) -> Result<Value, ParseEr
 impl EdgeRequest {
     /// Types `message`; see [`ParseError`] for what is refused.
     #[cfg(test)]
-    pub fn parse(message: Message) -> Result<EdgeRequest, ParseError> {
+    pub(crate) fn parse(message: Message) -> Result<EdgeRequest, ParseError> {
         Self::from_message(message).map_err(|unparsed| unparsed.error)
     }
 
     /// Types `message`, or gives it back with the reason it is not a request.
-    pub fn from_message(message: Message) -> Result<EdgeRequest, Box<Unparsed>> {
+    pub(crate) fn from_message(message: Message) -> Result<EdgeRequest, Box<Unparsed>> {
         match Self::classify(&message) {
             Ok((resource, request)) => Ok(EdgeRequest {
                 message,
@@ -348,7 +348,7 @@ impl EdgeRequest {
     }
 
     /// The request's kind (its concurrency limit).
-    pub fn kind(&self) -> RequestKind {
+    pub(crate) fn kind(&self) -> RequestKind {
         match &self.request {
             Request::NodeStatusInsert(_) | Request::NodeStatusUpdate { .. } => {
                 RequestKind::NodeStatus
@@ -375,17 +375,17 @@ impl EdgeRequest {
     }
 
     /// The namespace the request is about (`None` for cluster-scoped ones).
-    pub fn namespace(&self) -> Option<&str> {
+    pub(crate) fn namespace(&self) -> Option<&str> {
         Some(self.resource.namespace.as_str()).filter(|ns| *ns != "null" && !ns.is_empty())
     }
 
     /// The name of the object the request is about (empty when it names none).
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.resource.name.as_deref().unwrap_or_default()
     }
 
     /// A reply on the request's own resource.
-    pub fn reply(&self, content: Value) -> Message {
+    pub(crate) fn reply(&self, content: Value) -> Message {
         reply_on(&self.message, self.message.resource().to_owned(), content)
     }
 }

@@ -55,7 +55,7 @@ pub(crate) struct TwinUnhandled {
 
 impl TwinRequest {
     /// Types `message` (resource `node/{node}/…`), or gives it back with the reason.
-    pub fn from_message(message: Message) -> Result<TwinRequest, Box<TwinUnhandled>> {
+    pub(crate) fn from_message(message: Message) -> Result<TwinRequest, Box<TwinUnhandled>> {
         let unhandled = |message: Message, reason| Err(Box::new(TwinUnhandled { message, reason }));
         let resource = message.resource().to_owned();
         let tokens: Vec<&str> = resource.split('/').collect();

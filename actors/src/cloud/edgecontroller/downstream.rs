@@ -89,7 +89,7 @@ impl Watcher {
     /// A watcher with nothing seen yet.
     /// `node_updates`: whether edge nodes get their Node object (KubeEdge HEAD) or not
     /// (v1.22.0).
-    pub fn new(cluster: SharedCluster, outbox: Outbox, node_updates: bool) -> Self {
+    pub(crate) fn new(cluster: SharedCluster, outbox: Outbox, node_updates: bool) -> Self {
         Watcher {
             cluster,
             outbox,
@@ -105,7 +105,7 @@ impl Watcher {
     /// watched, listed again after a lag or a failure) for as long as the actor lives; a node
     /// name on `resyncs` (its edge came back with another store) is sent everything bound to
     /// it again.
-    pub async fn run(
+    pub(crate) async fn run(
         mut self,
         mut resyncs: tokio::sync::mpsc::Receiver<String>,
         metrics: WatchMetrics,

@@ -22,7 +22,7 @@ pub(crate) use crate::cloud::contract::request::{
 impl EdgeRequest {
     /// Runs the request against `cluster`: the reply (if KubeEdge sends one) and any other
     /// messages for the edge (a pod delete for a status update of a pod that is gone).
-    pub async fn execute(self, cluster: SharedCluster) -> Outcome {
+    pub(crate) async fn execute(self, cluster: SharedCluster) -> Outcome {
         let namespace = self.namespace().map(str::to_owned);
         let ns = namespace.as_deref();
         let name = self.name().to_owned();

@@ -101,7 +101,7 @@ impl ClusterCache {
     }
 
     /// `kind`'s watch was started: it is followed, not yet synced.
-    pub fn follow(&mut self, kind: &str) {
+    pub(crate) fn follow(&mut self, kind: &str) {
         self.kinds.entry(kind.to_owned()).or_default().followed = true;
     }
 
@@ -122,7 +122,7 @@ impl ClusterCache {
 
     /// A change of `kind`, from its watch or found by a list (the watcher tells only what
     /// differs from what it saw, which is what the cache holds).
-    pub fn apply(&mut self, kind: &str, event: &WatchEvent) {
+    pub(crate) fn apply(&mut self, kind: &str, event: &WatchEvent) {
         let Some(cache) = self.kinds.get_mut(kind).filter(|cache| cache.followed) else {
             return;
         };
@@ -141,14 +141,14 @@ impl ClusterCache {
     }
 
     /// `kind`'s watch lagged, ended or its list failed: not synced until the next list.
-    pub fn interrupted(&mut self, kind: &str) {
+    pub(crate) fn interrupted(&mut self, kind: &str) {
         if let Some(cache) = self.kinds.get_mut(kind) {
             cache.synced = false;
         }
     }
 
     /// `kind`'s list is complete (its differences applied): synced.
-    pub fn listed(&mut self, kind: &str) {
+    pub(crate) fn listed(&mut self, kind: &str) {
         if let Some(cache) = self.kinds.get_mut(kind).filter(|cache| cache.followed) {
             cache.synced = true;
         }
@@ -156,7 +156,7 @@ impl ClusterCache {
 
     /// Whether the cluster has a `kind` named `name` (cluster-scoped), as far as the cache
     /// knows.
-    pub fn has(&self, kind: &str, name: &str) -> bool {
+    pub(crate) fn has(&self, kind: &str, name: &str) -> bool {
         self.kinds
             .get(kind)
             .is_some_and(|cache| cache.followed && cache.get("", name).is_some())
@@ -164,7 +164,7 @@ impl ClusterCache {
 
     /// How many objects it knows.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.kinds.values().map(KindCache::len).sum()
     }
 }

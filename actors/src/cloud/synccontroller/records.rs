@@ -59,7 +59,7 @@ pub(crate) struct Record {
 impl Record {
     /// Whether a resend of it is under way: the reconcile sent the edge a newer version or a
     /// delete, and the ACK that settles it has not come.
-    pub fn resending(&self) -> bool {
+    pub(crate) fn resending(&self) -> bool {
         match (&self.resent, &self.want) {
             (Some((Some(sent), _)), Some(want)) => is_newer(sent, want),
             (Some((None, _)), Some(_)) => true,
@@ -70,7 +70,7 @@ impl Record {
 
 /// A record write the actor must make.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Write {
+pub(crate) struct Write {
     /// The node.
     pub node: String,
     /// The object.
@@ -96,7 +96,7 @@ pub(crate) struct Resend {
 
 /// What one run found among the records that were due.
 #[derive(Debug, Default)]
-pub struct Run {
+pub(crate) struct Run {
     /// What to send (after confirming), resends of one object version to several nodes
     /// together.
     pub resends: Vec<Resend>,
@@ -175,7 +175,7 @@ impl Default for Records {
 
 impl Records {
     /// No records; changes are judged `delay` after they happen (the reconcile interval).
-    pub fn new(delay: Duration) -> Self {
+    pub(crate) fn new(delay: Duration) -> Self {
         Records {
             nodes: HashMap::new(),
             dirty: VecDeque::new(),
@@ -190,13 +190,13 @@ impl Records {
     }
 
     /// How many records there are.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.count
     }
 
     /// Whether there are none.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.count == 0
     }
 
@@ -216,7 +216,7 @@ impl Records {
     }
 
     /// The records of `node`.
-    pub fn of(&self, node: &str) -> impl Iterator<Item = &Record> {
+    pub(crate) fn of(&self, node: &str) -> impl Iterator<Item = &Record> {
         self.nodes.get(node).into_iter().flat_map(|m| m.values())
     }
 
@@ -231,7 +231,7 @@ impl Records {
     }
 
     /// The kinds records are kept for (kept count by kind: no record is visited).
-    pub fn kinds(&self) -> impl Iterator<Item = &String> {
+    pub(crate) fn kinds(&self) -> impl Iterator<Item = &String> {
         self.kinds.keys()
     }
 
@@ -300,7 +300,7 @@ impl Records {
     /// Version `rv` of `object` was put in `node`'s pool: recorded at [`QUEUED`] unless a
     /// record exists (or is being removed); either way the reconcile leaves that version to
     /// the pool (a version in the pool makes nothing owed: no deadline is set for it).
-    pub fn queued(&mut self, node: &str, object: &Arc<ObjectId>, rv: Option<&str>) {
+    pub(crate) fn queued(&mut self, node: &str, object: &Arc<ObjectId>, rv: Option<&str>) {
         let rv = rv.filter(|rv| !rv.is_empty());
         match self
             .nodes
@@ -339,7 +339,7 @@ impl Records {
 
     /// `node` acknowledged version `rv` of the object with UID `uid` (`deleted`: a delete).
     /// Without a record, one is made when `object` says what the object is.
-    pub fn acked(
+    pub(crate) fn acked(
         &mut self,
         node: &str,
         uid: &str,
@@ -395,7 +395,7 @@ impl Records {
 
     /// A record read from the cluster (at start): kept as it is unless this process already
     /// knows better.
-    pub fn loaded(&mut self, node: &str, object: Arc<ObjectId>, status: String) {
+    pub(crate) fn loaded(&mut self, node: &str, object: Arc<ObjectId>, status: String) {
         match self
             .nodes
             .get_mut(node)
@@ -515,7 +515,7 @@ impl Records {
 
     /// A write finished: the cluster's record now says `stored` (`Err`: unchanged, try
     /// again later). A record neither wanted nor stored is forgotten.
-    pub fn written(&mut self, write: &Write, stored: Result<Option<String>, ()>) {
+    pub(crate) fn written(&mut self, write: &Write, stored: Result<Option<String>, ()>) {
         let uid = &write.object.uid;
         let Some(records) = self.nodes.get_mut(&write.node) else {
             return;
@@ -584,7 +584,7 @@ impl Records {
     /// [`Records::kind_synced`]). Likewise an object whose version changed within the
     /// interval is left to the controllers until the interval is over. A record whose node
     /// is missing from the listed Nodes is reported in [`Run::missing_nodes`].
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         cluster: &impl ClusterView,
         synced: &HashSet<String>,
@@ -661,7 +661,7 @@ impl Records {
 
     /// Forgets that a resend to `nodes` was made (it could not be handed to CloudHub, or
     /// not confirmed), so they are looked at again an interval from now.
-    pub fn unsent(&mut self, nodes: &[String], uid: &str) {
+    pub(crate) fn unsent(&mut self, nodes: &[String], uid: &str) {
         let at = Instant::now() + self.delay;
         for node in nodes {
             if let Some(record) = self.nodes.get_mut(node).and_then(|m| m.get_mut(uid)) {

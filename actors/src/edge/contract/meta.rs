@@ -25,7 +25,7 @@ pub struct Target {
 
 impl Target {
     /// Whether the resource names one object.
-    pub fn named(&self) -> bool {
+    pub(crate) fn named(&self) -> bool {
         self.name.is_some()
     }
 
@@ -135,7 +135,7 @@ impl actix::Message for MetaRequest {
 
 impl MetaRequest {
     /// Types `message` (the one function for cloud messages and extensions' envelopes).
-    pub fn from_message(message: Message) -> MetaRequest {
+    pub(crate) fn from_message(message: Message) -> MetaRequest {
         let origin = Origin(message);
         let msg = &origin.0;
         let Some(operation) = msg.operation().cloned() else {
@@ -279,7 +279,7 @@ pub(crate) enum LocalReply {
 
 impl LocalReply {
     /// The beehive message the requester gets.
-    pub fn into_message(self) -> Message {
+    pub(crate) fn into_message(self) -> Message {
         match self {
             LocalReply::Rows { of, values } => {
                 let values = values

@@ -36,7 +36,7 @@ pub(crate) struct CloudReply(pub(super) Message);
 impl CloudReply {
     /// The content: an object, ObjectResp `{"Object":…,"Err":…}`, `{"ErrStatus":…}`, `"OK"` or
     /// an error text.
-    pub fn content(&self) -> &Value {
+    pub(crate) fn content(&self) -> &Value {
         &self.0.content
     }
 
@@ -46,7 +46,7 @@ impl CloudReply {
     }
 
     /// The reply as the message it came as, for the ACK it may need ([`ToCloud::Ack`]).
-    pub fn origin(&self) -> Origin {
+    pub(crate) fn origin(&self) -> Origin {
         Origin(self.0.clone())
     }
 }

@@ -255,17 +255,17 @@ impl Upload {
     }
 
     /// Its id: the cloud's answer names it as its parent.
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         self.0.id()
     }
 
     /// Its resource.
-    pub fn resource(&self) -> &str {
+    pub(crate) fn resource(&self) -> &str {
         self.0.resource()
     }
 
     /// Whether it is the `membership/detail` request.
-    pub fn is_membership_detail(&self) -> bool {
+    pub(crate) fn is_membership_detail(&self) -> bool {
         self.0.resource() == ResourceType::MembershipDetail.as_str()
     }
 
@@ -275,17 +275,17 @@ impl Upload {
     }
 
     /// The upload as kept in the store (its wire text).
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         edgehive_protocols::encode(&self.0)
     }
 
     /// An upload read back from the store; `None` if the text is not a message.
-    pub fn decode(text: &str) -> Option<Upload> {
+    pub(crate) fn decode(text: &str) -> Option<Upload> {
         edgehive_protocols::decode(text.as_bytes()).ok().map(Upload)
     }
 
     /// The beehive message (what the admin endpoint shows of a report).
-    pub fn into_message(self) -> Message {
+    pub(crate) fn into_message(self) -> Message {
         self.0
     }
 

@@ -51,7 +51,7 @@ pub mod route {
     /// MetaManager's group: cloud messages of groups `resource` and `func` go here.
     pub(crate) const META_GROUP: &str = "meta";
     /// DeviceTwin's module name.
-    pub const TWIN: &str = "twin";
+    pub(crate) const TWIN: &str = "twin";
     /// DeviceTwin's group: cloud messages of group `twin` go here.
     pub(crate) const TWIN_GROUP: &str = "twin";
     /// The group of extension modules that take `user` messages (KubeEdge's EventBus).

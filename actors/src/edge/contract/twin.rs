@@ -128,7 +128,7 @@ impl TwinMessage {
 
     /// A Device or DeviceModel object MetaManager stored (or deleted: `delete`), for
     /// DeviceTwin to commit; built from the typed object, not typed again.
-    pub fn device(object: &CloudObject, delete: bool) -> TwinMessage {
+    pub(crate) fn device(object: &CloudObject, delete: bool) -> TwinMessage {
         let target = &object.target;
         TwinMessage {
             reply_to: None,

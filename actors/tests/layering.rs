@@ -1,7 +1,7 @@
 //! The import rules ARCHITECTURE.md states, checked on the sources: `cloud` and `edge` never
 //! import each other, and the files of every folder of `src/` import each other one way (no
-//! cycle; `mod.rs` on top; a few folders wait in `CHECKED_AFTER_REWORK`). Comments, string literals and `#[cfg(test)]` modules are not imports and
-//! are skipped. (`edge_connection.rs` checks the edge's rule about EdgeHub's actor type.)
+//! cycle; `mod.rs` on top). Comments, string literals and `#[cfg(test)]` modules are not
+//! imports and are skipped. (`edge_connection.rs` checks the edge's rule about EdgeHub's actor type.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -510,15 +510,6 @@ fn cloudhub_files_import_each_other_one_way() {
     assert_eq!(order.last().map(String::as_str), Some("mod"), "{order:?}");
 }
 
-/// Folders of `src/` whose cycles are not checked yet: they are being reworked on other
-/// branches (the typed edge messages; the controllers' one watch machinery) and are checked
-/// once that rework merges. These three have a cycle today, each through its `mod.rs`.
-const CHECKED_AFTER_REWORK: &[&str] = &[
-    "cloud/devicecontroller",
-    "cloud/edgecontroller",
-    "edge/edgehub",
-];
-
 /// Every folder of `src/` (`` for `src/` itself), sorted.
 fn folders() -> Vec<String> {
     let root = src();
@@ -556,10 +547,6 @@ fn no_folder_has_an_import_cycle() {
     }
     let mut report = String::new();
     for folder in &all {
-        if CHECKED_AFTER_REWORK.contains(&folder.as_str()) {
-            println!("src/{folder}/: not checked yet (CHECKED_AFTER_REWORK)");
-            continue;
-        }
         let graph = folder_graph(folder);
         let found = cycles(&graph);
         println!("src/{folder}/, bottom first: {}", layers(&graph).join(", "));

@@ -13,15 +13,15 @@ use crate::hive::Hive;
 /// Messages kept while CloudHub is full or restarting. A controller waits for
 /// [`Outbox::room`] before taking its next cluster event, so the buffer holds at most this
 /// many plus what one event produces; a watch that falls behind meanwhile is relisted.
-pub const BUFFER_CAPACITY: usize = 1024;
+pub(crate) const BUFFER_CAPACITY: usize = 1024;
 
 /// The last resort, never reached while the controllers wait for room: past this many kept
 /// messages the oldest is dropped, logged and counted in the owner's overflow counter (the
 /// reconcile repairs what it carried).
-pub const BUFFER_LIMIT: usize = 16 * BUFFER_CAPACITY;
+pub(crate) const BUFFER_LIMIT: usize = 16 * BUFFER_CAPACITY;
 
 /// How long a controller waits before offering kept messages to CloudHub again.
-pub const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+pub(crate) const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What waits in the buffer, in order.
 #[derive(Debug)]
@@ -33,7 +33,7 @@ enum Kept {
 
 /// A bounded buffer in front of CloudHub; see [`BUFFER_CAPACITY`].
 #[derive(Debug)]
-pub struct Outbox {
+pub(crate) struct Outbox {
     hive: Hive,
     buffer: VecDeque<Kept>,
     sent: Counter,
@@ -42,7 +42,7 @@ pub struct Outbox {
 
 impl Outbox {
     /// An empty outbox counting into `sent` and `overflow`.
-    pub fn new(hive: Hive, sent: Counter, overflow: Counter) -> Self {
+    pub(crate) fn new(hive: Hive, sent: Counter, overflow: Counter) -> Self {
         Outbox {
             hive,
             buffer: VecDeque::new(),
@@ -52,20 +52,20 @@ impl Outbox {
     }
 
     /// Whether messages wait for CloudHub.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.buffer.is_empty()
     }
 
     /// Whether the buffer is at [`BUFFER_CAPACITY`]: take no more cluster events until
     /// [`Outbox::room`].
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.buffer.len() >= BUFFER_CAPACITY
     }
 
     /// Waits until CloudHub has taken enough of what is kept for the buffer to be below
     /// [`BUFFER_CAPACITY`]: the backpressure that keeps a burst of cluster events (a list of
     /// 100,000 pods) from overflowing it.
-    pub async fn room(&mut self) {
+    pub(crate) async fn room(&mut self) {
         loop {
             self.flush();
             if !self.is_full() {
@@ -77,7 +77,7 @@ impl Outbox {
 
     /// Sends `message` (resource in cloud form, naming its node) now, or keeps it (behind
     /// anything already kept, to keep the order).
-    pub fn send(&mut self, message: Message) {
+    pub(crate) fn send(&mut self, message: Message) {
         let resource = message.resource().to_owned();
         match ToNodes::from_message(message) {
             Some(to_nodes) => self.send_to(to_nodes),
@@ -86,13 +86,13 @@ impl Outbox {
     }
 
     /// Sends `to_nodes` now, or keeps it (behind anything already kept, to keep the order).
-    pub fn send_to(&mut self, message: ToNodes) {
+    pub(crate) fn send_to(&mut self, message: ToNodes) {
         self.send_kept(Kept::Message(message));
     }
 
     /// Closes `node`'s session after everything queued before has reached CloudHub, and has
     /// CloudHub forget it: a deleted node must not stay connected, nor keep a pool.
-    pub fn disconnect(&mut self, node: &str) {
+    pub(crate) fn disconnect(&mut self, node: &str) {
         self.send_kept(Kept::Disconnect(node.to_owned()));
     }
 
@@ -137,7 +137,7 @@ impl Outbox {
     }
 
     /// Offers the kept messages to CloudHub again, in order, until one is refused.
-    pub fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         while let Some(kept) = self.buffer.pop_front() {
             if let Some(kept) = self.offer_kept(kept) {
                 self.buffer.push_front(kept);
@@ -148,7 +148,7 @@ impl Outbox {
 }
 
 /// Hands `message` to CloudHub; gives it back if CloudHub is full or not running.
-pub fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
+pub(crate) fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
     match hive.tell(route::CLOUDHUB, message) {
         Ok(()) => {
             sent.inc();
@@ -160,14 +160,14 @@ pub fn offer(hive: &Hive, sent: &Counter, message: ToNodes) -> Option<ToNodes> {
 
 /// How long a reply to an edge's request waits for room in CloudHub's mailbox before it is
 /// given up (logged and counted by the caller).
-pub const REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Hands a reply to an edge's request (resource in cloud form, naming its node) to CloudHub,
 /// waiting up to [`REPLY_WAIT`] for a slot in its mailbox. A burst of requests fills that
 /// mailbox in a moment, and a reply refused there would leave the edge waiting its whole
 /// request timeout; the caller holds a worker permit meanwhile, so what waits is bounded.
 /// `false` when CloudHub did not take it (not running, or full that long) or it names no node.
-pub async fn deliver_reply(hive: &Hive, sent: &Counter, message: Message) -> bool {
+pub(crate) async fn deliver_reply(hive: &Hive, sent: &Counter, message: Message) -> bool {
     let Some(to_nodes) = ToNodes::from_message(message) else {
         return false;
     };
@@ -182,7 +182,11 @@ pub async fn deliver_reply(hive: &Hive, sent: &Counter, message: Message) -> boo
 
 /// [`offer`] for a message whose cloud-form resource names its node; `Err` gives back what
 /// CloudHub did not take, `Ok(false)` means the message named no node.
-pub fn offer_message(hive: &Hive, sent: &Counter, message: Message) -> Result<bool, ToNodes> {
+pub(crate) fn offer_message(
+    hive: &Hive,
+    sent: &Counter,
+    message: Message,
+) -> Result<bool, ToNodes> {
     match ToNodes::from_message(message) {
         Some(to_nodes) => offer(hive, sent, to_nodes).map_or(Ok(true), Err),
         None => Ok(false),

@@ -11,7 +11,7 @@
 //! newer than what was seen (a change the list already brought), or deletes what was not
 //! seen (a list told it gone, or an older object of the name), is not given.
 //!
-//! Backoff, one policy for all ([`Backoff::standard`]): a lag is relisted at once on the
+//! Backoff, one policy for all (`Backoff::standard`): a lag is relisted at once on the
 //! same watch (it is healthy, only behind: waiting would put it further behind); a closed
 //! watch or a failed list waits 100 ms, doubling to 30 s, then subscribes and lists again.
 //! The wait starts over at 100 ms once the watch has run 60 s since its last good list.
@@ -38,11 +38,11 @@ use crate::cloud::cluster::{
 use crate::hive::Hive;
 
 /// The first wait after a closed watch or a failed list.
-pub const FIRST_RETRY: Duration = Duration::from_millis(100);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_millis(100);
 /// The longest wait.
-pub const MAX_RETRY: Duration = Duration::from_secs(30);
+pub(crate) const MAX_RETRY: Duration = Duration::from_secs(30);
 /// A watch that ran this long since its last good list starts the waits over.
-pub const HEALTHY: Duration = Duration::from_secs(60);
+pub(crate) const HEALTHY: Duration = Duration::from_secs(60);
 
 /// Why a watcher lists again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,7 +87,7 @@ pub enum Change {
 
 impl Change {
     /// The object change it carries, from the watch or a list alike.
-    pub fn into_event(self) -> Option<WatchEvent> {
+    pub(crate) fn into_event(self) -> Option<WatchEvent> {
         match self {
             Change::Event(event) | Change::Relisted(event) => Some(event),
             Change::Synced | Change::Interrupted(_) => None,
@@ -97,7 +97,7 @@ impl Change {
 
 /// The wait before subscribing again; see the [module docs](self).
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     first: Duration,
     max: Duration,
     healthy: Duration,
@@ -107,7 +107,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Waits from `first` doubling to `max`, started over after `healthy` without trouble.
-    pub fn new(first: Duration, max: Duration, healthy: Duration) -> Self {
+    pub(crate) fn new(first: Duration, max: Duration, healthy: Duration) -> Self {
         Backoff {
             first,
             max,
@@ -117,18 +117,18 @@ impl Backoff {
         }
     }
 
-    /// [`FIRST_RETRY`] doubling to [`MAX_RETRY`], started over after [`HEALTHY`].
-    pub fn standard() -> Self {
+    /// `FIRST_RETRY` doubling to `MAX_RETRY`, started over after `HEALTHY`.
+    pub(crate) fn standard() -> Self {
         Backoff::new(FIRST_RETRY, MAX_RETRY, HEALTHY)
     }
 
     /// A list succeeded at `now`: the watch is healthy from then on.
-    pub fn listed(&mut self, now: Instant) {
+    pub(crate) fn listed(&mut self, now: Instant) {
         self.healthy_since.get_or_insert(now);
     }
 
     /// The wait before the next try, after a failure at `now`.
-    pub fn failed(&mut self, now: Instant) -> Duration {
+    pub(crate) fn failed(&mut self, now: Instant) -> Duration {
         if self
             .healthy_since
             .take()
@@ -204,7 +204,7 @@ impl WatchMetrics {
 pub type Keep = fn(&Value) -> Value;
 
 /// Keeps the whole object.
-pub fn keep_all(object: &Value) -> Value {
+pub(crate) fn keep_all(object: &Value) -> Value {
     object.clone()
 }
 
@@ -255,7 +255,7 @@ impl std::fmt::Debug for KindWatcher {
 impl KindWatcher {
     /// A watcher of `kind` for `module` (the metric's label) that has seen nothing; it
     /// subscribes and lists on the first [`KindWatcher::next`]. Keeps the objects' identity
-    /// only (see [`Keep`]), uncounted, with [`Backoff::standard`].
+    /// only (see [`Keep`]), uncounted, with `Backoff::standard`.
     pub fn new(cluster: SharedCluster, module: &'static str, kind: &str) -> Self {
         KindWatcher {
             cluster,
@@ -286,7 +286,8 @@ impl KindWatcher {
     }
 
     /// Waits by `backoff` instead of [`Backoff::standard`].
-    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
     }
@@ -307,7 +308,7 @@ impl KindWatcher {
     }
 
     /// Its changes as a stream, for an actor's `add_stream`.
-    pub fn into_stream(self) -> futures_util::stream::BoxStream<'static, Change> {
+    pub(crate) fn into_stream(self) -> futures_util::stream::BoxStream<'static, Change> {
         Box::pin(futures_util::stream::unfold(
             self,
             |mut watcher| async move {

@@ -50,7 +50,7 @@ pub struct EdgeTlsOptions {
 
 /// Why the edge has no usable certificate.
 #[derive(Debug, thiserror::Error)]
-pub enum CertManagerError {
+pub(crate) enum CertManagerError {
     /// No certificate for this node and no token to request one.
     #[error(
         "no certificate for node {node} at {cert} and no modules.edgeHub.token to request one"
@@ -82,7 +82,7 @@ pub enum CertManagerError {
 
 /// The node's TLS identity, ready for the WebSocket client.
 #[derive(Clone)]
-pub struct EdgeIdentity {
+pub(crate) struct EdgeIdentity {
     /// The cloud CA (DER).
     pub ca_der: Vec<u8>,
     /// The node's certificate (DER).
@@ -103,13 +103,13 @@ impl std::fmt::Debug for EdgeIdentity {
 
 impl EdgeIdentity {
     /// The rustls client config: trusts only the CA, presents the node certificate.
-    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+    pub(crate) fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
         tls::edge_client_config(&self.ca_der, &self.cert_der, &self.key)
     }
 }
 
 /// Loads the node's certificate, or bootstraps it with the token; see the [module docs](self).
-pub async fn ensure_identity(
+pub(crate) async fn ensure_identity(
     options: &EdgeTlsOptions,
     node: &str,
 ) -> Result<EdgeIdentity, CertManagerError> {

@@ -8,7 +8,7 @@
 //!   sent up as `device/{ns}/{name}/twin/edge_updated` or `.../state/update` (source `twin`,
 //!   group `resource`, operation `update`). Each upload stays in the confirm list until a
 //!   cloud message whose `parent_msg_id` is its id arrives, and is resent after every
-//!   reconnect and every [`RESEND_INTERVAL`] while connected. Reports are kept in the store
+//!   reconnect and every `RESEND_INTERVAL` while connected. Reports are kept in the store
 //!   too (before they are sent) and taken back when the process starts again.
 //! - After each connect, twin asks for `membership/detail` (operation `get`) as a real edge
 //!   does, reusing the same message while it is unanswered. Connects are EdgeHub's
@@ -18,7 +18,7 @@
 //!   which Device inserts overtake); its confirmation is counted once it is applied.
 //! - It takes [`TwinMessage`]s, typed by EdgeHub (or from an extension's envelope, with the
 //!   same function) and by MetaManager for Device objects; its uploads are the contract's
-//!   [`Upload`]s, which EdgeHub writes.
+//!   `Upload`s, which EdgeHub writes.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,12 +45,12 @@ use crate::hive::{Accepts, Envelope, Hive, Module};
 /// beehive name of the module.
 pub const MODULE_NAME: &str = route::TWIN;
 /// beehive group of the module.
-pub const GROUP: &str = route::TWIN_GROUP;
+pub(crate) const GROUP: &str = route::TWIN_GROUP;
 /// Uploads awaiting the cloud's confirmation, at most. Overflow policy: the oldest is dropped
 /// (and counted): a newer reading of the same device supersedes it in the cloud anyway.
 pub const MAX_UNCONFIRMED: usize = 1024;
 /// How often unconfirmed uploads are resent while connected (KubeEdge: after 60 s idle).
-pub const RESEND_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const RESEND_INTERVAL: Duration = Duration::from_secs(60);
 const HUB_MODULE: &str = route::EDGEHUB;
 
 /// Why a report was refused.

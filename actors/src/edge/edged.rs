@@ -19,10 +19,10 @@
 //!   is confirmed at once.
 //!
 //! Frames carry source `edged`, group `meta`, as edged's messages do after MetaManager; each
-//! is an [`Ask::Node`] that EdgeHub, asked by name ([`ask_hub`]), turns into the frame, and
-//! the answer comes back as a [`CloudReply`]. Whether the cloud is connected is
+//! is an `Ask::Node` that EdgeHub, asked by name (`ask_hub`), turns into the frame, and
+//! the answer comes back as a `CloudReply`. Whether the cloud is connected is
 //! EdgeHub's [`CloudConnection`], which the module follows from the start of each actor.
-//! Everything the module keeps lives in [`Shared`], which outlives restarts of the actor.
+//! Everything the module keeps lives in `Shared`, which outlives restarts of the actor.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, ToSocketAddrs as _, UdpSocket};
@@ -50,14 +50,14 @@ use crate::hive::{Accepts, Envelope, Hive, Module};
 /// beehive name of the module.
 pub const MODULE_NAME: &str = route::EDGED;
 /// beehive group of the module.
-pub const GROUP: &str = route::EDGED_GROUP;
+pub(crate) const GROUP: &str = route::EDGED_GROUP;
 /// The namespace of node Leases.
-pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+pub(crate) const LEASE_NAMESPACE: &str = "kube-node-lease";
 /// What the node reports as its kubelet version: the KubeEdge release whose protocol edgehive
 /// speaks, as edgecore v1.22 reports it.
-pub const KUBELET_VERSION: &str = "v1.31.12-kubeedge-v1.22.0";
+pub(crate) const KUBELET_VERSION: &str = "v1.31.12-kubeedge-v1.22.0";
 /// Most pod status reports and deletion confirmations waiting for the cloud at once.
-pub const MAX_PENDING: usize = 4096;
+pub(crate) const MAX_PENDING: usize = 4096;
 
 /// The module's settings (`modules.edged` in edge.yaml).
 #[derive(Debug, Clone)]

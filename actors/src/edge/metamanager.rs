@@ -3,15 +3,15 @@
 //! Objects pushed by the cloud are written to SQLite and only then acknowledged, so an ACK
 //! the cloud sees means the object survives an edge restart. Local modules query the same
 //! table, which keeps cloud data readable while the edge is offline. Queries for the types in
-//! [`REMOTE_TYPES`](super::remote::REMOTE_TYPES) go to the cloud while connected (the answer
+//! `REMOTE_TYPES` go to the cloud while connected (the answer
 //! is stored, then the cloud's reply is acknowledged) and fall back to the stored copy when
 //! disconnected or when the cloud does not answer within `remoteQueryTimeout`.
 //! Device and DeviceModel objects are stored, then handed to the `twin` group; the ACK waits
 //! for twin to commit them too. Whether the cloud is connected is EdgeHub's
 //! [`CloudConnection`], read at each decision.
 //!
-//! It takes [`MetaRequest`]s, typed by EdgeHub from the cloud's messages (or from an
-//! extension's envelope, with the same function), and sends the cloud [`ToCloud`] through
+//! It takes `MetaRequest`s, typed by EdgeHub from the cloud's messages (or from an
+//! extension's envelope, with the same function), and sends the cloud `ToCloud` through
 //! EdgeHub by name; it never reads or builds a beehive message itself.
 
 use std::sync::OnceLock;
@@ -36,13 +36,13 @@ use crate::hive::{Accepts, Envelope, Hive, HiveError, Module};
 /// beehive name of the module.
 pub const MODULE_NAME: &str = route::METAMANAGER;
 /// beehive group of the module.
-pub const GROUP: &str = route::META_GROUP;
+pub(crate) const GROUP: &str = route::META_GROUP;
 /// The module ACKs are sent to (edgehub).
 const HUB_MODULE: &str = route::EDGEHUB;
 /// The module Device and DeviceModel objects are handed to (DeviceTwin).
 const TWIN_MODULE: &str = route::TWIN;
 /// KubeEdge's default `remoteQueryTimeout`.
-pub const DEFAULT_REMOTE_QUERY_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_REMOTE_QUERY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How much longer than `remoteQueryTimeout` a remote query waits for EdgeHub's own answer
 /// (which is a timeout error at `remoteQueryTimeout`); see `Ctx::remote`.
 const REMOTE_CALL_MARGIN: Duration = Duration::from_secs(1);

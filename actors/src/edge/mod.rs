@@ -12,7 +12,7 @@ pub mod edged;
 pub mod edgehub;
 pub mod edgestream;
 pub mod metamanager;
-pub mod remote;
+pub(crate) mod remote;
 pub mod store;
 pub mod twin_store;
 pub mod watch;

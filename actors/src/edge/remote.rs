@@ -6,7 +6,7 @@ use serde_json::Value;
 
 /// Resource types a query fetches from the cloud while connected (KubeEdge v1.23; v1.22 also
 /// asked for `node`). Everything else is answered from the store.
-pub const REMOTE_TYPES: [&str; 9] = [
+pub(crate) const REMOTE_TYPES: [&str; 9] = [
     "configmap",
     "secret",
     "persistentvolume",
@@ -19,13 +19,13 @@ pub const REMOTE_TYPES: [&str; 9] = [
 ];
 
 /// Whether a query for `resource_type` goes to the cloud when connected.
-pub fn is_remote_type(resource_type: &str) -> bool {
+pub(crate) fn is_remote_type(resource_type: &str) -> bool {
     REMOTE_TYPES.contains(&resource_type)
 }
 
 /// What a cloud reply to a remote query carries.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ReplyContent {
+pub(crate) enum ReplyContent {
     /// An object to store under the query's key (and pass on).
     Object(Value),
     /// An error, `"OK"`, or nothing storable: passed on, the store is left alone.
@@ -40,7 +40,7 @@ pub enum ReplyContent {
 /// - any other object: stored;
 /// - a string: `"OK"` or error text, passed on, except for `k8s/ca.crt` whose answer is the
 ///   CA certificate itself (a string, empty when the cluster has none).
-pub fn read_reply(content: &Value, resource_type: &str) -> ReplyContent {
+pub(crate) fn read_reply(content: &Value, resource_type: &str) -> ReplyContent {
     match content {
         Value::Object(map) if map.len() == 2 && map.contains_key("Object") => {
             match (map.get("Object"), map.get("Err")) {

@@ -20,7 +20,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 /// How many commands may wait for the store thread. Overflow policy: senders wait
 /// (`send().await`) for room, so the store applies back-pressure and never drops a write.
-pub const STORE_QUEUE_CAPACITY: usize = 1024;
+pub(crate) const STORE_QUEUE_CAPACITY: usize = 1024;
 
 /// How many committed changes a watcher may fall behind by. Overflow policy: the store never
 /// waits for a watcher; one that falls further behind loses its place (it sees
@@ -342,7 +342,7 @@ impl MetaStore {
     /// holds that UID is deleted (KubeEdge's rule): a delete for an old pod must not remove a
     /// new pod of the same name. If another pod is stored, nothing is deleted and the result
     /// is `false`; the `podpatch` row goes with the pod row (or alone when no pod is stored).
-    pub async fn delete_pod_with_uid(
+    pub(crate) async fn delete_pod_with_uid(
         &self,
         key: String,
         uid: Option<String>,

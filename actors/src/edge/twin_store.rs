@@ -54,7 +54,7 @@ pub struct DeviceView {
 
 /// A device the cloud announced, from a membership update or a Device object.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DeviceSpec {
+pub(crate) struct DeviceSpec {
     /// `{namespace}/{name}`.
     pub id: String,
     /// The device name.
@@ -68,7 +68,7 @@ pub struct DeviceSpec {
 
 impl DeviceSpec {
     /// From a membership update's device (`{"id","name","description","twin"}`).
-    pub fn from_membership(device: &Value) -> Option<DeviceSpec> {
+    pub(crate) fn from_membership(device: &Value) -> Option<DeviceSpec> {
         let id = device.get("id")?.as_str()?.to_owned();
         let name = device
             .get("name")
@@ -102,7 +102,7 @@ impl DeviceSpec {
 
     /// From a Device object (devices.kubeedge.io/v1beta1): desired values are
     /// `spec.properties[].desired`.
-    pub fn from_object(object: &Value) -> Option<DeviceSpec> {
+    pub(crate) fn from_object(object: &Value) -> Option<DeviceSpec> {
         let name = object.pointer("/metadata/name")?.as_str()?.to_owned();
         let namespace = object
             .pointer("/metadata/namespace")
@@ -145,7 +145,7 @@ impl DeviceSpec {
 /// What a mapper's report changed; `None` from [`TwinStore::set_actual`] means no such
 /// device or property.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ReportedTwin {
+pub(crate) struct ReportedTwin {
     /// The device's id.
     pub id: String,
     /// The property.
@@ -176,7 +176,7 @@ impl TwinStore {
     }
 
     /// Adds or refreshes devices; their twins' desired values are replaced when given.
-    pub async fn upsert_devices(&self, devices: Vec<DeviceSpec>) -> Result<(), StoreError> {
+    pub(crate) async fn upsert_devices(&self, devices: Vec<DeviceSpec>) -> Result<(), StoreError> {
         self.store
             .exec("write devices".into(), move |conn| {
                 let tx = conn.unchecked_transaction()?;
@@ -189,7 +189,7 @@ impl TwinStore {
     }
 
     /// Removes devices and everything about them.
-    pub async fn remove_devices(&self, ids: Vec<String>) -> Result<(), StoreError> {
+    pub(crate) async fn remove_devices(&self, ids: Vec<String>) -> Result<(), StoreError> {
         self.store
             .exec("remove devices".into(), move |conn| {
                 let tx = conn.unchecked_transaction()?;
@@ -207,7 +207,7 @@ impl TwinStore {
     /// Makes the device set exactly `devices` (a full membership answer), except for the
     /// devices `settled` names: those are left as they are, neither removed nor written. One
     /// job on the store thread, so `settled` is asked after every write queued before it.
-    pub async fn replace_devices(
+    pub(crate) async fn replace_devices(
         &self,
         devices: Vec<DeviceSpec>,
         settled: impl Fn(&str) -> bool + Send + 'static,
@@ -256,7 +256,7 @@ impl TwinStore {
     }
 
     /// Keeps `upload` (a report for the cloud) until [`TwinStore::confirmed`].
-    pub async fn keep_upload(&self, upload: &Upload) -> Result<(), StoreError> {
+    pub(crate) async fn keep_upload(&self, upload: &Upload) -> Result<(), StoreError> {
         let id = upload.id().to_owned();
         let text = upload.encode();
         self.store
@@ -282,7 +282,7 @@ impl TwinStore {
 
     /// The kept uploads, oldest first; at most the newest `max` (older ones are deleted). A
     /// row that is not a message is deleted and skipped.
-    pub async fn kept_uploads(&self, max: usize) -> Result<Vec<Upload>, StoreError> {
+    pub(crate) async fn kept_uploads(&self, max: usize) -> Result<Vec<Upload>, StoreError> {
         self.store
             .exec("read kept uploads".into(), move |conn| {
                 let mut statement =
@@ -309,7 +309,7 @@ impl TwinStore {
     }
 
     /// Records a mapper's reading; `None` if the device or property is unknown.
-    pub async fn set_actual(
+    pub(crate) async fn set_actual(
         &self,
         id: String,
         property: String,
@@ -340,7 +340,7 @@ impl TwinStore {
     }
 
     /// Records a mapper's device state; `false` if the device is unknown.
-    pub async fn set_state(
+    pub(crate) async fn set_state(
         &self,
         id: String,
         state: String,

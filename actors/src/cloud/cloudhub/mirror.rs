@@ -29,7 +29,7 @@ struct Bindings {
     nodes: HashMap<String, bool>,
 }
 
-/// A local copy of the cluster's Pod bindings and Node names; see the [module docs](self).
+/// A local copy of the cluster's Pod bindings and Node names; see the module docs.
 #[derive(Debug, Clone)]
 pub struct BindingMirror {
     bindings: Arc<RwLock<Bindings>>,

@@ -364,7 +364,7 @@ impl NodePool {
 
     /// The resourceVersion at which the edge last ACKed object `key`.
     #[cfg(test)]
-    pub fn acked_version(&self, key: &str) -> Option<&str> {
+    pub(crate) fn acked_version(&self, key: &str) -> Option<&str> {
         self.acked.get(key).map(String::as_str)
     }
 

@@ -622,7 +622,7 @@ fn start_session(
     cell.attach(session_id, addr.into(), stats, store_id, hub_context);
 }
 
-/// Links edges to a running CloudHub over channels in this process (see [`super::memory`]).
+/// Links edges to a running CloudHub over channels in this process (see `cloudhub/memory.rs`).
 #[cfg(feature = "test-hooks")]
 #[derive(Clone)]
 pub struct MemoryConnector {

@@ -10,21 +10,21 @@ use crate::hive::{Hive, RefusalKind, RefusalLog};
 
 /// Label set of the reason-labelled counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
+pub(crate) struct ReasonLabels {
     /// Why it was counted.
     pub reason: String,
 }
 
 /// Label set of the byte counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DirectionLabels {
+pub(crate) struct DirectionLabels {
     /// `to_apiserver` (from the edge's tunnel to an HTTP response) or `to_edge`.
     pub direction: String,
 }
 
 /// CloudStream's metrics.
 #[derive(Debug, Clone, Default)]
-pub struct CloudStreamMetrics {
+pub(crate) struct CloudStreamMetrics {
     /// Nodes with an open tunnel.
     pub tunnels: Gauge,
     /// Streams open now, all nodes together.
@@ -44,7 +44,7 @@ pub struct CloudStreamMetrics {
 
 impl CloudStreamMetrics {
     /// Registers the metrics with `hive`'s registry.
-    pub fn register(hive: &Hive) -> Self {
+    pub(crate) fn register(hive: &Hive) -> Self {
         let metrics = CloudStreamMetrics {
             refusals: hive.refusals().clone(),
             ..CloudStreamMetrics::default()

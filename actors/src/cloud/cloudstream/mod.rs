@@ -1,85 +1,39 @@
 //! CloudStream: `kubectl logs` for pods on edge nodes, through the node's stream tunnel
 //! (KubeEdge's CloudStream, compatible with edgecore's EdgeStream).
 //!
-//! Two TLS ports: the tunnel server ([`tunnel`], KubeEdge's `tunnelPort` 10004) where edges
-//! keep one WebSocket each, and the stream server ([`streams`], `streamPort` 10003) where the
+//! Two TLS ports: the tunnel server (`tunnel`, KubeEdge's `tunnelPort` 10004) where edges
+//! keep one WebSocket each, and the stream server (`streams`, `streamPort` 10003) where the
 //! API server calls the kubelet API paths. A request picks the node's tunnel, sends a
 //! LOGS_CONNECT with the request as the edge replays it to its kubelet API, and pipes the
-//! edge's DATA messages into the response ([`session`] says how memory stays bounded).
+//! edge's DATA messages into the response (`session` says how memory stays bounded).
 //!
 //! Both ports use the TLS ports' handshake gate of CloudHub (`cloudhub::gate`) and the cloud's
 //! server certificate. Not yet: exec, attach, the metrics paths, the API server's egress
 //! selector, edgehive's own EdgeStream.
 
-pub mod metrics;
+mod context;
+mod metrics;
 mod session;
 mod streams;
 mod tunnel;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use actix_web::dev::ServerHandle;
 use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse};
 use edgehive_protocols::tunnel::TUNNEL_PATH;
 
-use crate::cloud::cloudhub::gate::{self, Gate, GateMetrics, HandshakeLimits};
-use crate::hive::log::{clip, WarnBudget};
+use crate::cloud::cloudhub::gate::{self, Gate, GateMetrics};
 use crate::hive::{Hive, RefusalKind};
 use crate::identity::tls::{CloudTls, PeerCertificate, TlsError};
-pub use metrics::CloudStreamMetrics;
-use session::Sessions;
+pub use context::CloudStreamOptions;
+use context::StreamContext;
+pub(crate) use metrics::CloudStreamMetrics;
 
 /// Worker threads of each server.
 const WORKERS: usize = 1;
-/// Refusal warnings logged per [`WarnBudget::WINDOW`], all peers together.
-const WARNINGS_PER_WINDOW: u32 = 50;
-
-/// CloudStream's settings (`modules.cloudStream`).
-#[derive(Debug, Clone)]
-pub struct CloudStreamOptions {
-    /// Address both servers bind.
-    pub address: String,
-    /// The tunnel server's port (`tunnelPort`, 10004).
-    pub tunnel_port: u16,
-    /// The stream server's port (`streamPort`, 10003).
-    pub stream_port: u16,
-    /// Streams open at once per node (`maxStreamsPerNode`).
-    pub max_streams_per_node: usize,
-    /// A stream with no data for this long ends (`streamIdleTimeout`; kubelet's
-    /// `streamingConnectionIdleTimeout` is 4 h).
-    pub idle_timeout: Duration,
-    /// How long the tunnel waits for a stream's reader before cutting that stream.
-    pub slow_reader_timeout: Duration,
-    /// A tunnel with nothing from the edge (not even a ping) for this long is closed.
-    pub tunnel_read_timeout: Duration,
-    /// The largest tunnel message (WebSocket frame) accepted from an edge.
-    pub max_message_bytes: usize,
-    /// Where the edge replays requests (edged's kubelet API; cloudcore's fixed
-    /// `127.0.0.1:10350`).
-    pub kubelet_endpoint: String,
-    /// TLS handshake bounds of both ports.
-    pub handshake_limits: HandshakeLimits,
-}
-
-impl Default for CloudStreamOptions {
-    fn default() -> Self {
-        CloudStreamOptions {
-            address: "0.0.0.0".to_owned(),
-            tunnel_port: 10004,
-            stream_port: 10003,
-            max_streams_per_node: 64,
-            idle_timeout: Duration::from_secs(4 * 3600),
-            slow_reader_timeout: Duration::from_secs(30),
-            tunnel_read_timeout: tunnel::DEFAULT_TUNNEL_READ_TIMEOUT,
-            max_message_bytes: 1024 * 1024,
-            kubelet_endpoint: "127.0.0.1:10350".to_owned(),
-            handshake_limits: HandshakeLimits::default(),
-        }
-    }
-}
 
 /// Why CloudStream could not start.
 #[derive(Debug, thiserror::Error)]
@@ -95,26 +49,6 @@ pub enum CloudStreamError {
         /// The operating system's reason.
         source: std::io::Error,
     },
-}
-
-/// What both servers' handlers share.
-pub(crate) struct StreamContext {
-    options: CloudStreamOptions,
-    sessions: Sessions,
-    warnings: Mutex<WarnBudget>,
-}
-
-impl StreamContext {
-    fn metrics(&self) -> &CloudStreamMetrics {
-        &self.sessions.metrics
-    }
-
-    fn warn(&self, peer: Option<SocketAddr>, text: &str) {
-        let held_back = crate::hive::locks::lock(&self.warnings).take(std::time::Instant::now());
-        if let Some(held_back) = held_back {
-            tracing::warn!(?peer, reason = %clip(text), held_back, "cloudstream refused");
-        }
-    }
 }
 
 /// The running tunnel and stream servers.
@@ -175,11 +109,10 @@ pub fn start_cloudstream(
 ) -> Result<CloudStreamServer, CloudStreamError> {
     let tunnel_tls = tls.websocket_config()?;
     let stream_tls = tls.stream_server_config(stream_client_ca_der)?;
-    let context = Arc::new(StreamContext {
-        options: options.clone(),
-        sessions: Sessions::new(CloudStreamMetrics::register(hive)),
-        warnings: Mutex::new(WarnBudget::with_limit(WARNINGS_PER_WINDOW)),
-    });
+    let context = Arc::new(StreamContext::new(
+        options.clone(),
+        CloudStreamMetrics::register(hive),
+    ));
     let data = web::Data::from(context.clone());
     let bind = |port: u16| {
         let address = format!("{}:{port}", options.address);

@@ -18,8 +18,8 @@ use actix_web::{HttpRequest, HttpResponse};
 use edgehive_protocols::tunnel::{ConnectRequest, GoUrl, TunnelType};
 use tokio::sync::mpsc;
 
+use super::context::StreamContext;
 use super::session::{StreamEnd, Tunnel};
-use super::StreamContext;
 use crate::hive::RefusalKind;
 use crate::identity::tls::PeerCertificate;
 

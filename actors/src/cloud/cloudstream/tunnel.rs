@@ -14,7 +14,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_http::ws::{hash_key, CloseCode, CloseReason, OpCode, Parser};
 use actix_web::http::header::{self, HeaderValue};
@@ -26,8 +25,8 @@ use edgehive_protocols::tunnel::{
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 
+use super::context::StreamContext;
 use super::session::{Out, Registered, Tunnel};
-use super::StreamContext;
 use crate::hive::RefusalKind;
 use crate::identity::check_node_name;
 use crate::identity::tls::{certificate_node, PeerCertificate};
@@ -322,6 +321,3 @@ async fn handle_message(
         }
     }
 }
-
-/// The idle read timeout's default: edgecore pings every 5 s.
-pub(crate) const DEFAULT_TUNNEL_READ_TIMEOUT: Duration = Duration::from_secs(60);

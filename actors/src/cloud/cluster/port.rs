@@ -23,7 +23,7 @@ pub type ClusterFuture<T> = BoxFuture<'static, Result<T, ClusterError>>;
 /// [`WatchError::Closed`] ends it.
 pub type Watch = BoxStream<'static, Result<WatchEvent, WatchError>>;
 
-/// What the controllers need from a cluster; see the [module docs](self).
+/// What the controllers need from a cluster; see the module docs.
 pub trait ClusterPort: Send + Sync + 'static {
     /// Which adapter this is (`embedded`, `kube`), for logs and the admin endpoint.
     fn adapter(&self) -> &'static str;

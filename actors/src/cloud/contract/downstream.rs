@@ -11,12 +11,12 @@ use edgehive_protocols::object::{meta_str, namespaced_key, now_ms};
 use edgehive_protocols::{CloudResource, Group, Message, ModuleName, Operation, ResourceType};
 use serde_json::{json, Value};
 
-use super::ObjectId;
+use super::object_id::ObjectId;
 
 /// The message for `obj` of `kind` on `node`: source edgecontroller, group resource,
 /// resourceversion = the object's, content = the object with apiVersion and kind (what
 /// EdgeController sends for a change, and SyncController for a resend).
-pub fn object_message(
+pub(crate) fn object_message(
     node: &str,
     resource_type: ResourceType,
     api_version: &str,
@@ -37,7 +37,7 @@ pub fn object_message(
 
 /// A Device or DeviceModel (`resource_type`) for `node`: as [`object_message`], from
 /// devicecontroller.
-pub fn device_object(
+pub(crate) fn device_object(
     node: &str,
     resource_type: ResourceType,
     api_version: &str,
@@ -87,7 +87,7 @@ fn resource_message(
 
 /// The delete of `node` itself, sent when the Node is deleted from the cluster: no content
 /// (`node/{n}/null/node/{n}`; KubeEdge's rules put it on the no-ACK lane).
-pub fn node_delete(node: &str) -> Message {
+pub(crate) fn node_delete(node: &str) -> Message {
     let resource = CloudResource::new(node, "null", ResourceType::Node, Some(node.to_owned()));
     Message::new(
         ModuleName::EdgeController,
@@ -100,7 +100,7 @@ pub fn node_delete(node: &str) -> Message {
 
 /// SyncController's delete of an object the cluster no longer has (or has replaced): its
 /// identity, enough for the edge to find and delete it, and no version.
-pub fn object_gone(node: &str, id: &ObjectId) -> Message {
+pub(crate) fn object_gone(node: &str, id: &ObjectId) -> Message {
     let mut metadata = json!({"name": id.name, "uid": id.uid});
     if !id.namespace.is_empty() {
         metadata["namespace"] = json!(id.namespace);
@@ -116,7 +116,7 @@ pub fn object_gone(node: &str, id: &ObjectId) -> Message {
 
 /// EdgeController's delete for the edge of a pod it reports on but which is gone from the
 /// cluster (or replaced by another with the same name): its identity, no version.
-pub fn pod_gone(node: &str, namespace: &str, name: &str, uid: &str) -> Message {
+pub(crate) fn pod_gone(node: &str, namespace: &str, name: &str, uid: &str) -> Message {
     let pod = json!({
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
     });
@@ -134,7 +134,11 @@ pub fn pod_gone(node: &str, namespace: &str, name: &str, uid: &str) -> Message {
 
 /// A device membership update for `node` (`node/{node}/membership`, group twin): the
 /// devices `added` and `removed` (each in membership form, or none).
-pub fn membership_update(node: &str, added: Option<Value>, removed: Option<Value>) -> Message {
+pub(crate) fn membership_update(
+    node: &str,
+    added: Option<Value>,
+    removed: Option<Value>,
+) -> Message {
     let list = |device: Option<Value>| match device {
         Some(device) => json!([device]),
         None => Value::Null,
@@ -154,13 +158,13 @@ pub fn membership_update(node: &str, added: Option<Value>, removed: Option<Value
 }
 
 /// DeviceController's "OK" to a twin or state report from `node` (`node/{node}/twin`).
-pub fn twin_report_ok(request: &Message, node: &str) -> Message {
+pub(crate) fn twin_report_ok(request: &Message, node: &str) -> Message {
     twin_reply(request, format!("node/{node}/twin"), json!("OK"))
 }
 
 /// DeviceController's answer to `node`'s `membership/detail`: its devices, in membership
 /// form.
-pub fn membership_detail(request: &Message, node: &str, devices: Vec<Value>) -> Message {
+pub(crate) fn membership_detail(request: &Message, node: &str, devices: Vec<Value>) -> Message {
     twin_reply(
         request,
         format!("node/{node}/membership/detail"),

@@ -1,84 +1,27 @@
 //! The typed messages that cross module boundaries on the cloud side.
 //!
 //! Only CloudHub converts between the beehive [`Message`] on the wire and these types, and
-//! the beehive messages controllers send are built here ([`downstream`], and [`request`]'s
+//! the beehive messages controllers send are built here (`downstream`, and `request`'s
 //! replies), never in the controllers; the controllers hand CloudHub a [`NodeMessage`] (built once per change, encoded once, shared by
 //! every node that gets it) inside [`ToNodes`], and CloudHub hands EdgeController typed
-//! [`request::EdgeRequest`]s. Modules address each other by the names in [`route`] and the
+//! `request::EdgeRequest`s. Modules address each other by the names in [`route`] and the
 //! message type (`Hive::tell`), never by actor type.
 
-pub mod downstream;
-pub mod request;
-pub mod twin;
+pub(crate) mod downstream;
+mod object_id;
+pub(crate) mod request;
+pub(crate) mod twin;
 
-pub use downstream::object_message;
+pub(crate) use downstream::object_message;
+pub use object_id::ObjectId;
 
 use std::sync::Arc;
 
 use actix::Message as ActixMessage;
 use bytestring::ByteString;
-use edgehive_protocols::object::meta_str;
 use edgehive_protocols::{
     encode, trim_for_edge, CloudResource, Group, Message, ModuleName, Operation, ResourceType,
 };
-use serde_json::Value;
-
-/// Which Kubernetes object a `resource`-group message carries: what SyncController needs to
-/// name its ObjectSync record (`{node}.{uid}`) and to find the object in the cluster again.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ObjectId {
-    /// `apiVersion` of the object (`v1`).
-    pub api_version: String,
-    /// Its kind (`Pod`).
-    pub kind: String,
-    /// Its namespace; empty for cluster-scoped kinds.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// Its UID.
-    pub uid: String,
-}
-
-impl ObjectId {
-    /// The object `message` carries, if it is a `resource`-group message whose content has
-    /// apiVersion, kind, name and UID. Nodes are left out: a node's own object is not
-    /// something it can hold stale (the node's session ends when it is deleted).
-    pub fn of(message: &Message) -> Option<Arc<ObjectId>> {
-        if message.group() != Some(&Group::Resource) {
-            return None;
-        }
-        let content = &message.content;
-        let text = |value: &Value| value.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
-        let kind = text(&content["kind"])?;
-        if kind == "Node" {
-            return None;
-        }
-        Some(Arc::new(ObjectId {
-            api_version: text(&content["apiVersion"])?,
-            namespace: meta_str(content, "namespace").to_owned(),
-            name: text(&content["metadata"]["name"])?,
-            uid: text(&content["metadata"]["uid"])?,
-            kind,
-        }))
-    }
-
-    /// The cloud-form resource of this object on `node`:
-    /// `node/{node}/{namespace or "null"}/{lowercase kind}/{name}`.
-    pub fn resource_on(&self, node: &str) -> String {
-        let namespace = if self.namespace.is_empty() {
-            "null".to_owned()
-        } else {
-            self.namespace.clone()
-        };
-        CloudResource::new(
-            node,
-            namespace,
-            ResourceType::from(self.kind.to_ascii_lowercase().as_str()),
-            Some(self.name.clone()),
-        )
-        .to_string()
-    }
-}
 
 /// Which of a node's two delivery lanes a message takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +53,7 @@ pub struct NodeMessage {
 
 impl NodeMessage {
     /// Reads `message` (resource in cloud form, `node/{node}/…`, or already in edge form)
-    /// once: its lane by KubeEdge's rules ([`needs_ack`]), its object key, and its frame.
+    /// once: its lane by KubeEdge's rules (`needs_ack`), its object key, and its frame.
     pub fn new(message: &Message) -> Arc<Self> {
         Self::with_lane(message.clone(), needs_ack(message))
     }
@@ -123,7 +66,7 @@ impl NodeMessage {
     }
 
     /// Like [`NodeMessage::new`], but always the no-ACK lane (CloudHub's own refusals).
-    pub fn no_ack(message: &Message) -> Arc<Self> {
+    pub(crate) fn no_ack(message: &Message) -> Arc<Self> {
         Self::with_lane(message.clone(), false)
     }
 
@@ -199,13 +142,13 @@ impl NodeMessage {
     }
 
     /// Whether it is a `delete`.
-    pub fn is_delete(&self) -> bool {
+    pub(crate) fn is_delete(&self) -> bool {
         self.delete
     }
 
     /// Whether it deletes its object or the object is being deleted (such messages may come
     /// without a resourceVersion and are never dropped as stale).
-    pub fn is_deleting(&self) -> bool {
+    pub(crate) fn is_deleting(&self) -> bool {
         self.deleting
     }
 
@@ -215,7 +158,7 @@ impl NodeMessage {
     }
 
     /// Whether it is SyncController's resend ([`NodeMessage::resend`]).
-    pub fn is_resend(&self) -> bool {
+    pub(crate) fn is_resend(&self) -> bool {
         self.resend
     }
 
@@ -301,7 +244,7 @@ pub struct DisconnectNode {
 /// knew the node.
 #[derive(Debug, ActixMessage)]
 #[rtype(result = "bool")]
-pub struct NodeDeleted {
+pub(crate) struct NodeDeleted {
     /// The deleted node.
     pub node: String,
 }
@@ -310,7 +253,7 @@ pub struct NodeDeleted {
 /// forgotten what it ACKed, and EdgeController sends it everything bound to it again.
 #[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
 #[rtype(result = "()")]
-pub struct ResyncNode {
+pub(crate) struct ResyncNode {
     /// The node.
     pub node: String,
 }
@@ -325,7 +268,7 @@ pub struct ResyncNode {
 /// operation is update), lease, nodepatch, podpatch, podstatus, certificatesigningrequest, or
 /// pod with operation `response`. (KubeEdge also treats a response carrying a Go error as
 /// no-ACK; a Go error has no wire form we can recognise, so such replies take the ACK lane.)
-pub fn needs_ack(message: &Message) -> bool {
+pub(crate) fn needs_ack(message: &Message) -> bool {
     const NO_ACK_RESOURCES: [&str; 5] = [
         "podlist",
         "membership",
@@ -387,7 +330,7 @@ pub fn needs_ack(message: &Message) -> bool {
 /// The ACK-lane key of a message: the object's UID, or the resource string when the content
 /// has none (responses, device messages). The resource is taken in edge form, so the key is
 /// the same for every node.
-pub fn ack_key(message: &Message) -> String {
+pub(crate) fn ack_key(message: &Message) -> String {
     message.content["metadata"]["uid"]
         .as_str()
         .filter(|uid| !uid.is_empty())
@@ -405,13 +348,13 @@ pub mod route {
     /// EdgeController's module name and group.
     pub const EDGECONTROLLER: &str = "edgecontroller";
     /// DeviceController's module name and group.
-    pub const DEVICECONTROLLER: &str = "devicecontroller";
+    pub(crate) const DEVICECONTROLLER: &str = "devicecontroller";
     /// SyncController's module name (KubeEdge's; reserved).
     pub const SYNCCONTROLLER: &str = "synccontroller";
     /// The router module that takes `user`-group uploads (KubeEdge's; an extension).
-    pub const ROUTER: &str = "router";
+    pub(crate) const ROUTER: &str = "router";
     /// The group of task managers (KubeEdge's; extensions).
-    pub const TASKMANAGER: &str = "taskmanager";
+    pub(crate) const TASKMANAGER: &str = "taskmanager";
     /// The edge module whose upstream messages go to DeviceController.
     const EDGE_TWIN: &str = "twin";
 
@@ -426,7 +369,7 @@ pub mod route {
 
     /// Where an upstream message goes.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Destination {
+    pub(crate) enum Destination {
         /// EdgeController, as a typed request.
         EdgeController,
         /// DeviceController, as a typed twin request.
@@ -440,7 +383,7 @@ pub mod route {
     /// KubeEdge's DispatchUpstream: `user` uploads to the router, task operations to the task
     /// managers, the edge twin's messages to DeviceController, the rest to EdgeController.
     /// `None` for a message that claims a cloud module as its source.
-    pub fn upstream_destination(message: &Message) -> Option<Destination> {
+    pub(crate) fn upstream_destination(message: &Message) -> Option<Destination> {
         let source = message.source().map(|s| s.as_str());
         if source.is_some_and(|source| CLOUD_SOURCES.contains(&source)) {
             return None;

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 /// The request kinds, each with its own concurrency limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RequestKind {
+pub(crate) enum RequestKind {
     /// `nodestatus` insert/update.
     NodeStatus,
     /// `node` insert/query/update.
@@ -32,7 +32,7 @@ pub enum RequestKind {
 
 impl RequestKind {
     /// Every kind.
-    pub const ALL: [RequestKind; 10] = [
+    pub(crate) const ALL: [RequestKind; 10] = [
         RequestKind::NodeStatus,
         RequestKind::Node,
         RequestKind::NodePatch,
@@ -46,7 +46,7 @@ impl RequestKind {
     ];
 
     /// The metric label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RequestKind::NodeStatus => "nodestatus",
             RequestKind::Node => "node",
@@ -64,7 +64,7 @@ impl RequestKind {
     /// How many requests of this kind run at once: KubeEdge's default worker counts for a
     /// cloud with the default nodeLimit of 500 (queryNode and createLease = nodeLimit,
     /// patchNode = 100 + nodeLimit/50, processEvent 4, most others 100).
-    pub fn workers(self) -> usize {
+    pub(crate) fn workers(self) -> usize {
         match self {
             RequestKind::Node | RequestKind::Lease => 500,
             RequestKind::NodePatch => 110,
@@ -142,7 +142,7 @@ pub enum Request {
 /// An edge's request, as the controller actor receives it.
 #[derive(Debug, Clone, actix::Message)]
 #[rtype(result = "()")]
-pub struct EdgeRequest {
+pub(crate) struct EdgeRequest {
     /// The message as CloudHub handed it over (resource `node/{node}/...`).
     pub message: Message,
     /// Its parsed resource.
@@ -155,7 +155,7 @@ pub struct EdgeRequest {
 /// reason: EdgeController counts it and answers a malformed one (as KubeEdge does).
 #[derive(Debug, Clone, actix::Message)]
 #[rtype(result = "()")]
-pub struct Unparsed {
+pub(crate) struct Unparsed {
     /// The message as CloudHub handed it over (resource `node/{node}/...`).
     pub message: Message,
     /// Why it is not a request.
@@ -164,7 +164,7 @@ pub struct Unparsed {
 
 /// Why a message is not an [`EdgeRequest`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ParseError {
+pub(crate) enum ParseError {
     /// Not a resource/operation EdgeController handles (KubeEdge logs and drops these).
     #[error("unhandled: {0}")]
     Unhandled(String),
@@ -178,15 +178,7 @@ pub enum ParseError {
     },
 }
 
-impl ParseError {
-    /// The kind, when the message was a handled kind with bad content.
-    pub fn kind(&self) -> Option<RequestKind> {
-        match self {
-            ParseError::Malformed { kind, .. } => Some(*kind),
-            ParseError::Unhandled(_) => None,
-        }
-    }
-}
+impl ParseError {}
 
 fn content_object(message: &Message, kind: RequestKind) -> Result<Value, ParseError> {
     match message.content_json() {
@@ -204,12 +196,13 @@ fn content_object(message: &Message, kind: RequestKind) -> Result<Value, ParseEr
 
 impl EdgeRequest {
     /// Types `message`; see [`ParseError`] for what is refused.
-    pub fn parse(message: Message) -> Result<EdgeRequest, ParseError> {
+    #[cfg(test)]
+    pub(crate) fn parse(message: Message) -> Result<EdgeRequest, ParseError> {
         Self::from_message(message).map_err(|unparsed| unparsed.error)
     }
 
     /// Types `message`, or gives it back with the reason it is not a request.
-    pub fn from_message(message: Message) -> Result<EdgeRequest, Box<Unparsed>> {
+    pub(crate) fn from_message(message: Message) -> Result<EdgeRequest, Box<Unparsed>> {
         match Self::classify(&message) {
             Ok((resource, request)) => Ok(EdgeRequest {
                 message,
@@ -355,7 +348,7 @@ impl EdgeRequest {
     }
 
     /// The request's kind (its concurrency limit).
-    pub fn kind(&self) -> RequestKind {
+    pub(crate) fn kind(&self) -> RequestKind {
         match &self.request {
             Request::NodeStatusInsert(_) | Request::NodeStatusUpdate { .. } => {
                 RequestKind::NodeStatus
@@ -377,22 +370,22 @@ impl EdgeRequest {
     }
 
     /// Whether KubeEdge answers this request (events are not answered).
-    pub fn expects_reply(&self) -> bool {
+    pub(crate) fn expects_reply(&self) -> bool {
         self.kind() != RequestKind::Event
     }
 
     /// The namespace the request is about (`None` for cluster-scoped ones).
-    pub fn namespace(&self) -> Option<&str> {
+    pub(crate) fn namespace(&self) -> Option<&str> {
         Some(self.resource.namespace.as_str()).filter(|ns| *ns != "null" && !ns.is_empty())
     }
 
     /// The name of the object the request is about (empty when it names none).
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.resource.name.as_deref().unwrap_or_default()
     }
 
     /// A reply on the request's own resource.
-    pub fn reply(&self, content: Value) -> Message {
+    pub(crate) fn reply(&self, content: Value) -> Message {
         reply_on(&self.message, self.message.resource().to_owned(), content)
     }
 }
@@ -405,7 +398,7 @@ fn uid_precondition(options: &Value) -> Option<String> {
 }
 
 /// A reply to `request` from edgecontroller (group resource) on `resource`.
-pub fn reply_on(request: &Message, resource: String, content: Value) -> Message {
+pub(crate) fn reply_on(request: &Message, resource: String, content: Value) -> Message {
     let mut reply = Message::response_to(request, content);
     reply.route.source = Some(ModuleName::EdgeController);
     reply.route.group = Some(Group::Resource);

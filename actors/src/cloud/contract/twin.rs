@@ -7,7 +7,7 @@ use serde_json::Value;
 
 /// What a twin message asks for.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TwinAsk {
+pub(crate) enum TwinAsk {
     /// The node's devices (`membership/detail`).
     MembershipDetail,
     /// Reported twin values of a device (`twin/edge_updated` content).
@@ -33,7 +33,7 @@ pub enum TwinAsk {
 /// A twin message from an edge, typed.
 #[derive(Debug, Clone, actix::Message)]
 #[rtype(result = "()")]
-pub struct TwinRequest {
+pub(crate) struct TwinRequest {
     /// The node it came from.
     pub node: String,
     /// What it asks.
@@ -46,7 +46,7 @@ pub struct TwinRequest {
 /// and dropped, as KubeEdge does.
 #[derive(Debug, Clone, actix::Message)]
 #[rtype(result = "()")]
-pub struct TwinUnhandled {
+pub(crate) struct TwinUnhandled {
     /// The message (resource `node/{node}/...`).
     pub message: Message,
     /// Why.
@@ -55,7 +55,7 @@ pub struct TwinUnhandled {
 
 impl TwinRequest {
     /// Types `message` (resource `node/{node}/…`), or gives it back with the reason.
-    pub fn from_message(message: Message) -> Result<TwinRequest, Box<TwinUnhandled>> {
+    pub(crate) fn from_message(message: Message) -> Result<TwinRequest, Box<TwinUnhandled>> {
         let unhandled = |message: Message, reason| Err(Box::new(TwinUnhandled { message, reason }));
         let resource = message.resource().to_owned();
         let tokens: Vec<&str> = resource.split('/').collect();

@@ -1,8 +1,18 @@
 //! DeviceController's downstream half: the Device and DeviceModel watches become membership
 //! updates, models and devices for the nodes that have them.
 
-use super::*;
+use std::collections::HashMap;
+
+use edgehive_protocols::object::is_newer;
+use edgehive_protocols::{Operation, ResourceType};
+use serde_json::{json, Value};
+
+use super::device::{key_of, membership_device, model_of, node_of, DEVICES_API_VERSION};
+use super::index::{lock, Devices};
+use crate::cloud::cluster::{ClusterError, EventType, SharedCluster, WatchEvent};
 use crate::cloud::contract::downstream;
+use crate::cloud::contract::route::DEVICECONTROLLER as DEVICECONTROLLER_MODULE;
+use crate::cloud::outbox::{Outbox, RETRY_INTERVAL};
 use crate::cloud::watcher::{keep_all, KindWatcher, WatchMetrics};
 
 pub(super) struct DeviceWatcher {

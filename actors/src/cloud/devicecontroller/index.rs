@@ -5,10 +5,12 @@
 //! costs the same with 10 devices as with 100,000.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
 
-use super::{model_of, node_of};
+use super::device::{model_of, node_of};
+use crate::hive::locks;
 
 /// A device's key: (namespace, name).
 pub(super) type DeviceKey = (String, String);
@@ -120,6 +122,16 @@ impl DeviceIndex {
         nodes.sort();
         nodes
     }
+}
+
+/// Devices as last seen, by (namespace, name); shared by the watch loop and the upstream
+/// handlers (membership/detail, twin names).
+pub(super) type Devices = Arc<Mutex<DeviceIndex>>;
+
+/// Every writer finishes its update of the index before anything can panic (see
+/// [`locks`](crate::hive::locks)).
+pub(super) fn lock(devices: &Devices) -> MutexGuard<'_, DeviceIndex> {
+    locks::lock(devices)
 }
 
 #[cfg(test)]

@@ -21,50 +21,31 @@
 //! - `downstream`: the Device and DeviceModel watches; `upstream`: the edge twin's reports
 //!   and membership requests.
 
+mod controller;
+mod device;
 mod downstream;
 mod index;
 mod upstream;
 
-use crate::cloud::outbox::RETRY_INTERVAL;
-use downstream::DeviceWatcher;
-use index::DeviceIndex;
-
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use actix::prelude::*;
-use edgehive_protocols::{Message, Operation, ResourceType};
-use prometheus_client::metrics::counter::Counter;
-use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-use crate::cloud::cluster::{ClusterError, EventType, SharedCluster, WatchEvent};
-use crate::cloud::outbox::{deliver_reply, offer_message, Outbox};
-use crate::hive::locks;
-use crate::hive::{Accepts, Envelope, Hive, Module};
-use edgehive_protocols::object::is_newer;
+use crate::cloud::cluster::SharedCluster;
+use crate::hive::{Accepts, Hive, Module};
+use controller::{DeviceController, Metrics};
+use index::DeviceIndex;
 
 /// The module name.
-pub const DEVICECONTROLLER_MODULE: &str = super::contract::route::DEVICECONTROLLER;
+pub(crate) const DEVICECONTROLLER_MODULE: &str = super::contract::route::DEVICECONTROLLER;
 /// The module group (CloudHub sends devicetwin's messages here).
-pub const DEVICECONTROLLER_GROUP: &str = super::contract::route::DEVICECONTROLLER;
-/// The devices API version.
-pub const DEVICES_API_VERSION: &str = "devices.kubeedge.io/v1beta1";
+pub(crate) const DEVICECONTROLLER_GROUP: &str = super::contract::route::DEVICECONTROLLER;
 /// Twin reports written at once (KubeEdge's updateDeviceStatusWorkers).
-pub const STATUS_WORKERS: usize = 1;
+pub(crate) const STATUS_WORKERS: usize = 1;
 /// Twin reports that may wait for the worker. Overflow policy: a report beyond it is dropped,
 /// logged and counted (`edgehive_devicecontroller_busy_total`); devicetwin resends
 /// unconfirmed reports itself.
-pub const WAITING_CAPACITY: usize = 1024;
-
-#[derive(Debug, Clone, Default)]
-struct Metrics {
-    sent: Counter,
-    overflow: Counter,
-    unhandled: Counter,
-    busy: Counter,
-    status_updates: Counter,
-}
+pub(crate) const WAITING_CAPACITY: usize = 1024;
 
 /// DeviceController's module recipe.
 pub struct DeviceControllerModule {
@@ -139,72 +120,4 @@ impl Module for DeviceControllerModule {
         use crate::cloud::contract::twin::{TwinRequest, TwinUnhandled};
         accepts.message::<TwinRequest>().message::<TwinUnhandled>();
     }
-}
-
-/// Devices as last seen, by (namespace, name); shared by the watch loop and the upstream
-/// handlers (membership/detail, twin names).
-type Devices = Arc<std::sync::Mutex<DeviceIndex>>;
-
-/// The DeviceController actor; see the [module docs](self).
-pub struct DeviceController {
-    hive: Hive,
-    cluster: SharedCluster,
-    metrics: Metrics,
-    workers: Arc<Semaphore>,
-    waiting: Arc<Semaphore>,
-    devices: Devices,
-}
-
-impl Actor for DeviceController {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        let watcher = DeviceWatcher {
-            cluster: self.cluster.clone(),
-            outbox: Outbox::new(
-                self.hive.clone(),
-                self.metrics.sent.clone(),
-                self.metrics.overflow.clone(),
-            ),
-            devices: self.devices.clone(),
-            models: HashMap::new(),
-        };
-        let metrics = crate::cloud::watcher::WatchMetrics::of(&self.hive);
-        ctx.spawn(actix::fut::wrap_future(watcher.run(metrics)));
-    }
-}
-
-/// Every writer finishes its update of the index before anything can panic (see
-/// [`locks`]).
-fn lock(devices: &Devices) -> std::sync::MutexGuard<'_, DeviceIndex> {
-    locks::lock(devices)
-}
-
-fn key_of(obj: &Value) -> (String, String) {
-    edgehive_protocols::object::namespaced_key(obj)
-}
-
-fn node_of(device: &Value) -> Option<String> {
-    device["spec"]["nodeName"]
-        .as_str()
-        .filter(|node| !node.is_empty())
-        .map(str::to_owned)
-}
-
-fn model_of(device: &Value) -> Option<String> {
-    device["spec"]["deviceModelRef"]["name"]
-        .as_str()
-        .filter(|model| !model.is_empty())
-        .map(str::to_owned)
-}
-
-/// The device as membership messages carry it: `{id, name, description}` (description from
-/// the label `description`, omitted when absent).
-pub fn membership_device(device: &Value) -> Value {
-    let (namespace, name) = key_of(device);
-    let mut entry = json!({"id": format!("{namespace}/{name}"), "name": name});
-    if let Some(description) = device["metadata"]["labels"]["description"].as_str() {
-        entry["description"] = json!(description);
-    }
-    entry
 }

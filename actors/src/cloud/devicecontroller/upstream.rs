@@ -1,9 +1,18 @@
 //! DeviceController's upstream half: the edge twin's reports become DeviceStatus changes,
 //! and membership requests are answered with the node's devices.
 
-use super::*;
+use actix::prelude::*;
+use edgehive_protocols::Message;
+use serde_json::{json, Value};
+
+use super::controller::DeviceController;
+use super::device::{key_of, membership_device, DEVICES_API_VERSION};
+use super::index::lock;
+use crate::cloud::cluster::{ClusterError, SharedCluster};
 use crate::cloud::contract::downstream;
 use crate::cloud::contract::twin::{TwinAsk, TwinRequest, TwinUnhandled};
+use crate::cloud::outbox::{deliver_reply, offer_message};
+use crate::hive::Envelope;
 
 /// A twin report turned into a DeviceStatus change.
 enum Report {

@@ -7,7 +7,7 @@
 //!   Modified update, Deleted delete) to the nodes the [`LocationCache`] names; a node that
 //!   gains its first pod using one is sent it, a node that loses its last is sent a delete
 //!   (see [`super::location`] for why).
-//! - Edge nodes (label [`super::EDGE_NODE_LABEL`]): Deleted -> delete without content
+//! - Edge nodes (label [`EDGE_NODE_LABEL`]): Deleted -> delete without content
 //!   (`node/{n}/null/node/{n}`, no ACK), then the node's session is closed. Added/Modified ->
 //!   update with the Node when its metadata or spec changed (status changes come from the
 //!   edge itself) only if node updates are on: KubeEdge HEAD pushes them, v1.22.0 (what the
@@ -24,12 +24,14 @@ use edgehive_protocols::{Operation, ResourceType};
 use serde_json::Value;
 
 use super::location::{LocationCache, ObjectRef, RefKind};
-use super::EDGE_NODE_LABEL;
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
-use crate::cloud::contract::{downstream, NodeMessage, ToNodes};
+use crate::cloud::contract::{downstream, route, NodeMessage, ToNodes};
 use crate::cloud::outbox::{Outbox, RETRY_INTERVAL};
 use crate::cloud::watcher::{keep_all, Keep, KindWatcher, WatchMetrics};
 use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
+
+/// The label that marks a Node as an edge node.
+const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
 
 /// What was last seen of a pod.
 struct PodSeen {
@@ -56,10 +58,10 @@ fn is_edge_node(node: &Value) -> bool {
     node["metadata"]["labels"].get(EDGE_NODE_LABEL).is_some()
 }
 
-pub use crate::cloud::contract::object_message;
+pub(crate) use crate::cloud::contract::object_message;
 
 /// The watch loop's state.
-pub struct Watcher {
+pub(crate) struct Watcher {
     cluster: SharedCluster,
     outbox: Outbox,
     node_updates: bool,
@@ -87,7 +89,7 @@ impl Watcher {
     /// A watcher with nothing seen yet.
     /// `node_updates`: whether edge nodes get their Node object (KubeEdge HEAD) or not
     /// (v1.22.0).
-    pub fn new(cluster: SharedCluster, outbox: Outbox, node_updates: bool) -> Self {
+    pub(crate) fn new(cluster: SharedCluster, outbox: Outbox, node_updates: bool) -> Self {
         Watcher {
             cluster,
             outbox,
@@ -103,15 +105,14 @@ impl Watcher {
     /// watched, listed again after a lag or a failure) for as long as the actor lives; a node
     /// name on `resyncs` (its edge came back with another store) is sent everything bound to
     /// it again.
-    pub async fn run(
+    pub(crate) async fn run(
         mut self,
         mut resyncs: tokio::sync::mpsc::Receiver<String>,
         metrics: WatchMetrics,
     ) {
         let follow = |kind: &str, keep: Option<Keep>| {
-            let watcher =
-                KindWatcher::new(self.cluster.clone(), super::EDGECONTROLLER_MODULE, kind)
-                    .counted(metrics.clone());
+            let watcher = KindWatcher::new(self.cluster.clone(), route::EDGECONTROLLER, kind)
+                .counted(metrics.clone());
             match keep {
                 Some(keep) => watcher.keeping(keep),
                 None => watcher,

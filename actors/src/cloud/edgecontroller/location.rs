@@ -21,7 +21,7 @@ use serde_json::Value;
 pub use edgehive_protocols::object::RefKind;
 
 /// A referenced object: kind, namespace, name.
-pub type ObjectRef = (RefKind, String, String);
+pub(crate) type ObjectRef = (RefKind, String, String);
 
 /// How the node set of a referenced object changed.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -34,7 +34,7 @@ pub struct Changes {
 
 /// See the [module docs](self).
 #[derive(Debug, Default)]
-pub struct LocationCache {
+pub(crate) struct LocationCache {
     /// (namespace, pod name) -> (node, what it references).
     pods: HashMap<(String, String), (String, BTreeSet<ObjectRef>)>,
     /// object -> node -> how many pods on that node use it.
@@ -43,7 +43,7 @@ pub struct LocationCache {
 
 impl LocationCache {
     /// Records `pod` (bound to a node or not); returns the nodes that gained or lost users.
-    pub fn set_pod(&mut self, pod: &Value) -> Changes {
+    pub(crate) fn set_pod(&mut self, pod: &Value) -> Changes {
         let key = pod_key(pod);
         let mut changes = self.remove_key(&key);
         let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
@@ -73,7 +73,7 @@ impl LocationCache {
     }
 
     /// Forgets `pod`; returns the nodes that lost their last user of an object.
-    pub fn remove_pod(&mut self, pod: &Value) -> Changes {
+    pub(crate) fn remove_pod(&mut self, pod: &Value) -> Changes {
         self.remove_key(&pod_key(pod))
     }
 
@@ -101,7 +101,7 @@ impl LocationCache {
     }
 
     /// The nodes with a pod using the object, sorted.
-    pub fn nodes_for(&self, object: &ObjectRef) -> Vec<String> {
+    pub(crate) fn nodes_for(&self, object: &ObjectRef) -> Vec<String> {
         let mut nodes: Vec<String> = self
             .users
             .get(object)
@@ -112,7 +112,7 @@ impl LocationCache {
     }
 
     /// The objects some pod on `node` uses, sorted.
-    pub fn objects_on(&self, node: &str) -> Vec<ObjectRef> {
+    pub(crate) fn objects_on(&self, node: &str) -> Vec<ObjectRef> {
         let mut objects: Vec<ObjectRef> = self
             .users
             .iter()
@@ -121,11 +121,6 @@ impl LocationCache {
             .collect();
         objects.sort();
         objects
-    }
-
-    /// Every pod known, as (namespace, name) keys.
-    pub fn pod_keys(&self) -> Vec<(String, String)> {
-        self.pods.keys().cloned().collect()
     }
 }
 

@@ -1,19 +1,19 @@
 //! EdgeController (module `edgecontroller`, group `edgecontroller`): the cluster's side of
 //! KubeEdge's edge nodes.
 //!
-//! - [`downstream`]: pods, ConfigMaps, Secrets and Nodes from the cluster's watches become
-//!   messages for the edge nodes that need them ([`location`] decides which ConfigMaps and
+//! - `downstream`: pods, ConfigMaps, Secrets and Nodes from the cluster's watches become
+//!   messages for the edge nodes that need them (`location` decides which ConfigMaps and
 //!   Secrets go where).
-//! - [`upstream`]: what edges send (node and pod status, queries, leases, events, ...) becomes
-//!   a typed [`EdgeRequest`], run against the cluster with a concurrency limit per kind, and
+//! - `upstream`: what edges send (node and pod status, queries, leases, events, ...) becomes
+//!   a typed `EdgeRequest`, run against the cluster with a concurrency limit per kind, and
 //!   answered the way KubeEdge answers.
 //!
 //! The controller reads and writes the cluster only through the [`ClusterPort`](crate::cloud::cluster::ClusterPort), so it runs
 //! the same on the embedded cluster and on a real API server.
 
-pub mod downstream;
-pub mod location;
-pub mod upstream;
+mod downstream;
+pub(crate) mod location;
+mod upstream;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,24 +31,22 @@ use crate::cloud::outbox::{deliver_reply, offer_message, Outbox};
 use crate::cloud::watcher::WatchMetrics;
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use downstream::Watcher;
-pub use upstream::{EdgeRequest, ParseError, Request, RequestKind, Unparsed};
+pub use upstream::Request;
+pub(crate) use upstream::{EdgeRequest, ParseError, RequestKind, Unparsed};
 
 /// The module name.
-pub const EDGECONTROLLER_MODULE: &str = crate::cloud::contract::route::EDGECONTROLLER;
+pub(crate) const EDGECONTROLLER_MODULE: &str = crate::cloud::contract::route::EDGECONTROLLER;
 /// The module group.
-pub const EDGECONTROLLER_GROUP: &str = crate::cloud::contract::route::EDGECONTROLLER;
-/// The label that marks a Node as an edge node.
-pub const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
-pub use crate::cloud::outbox::BUFFER_CAPACITY;
+pub(crate) const EDGECONTROLLER_GROUP: &str = crate::cloud::contract::route::EDGECONTROLLER;
 
 /// Requests of one kind that may wait for a worker. Overflow policy: a request beyond it is
 /// refused at once, answered with an error text (when its kind is answered) and counted with
 /// outcome `busy`; the edge retries as it does after any error.
-pub const WAITING_CAPACITY: usize = 1024;
+pub(crate) const WAITING_CAPACITY: usize = 1024;
 
 /// Labels of `edgehive_edgecontroller_requests_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+pub(crate) struct RequestLabels {
     /// The request kind ([`RequestKind::as_str`]).
     pub kind: String,
     /// `ok`, `error`, `busy`, `malformed`.

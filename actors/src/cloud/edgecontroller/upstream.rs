@@ -14,14 +14,15 @@ use serde_json::{json, Value};
 
 use crate::cloud::cluster::{ClusterError, SharedCluster};
 use crate::cloud::contract::downstream;
-pub use crate::cloud::contract::request::{
-    reply_on, EdgeRequest, ParseError, QueryTarget, Request, RequestKind, Unparsed,
+pub use crate::cloud::contract::request::Request;
+pub(crate) use crate::cloud::contract::request::{
+    reply_on, EdgeRequest, ParseError, RequestKind, Unparsed,
 };
 
 impl EdgeRequest {
     /// Runs the request against `cluster`: the reply (if KubeEdge sends one) and any other
     /// messages for the edge (a pod delete for a status update of a pod that is gone).
-    pub async fn execute(self, cluster: SharedCluster) -> Outcome {
+    pub(crate) async fn execute(self, cluster: SharedCluster) -> Outcome {
         let namespace = self.namespace().map(str::to_owned);
         let ns = namespace.as_deref();
         let name = self.name().to_owned();
@@ -321,7 +322,7 @@ impl EdgeRequest {
 
 /// What running a request produced.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The reply for the edge, if KubeEdge sends one.
     pub reply: Option<Message>,
     /// Other messages for the edge.
@@ -408,6 +409,7 @@ fn named_object(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloud::contract::request::QueryTarget;
     use edgehive_protocols::{Group, ModuleName, Operation};
 
     fn upstream(op: Operation, resource: &str, content: Value) -> Message {

@@ -82,6 +82,7 @@ impl KindCache {
         }
     }
 
+    #[cfg(test)]
     fn len(&self) -> usize {
         self.objects.values().map(HashMap::len).sum()
     }
@@ -89,23 +90,23 @@ impl KindCache {
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub struct ClusterCache {
+pub(crate) struct ClusterCache {
     kinds: HashMap<String, KindCache>,
 }
 
 impl ClusterCache {
     /// Whether `kind` is followed (its watch was started).
-    pub fn is_followed(&self, kind: &str) -> bool {
+    pub(crate) fn is_followed(&self, kind: &str) -> bool {
         self.kinds.get(kind).is_some_and(|cache| cache.followed)
     }
 
     /// `kind`'s watch was started: it is followed, not yet synced.
-    pub fn follow(&mut self, kind: &str) {
+    pub(crate) fn follow(&mut self, kind: &str) {
         self.kinds.entry(kind.to_owned()).or_default().followed = true;
     }
 
     /// The kinds whose list arrived.
-    pub fn synced(&self) -> HashSet<String> {
+    pub(crate) fn synced(&self) -> HashSet<String> {
         self.kinds
             .iter()
             .filter(|(_, cache)| cache.synced)
@@ -114,13 +115,14 @@ impl ClusterCache {
     }
 
     /// Whether `kind`'s list arrived.
-    pub fn is_synced(&self, kind: &str) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_synced(&self, kind: &str) -> bool {
         self.kinds.get(kind).is_some_and(|cache| cache.synced)
     }
 
     /// A change of `kind`, from its watch or found by a list (the watcher tells only what
     /// differs from what it saw, which is what the cache holds).
-    pub fn apply(&mut self, kind: &str, event: &WatchEvent) {
+    pub(crate) fn apply(&mut self, kind: &str, event: &WatchEvent) {
         let Some(cache) = self.kinds.get_mut(kind).filter(|cache| cache.followed) else {
             return;
         };
@@ -139,14 +141,14 @@ impl ClusterCache {
     }
 
     /// `kind`'s watch lagged, ended or its list failed: not synced until the next list.
-    pub fn interrupted(&mut self, kind: &str) {
+    pub(crate) fn interrupted(&mut self, kind: &str) {
         if let Some(cache) = self.kinds.get_mut(kind) {
             cache.synced = false;
         }
     }
 
     /// `kind`'s list is complete (its differences applied): synced.
-    pub fn listed(&mut self, kind: &str) {
+    pub(crate) fn listed(&mut self, kind: &str) {
         if let Some(cache) = self.kinds.get_mut(kind).filter(|cache| cache.followed) {
             cache.synced = true;
         }
@@ -154,20 +156,16 @@ impl ClusterCache {
 
     /// Whether the cluster has a `kind` named `name` (cluster-scoped), as far as the cache
     /// knows.
-    pub fn has(&self, kind: &str, name: &str) -> bool {
+    pub(crate) fn has(&self, kind: &str, name: &str) -> bool {
         self.kinds
             .get(kind)
             .is_some_and(|cache| cache.followed && cache.get("", name).is_some())
     }
 
     /// How many objects it knows.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.kinds.values().map(KindCache::len).sum()
-    }
-
-    /// Whether it knows none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

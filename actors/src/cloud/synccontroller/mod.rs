@@ -12,15 +12,15 @@
 //!   longer exist.
 //!
 //! The reconcile is driven by deadlines, not by a timer that walks every record: a record is
-//! put on a deadline queue ([`records::Records`], earliest deadline wins) when something may
+//! put on a deadline queue (`records::Records`, earliest deadline wins) when something may
 //! be owed for it: it was made (queued for a node, acknowledged, read at start: looked at
-//! once it is `reconcile_interval` old), its object changed in the [`cache`] of the cluster
+//! once it is `reconcile_interval` old), its object changed in the `cache` of the cluster
 //! (a watch event or a list that found it different: looked at `reconcile_interval` later,
 //! the controllers deliver it meanwhile), its kind was listed, a resend of it is under way
-//! (looked at again after [`RESEND_QUIET`]), or a resend could not be confirmed or handed to
+//! (looked at again after `RESEND_QUIET`), or a resend could not be confirmed or handed to
 //! CloudHub. The actor sleeps until the earliest deadline (runs at least
 //! `reconcile_interval / 10` apart, at most 1 s) and a run looks only at the records due
-//! ([`records::Records::run`]); a settled record (acknowledged at the cluster's version, or
+//! (`records::Records::run`); a settled record (acknowledged at the cluster's version, or
 //! its version waiting in the node's pool) is never looked at, and with nothing owed nothing
 //! runs. The cache holds the UID and resourceVersion of every object of the kinds it keeps
 //! records for, and of Nodes: one list each, then a watch. What a run finds owed is
@@ -38,8 +38,8 @@
 //! ACK event again for a minute (the reconcile trusts a record's pooled version, so the
 //! record must hear of it).
 
-pub mod cache;
-pub mod records;
+mod cache;
+mod records;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -66,16 +66,13 @@ use records::{Records, Resend, Write, NODE_KIND};
 /// The module name.
 pub const SYNCCONTROLLER_MODULE: &str = route::SYNCCONTROLLER;
 /// `apiVersion` of the records.
-pub const RELIABLESYNCS_API_VERSION: &str = "reliablesyncs.kubeedge.io/v1alpha1";
-/// KubeEdge's reconcile period; here, how long a change is left to the controllers before
-/// the reconcile judges it.
-pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const RELIABLESYNCS_API_VERSION: &str = "reliablesyncs.kubeedge.io/v1alpha1";
 /// A resend of the same object version to the same node is not repeated sooner.
-pub const RESEND_QUIET: Duration = Duration::from_secs(30);
+pub(crate) const RESEND_QUIET: Duration = Duration::from_secs(30);
 /// Events that may wait: every ACK of every node is one, so the mailbox is deep. Overflow
 /// policy: CloudHub counts a refused event (`sync_event_undelivered`, `ack_event_undelivered`)
 /// and the reconcile repairs the record with a resend.
-pub const MAILBOX_CAPACITY: usize = 65_536;
+pub(crate) const MAILBOX_CAPACITY: usize = 65_536;
 /// Record writes per batch.
 const BATCH: usize = 256;
 /// How long dirty records gather before a batch is written.
@@ -250,12 +247,12 @@ fn record_kind(object: &ObjectId) -> (&'static str, Option<&str>) {
 }
 
 /// The record's name: `{node}.{uid}`.
-pub fn record_name(node: &str, uid: &str) -> String {
+pub(crate) fn record_name(node: &str, uid: &str) -> String {
     format!("{node}.{uid}")
 }
 
 /// A record as the cluster holds it (KubeEdge's fields).
-pub fn record_object(node: &str, object: &ObjectId, version: &str) -> Value {
+pub(crate) fn record_object(node: &str, object: &ObjectId, version: &str) -> Value {
     let (kind, namespace) = record_kind(object);
     let mut metadata = json!({"name": record_name(node, &object.uid)});
     if let Some(namespace) = namespace {
@@ -897,7 +894,7 @@ impl Handler<SyncView> for SyncController {
 }
 
 /// A change of one followed kind.
-pub struct KindChange {
+pub(crate) struct KindChange {
     kind: Arc<str>,
     change: Change,
 }

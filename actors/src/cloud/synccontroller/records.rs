@@ -27,17 +27,17 @@ use edgehive_protocols::object::is_newer;
 use crate::cloud::contract::ObjectId;
 
 /// The version a record holds for an object queued but not yet acknowledged (KubeEdge's).
-pub const QUEUED: &str = "0";
+pub(crate) const QUEUED: &str = "0";
 
 /// The kind whose objects tell which nodes exist.
-pub const NODE_KIND: &str = "Node";
+pub(crate) const NODE_KIND: &str = "Node";
 
 /// The delay of a [`Records::default`]: KubeEdge's reconcile period.
 const DEFAULT_DELAY: Duration = Duration::from_secs(5);
 
 /// One node's record of one object.
 #[derive(Debug, Clone)]
-pub struct Record {
+pub(crate) struct Record {
     /// The object.
     pub object: Arc<ObjectId>,
     /// What the record should say; `None`: the record is to be deleted.
@@ -59,23 +59,18 @@ pub struct Record {
 impl Record {
     /// Whether a resend of it is under way: the reconcile sent the edge a newer version or a
     /// delete, and the ACK that settles it has not come.
-    pub fn resending(&self) -> bool {
+    pub(crate) fn resending(&self) -> bool {
         match (&self.resent, &self.want) {
             (Some((Some(sent), _)), Some(want)) => is_newer(sent, want),
             (Some((None, _)), Some(_)) => true,
             _ => false,
         }
     }
-
-    /// When it is to be looked at next, if it is on the deadline queue.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
-    }
 }
 
 /// A record write the actor must make.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Write {
+pub(crate) struct Write {
     /// The node.
     pub node: String,
     /// The object.
@@ -90,7 +85,7 @@ pub struct Write {
 /// object the cluster no longer has (`version` is `None`: send a delete). A candidate: the
 /// actor confirms it against the cluster (and fetches the object) before sending.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resend {
+pub(crate) struct Resend {
     /// The nodes.
     pub nodes: Vec<String>,
     /// The object as recorded.
@@ -101,7 +96,7 @@ pub struct Resend {
 
 /// What one run found among the records that were due.
 #[derive(Debug, Default)]
-pub struct Run {
+pub(crate) struct Run {
     /// What to send (after confirming), resends of one object version to several nodes
     /// together.
     pub resends: Vec<Resend>,
@@ -125,7 +120,7 @@ enum Verdict {
 }
 
 /// What a reconcile knows of the cluster: an object's UID and resourceVersion, if it has one.
-pub trait ClusterView {
+pub(crate) trait ClusterView {
     /// The UID and resourceVersion of the object of `kind` at `namespace`/`name`.
     fn version(&self, kind: &str, namespace: &str, name: &str) -> Option<(&str, &str)>;
 
@@ -153,7 +148,7 @@ fn object_key(object: &ObjectId) -> ObjectKey {
 /// Every node's records, their deadline queue and the index events find them by; see the
 /// module docs.
 #[derive(Debug)]
-pub struct Records {
+pub(crate) struct Records {
     nodes: HashMap<String, HashMap<String, Record>>,
     dirty: VecDeque<RecordKey>,
     dirty_set: HashSet<RecordKey>,
@@ -180,7 +175,7 @@ impl Default for Records {
 
 impl Records {
     /// No records; changes are judged `delay` after they happen (the reconcile interval).
-    pub fn new(delay: Duration) -> Self {
+    pub(crate) fn new(delay: Duration) -> Self {
         Records {
             nodes: HashMap::new(),
             dirty: VecDeque::new(),
@@ -195,52 +190,53 @@ impl Records {
     }
 
     /// How many records there are.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.count
     }
 
     /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.count == 0
     }
 
     /// How many records wait to be written.
-    pub fn dirty(&self) -> usize {
+    pub(crate) fn dirty(&self) -> usize {
         self.dirty.len()
     }
 
     /// How many records are on the deadline queue.
-    pub fn scheduled(&self) -> usize {
+    pub(crate) fn scheduled(&self) -> usize {
         self.due.len()
     }
 
     /// The earliest deadline, if any record has one.
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.due.first().map(|(at, _, _)| *at)
     }
 
     /// The records of `node`.
-    pub fn of(&self, node: &str) -> impl Iterator<Item = &Record> {
+    pub(crate) fn of(&self, node: &str) -> impl Iterator<Item = &Record> {
         self.nodes.get(node).into_iter().flat_map(|m| m.values())
     }
 
     /// Whether `node` has records.
-    pub fn has_node(&self, node: &str) -> bool {
+    pub(crate) fn has_node(&self, node: &str) -> bool {
         self.nodes.contains_key(node)
     }
 
     /// The nodes with records.
-    pub fn node_names(&self) -> impl Iterator<Item = &String> {
+    pub(crate) fn node_names(&self) -> impl Iterator<Item = &String> {
         self.nodes.keys()
     }
 
     /// The kinds records are kept for (kept count by kind: no record is visited).
-    pub fn kinds(&self) -> impl Iterator<Item = &String> {
+    pub(crate) fn kinds(&self) -> impl Iterator<Item = &String> {
         self.kinds.keys()
     }
 
     /// Whether records are kept for `kind`.
-    pub fn has_kind(&self, kind: &str) -> bool {
+    pub(crate) fn has_kind(&self, kind: &str) -> bool {
         self.kinds.contains_key(kind)
     }
 
@@ -304,7 +300,7 @@ impl Records {
     /// Version `rv` of `object` was put in `node`'s pool: recorded at [`QUEUED`] unless a
     /// record exists (or is being removed); either way the reconcile leaves that version to
     /// the pool (a version in the pool makes nothing owed: no deadline is set for it).
-    pub fn queued(&mut self, node: &str, object: &Arc<ObjectId>, rv: Option<&str>) {
+    pub(crate) fn queued(&mut self, node: &str, object: &Arc<ObjectId>, rv: Option<&str>) {
         let rv = rv.filter(|rv| !rv.is_empty());
         match self
             .nodes
@@ -343,7 +339,7 @@ impl Records {
 
     /// `node` acknowledged version `rv` of the object with UID `uid` (`deleted`: a delete).
     /// Without a record, one is made when `object` says what the object is.
-    pub fn acked(
+    pub(crate) fn acked(
         &mut self,
         node: &str,
         uid: &str,
@@ -399,7 +395,7 @@ impl Records {
 
     /// A record read from the cluster (at start): kept as it is unless this process already
     /// knows better.
-    pub fn loaded(&mut self, node: &str, object: Arc<ObjectId>, status: String) {
+    pub(crate) fn loaded(&mut self, node: &str, object: Arc<ObjectId>, status: String) {
         match self
             .nodes
             .get_mut(node)
@@ -429,13 +425,13 @@ impl Records {
 
     /// `node` no longer exists: all its records are to be deleted (the writes find them by
     /// node; no other record is looked at).
-    pub fn node_gone(&mut self, node: &str) {
+    pub(crate) fn node_gone(&mut self, node: &str) {
         self.node_gone_before(node, None);
     }
 
     /// [`Records::node_gone`] for the records made before `before` only (`None`: all): a
     /// node missing from a list taken at `before` may have been created since.
-    pub fn node_gone_before(&mut self, node: &str, before: Option<Instant>) {
+    pub(crate) fn node_gone_before(&mut self, node: &str, before: Option<Instant>) {
         let uids: Vec<String> = match self.nodes.get_mut(node) {
             Some(records) => records
                 .values_mut()
@@ -453,7 +449,7 @@ impl Records {
     }
 
     /// Up to `max` dirty records to write now.
-    pub fn take_dirty(&mut self, max: usize) -> Vec<Write> {
+    pub(crate) fn take_dirty(&mut self, max: usize) -> Vec<Write> {
         let mut writes = Vec::new();
         while writes.len() < max {
             let Some((node, uid)) = self.dirty.pop_front() else {
@@ -519,7 +515,7 @@ impl Records {
 
     /// A write finished: the cluster's record now says `stored` (`Err`: unchanged, try
     /// again later). A record neither wanted nor stored is forgotten.
-    pub fn written(&mut self, write: &Write, stored: Result<Option<String>, ()>) {
+    pub(crate) fn written(&mut self, write: &Write, stored: Result<Option<String>, ()>) {
         let uid = &write.object.uid;
         let Some(records) = self.nodes.get_mut(&write.node) else {
             return;
@@ -543,7 +539,7 @@ impl Records {
     /// another UID, deleted) or may have (a list found it different): its records are looked
     /// at `at` (an interval after the change: the controllers deliver it meanwhile). Returns
     /// how many records that is. No other record is touched.
-    pub fn object_changed(
+    pub(crate) fn object_changed(
         &mut self,
         kind: &str,
         namespace: &str,
@@ -563,7 +559,7 @@ impl Records {
 
     /// `kind` was listed (its view of the cluster is complete): the records that waited for
     /// it are looked at `at`.
-    pub fn kind_synced(&mut self, kind: &str, at: Instant) {
+    pub(crate) fn kind_synced(&mut self, kind: &str, at: Instant) {
         let Some(parked) = self.parked.remove(kind) else {
             return;
         };
@@ -588,7 +584,7 @@ impl Records {
     /// [`Records::kind_synced`]). Likewise an object whose version changed within the
     /// interval is left to the controllers until the interval is over. A record whose node
     /// is missing from the listed Nodes is reported in [`Run::missing_nodes`].
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         cluster: &impl ClusterView,
         synced: &HashSet<String>,
@@ -665,7 +661,7 @@ impl Records {
 
     /// Forgets that a resend to `nodes` was made (it could not be handed to CloudHub, or
     /// not confirmed), so they are looked at again an interval from now.
-    pub fn unsent(&mut self, nodes: &[String], uid: &str) {
+    pub(crate) fn unsent(&mut self, nodes: &[String], uid: &str) {
         let at = Instant::now() + self.delay;
         for node in nodes {
             if let Some(record) = self.nodes.get_mut(node).and_then(|m| m.get_mut(uid)) {

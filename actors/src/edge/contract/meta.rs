@@ -6,7 +6,8 @@
 use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
 use serde_json::{json, Value};
 
-use super::{CloudReply, ConnectionState, Origin};
+use super::connection_state::ConnectionState;
+use super::origin::{CloudReply, Origin};
 use crate::edge::remote::is_remote_type;
 
 /// Where a message's object lives in the `meta` table.
@@ -24,7 +25,7 @@ pub struct Target {
 
 impl Target {
     /// Whether the resource names one object.
-    pub fn named(&self) -> bool {
+    pub(crate) fn named(&self) -> bool {
         self.name.is_some()
     }
 
@@ -59,13 +60,13 @@ pub struct CloudObject {
     pub uid: Option<String>,
     /// A Device or DeviceModel from DeviceController: DeviceTwin commits it too.
     pub device: bool,
-    /// The message, for its ACK ([`super::ToCloud::Ack`]).
+    /// The message, for its ACK (`super::ToCloud::Ack`).
     pub origin: Origin,
 }
 
 /// A local module's update or patch, stored and then sent to the cloud.
 #[derive(Debug, Clone)]
-pub struct LocalWrite {
+pub(crate) struct LocalWrite {
     /// Where it is stored.
     pub target: Target,
     /// The object.
@@ -81,7 +82,7 @@ pub struct LocalWrite {
 pub struct Query {
     /// What is asked for.
     pub target: Target,
-    /// A type asked from the cloud while connected ([`is_remote_type`]).
+    /// A type asked from the cloud while connected (`is_remote_type`).
     pub remote: bool,
     /// The message, answered.
     pub origin: Origin,
@@ -90,7 +91,7 @@ pub struct Query {
 /// What MetaManager is asked to do, typed once by [`MetaRequest::from_message`] (by EdgeHub for
 /// the cloud's groups `resource` and `func`, by MetaManager for an extension's envelope).
 #[derive(Debug, Clone)]
-pub enum MetaRequest {
+pub(crate) enum MetaRequest {
     /// A cloud insert or update to store and ACK.
     Store(CloudObject),
     /// A cloud delete to apply and ACK.
@@ -134,7 +135,7 @@ impl actix::Message for MetaRequest {
 
 impl MetaRequest {
     /// Types `message` (the one function for cloud messages and extensions' envelopes).
-    pub fn from_message(message: Message) -> MetaRequest {
+    pub(crate) fn from_message(message: Message) -> MetaRequest {
         let origin = Origin(message);
         let msg = &origin.0;
         let Some(operation) = msg.operation().cloned() else {
@@ -250,7 +251,7 @@ fn uid_of(msg: &Message) -> Option<String> {
 
 /// MetaManager's answer to a local requester (an extension module), as KubeEdge gives it.
 #[derive(Debug, Clone)]
-pub enum LocalReply {
+pub(crate) enum LocalReply {
     /// The stored objects: a JSON array of them, each as a JSON string (source `metamanager`).
     Rows {
         /// The query.
@@ -278,7 +279,7 @@ pub enum LocalReply {
 
 impl LocalReply {
     /// The beehive message the requester gets.
-    pub fn into_message(self) -> Message {
+    pub(crate) fn into_message(self) -> Message {
         match self {
             LocalReply::Rows { of, values } => {
                 let values = values

@@ -4,23 +4,30 @@
 //!
 //! Only EdgeHub converts between the wire and the edge's modules, and no other module names
 //! its actor type. A cloud message is typed once, when EdgeHub takes it: for MetaManager a
-//! [`MetaRequest`] (`meta`), for DeviceTwin a [`TwinMessage`] (`twin`), for a module waiting
-//! on a request a [`CloudReply`]; extension modules of a group get the beehive message in an
+//! `MetaRequest` (`meta`), for DeviceTwin a [`TwinMessage`] (`twin`), for a module waiting
+//! on a request a `CloudReply`; extension modules of a group get the beehive message in an
 //! envelope, and what does not type is routed so too. Built-in modules type an extension's
 //! envelope with the same functions. Upstream, modules tell EdgeHub ([`route::EDGEHUB`])
-//! [`ToCloud`] (ACKs, refusals, forwarded local messages, twin uploads) or ask it with
-//! [`ask_cloud`] (node requests, remote queries); EdgeHub alone turns them into beehive
+//! `ToCloud` (ACKs, refusals, forwarded local messages, twin uploads) or ask it with
+//! `ask_cloud` (node requests, remote queries); EdgeHub alone turns them into beehive
 //! messages (`ToCloud::into_message`, `Ask::into_message`). Modules follow the connection
 //! through [`CloudConnection`], which EdgeHub alone writes, and ask for [`GetEdgeHubStatus`].
 //! Extension modules may still send EdgeHub envelopes, or ask the cloud with
 //! [`request_cloud`]; those in group `bus` still get KubeEdge's `node/connection` message,
 //! as an edgecore module would ([`ConnectionState::message`], [`ConnectionState::of`]).
 
+mod connection_state;
 mod meta;
+mod origin;
 mod twin;
 
-pub use meta::{CloudObject, LocalReply, LocalWrite, MetaRequest, Query, Target};
-pub use twin::{TwinBody, TwinMessage, TwinReply, Upload};
+pub use connection_state::ConnectionState;
+pub use meta::{CloudObject, Query, Target};
+pub(crate) use meta::{LocalReply, LocalWrite, MetaRequest};
+pub(crate) use origin::CloudReply;
+pub use origin::Origin;
+pub(crate) use twin::Upload;
+pub use twin::{TwinBody, TwinMessage, TwinReply};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,30 +45,30 @@ pub mod route {
     /// EdgeHub's module name (KubeEdge's `websocket`).
     pub const EDGEHUB: &str = "websocket";
     /// EdgeHub's group.
-    pub const EDGEHUB_GROUP: &str = "hub";
+    pub(crate) const EDGEHUB_GROUP: &str = "hub";
     /// MetaManager's module name.
-    pub const METAMANAGER: &str = "metamanager";
+    pub(crate) const METAMANAGER: &str = "metamanager";
     /// MetaManager's group: cloud messages of groups `resource` and `func` go here.
-    pub const META_GROUP: &str = "meta";
+    pub(crate) const META_GROUP: &str = "meta";
     /// DeviceTwin's module name.
-    pub const TWIN: &str = "twin";
+    pub(crate) const TWIN: &str = "twin";
     /// DeviceTwin's group: cloud messages of group `twin` go here.
-    pub const TWIN_GROUP: &str = "twin";
+    pub(crate) const TWIN_GROUP: &str = "twin";
     /// The group of extension modules that take `user` messages (KubeEdge's EventBus).
-    pub const BUS_GROUP: &str = "bus";
+    pub(crate) const BUS_GROUP: &str = "bus";
     /// The node module's name (KubeEdge's `edged`).
-    pub const EDGED: &str = "edged";
+    pub(crate) const EDGED: &str = "edged";
     /// The node module's group.
-    pub const EDGED_GROUP: &str = "edged";
+    pub(crate) const EDGED_GROUP: &str = "edged";
 
     /// The groups told when the cloud connection comes and goes with a `node/connection`
     /// message: the extensions. Built-in modules follow
     /// [`CloudConnection`](super::CloudConnection) instead.
-    pub const CONNECTION_GROUPS: [&str; 1] = [BUS_GROUP];
+    pub(crate) const CONNECTION_GROUPS: [&str; 1] = [BUS_GROUP];
 
     /// The edge group a cloud message of `group` goes to, like KubeEdge's routeToEdge;
     /// `None` for a group no edge module serves.
-    pub fn group_for(group: Option<&edgehive_protocols::Group>) -> Option<&'static str> {
+    pub(crate) fn group_for(group: Option<&edgehive_protocols::Group>) -> Option<&'static str> {
         use edgehive_protocols::Group;
         match group {
             Some(Group::Resource) | Some(Group::Func) => Some(META_GROUP),
@@ -69,56 +76,6 @@ pub mod route {
             Some(Group::User) => Some(BUS_GROUP),
             _ => None,
         }
-    }
-}
-
-/// Whether the edge has its cloud connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectionState {
-    /// Connected to CloudHub.
-    Connected,
-    /// The connection is gone; EdgeHub is reconnecting.
-    Disconnected,
-}
-
-impl ConnectionState {
-    /// Whether this is [`ConnectionState::Connected`].
-    pub fn is_connected(self) -> bool {
-        self == ConnectionState::Connected
-    }
-
-    /// The content KubeEdge gives the announcement.
-    pub fn as_content(self) -> &'static str {
-        match self {
-            ConnectionState::Connected => "cloud_connected",
-            ConnectionState::Disconnected => "cloud_disconnected",
-        }
-    }
-
-    /// The announcement for the modules of `group`, as EdgeHub sends it.
-    pub fn message(self, group: &str) -> Message {
-        Message::new(
-            ModuleName::EdgeHub,
-            Group::from(group),
-            Operation::Connect,
-            ResourceType::NodeConnection.as_str(),
-            serde_json::Value::from(self.as_content()),
-        )
-    }
-
-    /// The state `message` announces: `None` if it is no connection announcement,
-    /// `Some(Err(content))` if it is one with content we do not know.
-    pub fn of(message: &Message) -> Option<Result<Self, String>> {
-        if message.operation() != Some(&Operation::Connect)
-            || message.resource() != ResourceType::NodeConnection.as_str()
-        {
-            return None;
-        }
-        Some(match message.content_str() {
-            Some("cloud_connected") => Ok(ConnectionState::Connected),
-            Some("cloud_disconnected") => Ok(ConnectionState::Disconnected),
-            _ => Err(message.content.to_string()),
-        })
     }
 }
 
@@ -243,7 +200,7 @@ pub enum CloudRequestError {
 
 /// Sends `message` to the cloud through EdgeHub and waits, all in all at most `timeout`
 /// (and at most EdgeHub's request timeout), for the cloud's reply to it. For extension
-/// modules, which speak beehive messages; built-in modules use [`ask_cloud`].
+/// modules, which speak beehive messages; built-in modules use `ask_cloud`.
 pub async fn request_cloud(
     hive: &Hive,
     message: Message,
@@ -268,57 +225,10 @@ async fn wait_reply(
     }
 }
 
-/// The beehive message a typed message was made from, opaque to the modules: EdgeHub builds
-/// the replies to it from it ([`ToCloud`], [`LocalReply`], [`TwinReply`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Origin(Message);
-
-impl Origin {
-    /// The message's id (what a reply names as its parent).
-    pub fn id(&self) -> &str {
-        self.0.id()
-    }
-
-    /// The message's resource, for logs.
-    pub fn resource(&self) -> &str {
-        self.0.resource()
-    }
-
-    /// The message's operation, for logs.
-    pub fn operation(&self) -> &str {
-        self.0
-            .operation()
-            .map(Operation::as_str)
-            .unwrap_or_default()
-    }
-}
-
-/// A cloud message answering a request ([`ask_cloud`]), or one nobody waits for any more.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CloudReply(Message);
-
-impl CloudReply {
-    /// The content: an object, ObjectResp `{"Object":…,"Err":…}`, `{"ErrStatus":…}`, `"OK"` or
-    /// an error text.
-    pub fn content(&self) -> &Value {
-        &self.0.content
-    }
-
-    /// Whether it is a plain `"OK"`.
-    pub fn is_ok_text(&self) -> bool {
-        self.0.content_str() == Some("OK")
-    }
-
-    /// The reply as the message it came as, for the ACK it may need ([`ToCloud::Ack`]).
-    pub fn origin(&self) -> Origin {
-        Origin(self.0.clone())
-    }
-}
-
 /// Sent to EdgeHub ([`route::EDGEHUB`]) with [`Hive::tell`]: what a module sends the cloud
 /// without waiting for an answer. EdgeHub writes ACKs and refusals ahead of the rest.
 #[derive(Debug, Clone)]
-pub enum ToCloud {
+pub(crate) enum ToCloud {
     /// `"OK"` to a cloud message, once what it said is committed (a real v1.22 edge ACKs
     /// device and devicemodel inserts and deletes as source `meta`, group `twin`).
     Ack(Origin),
@@ -369,7 +279,7 @@ impl ToCloud {
 
 /// A request that waits for the cloud's answer ([`ask_cloud`]).
 #[derive(Debug, Clone)]
-pub enum Ask {
+pub(crate) enum Ask {
     /// The node module's request (source `edged`, group `meta`): the Node, its status, its
     /// Lease.
     Node {
@@ -406,7 +316,7 @@ impl Ask {
 
 /// Sent to EdgeHub ([`route::EDGEHUB`]) with [`Hive::ask`]: the typed [`CloudRequest`].
 #[derive(Debug)]
-pub struct CloudAsk(pub Ask);
+pub(crate) struct CloudAsk(pub Ask);
 
 impl actix::Message for CloudAsk {
     type Result = Result<PendingReply, EdgeHubError>;
@@ -414,7 +324,7 @@ impl actix::Message for CloudAsk {
 
 /// Asks the cloud through EdgeHub and waits, all in all at most `timeout` (and at most
 /// EdgeHub's request timeout), for its answer; see [`request_cloud`].
-pub async fn ask_cloud(
+pub(crate) async fn ask_cloud(
     hive: &Hive,
     ask: Ask,
     timeout: Duration,

@@ -6,8 +6,9 @@
 use edgehive_protocols::{EdgeResource, Group, Message, ModuleName, Operation, ResourceType};
 use serde_json::{json, Value};
 
+use super::connection_state::ConnectionState;
 use super::meta::CloudObject;
-use super::{ConnectionState, Origin};
+use super::origin::Origin;
 
 /// A device added or removed, or a Device object to commit.
 #[derive(Debug, Clone)]
@@ -127,7 +128,7 @@ impl TwinMessage {
 
     /// A Device or DeviceModel object MetaManager stored (or deleted: `delete`), for
     /// DeviceTwin to commit; built from the typed object, not typed again.
-    pub fn device(object: &CloudObject, delete: bool) -> TwinMessage {
+    pub(crate) fn device(object: &CloudObject, delete: bool) -> TwinMessage {
         let target = &object.target;
         TwinMessage {
             reply_to: None,
@@ -164,7 +165,7 @@ pub enum TwinReply {
 
 impl TwinReply {
     /// Whether it was committed.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         matches!(self, TwinReply::Done(_))
     }
 
@@ -182,13 +183,13 @@ impl TwinReply {
 }
 
 /// An upload DeviceTwin keeps until the cloud confirms it (source `twin`, group `resource`),
-/// sent again with the same id and bytes; see [`super::ToCloud::Upload`].
+/// sent again with the same id and bytes; see `super::ToCloud::Upload`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Upload(Message);
+pub(crate) struct Upload(Message);
 
 impl Upload {
     /// A mapper's reading of one property: `device/{id}/twin/edge_updated`.
-    pub fn twin_reported(
+    pub(crate) fn twin_reported(
         id: &str,
         property: &str,
         twin: Value,
@@ -211,7 +212,13 @@ impl Upload {
 
     /// A device's state: `device/{id}/state/update`, its payload a JSON document inside a
     /// string, as KubeEdge sends it.
-    pub fn device_state(id: &str, state: &str, at: &str, event_id: &str, at_ms: i64) -> Upload {
+    pub(crate) fn device_state(
+        id: &str,
+        state: &str,
+        at: &str,
+        event_id: &str,
+        at_ms: i64,
+    ) -> Upload {
         let name = id.rsplit('/').next().unwrap_or_default();
         let content = json!({
             "event_id": event_id,
@@ -229,7 +236,7 @@ impl Upload {
     }
 
     /// The `membership/detail` request a real edge sends after connecting.
-    pub fn membership_detail(node_name: &str, event_id: &str, at_ms: i64) -> Upload {
+    pub(crate) fn membership_detail(node_name: &str, event_id: &str, at_ms: i64) -> Upload {
         let content = json!({
             "event_type": "group_membership_event",
             "event_id": event_id,
@@ -248,37 +255,37 @@ impl Upload {
     }
 
     /// Its id: the cloud's answer names it as its parent.
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         self.0.id()
     }
 
     /// Its resource.
-    pub fn resource(&self) -> &str {
+    pub(crate) fn resource(&self) -> &str {
         self.0.resource()
     }
 
     /// Whether it is the `membership/detail` request.
-    pub fn is_membership_detail(&self) -> bool {
+    pub(crate) fn is_membership_detail(&self) -> bool {
         self.0.resource() == ResourceType::MembershipDetail.as_str()
     }
 
     /// Whether it reports on device `id` (`{ns}/{name}`).
-    pub fn is_about(&self, id: &str) -> bool {
+    pub(crate) fn is_about(&self, id: &str) -> bool {
         self.0.resource().starts_with(&format!("device/{id}/"))
     }
 
     /// The upload as kept in the store (its wire text).
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         edgehive_protocols::encode(&self.0)
     }
 
     /// An upload read back from the store; `None` if the text is not a message.
-    pub fn decode(text: &str) -> Option<Upload> {
+    pub(crate) fn decode(text: &str) -> Option<Upload> {
         edgehive_protocols::decode(text.as_bytes()).ok().map(Upload)
     }
 
     /// The beehive message (what the admin endpoint shows of a report).
-    pub fn into_message(self) -> Message {
+    pub(crate) fn into_message(self) -> Message {
         self.0
     }
 

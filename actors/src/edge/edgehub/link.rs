@@ -10,10 +10,15 @@ use edgehive_protocols::{codec, Group, Message};
 use futures_util::{SinkExt, StreamExt};
 
 use super::bucket::TokenBucket;
-use super::*;
+use super::options::{events_url, EdgeHubOptions};
+use super::shared::{Shared, HANDSHAKE_TIMEOUT, MIN_RECONNECT, WRITE_TIMEOUT};
 use crate::edge::certmanager::ensure_identity;
+use crate::edge::contract::{route, ConnectionState};
 use crate::edge::contract::{MetaRequest, TwinMessage};
+use crate::edge::deliver::send_with_retry;
 use crate::edge::deliver::tell_with_retry;
+use crate::hive::locks::lock;
+use crate::hive::Hive;
 use crate::hive::HiveError;
 
 /// Everything the connection task needs.

@@ -4,8 +4,10 @@ use std::time::Duration;
 
 use edgehive_protocols::DEFAULT_MAX_FRAME_BYTES;
 
-use super::DEFAULT_PROJECT_ID;
 use crate::edge::certmanager::EdgeTlsOptions;
+
+/// KubeEdge's default `projectID`.
+pub const DEFAULT_PROJECT_ID: &str = "e632aba927ea4ac2b575ec1603d56f10";
 
 /// EdgeHub's settings (edgecore's `modules.edgeHub`).
 #[derive(Debug, Clone)]
@@ -72,7 +74,7 @@ fn default_node_name() -> String {
 
 /// The URL EdgeHub dials: `wss://` with TLS, `ws://` without. CloudHub accepts any path;
 /// identity travels in headers (and, with TLS, in the client certificate).
-pub fn events_url(options: &EdgeHubOptions) -> String {
+pub(crate) fn events_url(options: &EdgeHubOptions) -> String {
     let scheme = if options.tls.is_some() { "wss" } else { "ws" };
     format!(
         "{scheme}://{}/{}/{}/events",

@@ -1,0 +1,89 @@
+//! What CloudStream's two servers share: their settings and the handlers' context (the tunnel
+//! registry, the refusal-warning budget).
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::metrics::CloudStreamMetrics;
+use super::session::Sessions;
+use crate::cloud::cloudhub::gate::HandshakeLimits;
+use crate::hive::log::{clip, WarnBudget};
+
+/// Refusal warnings logged per [`WarnBudget::WINDOW`], all peers together.
+const WARNINGS_PER_WINDOW: u32 = 50;
+/// The idle read timeout's default: edgecore pings every 5 s.
+pub(super) const DEFAULT_TUNNEL_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// CloudStream's settings (`modules.cloudStream`).
+#[derive(Debug, Clone)]
+pub struct CloudStreamOptions {
+    /// Address both servers bind.
+    pub address: String,
+    /// The tunnel server's port (`tunnelPort`, 10004).
+    pub tunnel_port: u16,
+    /// The stream server's port (`streamPort`, 10003).
+    pub stream_port: u16,
+    /// Streams open at once per node (`maxStreamsPerNode`).
+    pub max_streams_per_node: usize,
+    /// A stream with no data for this long ends (`streamIdleTimeout`; kubelet's
+    /// `streamingConnectionIdleTimeout` is 4 h).
+    pub idle_timeout: Duration,
+    /// How long the tunnel waits for a stream's reader before cutting that stream.
+    pub slow_reader_timeout: Duration,
+    /// A tunnel with nothing from the edge (not even a ping) for this long is closed.
+    pub tunnel_read_timeout: Duration,
+    /// The largest tunnel message (WebSocket frame) accepted from an edge.
+    pub max_message_bytes: usize,
+    /// Where the edge replays requests (edged's kubelet API; cloudcore's fixed
+    /// `127.0.0.1:10350`).
+    pub kubelet_endpoint: String,
+    /// TLS handshake bounds of both ports.
+    pub handshake_limits: HandshakeLimits,
+}
+
+impl Default for CloudStreamOptions {
+    fn default() -> Self {
+        CloudStreamOptions {
+            address: "0.0.0.0".to_owned(),
+            tunnel_port: 10004,
+            stream_port: 10003,
+            max_streams_per_node: 64,
+            idle_timeout: Duration::from_secs(4 * 3600),
+            slow_reader_timeout: Duration::from_secs(30),
+            tunnel_read_timeout: DEFAULT_TUNNEL_READ_TIMEOUT,
+            max_message_bytes: 1024 * 1024,
+            kubelet_endpoint: "127.0.0.1:10350".to_owned(),
+            handshake_limits: HandshakeLimits::default(),
+        }
+    }
+}
+
+/// What both servers' handlers share.
+pub(super) struct StreamContext {
+    pub(super) options: CloudStreamOptions,
+    pub(super) sessions: Sessions,
+    warnings: Mutex<WarnBudget>,
+}
+
+impl StreamContext {
+    /// The context of servers with `options` that count into `metrics`.
+    pub(super) fn new(options: CloudStreamOptions, metrics: CloudStreamMetrics) -> Self {
+        StreamContext {
+            options,
+            sessions: Sessions::new(metrics),
+            warnings: Mutex::new(WarnBudget::with_limit(WARNINGS_PER_WINDOW)),
+        }
+    }
+
+    pub(super) fn metrics(&self) -> &CloudStreamMetrics {
+        &self.sessions.metrics
+    }
+
+    pub(super) fn warn(&self, peer: Option<SocketAddr>, text: &str) {
+        let held_back = crate::hive::locks::lock(&self.warnings).take(std::time::Instant::now());
+        if let Some(held_back) = held_back {
+            tracing::warn!(?peer, reason = %clip(text), held_back, "cloudstream refused");
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! What EdgeHub's actor, its link task and the pending requests share, and which outlives a
+//! restart of the actor: the outbox, the pending requests, the counters, the node's identity.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use edgehive_protocols::{Message, Operation};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::{oneshot, Notify};
+
+use crate::edge::certmanager::EdgeIdentity;
+use crate::edge::contract::{CloudConnection, ConnectionState, EdgeHubStatus};
+use crate::hive::locks::lock;
+use crate::hive::Hive;
+
+/// How long the WebSocket handshake may take (edgehub's `handshakeTimeout`).
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one frame write may take before the connection is considered dead
+/// (edgehub's `writeDeadline`).
+pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Shortest wait between dials, whatever the options say, so a zero setting cannot spin.
+pub(super) const MIN_RECONNECT: Duration = Duration::from_millis(10);
+/// Most requests to the cloud awaiting a reply at once; more are refused at once.
+pub(super) const MAX_PENDING_REQUESTS: usize = 1024;
+
+#[derive(Debug, Clone, Default)]
+pub(super) struct HubMetrics {
+    pub(super) malformed: Counter,
+    pub(super) outbox_dropped: Counter,
+    pub(super) unroutable: Counter,
+    pub(super) undelivered: Counter,
+    pub(super) connects: Counter,
+    pub(super) connected: Gauge,
+    pub(super) outbox: Gauge,
+}
+
+impl HubMetrics {
+    pub(super) fn register(hive: &Hive) -> HubMetrics {
+        let metrics = HubMetrics::default();
+        let registry = hive.metrics();
+        registry.register(
+            "edgehive_edgehub_malformed_frames",
+            "Cloud frames that were not a valid message (the connection stays up when it can)",
+            metrics.malformed.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_outbox_dropped",
+            "Messages to the cloud dropped because the outbox was full (oldest first)",
+            metrics.outbox_dropped.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_unroutable",
+            "Cloud messages with a group no edge module serves",
+            metrics.unroutable.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_undelivered",
+            "Cloud messages dropped because an edge module stayed full or was down",
+            metrics.undelivered.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_connects",
+            "Successful WebSocket connects to the cloud",
+            metrics.connects.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_connected",
+            "1 while connected to the cloud",
+            metrics.connected.clone(),
+        );
+        registry.register(
+            "edgehive_edgehub_outbox",
+            "Messages waiting to be written to the cloud",
+            metrics.outbox.clone(),
+        );
+        metrics
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct HubState {
+    pub(super) connects: u64,
+    pub(super) last_error: Option<String>,
+    /// Overflow policy: when full, the oldest message is dropped and counted. The cloud
+    /// resends what the edge has not acknowledged, so the newest messages are the valuable ones.
+    pub(super) outbox: VecDeque<Message>,
+    /// ACKs and error replies: written before the outbox and not throttled by the rate
+    /// limit (a report upload must never delay an ACK until the cloud resends). Same bound
+    /// and policy as the outbox.
+    pub(super) replies: VecDeque<Message>,
+}
+
+/// State shared by the actor, its connection task and pending requests; outlives restarts.
+/// Every critical section of its locks is a few field updates, so a panic cannot leave them
+/// torn (see [`lock`]).
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) state: Mutex<HubState>,
+    pub(super) outbox_ready: Notify,
+    pub(super) replies_ready: Notify,
+    /// Requests awaiting a cloud reply, by request id; bounded by [`MAX_PENDING_REQUESTS`].
+    pub(super) pending: Mutex<HashMap<String, oneshot::Sender<Message>>>,
+    pub(super) metrics: HubMetrics,
+    pub(super) outbox_capacity: usize,
+    /// The node's TLS identity once loaded or bootstrapped.
+    pub(super) identity: Mutex<Option<EdgeIdentity>>,
+    /// The connection state, the edge's one copy: written here only.
+    pub(super) connection: Arc<CloudConnection>,
+}
+
+/// Whether `message` answers the cloud (an ACK or an error), rather than telling it something.
+pub(super) fn is_reply(message: &Message) -> bool {
+    matches!(
+        message.operation(),
+        Some(Operation::Response | Operation::Error)
+    )
+}
+
+impl Shared {
+    pub(super) fn enqueue(&self, message: Message) {
+        let mut state = lock(&self.state);
+        if is_reply(&message) {
+            if state.replies.len() >= self.outbox_capacity.max(1) {
+                state.replies.pop_front();
+                self.metrics.outbox_dropped.inc();
+            }
+            state.replies.push_back(message);
+            drop(state);
+            self.replies_ready.notify_one();
+            return;
+        }
+        while state.outbox.len() >= self.outbox_capacity.max(1) {
+            if let Some(dropped) = state.outbox.pop_front() {
+                self.metrics.outbox_dropped.inc();
+                tracing::warn!(
+                    id = dropped.id(),
+                    resource = dropped.resource(),
+                    "edgehub outbox full; dropped the oldest message"
+                );
+            }
+        }
+        state.outbox.push_back(message);
+        self.metrics.outbox.set(state.outbox.len() as i64);
+        drop(state);
+        self.outbox_ready.notify_one();
+    }
+
+    /// Waits for the next message to write. Cancel-safe: the pop and the return happen in one
+    /// poll, so a message is never lost when the caller's `select!` picks another branch.
+    pub(super) async fn next_outgoing(&self) -> Message {
+        loop {
+            {
+                let mut state = lock(&self.state);
+                if let Some(message) = state.outbox.pop_front() {
+                    self.metrics.outbox.set(state.outbox.len() as i64);
+                    return message;
+                }
+            }
+            self.outbox_ready.notified().await;
+        }
+    }
+
+    /// Waits for the next reply to write (cancel-safe like [`Shared::next_outgoing`]).
+    pub(super) async fn next_reply(&self) -> Message {
+        loop {
+            if let Some(message) = lock(&self.state).replies.pop_front() {
+                return message;
+            }
+            self.replies_ready.notified().await;
+        }
+    }
+
+    /// Puts back a message whose write failed, ahead of everything else of its lane.
+    pub(super) fn requeue(&self, message: Message) {
+        let mut state = lock(&self.state);
+        if is_reply(&message) {
+            state.replies.push_front(message);
+            return;
+        }
+        state.outbox.push_front(message);
+        self.metrics.outbox.set(state.outbox.len() as i64);
+    }
+
+    /// Records a connect or a disconnect and publishes it to the modules; `true` when the
+    /// state changed.
+    pub(super) fn set_connected(&self, connected: bool, error: Option<String>) -> bool {
+        let mut state = lock(&self.state);
+        if connected {
+            state.connects += 1;
+            self.metrics.connects.inc();
+        }
+        if error.is_some() {
+            state.last_error = error;
+        }
+        self.metrics.connected.set(i64::from(connected));
+        let now = if connected {
+            ConnectionState::Connected
+        } else {
+            ConnectionState::Disconnected
+        };
+        // Under the state's lock, so the status and the published state never disagree.
+        self.connection.publish(now)
+    }
+
+    pub(super) fn record_error(&self, error: String) {
+        lock(&self.state).last_error = Some(error);
+    }
+
+    pub(super) fn status(&self) -> EdgeHubStatus {
+        let state = lock(&self.state);
+        EdgeHubStatus {
+            connected: self.connection.current().is_connected(),
+            connects: state.connects,
+            outbox: state.outbox.len(),
+            last_error: state.last_error.clone(),
+        }
+    }
+}

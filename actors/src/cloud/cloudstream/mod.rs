@@ -1,5 +1,5 @@
 //! CloudStream: `kubectl logs` for pods on edge nodes, through the node's stream tunnel
-//! (KubeEdge's CloudStream, compatible with edgecore's EdgeStream).
+//! (KubeEdge's CloudStream, for edgecore's EdgeStream and edgehive's `edge::edgestream`).
 //!
 //! Two TLS ports: the tunnel server (`tunnel`, KubeEdge's `tunnelPort` 10004) where edges
 //! keep one WebSocket each, and the stream server (`streams`, `streamPort` 10003) where the
@@ -9,7 +9,7 @@
 //!
 //! Both ports use the TLS ports' handshake gate of CloudHub (`cloudhub::gate`) and the cloud's
 //! server certificate. Not yet: exec, attach, the metrics paths, the API server's egress
-//! selector, edgehive's own EdgeStream.
+//! selector.
 
 mod context;
 mod metrics;

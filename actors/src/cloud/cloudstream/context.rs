@@ -80,6 +80,29 @@ impl StreamContext {
         &self.sessions.metrics
     }
 
+    /// A refused request: counted (with the refusal log), warned within the budget, and
+    /// answered with `status` and `text`.
+    pub(super) fn refuse(
+        &self,
+        req: &actix_web::HttpRequest,
+        node: Option<&str>,
+        reason: &str,
+        status: actix_web::http::StatusCode,
+        text: String,
+    ) -> actix_web::HttpResponse {
+        self.metrics().refuse(
+            crate::hive::RefusalKind::Connection,
+            reason,
+            node,
+            req.peer_addr(),
+            &text,
+        );
+        self.warn(req.peer_addr(), &text);
+        actix_web::HttpResponse::build(status)
+            .content_type("text/plain; charset=utf-8")
+            .body(text + "\n")
+    }
+
     pub(super) fn warn(&self, peer: Option<SocketAddr>, text: &str) {
         let held_back = crate::hive::locks::lock(&self.warnings).take(std::time::Instant::now());
         if let Some(held_back) = held_back {

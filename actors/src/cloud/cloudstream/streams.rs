@@ -20,17 +20,10 @@ use tokio::sync::mpsc;
 
 use super::context::StreamContext;
 use super::session::{StreamEnd, Tunnel};
-use crate::hive::RefusalKind;
 use crate::identity::tls::PeerCertificate;
 
 /// How long a request waits for room in the node's tunnel to send its connect message.
 const CONNECT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn answer(status: StatusCode, text: String) -> HttpResponse {
-    HttpResponse::build(status)
-        .content_type("text/plain; charset=utf-8")
-        .body(text + "\n")
-}
 
 fn refuse(
     context: &StreamContext,
@@ -40,15 +33,7 @@ fn refuse(
     status: StatusCode,
     text: String,
 ) -> HttpResponse {
-    context.metrics().refuse(
-        RefusalKind::Connection,
-        reason,
-        node,
-        req.peer_addr(),
-        &text,
-    );
-    context.warn(req.peer_addr(), &text);
-    answer(status, text)
+    context.refuse(req, node, reason, status, text)
 }
 
 /// A path segment of a namespace, pod or container name (DNS labels and subdomains).

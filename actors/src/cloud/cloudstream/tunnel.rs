@@ -45,17 +45,7 @@ fn refused(
     text: String,
     status: actix_web::http::StatusCode,
 ) -> HttpResponse {
-    context.metrics().refuse(
-        RefusalKind::Connection,
-        reason,
-        node,
-        req.peer_addr(),
-        &text,
-    );
-    context.warn(req.peer_addr(), &text);
-    HttpResponse::build(status)
-        .content_type("text/plain; charset=utf-8")
-        .body(text + "\n")
+    context.refuse(req, node, reason, status, text)
 }
 
 /// `GET /v1/kubeedge/connect`: checks the node's identity, answers 101 and starts the

@@ -238,8 +238,9 @@ fn architecture() -> &'static str {
     }
 }
 
-/// The local address of the route to `server` (no packet is sent).
-fn local_address(server: &str) -> Option<IpAddr> {
+/// The local address of the route to `server` (no packet is sent): the node's address
+/// when none is configured (the node module's Node, EdgeStream's `SessionInternalIP`).
+pub(crate) fn local_address(server: &str) -> Option<IpAddr> {
     let target = server.to_socket_addrs().ok()?.next()?;
     let bind = if target.is_ipv4() {
         "0.0.0.0:0"

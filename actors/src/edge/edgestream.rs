@@ -17,7 +17,7 @@
 //! dialled again after a doubling backoff when it drops.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, ToSocketAddrs as _, UdpSocket};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -354,7 +354,10 @@ async fn connect(
         .ws(url.as_str())
         .max_frame_size(options.max_message_bytes.saturating_add(20))
         .header(SESSION_HOST_HEADER, options.node_name.as_str());
-    if let Some(ip) = options.internal_ip.or_else(|| route_ip(&options.server)) {
+    if let Some(ip) = options
+        .internal_ip
+        .or_else(|| super::edged::local_address(&options.server))
+    {
         request = request.header(SESSION_IP_HEADER, ip.to_string());
     }
     match tokio::time::timeout(options.handshake_timeout, request.connect()).await {
@@ -365,19 +368,6 @@ async fn connect(
             options.handshake_timeout
         )),
     }
-}
-
-/// The local address of the route to `server` (what edgecore reports when no IP is set).
-fn route_ip(server: &str) -> Option<IpAddr> {
-    let target = server.to_socket_addrs().ok()?.next()?;
-    let bind = if target.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    };
-    let socket = UdpSocket::bind(bind).ok()?;
-    socket.connect(target).ok()?;
-    Some(socket.local_addr().ok()?.ip())
 }
 
 /// Serves one tunnel until it fails; returns why.

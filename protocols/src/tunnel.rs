@@ -294,6 +294,16 @@ impl ConnectRequest {
     pub fn from_json(data: &[u8]) -> Result<Self, ConnectError> {
         serde_json::from_slice(data).map_err(|err| ConnectError(err.to_string()))
     }
+
+    /// Each header value of the API server's request, as `(name, value)`, in Go's order
+    /// (names sorted, values as sent).
+    pub fn header_values(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.header.iter().flat_map(|(name, values)| {
+            values
+                .iter()
+                .map(move |value| (name.as_str(), value.as_str()))
+        })
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_web::web::Bytes;
@@ -35,6 +35,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::edge::certmanager::{ensure_identity, EdgeTlsOptions};
+use crate::hive::locks::lock;
 use crate::hive::Hive;
 
 /// The most payload one DATA message carries (a longer body chunk is split).
@@ -292,12 +293,6 @@ struct Outgoing {
 
 type Streams = Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>>;
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 async fn run(options: Arc<EdgeStreamOptions>, metrics: EdgeStreamMetrics) {
     let min = options.reconnect_min.max(Duration::from_millis(100));
     let max = options.reconnect_max.max(min);
@@ -552,12 +547,9 @@ async fn pipe(
     }
     let client = awc::Client::builder().disable_timeout().finish();
     let mut get = client.get(url.as_str());
-    for (name, values) in &request.header {
-        if DROPPED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-            continue;
-        }
-        for value in values {
-            get = get.append_header((name.as_str(), value.as_str()));
+    for (name, value) in request.header_values() {
+        if !DROPPED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            get = get.append_header((name, value));
         }
     }
     let mut response = match tokio::time::timeout(options.handshake_timeout, get.send()).await {

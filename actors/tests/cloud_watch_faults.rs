@@ -1,78 +1,13 @@
 //! The controllers on a cluster whose watches end (an API server closes a watch on its
 //! timeout, a proxy drops the connection): they subscribe and list again, and deliver what
-//! changed meanwhile. The cluster is the real embedded one, wrapped only to end its watches.
+//! changed meanwhile. The cluster is the real embedded one, wrapped (`FaultyCluster`) to end its
+//! watches.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::cloud_support as support;
-use edgehive_actors::cloud::cluster::{ClusterFuture, ClusterPort, SharedCluster, Watch};
+use edgehive_actors::cloud::cluster::{FaultyCluster, SharedCluster};
 use support::*;
-
-/// The embedded cluster, with watches that [`Closing::close_watches`] ends.
-#[derive(Clone)]
-struct Closing {
-    inner: EmbeddedCluster,
-    closers: Arc<Mutex<Vec<tokio::sync::oneshot::Sender<()>>>>,
-}
-
-impl Closing {
-    fn close_watches(&self) -> usize {
-        let closers: Vec<_> = self.closers.lock().unwrap().drain(..).collect();
-        let count = closers.len();
-        for closer in closers {
-            let _ = closer.send(());
-        }
-        count
-    }
-}
-
-impl ClusterPort for Closing {
-    fn adapter(&self) -> &'static str {
-        "closing"
-    }
-    fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value> {
-        ClusterPort::get(&self.inner, kind, namespace, name)
-    }
-    fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)> {
-        ClusterPort::list(&self.inner, kind)
-    }
-    fn watch(&self, kind: &str) -> Watch {
-        let (closer, closed) = tokio::sync::oneshot::channel();
-        self.closers.lock().unwrap().push(closer);
-        Box::pin(ClusterPort::watch(&self.inner, kind).take_until(closed))
-    }
-    fn create(&self, obj: Value) -> ClusterFuture<Value> {
-        ClusterPort::create(&self.inner, obj)
-    }
-    fn update(&self, obj: Value) -> ClusterFuture<Value> {
-        ClusterPort::update(&self.inner, obj)
-    }
-    fn update_status(&self, obj: Value) -> ClusterFuture<Value> {
-        ClusterPort::update_status(&self.inner, obj)
-    }
-    fn patch(
-        &self,
-        kind: &str,
-        namespace: Option<&str>,
-        name: &str,
-        patch: Value,
-        status_only: bool,
-    ) -> ClusterFuture<Value> {
-        ClusterPort::patch(&self.inner, kind, namespace, name, patch, status_only)
-    }
-    fn delete(
-        &self,
-        kind: &str,
-        namespace: Option<&str>,
-        name: &str,
-        uid: Option<&str>,
-    ) -> ClusterFuture<Value> {
-        ClusterPort::delete(&self.inner, kind, namespace, name, uid)
-    }
-    fn create_token(&self, namespace: &str, name: &str, request: Value) -> ClusterFuture<Value> {
-        ClusterPort::create_token(&self.inner, namespace, name, request)
-    }
-}
 
 /// A closed watch used to end EdgeController's watch loop for good: nothing written to the
 /// cluster afterwards reached an edge. Now the kind is listed again (only what changed is
@@ -81,10 +16,7 @@ impl ClusterPort for Closing {
 async fn edgecontroller_keeps_delivering_after_the_cluster_ends_its_watches() {
     let hive = Hive::new("cloud");
     let cluster = EmbeddedCluster::new();
-    let closing = Closing {
-        inner: cluster.clone(),
-        closers: Arc::default(),
-    };
+    let closing = FaultyCluster::new(cluster.clone());
     let server = start_cloudhub(&hive, test_options()).await.unwrap();
     let port: SharedCluster = Arc::new(closing.clone());
     hive.start_module(EdgeControllerModule::new(&hive, port))

@@ -481,113 +481,10 @@ impl KindWatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cloud::cluster::{ClusterPort, EmbeddedCluster};
-    use futures_util::stream;
-    use std::sync::{Arc, Mutex};
+    use crate::cloud::cluster::ClusterPort;
+    use std::sync::Arc;
 
-    /// The embedded cluster, with watches that can be closed and lists that can be made to
-    /// fail (the faults a real API server's connection has).
-    #[derive(Clone, Default)]
-    struct Faulty {
-        inner: EmbeddedCluster,
-        control: Arc<Mutex<Control>>,
-    }
-
-    #[derive(Default)]
-    struct Control {
-        failing_lists: usize,
-        lists: usize,
-        watches: usize,
-        closers: Vec<tokio::sync::oneshot::Sender<()>>,
-        /// Lists wait for this before they answer.
-        gate: Option<Arc<tokio::sync::Semaphore>>,
-    }
-
-    impl Faulty {
-        fn close_watches(&self) {
-            for closer in self.control.lock().unwrap().closers.drain(..) {
-                let _ = closer.send(());
-            }
-        }
-        fn fail_lists(&self, n: usize) {
-            self.control.lock().unwrap().failing_lists = n;
-        }
-        fn counts(&self) -> (usize, usize) {
-            let control = self.control.lock().unwrap();
-            (control.watches, control.lists)
-        }
-    }
-
-    impl ClusterPort for Faulty {
-        fn adapter(&self) -> &'static str {
-            "faulty"
-        }
-        fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value> {
-            ClusterPort::get(&self.inner, kind, namespace, name)
-        }
-        fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)> {
-            let mut control = self.control.lock().unwrap();
-            control.lists += 1;
-            if control.failing_lists > 0 {
-                control.failing_lists -= 1;
-                return Box::pin(futures_util::future::ready(Err(ClusterError::Unavailable(
-                    "connection refused".into(),
-                ))));
-            }
-            let listed = ClusterPort::list(&self.inner, kind);
-            match control.gate.clone() {
-                Some(gate) => Box::pin(async move {
-                    let _open = gate.acquire().await;
-                    listed.await
-                }),
-                None => listed,
-            }
-        }
-        fn watch(&self, kind: &str) -> Watch {
-            let (closer, closed) = tokio::sync::oneshot::channel();
-            let mut control = self.control.lock().unwrap();
-            control.watches += 1;
-            control.closers.push(closer);
-            let events = ClusterPort::watch(&self.inner, kind);
-            Box::pin(events.take_until(closed).chain(stream::empty()))
-        }
-        fn create(&self, obj: Value) -> ClusterFuture<Value> {
-            ClusterPort::create(&self.inner, obj)
-        }
-        fn update(&self, obj: Value) -> ClusterFuture<Value> {
-            ClusterPort::update(&self.inner, obj)
-        }
-        fn update_status(&self, obj: Value) -> ClusterFuture<Value> {
-            ClusterPort::update_status(&self.inner, obj)
-        }
-        fn patch(
-            &self,
-            kind: &str,
-            namespace: Option<&str>,
-            name: &str,
-            patch: Value,
-            status_only: bool,
-        ) -> ClusterFuture<Value> {
-            ClusterPort::patch(&self.inner, kind, namespace, name, patch, status_only)
-        }
-        fn delete(
-            &self,
-            kind: &str,
-            namespace: Option<&str>,
-            name: &str,
-            uid: Option<&str>,
-        ) -> ClusterFuture<Value> {
-            ClusterPort::delete(&self.inner, kind, namespace, name, uid)
-        }
-        fn create_token(
-            &self,
-            namespace: &str,
-            name: &str,
-            request: Value,
-        ) -> ClusterFuture<Value> {
-            ClusterPort::create_token(&self.inner, namespace, name, request)
-        }
-    }
+    type Faulty = crate::cloud::cluster::FaultyCluster;
 
     fn config(name: &str, data: &str) -> Value {
         json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -751,7 +648,7 @@ mod tests {
     async fn a_cancelled_next_keeps_its_list() {
         let cluster = Faulty::default();
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        cluster.control.lock().unwrap().gate = Some(gate.clone());
+        cluster.gate_lists(gate.clone());
         cluster.inner.apply(config("a", "1")).unwrap();
         let mut watcher = KindWatcher::new(Arc::new(cluster.clone()), "test", "ConfigMap");
         // Polled until the list waits, then dropped.

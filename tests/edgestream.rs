@@ -455,19 +455,24 @@ fn pem(tag: &str, der: &[u8]) -> String {
     )
 }
 
-#[actix_rt::test]
-async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_exec() {
+/// A node certificate for `node` in a temporary folder, a stand-in kubelet API and a stand-in
+/// tunnel server of the same CA, and EdgeStream's options pointing at both.
+fn edge_beside_a_fake_tunnel(
+    node: &str,
+) -> (
+    tempfile::TempDir,
+    Kubelet,
+    edgehive_actors::edge::edgestream::EdgeStreamOptions,
+    fake_tunnel::Accepted,
+) {
     use edgehive_actors::edge::certmanager::EdgeTlsOptions;
-    use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics, EdgeStreamOptions};
-    use edgehive_protocols::tunnel::{
-        decode_tunnel, encode_tunnel, ConnectRequest, GoUrl, TunnelType,
-    };
+    use edgehive_actors::edge::edgestream::EdgeStreamOptions;
 
     let dir = tempfile::tempdir().unwrap();
     let kubelet = Kubelet::default();
     let kubelet_addr = kubelet.start();
     let ca = Arc::new(CertAuthority::generate().unwrap());
-    let (cert, key) = crate::tls_join::node_cert(&ca, "edge-fake");
+    let (cert, key) = crate::tls_join::node_cert(&ca, node);
     let tls = EdgeTlsOptions {
         ca_file: dir.path().join("ca.crt"),
         cert_file: dir.path().join("node.crt"),
@@ -479,9 +484,20 @@ async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_e
     std::fs::write(&tls.cert_file, pem("CERTIFICATE", &cert)).unwrap();
     std::fs::write(&tls.key_file, key.serialize_pem()).unwrap();
     let (addr, accepted) = fake_tunnel::start(ca.clone());
-    let mut options = EdgeStreamOptions::new("edge-fake", &addr.to_string(), tls);
-    options.internal_ip = Some("192.0.2.9".parse().unwrap());
+    let mut options = EdgeStreamOptions::new(node, &addr.to_string(), tls);
     options.kubelet_endpoint = format!("http://{kubelet_addr}");
+    (dir, kubelet, options, accepted)
+}
+
+#[actix_rt::test]
+async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_exec() {
+    use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics};
+    use edgehive_protocols::tunnel::{
+        decode_tunnel, encode_tunnel, ConnectRequest, GoUrl, TunnelType,
+    };
+
+    let (_dir, _kubelet, mut options, accepted) = edge_beside_a_fake_tunnel("edge-fake");
+    options.internal_ip = Some("192.0.2.9".parse().unwrap());
     options.max_message_bytes = 4096;
     let hive = edgehive_actors::hive::Hive::new("edge-fake");
     let edge = EdgeStream::start(options, EdgeStreamMetrics::register(&hive));
@@ -615,28 +631,10 @@ async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_e
 
 #[actix_rt::test]
 async fn a_tunnel_that_does_not_read_holds_the_kubelet_apis_body_not_the_edges_memory() {
-    use edgehive_actors::edge::certmanager::EdgeTlsOptions;
-    use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics, EdgeStreamOptions};
+    use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics};
     use edgehive_protocols::tunnel::{encode_tunnel, ConnectRequest, GoUrl, TunnelType};
 
-    let dir = tempfile::tempdir().unwrap();
-    let kubelet = Kubelet::default();
-    let kubelet_addr = kubelet.start();
-    let ca = Arc::new(CertAuthority::generate().unwrap());
-    let (cert, key) = crate::tls_join::node_cert(&ca, "edge-slow");
-    let tls = EdgeTlsOptions {
-        ca_file: dir.path().join("ca.crt"),
-        cert_file: dir.path().join("node.crt"),
-        key_file: dir.path().join("node.key"),
-        http_server: String::new(),
-        token: String::new(),
-    };
-    std::fs::write(&tls.ca_file, ca.cert_pem()).unwrap();
-    std::fs::write(&tls.cert_file, pem("CERTIFICATE", &cert)).unwrap();
-    std::fs::write(&tls.key_file, key.serialize_pem()).unwrap();
-    let (addr, accepted) = fake_tunnel::start(ca.clone());
-    let mut options = EdgeStreamOptions::new("edge-slow", &addr.to_string(), tls);
-    options.kubelet_endpoint = format!("http://{kubelet_addr}");
+    let (_dir, kubelet, mut options, accepted) = edge_beside_a_fake_tunnel("edge-slow");
     // Generous: the stand-in cloud does not read at all while the test watches.
     options.read_deadline = Duration::from_secs(120);
     options.write_deadline = Duration::from_secs(120);

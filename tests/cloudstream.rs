@@ -16,7 +16,12 @@ use futures_util::{SinkExt, StreamExt};
 use crate::support::WITHIN;
 use crate::tls_join::{cloud_ca, node_cert};
 
-fn stream_config(dir: &std::path::Path, api_ca: &CertAuthority) -> edgehive::config::CloudConfig {
+/// A loopback cloud config with CloudStream on (ports chosen by the system), trusting
+/// `api_ca` for the API server's client certificates (also for tests/edgestream.rs).
+pub(crate) fn stream_config(
+    dir: &std::path::Path,
+    api_ca: &CertAuthority,
+) -> edgehive::config::CloudConfig {
     let mut config = edgehive::demo::loopback_cloud_config(&dir.join("cloud"), true);
     let ca_file = dir.join("apiserver-ca.crt");
     std::fs::write(&ca_file, api_ca.cert_pem()).unwrap();

@@ -111,15 +111,7 @@ async fn setup(
     read_deadline: u64,
 ) -> Setup {
     let api_ca = CertAuthority::generate().unwrap();
-    let mut config = edgehive::demo::loopback_cloud_config(&dir.join("cloud"), true);
-    let ca_file = dir.join("apiserver-ca.crt");
-    std::fs::write(&ca_file, api_ca.cert_pem()).unwrap();
-    let stream = &mut config.modules.cloud_stream;
-    stream.enable = true;
-    stream.address = "127.0.0.1".into();
-    stream.stream_port = 0;
-    stream.tunnel_port = 0;
-    stream.tls_stream_ca_file = ca_file;
+    let config = crate::cloudstream::stream_config(dir, &api_ca);
     let cloud = CloudProcess::start(&config, None).await.unwrap();
     let servers = cloud.cloud_stream().expect("cloudStream is enabled");
     let stream_addr = servers.stream_addr();

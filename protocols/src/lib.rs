@@ -23,6 +23,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod application;
 pub mod codec;
 pub mod message;
 pub mod names;

@@ -229,6 +229,8 @@ string_enum! {
         EdgeController => "edgecontroller",
         DeviceController => "devicecontroller",
         SyncController => "synccontroller",
+        /// The cloud's DynamicController, which a MetaServer's applications are sent to.
+        DynamicController => "dynamiccontroller",
     }
 }
 

@@ -29,6 +29,7 @@ use edgehive_actors::identity::token;
 use serde_json::json;
 
 use crate::admin::{AdminAccess, AdminRefusals, AdminServer};
+use crate::cloud_secrets;
 use crate::config::CloudConfig;
 
 /// Starts CloudStream when `modules.cloudStream.enable` is on: it needs the cloud's TLS (the
@@ -184,9 +185,27 @@ impl CloudProcess {
             let ips = hub_config.advertise_ips().map_err(|message| {
                 anyhow::anyhow!("modules.cloudHub.advertiseAddress: {message}")
             })?;
-            let tls =
-                CloudTls::load_or_create(&hub_config.tls_files(), &ips, &hub_config.dns_names)
-                    .context("cannot set up the cloud's certificates")?;
+            let files = hub_config.tls_files();
+            // cloudcore's Secrets first, so a cloud replacing cloudcore keeps its CA.
+            let (ca_from, cert_from) =
+                cloud_secrets::adopt(&cluster, &files, &ips, &hub_config.dns_names)
+                    .await
+                    .context("cannot take the CA from cloudcore's Secrets")?;
+            let tls = CloudTls::load_or_create(&files, &ips, &hub_config.dns_names)
+                .context("cannot set up the cloud's certificates")?;
+            tracing::info!(ca = ?ca_from, server_cert = ?cert_from, "cloud certificates ready");
+            // ... and back into them, so cloudcore (or another edgehive) can take over.
+            if let Err(error) =
+                cloud_secrets::publish(&cluster, &files, hub_config.token_refresh()).await
+            {
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "cannot write the CA, certificate and token to the kubeedge namespace's \
+                     Secrets (casecret, cloudcoresecret, tokensecret); edges still join, but \
+                     cloudcore could not take over from this cloud"
+                );
+            }
+            cloud_secrets::keep_token_fresh(cluster.clone(), files, hub_config.token_refresh());
             Some(Arc::new(tls))
         };
         let security = CloudHubSecurity {

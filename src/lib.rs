@@ -12,6 +12,8 @@
 pub mod admin;
 #[cfg(feature = "cloud")]
 pub mod cloud;
+#[cfg(feature = "cloud")]
+pub mod cloud_secrets;
 pub mod config;
 #[cfg(feature = "cloud")]
 pub mod demo;

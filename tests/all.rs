@@ -8,6 +8,7 @@ mod unlisted;
 
 // One module per file of tests.
 mod cloud_controller_admin;
+mod cloud_secrets;
 mod cloudstream;
 mod delivery_faults;
 mod deploy;

@@ -492,6 +492,133 @@ pub(crate) fn write_file(path: &Path, contents: &[u8], private: bool) -> Result<
     fs::rename(&temp, path).map_err(io)
 }
 
+/// A certificate and its key as KubeEdge keeps them in its Secrets (`casecret`'s `cadata`
+/// and `cakeydata`, `cloudcoresecret`'s `cloudcoredata` and `cloudcorekeydata`): the
+/// certificate DER and the key as SEC1 DER (Go's `x509.MarshalECPrivateKey`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct DerPair {
+    /// The certificate, DER.
+    pub cert_der: Vec<u8>,
+    /// Its ECDSA P-256 key, SEC1 DER.
+    pub key_sec1_der: Vec<u8>,
+}
+
+impl std::fmt::Debug for DerPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("DerPair")
+            .field("cert_sha256", &sha256_hex(&self.cert_der))
+            .finish_non_exhaustive()
+    }
+}
+
+impl DerPair {
+    /// Checks that the certificate parses, the key is a P-256 key in SEC1 form, and the key is
+    /// the certificate's (a mismatched pair would serve TLS no client can verify).
+    pub fn check(&self) -> Result<(), CertError> {
+        let (_, cert) = x509_parser::parse_x509_certificate(&self.cert_der).map_err(|error| {
+            CertError::BadKey(format!("the certificate does not parse: {error}"))
+        })?;
+        let pkcs8 = pkcs8_from_sec1(&self.key_sec1_der)?;
+        let key = KeyPair::from_pkcs8_der_and_sign_algo(
+            &PrivatePkcs8KeyDer::from(pkcs8),
+            &PKCS_ECDSA_P256_SHA256,
+        )
+        .map_err(|error| CertError::BadKey(error.to_string()))?;
+        if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+            return Err(CertError::BadKey(
+                "the key does not belong to the certificate".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A certificate and the key it was issued for.
+    pub fn of_key(cert_der: Vec<u8>, key: &KeyPair) -> Result<Self, CertError> {
+        Ok(Self {
+            cert_der,
+            key_sec1_der: sec1_from_pkcs8(key.serialized_der())?,
+        })
+    }
+
+    /// Reads a pair from PEM files (certificate; key as `EC PRIVATE KEY` or `PRIVATE KEY`).
+    pub fn read(cert_file: &Path, key_file: &Path) -> Result<Self, CertError> {
+        let cert_der = read_pem(cert_file, "CERTIFICATE")?;
+        let key = read_key(key_file)?;
+        Ok(Self {
+            cert_der,
+            key_sec1_der: sec1_from_pkcs8(key.serialized_der())?,
+        })
+    }
+
+    /// Checks the pair and writes it as PEM (the key `EC PRIVATE KEY`, mode 0600), the way
+    /// [`CertAuthority::load_or_create`] writes what it creates.
+    pub fn write(&self, cert_file: &Path, key_file: &Path) -> Result<(), CertError> {
+        self.check()?;
+        write_file(
+            key_file,
+            pem_encode("EC PRIVATE KEY", &self.key_sec1_der).as_bytes(),
+            true,
+        )?;
+        write_file(
+            cert_file,
+            pem_encode("CERTIFICATE", &self.cert_der).as_bytes(),
+            false,
+        )
+    }
+}
+
+/// Whether `cert_der` carries a valid ECDSA P-256/SHA-256 signature of the CA `ca_der` (how
+/// KubeEdge's and edgehive's CAs sign).
+pub fn issued_by(cert_der: &[u8], ca_der: &[u8]) -> bool {
+    let (Ok((_, cert)), Ok((_, ca))) = (
+        x509_parser::parse_x509_certificate(cert_der),
+        x509_parser::parse_x509_certificate(ca_der),
+    ) else {
+        return false;
+    };
+    ring::signature::UnparsedPublicKey::new(
+        &ring::signature::ECDSA_P256_SHA256_ASN1,
+        ca.public_key().subject_public_key.data.as_ref(),
+    )
+    .verify(
+        cert.tbs_certificate.as_ref(),
+        cert.signature_value.data.as_ref(),
+    )
+    .is_ok()
+}
+
+/// Whether a DER certificate names every one of `addresses` and `dns_names` among its subject
+/// alternative names (a server certificate made for other addresses fails the edges' check).
+pub fn cert_covers(der: &[u8], addresses: &[IpAddr], dns_names: &[String]) -> bool {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return false;
+    };
+    let mut ips = Vec::new();
+    let mut names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                x509_parser::extensions::GeneralName::IPAddress(bytes) => match bytes.len() {
+                    4 => ips.push(IpAddr::from(
+                        <[u8; 4]>::try_from(*bytes).unwrap_or_default(),
+                    )),
+                    16 => ips.push(IpAddr::from(
+                        <[u8; 16]>::try_from(*bytes).unwrap_or_default(),
+                    )),
+                    _ => {}
+                },
+                x509_parser::extensions::GeneralName::DNSName(dns) => names.push(dns.to_string()),
+                _ => {}
+            }
+        }
+    }
+    addresses.iter().all(|ip| ips.contains(ip))
+        && dns_names
+            .iter()
+            .all(|dns| names.iter().any(|name| name.eq_ignore_ascii_case(dns)))
+}
+
 /// The common name of a DER certificate.
 pub fn cert_common_name(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;

@@ -190,6 +190,11 @@ const NON_LITERAL_CALLS: &[(&str, &str, &str, &str)] = &[
     ("Secret", "", "get", "SyncController"),
     ("Pod", "", "list", "SyncController"),
     ("Pod", "", "watch", "SyncController"),
+    // src/cloud_secrets.rs: cloudcore's Secrets, written (create or update) by the cloud at
+    // start and the token every tokenRefreshDuration; granted by the namespaced Role
+    // (07-role.yaml), only in kubeedge and, for update, only those three names.
+    ("Secret", "", "create", "cloud_secrets"),
+    ("Secret", "", "update", "cloud_secrets"),
     // synccontroller/mod.rs `write`: its records, by the object's scope.
     ("ObjectSync", "", "create", "SyncController"),
     ("ObjectSync", "", "delete", "SyncController"),
@@ -220,6 +225,8 @@ fn literal_calls() -> BTreeMap<Grant, String> {
     let mut found = BTreeMap::new();
     let mut files = Vec::new();
     let mut dirs = vec![root().join("actors/src/cloud")];
+    // The binary's own cluster calls (cloudcore's Secrets).
+    files.push(root().join("src/cloud_secrets.rs"));
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -288,8 +295,15 @@ fn literal_calls() -> BTreeMap<Grant, String> {
     found
 }
 
+/// What the ClusterRole and the namespaced Role grant together.
 fn role_grants() -> BTreeSet<Grant> {
-    let role = manifest("02-clusterrole.yaml");
+    let mut grants = rules_of("02-clusterrole.yaml");
+    grants.extend(rules_of("07-role.yaml"));
+    grants
+}
+
+fn rules_of(file: &str) -> BTreeSet<Grant> {
+    let role = manifest(file);
     let mut grants = BTreeSet::new();
     for rule in role["rules"].as_sequence().unwrap() {
         for group in strings(&rule["apiGroups"]) {
@@ -405,24 +419,21 @@ fn configmap_config_loads_and_the_deployment_matches_it() {
     assert_eq!(config_volume["configMap"]["name"], "edgehive-cloud");
     assert!(args[2].ends_with("/cloudcore.yaml"));
 
-    // Files the cloud reads come from Secrets; files it writes go to writable volumes (the
+    // The admin token comes from a Secret; files the cloud writes (its CA and server
+    // certificate, taken from cloudcore's Secrets at each start) go to writable volumes (the
     // root file system is read-only).
     let hub = &config.modules.cloud_hub;
-    for file in [&hub.tls_ca_file, &hub.tls_ca_key_file] {
-        let (_, volume) = volume_of(file);
-        assert_eq!(
-            volume["secret"]["secretName"],
-            "edgehive-ca",
-            "{}",
-            file.display()
-        );
-    }
     let token = &config.common_config.monitor_server.token_file;
     assert_eq!(
         volume_of(token).1["secret"]["secretName"],
         "edgehive-admin-token"
     );
-    for file in [&hub.tls_cert_file, &hub.tls_private_key_file] {
+    for file in [
+        &hub.tls_ca_file,
+        &hub.tls_ca_key_file,
+        &hub.tls_cert_file,
+        &hub.tls_private_key_file,
+    ] {
         let (mount, volume) = volume_of(file);
         assert!(!volume["emptyDir"].is_null(), "{}", file.display());
         assert_ne!(mount["readOnly"], true);
@@ -540,4 +551,36 @@ fn the_cloud_started_with_the_configmap_uses_the_pods_service_account() {
         stderr.contains("no in-cluster service account"),
         "the cloud did not go for the pod's service account: {stderr}"
     );
+}
+
+#[test]
+fn the_cloud_writes_only_cloudcores_three_secrets_and_only_in_its_namespace() {
+    let role = manifest("07-role.yaml");
+    assert_eq!(role["kind"], "Role");
+    assert_eq!(
+        role["metadata"]["namespace"],
+        edgehive::cloud_secrets::NAMESPACE
+    );
+    let binding = manifest("08-rolebinding.yaml");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["name"], "edgehive-cloud");
+    let names = [
+        edgehive::cloud_secrets::CA_SECRET.0,
+        edgehive::cloud_secrets::SERVER_SECRET.0,
+        edgehive::cloud_secrets::TOKEN_SECRET.0,
+    ];
+    for rule in role["rules"].as_sequence().unwrap() {
+        assert_eq!(strings(&rule["resources"]), ["secrets"]);
+        if strings(&rule["verbs"]) != ["create"] {
+            // Everything but create (which RBAC cannot limit by name) names the three.
+            assert_eq!(strings(&rule["resourceNames"]), names, "{rule:?}");
+        }
+    }
+    // The ClusterRole writes no Secret anywhere.
+    for (_, resource, verb) in rules_of("02-clusterrole.yaml") {
+        assert!(
+            resource != "secrets" || ["get", "list", "watch"].contains(&verb.as_str()),
+            "the ClusterRole lets the cloud {verb} secrets"
+        );
+    }
 }

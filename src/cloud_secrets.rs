@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context as _;
 use base64::Engine as _;
 use edgehive_actors::cloud::cluster::{ClusterError, SharedCluster};
-use edgehive_actors::identity::certs::{self, CertAuthority, DerPair};
+use edgehive_actors::identity::certs::{self, CertAuthority, CertError, DerPair};
 use edgehive_actors::identity::tls::CloudTlsFiles;
 use edgehive_actors::identity::token;
 use serde_json::{json, Value};
@@ -44,48 +44,49 @@ pub enum Source {
     Files,
     /// The Secret's pair was written to the files.
     Secret,
-    /// Neither: the cloud makes one.
+    /// Neither: the cloud made one (and created the Secret with it, if it could).
     New,
 }
 
-/// Takes the CA and server certificate from cloudcore's Secrets where the configured files do
-/// not exist. A Secret that exists but holds no valid pair stops the start: making a new CA
-/// then would strand every edge.
+/// Makes sure the CA and server certificate files exist, taking each pair from cloudcore's
+/// Secret when its files do not exist, or else making one and claiming the Secret with it.
+/// Two replicas starting at once on an empty cluster both make a CA, but only one creates the
+/// Secret; the other gets `AlreadyExists`, drops its own and takes the winner's, so they
+/// never serve two CAs. A Secret that exists but holds no valid pair stops the start: making
+/// a new CA then would strand every edge.
 ///
 /// The server certificate is taken only if it was issued by that CA and names every address
 /// and DNS name the cloud advertises now; otherwise the cloud issues a new one (cloudcore
 /// keeps an old one after `advertiseAddress` changes, and edges dialling the new address
-/// refuse it until its Secret is deleted by hand).
+/// refuse it until its Secret is deleted by hand), which [`publish`] then writes to the Secret.
 pub async fn adopt(
     cluster: &SharedCluster,
     files: &CloudTlsFiles,
     addresses: &[IpAddr],
     dns_names: &[String],
 ) -> anyhow::Result<(Source, Source)> {
-    let ca = adopt_pair(
+    let ca = ensure_pair(
         cluster,
         CA_SECRET,
-        &files.ca_file,
-        &files.ca_key_file,
+        (&files.ca_file, &files.ca_key_file),
         |_| Ok(()),
+        || {
+            let ca = CertAuthority::generate()?;
+            Ok(DerPair {
+                cert_der: ca.cert_der().to_vec(),
+                key_sec1_der: ca.key_sec1_der().to_vec(),
+            })
+        },
     )
     .await?;
-    let ca_der = match ca {
-        Source::New => None,
-        Source::Files | Source::Secret => {
-            Some(certs::read_pem(&files.ca_file, "CERTIFICATE").context("the CA file")?)
-        }
-    };
-    let server = adopt_pair(
+    let authority = CertAuthority::load(&files.ca_file, &files.ca_key_file)
+        .context("cannot read the cloud's CA")?;
+    let server = ensure_pair(
         cluster,
         SERVER_SECRET,
-        &files.cert_file,
-        &files.key_file,
+        (&files.cert_file, &files.key_file),
         |pair| {
-            let Some(ca_der) = &ca_der else {
-                return Err("the CA is new".to_owned());
-            };
-            if !certs::issued_by(&pair.cert_der, ca_der) {
+            if !certs::issued_by(&pair.cert_der, authority.cert_der()) {
                 return Err("it was not issued by the cloud's CA".to_owned());
             }
             if !certs::cert_covers(&pair.cert_der, addresses, dns_names) {
@@ -93,54 +94,81 @@ pub async fn adopt(
             }
             Ok(())
         },
+        || {
+            let (cert, key) = authority.issue_server_cert(addresses, dns_names)?;
+            DerPair::of_key(cert, &key)
+        },
     )
     .await?;
     Ok((ca, server))
 }
 
-async fn adopt_pair(
+async fn ensure_pair(
     cluster: &SharedCluster,
     (secret, cert_key, key_key): (&str, &str, &str),
-    cert_file: &Path,
-    key_file: &Path,
-    fits: impl FnOnce(&DerPair) -> Result<(), String>,
+    (cert_file, key_file): (&Path, &Path),
+    fits: impl Fn(&DerPair) -> Result<(), String>,
+    make: impl Fn() -> Result<DerPair, CertError>,
 ) -> anyhow::Result<Source> {
     if cert_file.exists() || key_file.exists() {
         return Ok(Source::Files);
     }
-    let object = match cluster.get("Secret", Some(NAMESPACE), secret).await {
-        Ok(object) => object,
-        Err(ClusterError::NotFound { .. }) => return Ok(Source::New),
-        Err(error) => {
-            return Err(error).with_context(|| format!("cannot read Secret {NAMESPACE}/{secret}"))
-        }
-    };
-    let pair = DerPair {
-        cert_der: secret_data(&object, cert_key)
-            .with_context(|| format!("Secret {NAMESPACE}/{secret}"))?,
-        key_sec1_der: secret_data(&object, key_key)
-            .with_context(|| format!("Secret {NAMESPACE}/{secret}"))?,
-    };
-    if let Err(why) = fits(&pair) {
-        tracing::info!(
-            secret = %format!("{NAMESPACE}/{secret}"),
-            reason = %why,
-            "not taking the certificate from cloudcore's Secret; issuing a new one"
-        );
-        return Ok(Source::New);
-    }
-    pair.write(cert_file, key_file).with_context(|| {
+    let name = format!("{NAMESPACE}/{secret}");
+    let unusable = || {
         format!(
-            "Secret {NAMESPACE}/{secret} does not hold a usable certificate and key \
-             (remove it to have a new one made, which every edge would have to join again)"
+            "Secret {name} does not hold a usable certificate and key (remove it to have a new \
+             one made, which every edge would have to join again)"
         )
-    })?;
-    tracing::info!(
-        secret = %format!("{NAMESPACE}/{secret}"),
-        cert = %cert_file.display(),
-        "took the certificate and key from cloudcore's Secret"
-    );
-    Ok(Source::Secret)
+    };
+    // A second round only after another replica created the Secret first.
+    for _ in 0..2 {
+        match cluster.get("Secret", Some(NAMESPACE), secret).await {
+            Ok(object) => {
+                let pair = DerPair {
+                    cert_der: secret_data(&object, cert_key).with_context(unusable)?,
+                    key_sec1_der: secret_data(&object, key_key).with_context(unusable)?,
+                };
+                match fits(&pair) {
+                    Ok(()) => {
+                        pair.write(cert_file, key_file).with_context(unusable)?;
+                        tracing::info!(secret = %name, cert = %cert_file.display(), "took the certificate and key from cloudcore's Secret");
+                        return Ok(Source::Secret);
+                    }
+                    Err(why) => {
+                        tracing::info!(secret = %name, reason = %why, "not taking the certificate in cloudcore's Secret; issuing a new one");
+                        make()?.write(cert_file, key_file)?;
+                        return Ok(Source::New);
+                    }
+                }
+            }
+            Err(ClusterError::NotFound { .. }) => {}
+            Err(error) => return Err(error).with_context(|| format!("cannot read Secret {name}")),
+        }
+        let pair = make()?;
+        let object = json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": secret, "namespace": NAMESPACE},
+            "type": "Opaque",
+            "data": {(cert_key): encode(&pair.cert_der), (key_key): encode(&pair.key_sec1_der)},
+        });
+        match cluster.create(object).await {
+            Ok(_) => {
+                pair.write(cert_file, key_file)?;
+                return Ok(Source::New);
+            }
+            // Another replica made its own at the same time and was first: take that one.
+            Err(ClusterError::AlreadyExists { .. }) => continue,
+            Err(error) => {
+                tracing::warn!(secret = %name, error = %error, "cannot create cloudcore's Secret; this cloud's certificate is in its files only");
+                pair.write(cert_file, key_file)?;
+                return Ok(Source::New);
+            }
+        }
+    }
+    anyhow::bail!(
+        "Secret {name} was created and then removed while this cloud started; start it again"
+    )
 }
 
 /// The bytes of `data.KEY` (base64 in the object).

@@ -11,10 +11,14 @@ use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use edgehive::cloud::CloudProcess;
+use edgehive::cloud_secrets::Source;
 use edgehive::config::CloudConfig;
 use edgehive::edge::EdgeProcess;
-use edgehive_actors::cloud::cluster::EmbeddedCluster;
+use edgehive_actors::cloud::cluster::{
+    ClusterFuture, ClusterPort, EmbeddedCluster, SharedCluster, Watch,
+};
 use edgehive_actors::identity::certs::{self, CertAuthority, DerPair};
+use edgehive_actors::identity::tls::CloudTlsFiles;
 use edgehive_actors::identity::token;
 use serde_json::{json, Value};
 use support::*;
@@ -366,5 +370,122 @@ async fn a_server_certificate_for_other_addresses_or_from_another_ca_is_replaced
         let edge = edge_with_cert("checks-server", &ca, &cloud, dir.path());
         receives_pod(&cloud, &edge, "checks-server").await;
         cloud.stop().await;
+    }
+}
+
+/// The embedded cluster, with every call yielding once first, so calls of concurrent starts
+/// interleave as they would against an API server.
+struct Interleaved(EmbeddedCluster, std::sync::atomic::AtomicUsize);
+
+impl Interleaved {
+    fn after_yield<T: Send + 'static>(call: ClusterFuture<T>) -> ClusterFuture<T> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            call.await
+        })
+    }
+}
+
+impl ClusterPort for Interleaved {
+    fn adapter(&self) -> &'static str {
+        "interleaved"
+    }
+    fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value> {
+        Self::after_yield(ClusterPort::get(&self.0, kind, namespace, name))
+    }
+    fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)> {
+        Self::after_yield(ClusterPort::list(&self.0, kind))
+    }
+    fn watch(&self, kind: &str) -> Watch {
+        ClusterPort::watch(&self.0, kind)
+    }
+    fn create(&self, obj: Value) -> ClusterFuture<Value> {
+        if obj["metadata"]["name"] == "casecret" {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Self::after_yield(ClusterPort::create(&self.0, obj))
+    }
+    fn update(&self, obj: Value) -> ClusterFuture<Value> {
+        Self::after_yield(ClusterPort::update(&self.0, obj))
+    }
+    fn update_status(&self, obj: Value) -> ClusterFuture<Value> {
+        Self::after_yield(ClusterPort::update_status(&self.0, obj))
+    }
+    fn patch(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        patch: Value,
+        status_only: bool,
+    ) -> ClusterFuture<Value> {
+        Self::after_yield(ClusterPort::patch(
+            &self.0,
+            kind,
+            namespace,
+            name,
+            patch,
+            status_only,
+        ))
+    }
+    fn delete(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        uid: Option<&str>,
+    ) -> ClusterFuture<Value> {
+        Self::after_yield(ClusterPort::delete(&self.0, kind, namespace, name, uid))
+    }
+    fn create_token(&self, namespace: &str, name: &str, request: Value) -> ClusterFuture<Value> {
+        Self::after_yield(ClusterPort::create_token(&self.0, namespace, name, request))
+    }
+}
+
+#[actix_rt::test]
+async fn replicas_starting_at_once_on_an_empty_cluster_end_up_with_one_ca() {
+    let embedded = EmbeddedCluster::new();
+    let interleaved = std::sync::Arc::new(Interleaved(embedded.clone(), Default::default()));
+    let cluster: SharedCluster = interleaved.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let addresses = ["127.0.0.1".parse().unwrap()];
+    let replicas: Vec<CloudTlsFiles> = (0..4)
+        .map(|replica| {
+            let base = dir.path().join(format!("replica-{replica}"));
+            CloudTlsFiles {
+                ca_file: base.join("ca/rootCA.crt"),
+                ca_key_file: base.join("ca/rootCA.key"),
+                cert_file: base.join("certs/server.crt"),
+                key_file: base.join("certs/server.key"),
+            }
+        })
+        .collect();
+    let started = futures_util::future::join_all(
+        replicas
+            .iter()
+            .map(|files| edgehive::cloud_secrets::adopt(&cluster, files, &addresses, &[])),
+    )
+    .await;
+    let sources: Vec<_> = started.into_iter().map(|result| result.unwrap()).collect();
+    // Every replica made a CA (none existed when each looked), one created the Secret, and
+    // the others took its CA instead of their own.
+    assert_eq!(
+        sources.iter().filter(|(ca, _)| *ca == Source::New).count(),
+        1,
+        "{sources:?}"
+    );
+    let casecret = embedded
+        .get("Secret", Some("kubeedge"), "casecret")
+        .unwrap();
+    for files in &replicas {
+        assert_eq!(
+            certs::read_pem(&files.ca_file, "CERTIFICATE").unwrap(),
+            unb64(&casecret["data"]["cadata"])
+        );
+        let server = DerPair::read(&files.cert_file, &files.key_file).unwrap();
+        assert!(certs::issued_by(
+            &server.cert_der,
+            &unb64(&casecret["data"]["cadata"])
+        ));
     }
 }

@@ -379,14 +379,19 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
             actix_rt::System::new().block_on(async {
                 let cloud = CloudProcess::start(&config, manifests.as_deref()).await?;
                 println!(
-                    "edgehive cloud: WebSocket on {}, admin on http://{}{}",
+                    "edgehive cloud: WebSocket on {}, admin on http://{}{}{}",
                     cloud.websocket_addr(),
                     cloud.admin_addr(),
                     match cloud.cert_server_addr() {
                         Some(addr) => format!(", certificates on https://{addr}"),
                         None if cloud.uses_tls() => String::new(),
                         None => " (insecure plain ws://)".to_owned(),
-                    }
+                    },
+                    cloud.cloud_stream().map_or(String::new(), |stream| format!(
+                        ", stream tunnels on {}, streams on https://{}",
+                        stream.tunnel_addr(),
+                        stream.stream_addr()
+                    ))
                 );
                 wait_for_signal().await?;
                 cloud.stop().await;

@@ -31,6 +31,10 @@
 //! Progress goes to standard error; the result is one JSON line, with the machine it ran on
 //! (and, with `--markdown`, the machine and a table row).
 
+mod streams;
+
+pub use streams::{run as run_streams, StreamOptions, StreamReport};
+
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -70,6 +74,9 @@ pub enum Scenario {
     Broadcast,
     /// The edges report node status and pod status at a rate: replies and their latency.
     Upstream,
+    /// `kubectl logs -f` through CloudStream: tunnels, streams, bytes per second and memory
+    /// per open stream (`run_streams`).
+    Streams,
 }
 
 /// What to run.
@@ -444,6 +451,9 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         None => None,
     };
     let admin = match options.scenario {
+        Scenario::Streams => {
+            anyhow::bail!("--scenario streams runs with run_streams, not with a CloudHub fleet")
+        }
         Scenario::Hold => None,
         Scenario::Fanout | Scenario::Storm | Scenario::Broadcast | Scenario::Upstream => {
             Some(options.admin.clone().context(

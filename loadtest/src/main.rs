@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use edgehive_loadtest::{LoadOptions, Scenario};
+use edgehive_loadtest::{LoadOptions, Scenario, StreamOptions};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
@@ -28,7 +28,7 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// CloudHub's WebSocket address, HOST:PORT.
-    #[arg(long, required_unless_present = "in_process")]
+    #[arg(long, required_unless_present_any = ["in_process", "tunnel"])]
     cloud: Option<String>,
     /// Run the cloud in this process (embedded cluster in a temporary SQLite file) and link
     /// the fleet to it over channels instead of sockets: past the file limit's reach.
@@ -75,6 +75,29 @@ struct Cli {
     /// fanout, broadcast: changes in all.
     #[arg(long, default_value_t = 10000)]
     changes: u64,
+    /// streams: CloudStream's tunnel server, HOST:PORT (with --stream, --ca-cert/--ca-key for
+    /// the node certificates and --stream-ca-cert/--stream-ca-key for the API server's).
+    #[arg(long, requires_all = ["stream", "stream_ca_cert", "ca_cert"])]
+    tunnel: Option<String>,
+    /// streams: CloudStream's stream server, HOST:PORT.
+    #[arg(long)]
+    stream: Option<String>,
+    /// streams: the CA of the cloud's tlsStreamCAFile (PEM), which signs the API server's
+    /// client certificate.
+    #[arg(long, requires = "stream_ca_key")]
+    stream_ca_cert: Option<PathBuf>,
+    /// streams: that CA's key (PEM).
+    #[arg(long)]
+    stream_ca_key: Option<PathBuf>,
+    /// streams: `kubectl logs -f` streams in all, spread over the --edges nodes.
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
+    /// streams: bytes of each DATA message an edge sends.
+    #[arg(long, default_value_t = 32768)]
+    chunk: usize,
+    /// streams: milliseconds between DATA messages of one stream (0: as fast as it goes).
+    #[arg(long, default_value_t = 0)]
+    chunk_interval_ms: u64,
     /// Also print the result as a markdown table.
     #[arg(long)]
     markdown: bool,
@@ -118,6 +141,36 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.scenario == Scenario::Streams {
+        let (Some(tunnel), Some(stream), Some(ca), Some(client_ca)) = (
+            cli.tunnel,
+            cli.stream,
+            cli.ca_cert.zip(cli.ca_key),
+            cli.stream_ca_cert.zip(cli.stream_ca_key),
+        ) else {
+            anyhow::bail!(
+                "--scenario streams needs --tunnel, --stream, --ca-cert/--ca-key and \
+                 --stream-ca-cert/--stream-ca-key"
+            );
+        };
+        let options = StreamOptions {
+            tunnel,
+            stream,
+            ca,
+            client_ca,
+            nodes: cli.edges,
+            prefix: cli.prefix,
+            streams: cli.streams,
+            chunk: cli.chunk,
+            interval: Duration::from_millis(cli.chunk_interval_ms),
+            hold: Duration::from_secs(cli.hold),
+            concurrency: cli.concurrency,
+            cloud_pid: cli.cloud_pid,
+        };
+        let report = actix_rt::System::new().block_on(edgehive_loadtest::run_streams(options))?;
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
     let options = LoadOptions {
         scenario: cli.scenario,
         admin: cli.admin,

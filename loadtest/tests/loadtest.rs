@@ -6,7 +6,7 @@ use crate::support;
 use std::process::Command;
 
 use serde_json::Value;
-use support::{start_plain_cloud, PlainCloud, TOOL};
+use support::{start_plain_cloud, start_stream_cloud, PlainCloud, TOOL};
 
 #[test]
 fn a_small_fleet_connects_holds_and_acks_every_pod() {
@@ -277,4 +277,54 @@ fn in_process_upstream_smoke_node_and_pod_status_get_their_replies() {
     ]);
     assert_eq!(report["connectedAtEnd"], 1000, "{report}");
     assert_every_request_answered(&report, 2000);
+}
+
+#[test]
+fn streams_smoke_every_logs_follow_opens_and_carries_bytes_through_the_cloud() {
+    let dir = tempfile::tempdir().unwrap();
+    let api_ca = edgehive_actors::identity::certs::CertAuthority::generate().unwrap();
+    let api_ca_files = (dir.path().join("api-ca.crt"), dir.path().join("api-ca.key"));
+    edgehive_actors::identity::certs::DerPair {
+        cert_der: api_ca.cert_der().to_vec(),
+        key_sec1_der: api_ca.key_sec1_der().to_vec(),
+    }
+    .write(&api_ca_files.0, &api_ca_files.1)
+    .unwrap();
+    let cloud = start_stream_cloud(&dir.path().join("cloud"), &api_ca_files.0);
+    let pid = cloud.process.id().to_string();
+    let report = run_tool(&[
+        "--scenario",
+        "streams",
+        "--tunnel",
+        &cloud.tunnel,
+        "--stream",
+        &cloud.stream,
+        "--ca-cert",
+        cloud.ca.0.to_str().unwrap(),
+        "--ca-key",
+        cloud.ca.1.to_str().unwrap(),
+        "--stream-ca-cert",
+        api_ca_files.0.to_str().unwrap(),
+        "--stream-ca-key",
+        api_ca_files.1.to_str().unwrap(),
+        "--edges",
+        "3",
+        "--streams",
+        "9",
+        "--chunk",
+        "2048",
+        "--chunk-interval-ms",
+        "20",
+        "--hold",
+        "1",
+        "--cloud-pid",
+        &pid,
+    ]);
+    assert_eq!(report["streams"], 9, "{report}");
+    assert_eq!(report["streamErrors"], 0, "{report}");
+    assert!(report["bytes"].as_u64().unwrap() > 0, "{report}");
+    assert!(
+        report["cloudRssStreamsKib"].as_u64().unwrap() > 0,
+        "{report}"
+    );
 }

@@ -154,3 +154,61 @@ pub fn http_json(addr: &str, path: &str) -> serde_json::Value {
     );
     serde_json::from_str(body).unwrap()
 }
+
+/// A cloud process with mutual TLS and CloudStream, and where it listens.
+pub struct StreamCloud {
+    /// The process (killed when dropped).
+    pub process: Process,
+    /// The cloud CA's certificate and key files (written by the cloud at its start).
+    pub ca: (PathBuf, PathBuf),
+    /// `host:port` of the tunnel server.
+    pub tunnel: String,
+    /// `host:port` of the stream server.
+    pub stream: String,
+}
+
+/// Starts `edgehive cloud` on loopback with mutual TLS and CloudStream on free ports, its files
+/// under `dir`; the API server's client CA is `stream_ca` (a PEM certificate file).
+pub fn start_stream_cloud(dir: &Path, stream_ca: &Path) -> StreamCloud {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = dir.join("cloud.yaml");
+    let ca = (dir.join("ca/rootCA.crt"), dir.join("ca/rootCA.key"));
+    std::fs::write(
+        &config,
+        format!(
+            "commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+             embeddedCluster:\n  database: \"{db}\"\n\
+             modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n\
+             \x20   https:\n      address: 127.0.0.1\n      port: 0\n\
+             \x20   tlsCAFile: \"{ca}\"\n    tlsCAKeyFile: \"{key}\"\n\
+             \x20   tlsCertFile: \"{dir}/certs/server.crt\"\n    tlsPrivateKeyFile: \"{dir}/certs/server.key\"\n\
+             \x20 cloudStream:\n    enable: true\n    address: 127.0.0.1\n    streamPort: 0\n    tunnelPort: 0\n\
+             \x20   tlsStreamCAFile: \"{stream_ca}\"\n",
+            db = dir.join("cluster.db").display(),
+            ca = ca.0.display(),
+            key = ca.1.display(),
+            dir = dir.display(),
+            stream_ca = stream_ca.display(),
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(cloud_binary())
+        .arg("cloud")
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let process = Process(child);
+    let mut banner = String::new();
+    BufReader::new(stdout).read_line(&mut banner).unwrap();
+    assert!(!banner.is_empty(), "edgehive cloud exited without a banner");
+    StreamCloud {
+        process,
+        ca,
+        tunnel: banner_field(&banner, "stream tunnels on ", ',').to_owned(),
+        stream: banner_field(&banner, "streams on https://", '\n').to_owned(),
+    }
+}

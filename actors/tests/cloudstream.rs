@@ -691,6 +691,7 @@ struct Raw(rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>);
 impl Raw {
     fn connect(addr: std::net::SocketAddr, config: rustls::ClientConfig) -> Raw {
         let socket = std::net::TcpStream::connect(addr).unwrap();
+        socket.set_nodelay(true).unwrap();
         socket.set_read_timeout(Some(WITHIN)).unwrap();
         socket.set_write_timeout(Some(WITHIN)).unwrap();
         let connection =
@@ -1128,4 +1129,54 @@ async fn metrics_and_stats_reach_the_node_by_name_and_by_internal_ip() {
     let (status, _) = get_logs(&client, &stream.logs_url("/metrics"), "nobody:10351").await;
     assert_eq!(status, 502);
     assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 0);
+}
+
+#[actix_rt::test]
+async fn an_api_server_writing_faster_than_the_edge_reads_is_pushed_back_on() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let mut raw = stream.raw(true, &upgrade_head("node-a", EXEC_ECHO));
+    let (id, _, _) = edge.next().await.unwrap();
+    edge.send(id, TunnelType::Data, KUBELET_101).await;
+    // The edge reads nothing more; the API server writes up to 64 MiB. What the cloud took
+    // (`to_edge`: into the tunnel's queue of 64 messages, then the edge's socket buffers)
+    // stays bounded, and the API server's writes stop.
+    let written = blocking(move || {
+        use std::io::Write;
+        let head = raw.head();
+        assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+        raw.0
+            .sock
+            .set_write_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut written = 0usize;
+        // Until a write waits 5 s (the kernel's buffers fill slowly towards a reader that
+        // reads nothing: about 40 s here), within 120 s.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        for _ in 0..1024 {
+            if std::time::Instant::now() > deadline
+                || raw
+                    .0
+                    .write_all(&chunk)
+                    .and_then(|()| raw.0.flush())
+                    .is_err()
+            {
+                break;
+            }
+            written += chunk.len();
+        }
+        written
+    })
+    .await;
+    assert!(
+        written < 64 << 20,
+        "the cloud took all {written} bytes for an edge that reads nothing"
+    );
+    let taken = stream.metric(r#"edgehive_cloudstream_bytes_total{direction="to_edge"}"#);
+    assert!(
+        taken < 32 << 20,
+        "{taken} bytes queued for an edge that reads nothing"
+    );
+    drop(edge);
 }

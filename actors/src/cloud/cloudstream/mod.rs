@@ -1,15 +1,17 @@
-//! CloudStream: `kubectl logs` for pods on edge nodes, through the node's stream tunnel
-//! (KubeEdge's CloudStream, for edgecore's EdgeStream and edgehive's `edge::edgestream`).
+//! CloudStream: `kubectl logs`, `exec`, `attach` and the kubelet metrics paths for pods on
+//! edge nodes, through the node's stream tunnel (KubeEdge's CloudStream, for edgecore's
+//! EdgeStream and edgehive's `edge::edgestream`).
 //!
 //! Two TLS ports: the tunnel server (`tunnel`, KubeEdge's `tunnelPort` 10004) where edges
 //! keep one WebSocket each, and the stream server (`streams`, `streamPort` 10003) where the
 //! API server calls the kubelet API paths. A request picks the node's tunnel, sends a
-//! LOGS_CONNECT with the request as the edge replays it to its kubelet API, and pipes the
-//! edge's DATA messages into the response (`session` says how memory stays bounded).
+//! `*_CONNECT` with the request as the edge replays it to its kubelet API, and pipes the
+//! edge's DATA messages into the response (`session` says how memory stays bounded); exec and
+//! attach upgrades are served on the connection itself (`connection`, `upgrade`).
 //!
 //! Both ports use the TLS ports' handshake gate of CloudHub (`cloudhub::gate`) and the cloud's
-//! server certificate. Not yet: exec, attach, the metrics paths, the API server's egress
-//! selector.
+//! server certificate. Not yet: the API server's egress selector; port-forward is 404 (as
+//! with cloudcore).
 
 mod connection;
 mod context;

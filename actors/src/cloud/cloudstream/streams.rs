@@ -1,5 +1,7 @@
-//! The stream server: the kubelet API paths the API server calls for a node, served through
-//! the node's tunnel. Only `/containerLogs/{namespace}/{pod}/{container}` for now.
+//! The stream server's actix-web handlers: the kubelet API paths the API server calls for a
+//! node, served through the node's tunnel: `/containerLogs/{namespace}/{pod}/{container}`
+//! (LOGS_CONNECT) and the metrics and stats paths (METRIC_CONNECT); and [`open`], which
+//! opens a stream on a node's tunnel for these and for exec and attach (`upgrade`).
 //!
 //! The API server must present a client certificate that chains to the configured CA
 //! (`tlsStreamCAFile`); a request without one is refused (401, counted `anonymous`), unlike

@@ -1,7 +1,9 @@
 //! CloudStream over real sockets on loopback: a stand-in edge plays edgecore's EdgeStream
 //! (mutual TLS with a node certificate from the cloud CA, KubeEdge's headers, tunnel messages
-//! as in the golden capture) and answers LOGS_CONNECT with log lines; an HTTPS client plays
-//! the API server with a client certificate from the stream CA.
+//! as in the golden capture) and answers LOGS_CONNECT with log lines, EXEC/ATTACH_CONNECT
+//! with a kubelet's answer head and echoed bytes, METRIC_CONNECT with a body; an HTTPS client
+//! plays the API server with a client certificate from the stream CA (awc, or a blocking
+//! rustls connection for the SPDY upgrades, which it writes and reads byte for byte).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -1179,4 +1181,30 @@ async fn an_api_server_writing_faster_than_the_edge_reads_is_pushed_back_on() {
         "{taken} bytes queued for an edge that reads nothing"
     );
     drop(edge);
+}
+
+#[actix_rt::test]
+async fn an_exec_silent_both_ways_for_the_idle_timeout_ends_on_both_sides() {
+    let stream = Stream::start(CloudStreamOptions {
+        idle_timeout: Duration::from_secs(1),
+        ..CloudStreamOptions::default()
+    });
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let mut raw = stream.raw(true, &upgrade_head("node-a", EXEC_ECHO));
+    let client = blocking(move || (raw.head(), raw.rest()));
+    let edge_side = async {
+        let (id, _, _) = edge.next().await.unwrap();
+        edge.send(id, TunnelType::Data, KUBELET_101).await;
+        // Nothing more either way: the cloud ends it, with one REMOVE_CONNECT.
+        let (removed, kind, _) = edge.next().await.unwrap();
+        assert_eq!((removed, kind), (id, TunnelType::RemoveConnect));
+    };
+    let ((head, (rest, _)), ()) = tokio::join!(client, edge_side);
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert!(rest.is_empty());
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_streams_closed_total{reason="idle_timeout"}"#),
+        1
+    );
+    assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 0);
 }

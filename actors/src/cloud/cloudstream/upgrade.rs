@@ -341,7 +341,10 @@ async fn pipe<IO>(
         }
         End::Aborted => {}
         End::ClientGone => guard.end("client_gone"),
-        End::Idle => guard.end("idle_timeout"),
+        End::Idle => {
+            guard.end("idle_timeout");
+            let _ = writer.shutdown().await;
+        }
     }
 }
 

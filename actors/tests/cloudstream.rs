@@ -1,7 +1,9 @@
 //! CloudStream over real sockets on loopback: a stand-in edge plays edgecore's EdgeStream
 //! (mutual TLS with a node certificate from the cloud CA, KubeEdge's headers, tunnel messages
-//! as in the golden capture) and answers LOGS_CONNECT with log lines; an HTTPS client plays
-//! the API server with a client certificate from the stream CA.
+//! as in the golden capture) and answers LOGS_CONNECT with log lines, EXEC/ATTACH_CONNECT
+//! with a kubelet's answer head and echoed bytes, METRIC_CONNECT with a body; an HTTPS client
+//! plays the API server with a client certificate from the stream CA (awc, or a blocking
+//! rustls connection for the SPDY upgrades, which it writes and reads byte for byte).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -641,4 +643,568 @@ async fn an_address_two_nodes_claim_routes_to_neither() {
         edge.answer_logs(&["node-a by address\n"]),
     );
     assert_eq!(answered, (200, "node-a by address\n".to_owned()));
+}
+
+// exec, attach and the metrics paths.
+
+/// The API server's exec request as captured (`stream-tunnel-http-vm.jsonl`, exec-echo),
+/// for `node`, `/exec/...` or `/attach/...` and `query`.
+fn upgrade_head(node: &str, path: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: {node}:10351\r\nUser-Agent: Go-http-client/1.1\r\n\
+         Content-Length: 0\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+         X-Stream-Protocol-Version: v5.channel.k8s.io\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\
+         X-Stream-Protocol-Version: v3.channel.k8s.io\r\nX-Stream-Protocol-Version: v2.channel.k8s.io\r\n\
+         X-Stream-Protocol-Version: channel.k8s.io\r\n\r\n"
+    )
+}
+
+const EXEC_ECHO: &str = "/exec/default/printer/main?command=echo&command=hello&error=1&output=1";
+
+/// The kubelet's 101 as edgecore brought it in the capture.
+const KUBELET_101: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\
+Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n";
+
+/// The data of golden tunnel frame `at` (`vm:39` ...) with its MessID made `id`.
+fn golden_connect(at: &str, id: u64) -> String {
+    use base64::Engine as _;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../protocols/tests/data/stream-tunnel-frames.txt");
+    let text = std::fs::read_to_string(path).unwrap();
+    let line = text
+        .lines()
+        .find(|line| line.starts_with(&format!("{at} ")))
+        .unwrap();
+    let payload = base64::engine::general_purpose::STANDARD
+        .decode(line.rsplit(' ').next().unwrap())
+        .unwrap();
+    let frame = decode_tunnel(&payload).unwrap();
+    String::from_utf8(frame.data.to_vec()).unwrap().replacen(
+        &format!("\"MessID\":{},", frame.connect_id),
+        &format!("\"MessID\":{id},"),
+        1,
+    )
+}
+
+/// A blocking HTTPS connection as the API server's SPDY dialer makes one (run it off the
+/// test's runtime, which the stand-in edge needs).
+struct Raw(rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>);
+
+impl Raw {
+    fn connect(addr: std::net::SocketAddr, config: rustls::ClientConfig) -> Raw {
+        let socket = std::net::TcpStream::connect(addr).unwrap();
+        socket.set_nodelay(true).unwrap();
+        socket.set_read_timeout(Some(WITHIN)).unwrap();
+        socket.set_write_timeout(Some(WITHIN)).unwrap();
+        let connection =
+            rustls::ClientConnection::new(Arc::new(config), "127.0.0.1".try_into().unwrap())
+                .unwrap();
+        Raw(rustls::StreamOwned::new(connection, socket))
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.0.write_all(bytes).unwrap();
+        self.0.flush().unwrap();
+    }
+
+    /// The response head, up to its blank line.
+    fn head(&mut self) -> String {
+        use std::io::Read;
+        let mut head = Vec::new();
+        let mut byte = [0u8];
+        while !head.ends_with(b"\r\n\r\n") {
+            self.0.read_exact(&mut byte).unwrap();
+            head.push(byte[0]);
+            assert!(head.len() < 65536);
+        }
+        String::from_utf8(head).unwrap()
+    }
+
+    fn exact(&mut self, len: usize) -> Vec<u8> {
+        use std::io::Read;
+        let mut buf = vec![0; len];
+        self.0.read_exact(&mut buf).unwrap();
+        buf
+    }
+
+    /// Everything until the connection ends, and whether it ended with a TLS close.
+    fn rest(&mut self) -> (Vec<u8>, bool) {
+        use std::io::Read;
+        let mut all = Vec::new();
+        let clean = self.0.read_to_end(&mut all).is_ok();
+        (all, clean)
+    }
+
+    fn close(mut self) {
+        use std::io::Write;
+        self.0.conn.send_close_notify();
+        let _ = self.0.flush();
+    }
+}
+
+impl Stream {
+    fn api_tls(&self, with_cert: bool) -> rustls::ClientConfig {
+        if with_cert {
+            let cert = node_cert(&self.api_ca, "kube-apiserver");
+            tls::edge_client_config(self.ca.cert_der(), &cert.0, &cert.1).unwrap()
+        } else {
+            tls::ca_only_client_config(self.ca.cert_der()).unwrap()
+        }
+    }
+
+    /// A connection to the stream port that has sent `head`.
+    fn raw(&self, with_cert: bool, head: &str) -> Raw {
+        let mut raw = Raw::connect(self.server.stream_addr(), self.api_tls(with_cert));
+        raw.write(head.as_bytes());
+        raw
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+#[actix_rt::test]
+async fn exec_pipes_bytes_both_ways_after_the_kubelets_101_split_over_several_messages() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    // Bytes of every value, more than one DATA message's worth, as SPDY frames would be.
+    let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let mut raw = stream.raw(true, &upgrade_head("node-a", EXEC_ECHO));
+    let sent = payload.clone();
+    let client = blocking(move || {
+        let head = raw.head();
+        // The kubelet's bytes right after its head come first.
+        let early = raw.exact(4);
+        raw.write(&sent);
+        let echoed = raw.exact(sent.len());
+        raw.close();
+        (head, early, echoed)
+    });
+    let edge_side = async {
+        let (id, kind, data) = edge.next().await.unwrap();
+        assert_eq!(kind, TunnelType::ExecConnect);
+        // The connect request is cloudcore's, byte for byte (MessID aside).
+        assert_eq!(
+            String::from_utf8(data).unwrap(),
+            golden_connect("vm:39", id)
+        );
+        // The 101 split at arbitrary points, SPDY bytes after it in the last message.
+        let (a, b) = KUBELET_101.split_at(20);
+        let (b, c) = b.split_at(b.len() - 1);
+        edge.send(id, TunnelType::Data, a).await;
+        edge.send(id, TunnelType::Data, b).await;
+        edge.send(id, TunnelType::Data, &[c, b"\x80\x03\x00\x02"].concat())
+            .await;
+        // Echo every byte back until the cloud ends the stream, once.
+        let mut echoed = 0;
+        loop {
+            let (next, kind, data) = edge.next().await.unwrap();
+            assert_eq!(next, id);
+            match kind {
+                TunnelType::Data => {
+                    echoed += data.len();
+                    edge.send(id, TunnelType::Data, &data).await;
+                }
+                TunnelType::RemoveConnect => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        (id, echoed)
+    };
+    let ((head, early, echoed), (id, echoed_len)) = tokio::join!(client, edge_side);
+    assert!(
+        head.starts_with("HTTP/1.1 101 Switching Protocols\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("X-Stream-Protocol-Version: v4.channel.k8s.io\r\n"));
+    assert!(head.contains("Upgrade: SPDY/3.1\r\n"));
+    assert_eq!(early, b"\x80\x03\x00\x02");
+    assert!(echoed == payload, "the echo differs from what was sent");
+    assert_eq!(echoed_len, payload.len());
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_bytes_total{direction="to_edge"}"#),
+        payload.len() as u64
+    );
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_bytes_total{direction="to_apiserver"}"#),
+        (KUBELET_101.len() + 4 + payload.len()) as u64
+    );
+    // One REMOVE_CONNECT, not thousands: the next message is the next request's.
+    let url = stream.logs_url("/containerLogs/default/printer/main");
+    let api = stream.api_client(true);
+    let (answered, request) = tokio::join!(
+        get_logs(&api, &url, "node-a"),
+        edge.answer_logs(&["after exec\n"]),
+    );
+    assert_eq!(answered, (200, "after exec\n".to_owned()));
+    assert!(request.mess_id > id);
+    assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 0);
+}
+
+#[actix_rt::test]
+async fn the_kubelets_refusal_of_an_exec_reaches_the_api_server_with_its_body() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    for round in 0..2 {
+        let mut raw = stream.raw(true, &upgrade_head("node-a", EXEC_ECHO));
+        let client = blocking(move || {
+            let head = raw.head();
+            let rest = raw.rest();
+            (head, rest)
+        });
+        let edge_side = async {
+            let (id, kind, _) = edge.next().await.unwrap();
+            assert_eq!(kind, TunnelType::ExecConnect);
+            edge.send(
+                id,
+                TunnelType::Data,
+                b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 30\r\n",
+            )
+            .await;
+            edge.send(id, TunnelType::Data, b"\r\npod default/printer not ")
+                .await;
+            edge.send(id, TunnelType::Data, b"found\n").await;
+            edge.send(id, TunnelType::RemoveConnect, b"").await;
+        };
+        let ((head, (body, clean)), ()) = tokio::join!(client, edge_side);
+        assert!(
+            head.starts_with("HTTP/1.1 404 Not Found\r\n"),
+            "round {round}: {head}"
+        );
+        assert_eq!(body, b"pod default/printer not found\n");
+        assert!(clean, "round {round}: the connection did not close cleanly");
+    }
+    assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 0);
+}
+
+#[actix_rt::test]
+async fn exec_and_attach_without_an_upgrade_are_refused_and_counted() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let forms = [
+        // curl's exec in the capture (cloudcore answered 500).
+        "GET /exec/default/printer/main?command=echo&command=hi&output=1 HTTP/1.1\r\nHost: node-a:10351\r\nAccept: */*\r\n\r\n",
+        "POST /exec/default/printer/main?command=id&output=1 HTTP/1.1\r\nHost: node-a\r\nContent-Length: 0\r\n\r\n",
+        "POST /attach/default/ticker/main?output=1 HTTP/1.1\r\nHost: 192.0.2.2:10351\r\nContent-Length: 0\r\n\r\n",
+        // Connection: Upgrade without saying to what.
+        "POST /exec/default/printer/main?command=id HTTP/1.1\r\nHost: node-a\r\nConnection: Upgrade\r\nContent-Length: 0\r\n\r\n",
+    ];
+    for round in 0..3 {
+        for form in forms {
+            let mut raw = stream.raw(true, form);
+            let (head, (body, _)) = blocking(move || (raw.head(), raw.rest())).await;
+            assert!(
+                head.starts_with("HTTP/1.1 400 "),
+                "round {round}: {form}: {head}"
+            );
+            assert!(
+                String::from_utf8_lossy(&body).contains("upgrade"),
+                "{form}: {body:?}"
+            );
+        }
+    }
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_refused_total{reason="not_upgrade"}"#),
+        12
+    );
+    // Nor do an anonymous caller's upgrades reach the edge.
+    for path in [EXEC_ECHO, "/attach/default/ticker/main?error=1&output=1"] {
+        for _ in 0..3 {
+            let mut raw = stream.raw(false, &upgrade_head("node-a", path));
+            let head = blocking(move || raw.head()).await;
+            assert!(head.starts_with("HTTP/1.1 401 "), "{head}");
+        }
+    }
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_refused_total{reason="anonymous"}"#),
+        6
+    );
+    // Port-forward stays 404, as with cloudcore.
+    let mut raw = stream.raw(
+        true,
+        "POST /portForward/default/printer HTTP/1.1\r\nHost: node-a\r\nContent-Length: 0\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n",
+    );
+    let head = blocking(move || raw.head()).await;
+    assert!(head.starts_with("HTTP/1.1 404 "), "{head}");
+    // The edge saw none of it: the next message is an authenticated logs request's.
+    let url = stream.logs_url("/containerLogs/default/printer/main");
+    let api = stream.api_client(true);
+    let (answered, _) = tokio::join!(
+        get_logs(&api, &url, "node-a"),
+        edge.answer_logs(&["only this\n"]),
+    );
+    assert_eq!(answered, (200, "only this\n".to_owned()));
+}
+
+#[actix_rt::test]
+async fn answers_from_the_edge_that_are_not_a_response_head_get_a_502_and_are_counted() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let too_long = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nX-Padding: {}\r\n",
+        "a".repeat(17 * 1024)
+    );
+    let answers: [(&[u8], &str); 3] = [
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "bad_upgrade_answer"),
+        (b"HTTP/1.1 100 Continue\r\n\r\n", "bad_upgrade_answer"),
+        (too_long.as_bytes(), "head_too_large"),
+    ];
+    for round in 0..2 {
+        for (answer, reason) in answers {
+            let mut raw = stream.raw(true, &upgrade_head("node-a", EXEC_ECHO));
+            let client = blocking(move || (raw.head(), raw.rest()));
+            let edge_side = async {
+                let (id, _, _) = edge.next().await.unwrap();
+                // In pieces of 1000 bytes, as a slow edge might.
+                for piece in answer.chunks(1000) {
+                    edge.send(id, TunnelType::Data, piece).await;
+                }
+                // The cloud gives up on it: one REMOVE_CONNECT.
+                let (removed, kind, _) = edge.next().await.unwrap();
+                assert_eq!((removed, kind), (id, TunnelType::RemoveConnect), "{reason}");
+            };
+            let ((head, (body, _)), ()) = tokio::join!(client, edge_side);
+            assert!(
+                head.starts_with("HTTP/1.1 502 "),
+                "round {round} {reason}: {head}"
+            );
+            assert!(!body.is_empty());
+        }
+    }
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_refused_total{reason="bad_upgrade_answer"}"#),
+        4
+    );
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_refused_total{reason="head_too_large"}"#),
+        2
+    );
+    assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 0);
+}
+
+#[actix_rt::test]
+async fn attach_streams_the_containers_output_until_the_edge_ends_it() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let mut raw = stream.raw(
+        true,
+        &upgrade_head("node-a", "/attach/default/ticker/main?error=1&output=1"),
+    );
+    let client = blocking(move || {
+        let head = raw.head();
+        let rest = raw.rest();
+        (head, rest)
+    });
+    let edge_side = async {
+        let (id, kind, data) = edge.next().await.unwrap();
+        assert_eq!(kind, TunnelType::AttachConnect);
+        assert_eq!(
+            String::from_utf8(data).unwrap(),
+            golden_connect("vm:106", id)
+        );
+        edge.send(id, TunnelType::Data, KUBELET_101).await;
+        for tick in 38..42 {
+            let line = format!("\0\0\0\x03\0\0\0\x08tick-{tick}\n");
+            edge.send(id, TunnelType::Data, line.as_bytes()).await;
+        }
+        // The container's end: edgecore's REMOVE_CONNECT, sent twice, and others' for IDs
+        // the cloud never opened, all harmless.
+        edge.send(9999, TunnelType::RemoveConnect, b"").await;
+        edge.send(id, TunnelType::RemoveConnect, b"").await;
+        edge.send(id, TunnelType::RemoveConnect, b"").await;
+        edge.send(id + 1000, TunnelType::RemoveConnect, b"").await;
+        id
+    };
+    let ((head, (output, clean)), id) = tokio::join!(client, edge_side);
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    let text = String::from_utf8_lossy(&output);
+    assert!(
+        text.contains("tick-38\n") && text.contains("tick-41\n"),
+        "{text}"
+    );
+    assert!(clean, "the connection did not close cleanly");
+    // The edge ended it: the cloud sends no REMOVE_CONNECT back; the tunnel serves on.
+    let url = stream.logs_url("/containerLogs/default/printer/main");
+    let api = stream.api_client(true);
+    let (answered, request) = tokio::join!(
+        get_logs(&api, &url, "node-a"),
+        edge.answer_logs(&["after attach\n"]),
+    );
+    assert_eq!(answered, (200, "after attach\n".to_owned()));
+    assert!(request.mess_id > id);
+    assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 0);
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_streams_closed_total{reason="edge_done"}"#),
+        2
+    );
+}
+
+#[actix_rt::test]
+async fn an_exec_whose_node_disconnects_ends_the_api_servers_connection() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let mut raw = stream.raw(true, &upgrade_head("node-a", EXEC_ECHO));
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let client = blocking(move || {
+        let head = raw.head();
+        let first = raw.exact(5);
+        tx.send(()).unwrap();
+        let rest = raw.rest();
+        (head, first, rest)
+    });
+    let edge_side = async {
+        let (id, _, _) = edge.next().await.unwrap();
+        edge.send(id, TunnelType::Data, KUBELET_101).await;
+        edge.send(id, TunnelType::Data, b"hello").await;
+        // The client has the bytes; the node goes away.
+        blocking(move || rx.recv_timeout(WITHIN).unwrap()).await;
+        assert_eq!(stream.server.open_streams("node-a"), 1);
+        drop(edge);
+    };
+    let ((head, first, (rest, _)), ()) = tokio::join!(client, edge_side);
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert_eq!(first, b"hello");
+    assert!(rest.is_empty(), "{rest:?}");
+    assert_eq!(stream.server.open_streams("node-a"), 0);
+    assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 0);
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_streams_closed_total{reason="tunnel_closed"}"#),
+        1
+    );
+}
+
+#[actix_rt::test]
+async fn metrics_and_stats_reach_the_node_by_name_and_by_internal_ip() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let client = stream.api_client(true);
+    for (path, host) in [
+        ("/metrics", "node-a:10351"),
+        ("/metrics/cadvisor", "192.0.2.2:10351"),
+        ("/stats/summary", "node-a"),
+        ("/metrics/resource", "192.0.2.2"),
+        ("/metrics/probes", "node-a"),
+    ] {
+        let url = stream.logs_url(path);
+        let request = client
+            .get(&url)
+            .insert_header(("Host", host))
+            .insert_header(("User-Agent", "curl/7.88.1"))
+            .send();
+        let edge_side = async {
+            let (id, kind, data) = edge.next().await.unwrap();
+            assert_eq!(kind, TunnelType::MetricConnect, "{path}");
+            let request = ConnectRequest::from_json(&data).unwrap();
+            assert_eq!(request.url.path, path);
+            assert_eq!(request.url.host, "127.0.0.1:10350");
+            assert_eq!(request.method, None);
+            assert_eq!(
+                request.header.get("User-Agent"),
+                Some(&vec!["curl/7.88.1".to_owned()])
+            );
+            edge.send(id, TunnelType::Data, b"# TYPE up gauge\n").await;
+            edge.send(id, TunnelType::Data, b"up 1\n").await;
+            edge.send(id, TunnelType::RemoveConnect, b"").await;
+        };
+        let (response, ()) = tokio::join!(request, edge_side);
+        let mut response = response.unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{path}");
+        assert_eq!(
+            response.headers().get("content-type").unwrap(),
+            "text/plain; charset=utf-8"
+        );
+        let body = response.body().await.unwrap();
+        assert_eq!(&body[..], b"# TYPE up gauge\nup 1\n", "{path}");
+    }
+    // Paths the kubelet does not serve, or names that are not names: 404, counted.
+    for path in ["/metrics/other", "/stats/a/../../b", "/stats/A/b"] {
+        let (status, _) = get_logs(&client, &stream.logs_url(path), "node-a").await;
+        assert_eq!(status, 404, "{path}");
+    }
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_refused_total{reason="bad_path"}"#),
+        3
+    );
+    // A host no node has: 502, counted.
+    let (status, _) = get_logs(&client, &stream.logs_url("/metrics"), "nobody:10351").await;
+    assert_eq!(status, 502);
+    assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 0);
+}
+
+#[actix_rt::test]
+async fn an_api_server_writing_faster_than_the_edge_reads_is_pushed_back_on() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let mut raw = stream.raw(true, &upgrade_head("node-a", EXEC_ECHO));
+    let (id, _, _) = edge.next().await.unwrap();
+    edge.send(id, TunnelType::Data, KUBELET_101).await;
+    // The edge reads nothing more; the API server writes up to 64 MiB. What the cloud took
+    // (`to_edge`: into the tunnel's queue of 64 messages, then the edge's socket buffers)
+    // stays bounded, and the API server's writes stop.
+    let written = blocking(move || {
+        use std::io::Write;
+        let head = raw.head();
+        assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+        raw.0
+            .sock
+            .set_write_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut written = 0usize;
+        // Until a write waits 5 s (the kernel's buffers fill slowly towards a reader that
+        // reads nothing: about 40 s here), within 120 s.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        for _ in 0..1024 {
+            if std::time::Instant::now() > deadline
+                || raw
+                    .0
+                    .write_all(&chunk)
+                    .and_then(|()| raw.0.flush())
+                    .is_err()
+            {
+                break;
+            }
+            written += chunk.len();
+        }
+        written
+    })
+    .await;
+    assert!(
+        written < 64 << 20,
+        "the cloud took all {written} bytes for an edge that reads nothing"
+    );
+    let taken = stream.metric(r#"edgehive_cloudstream_bytes_total{direction="to_edge"}"#);
+    assert!(
+        taken < 32 << 20,
+        "{taken} bytes queued for an edge that reads nothing"
+    );
+    drop(edge);
+}
+
+#[actix_rt::test]
+async fn an_exec_silent_both_ways_for_the_idle_timeout_ends_on_both_sides() {
+    let stream = Stream::start(CloudStreamOptions {
+        idle_timeout: Duration::from_secs(1),
+        ..CloudStreamOptions::default()
+    });
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let mut raw = stream.raw(true, &upgrade_head("node-a", EXEC_ECHO));
+    let client = blocking(move || (raw.head(), raw.rest()));
+    let edge_side = async {
+        let (id, _, _) = edge.next().await.unwrap();
+        edge.send(id, TunnelType::Data, KUBELET_101).await;
+        // Nothing more either way: the cloud ends it, with one REMOVE_CONNECT.
+        let (removed, kind, _) = edge.next().await.unwrap();
+        assert_eq!((removed, kind), (id, TunnelType::RemoveConnect));
+    };
+    let ((head, (rest, _)), ()) = tokio::join!(client, edge_side);
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert!(rest.is_empty());
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_streams_closed_total{reason="idle_timeout"}"#),
+        1
+    );
+    assert_eq!(stream.metric("edgehive_cloudstream_open_streams"), 0);
 }

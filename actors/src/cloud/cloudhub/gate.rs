@@ -404,7 +404,7 @@ impl Gate {
     }
 
     /// TCP connection -> TLS stream, through the gate.
-    fn tls(
+    pub(crate) fn tls(
         &self,
         config: Arc<ServerConfig>,
     ) -> impl ServiceFactory<
@@ -676,7 +676,7 @@ where
 }
 
 /// What actix-web's HttpServer offers over TLS (no HTTP/2 here).
-fn with_alpn(mut tls: ServerConfig) -> Arc<ServerConfig> {
+pub(crate) fn with_alpn(mut tls: ServerConfig) -> Arc<ServerConfig> {
     tls.alpn_protocols.insert(0, b"http/1.1".to_vec());
     Arc::new(tls)
 }

@@ -57,7 +57,7 @@ impl CloudStreamMetrics {
         );
         m.register(
             "edgehive_cloudstream_open_streams",
-            "Streams (kubectl logs) open through the tunnels, all nodes together",
+            "Streams (logs, exec, attach, metrics) open through the tunnels, all nodes together",
             metrics.open_streams.clone(),
         );
         m.register(
@@ -67,7 +67,7 @@ impl CloudStreamMetrics {
         );
         m.register(
             "edgehive_cloudstream_streams_closed",
-            "Streams that ended, by reason (edge_done, client_gone, idle_timeout, slow_reader, tunnel_closed)",
+            "Streams that ended, by reason (edge_done, client_gone, idle_timeout, slow_reader, tunnel_closed, tunnel_busy, and the upgrade refusals)",
             metrics.streams_closed.clone(),
         );
         m.register(

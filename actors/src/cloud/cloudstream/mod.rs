@@ -1,21 +1,25 @@
-//! CloudStream: `kubectl logs` for pods on edge nodes, through the node's stream tunnel
-//! (KubeEdge's CloudStream, for edgecore's EdgeStream and edgehive's `edge::edgestream`).
+//! CloudStream: `kubectl logs`, `exec`, `attach` and the kubelet metrics paths for pods on
+//! edge nodes, through the node's stream tunnel (KubeEdge's CloudStream, for edgecore's
+//! EdgeStream and edgehive's `edge::edgestream`).
 //!
 //! Two TLS ports: the tunnel server (`tunnel`, KubeEdge's `tunnelPort` 10004) where edges
 //! keep one WebSocket each, and the stream server (`streams`, `streamPort` 10003) where the
 //! API server calls the kubelet API paths. A request picks the node's tunnel, sends a
-//! LOGS_CONNECT with the request as the edge replays it to its kubelet API, and pipes the
-//! edge's DATA messages into the response (`session` says how memory stays bounded).
+//! `*_CONNECT` with the request as the edge replays it to its kubelet API, and pipes the
+//! edge's DATA messages into the response (`session` says how memory stays bounded); exec and
+//! attach upgrades are served on the connection itself (`connection`, `upgrade`).
 //!
 //! Both ports use the TLS ports' handshake gate of CloudHub (`cloudhub::gate`) and the cloud's
-//! server certificate. Not yet: exec, attach, the metrics paths, the API server's egress
-//! selector.
+//! server certificate. Not yet: the API server's egress selector; port-forward is 404 (as
+//! with cloudcore).
 
+mod connection;
 mod context;
 mod metrics;
 mod session;
 mod streams;
 mod tunnel;
+mod upgrade;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +30,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse};
 use edgehive_protocols::tunnel::TUNNEL_PATH;
 
 use crate::cloud::cloudhub::gate::{self, Gate, GateMetrics};
-use crate::hive::{Hive, RefusalKind};
+use crate::hive::Hive;
 use crate::identity::tls::{CloudTls, PeerCertificate, TlsError};
 pub use context::CloudStreamOptions;
 use context::StreamContext;
@@ -141,12 +145,13 @@ pub fn start_cloudstream(
     .map_err(|source| CloudStreamError::Bind { address, source })?;
     let (listener, stream_addr, address) = bind(options.stream_port)?;
     let stream_data = data.clone();
-    let stream_server = gate::serve(
+    let stream_server = connection::serve(
         "cloudstream-stream",
         listener,
         WORKERS,
         stream_tls,
         Gate::new("stream", options.handshake_limits, gate_metrics),
+        context.clone(),
         move || {
             App::new()
                 .app_data(stream_data.clone())
@@ -154,6 +159,13 @@ pub fn start_cloudstream(
                     "/containerLogs/{namespace}/{pod}/{container}",
                     web::get().to(streams::container_logs),
                 )
+                .route("/metrics", web::get().to(streams::kubelet_metrics))
+                .route(
+                    "/metrics/{tail:.*}",
+                    web::get().to(streams::kubelet_metrics),
+                )
+                .route("/stats", web::get().to(streams::kubelet_metrics))
+                .route("/stats/{tail:.*}", web::get().to(streams::kubelet_metrics))
                 .default_service(web::to(not_served))
         },
     )
@@ -175,34 +187,18 @@ pub fn start_cloudstream(
     })
 }
 
-/// Every other path: anonymous callers are refused as on the logs path; the kubelet paths
-/// CloudStream does not serve yet say so.
+/// Every other path: anonymous callers are refused as on the logs path; exec and attach
+/// that reach actix-web were not upgrades (`connection` serves the upgrades); the rest,
+/// port-forward included (cloudcore has none either), is 404.
 async fn not_served(req: HttpRequest, context: web::Data<StreamContext>) -> HttpResponse {
     if req.conn_data::<PeerCertificate>().is_none() {
-        let text = "a client certificate from the stream CA (tlsStreamCAFile) is required";
-        context.metrics().refuse(
-            RefusalKind::Connection,
-            "anonymous",
-            None,
-            req.peer_addr(),
-            text,
-        );
-        context.warn(req.peer_addr(), text);
-        return HttpResponse::Unauthorized().body(format!("{text}\n"));
+        return streams::anonymous().respond(&context, &req);
     }
     let path = req.path();
-    let (status, text) = if ["/exec/", "/attach/", "/metrics", "/stats/", "/portForward/"]
-        .iter()
-        .any(|prefix| path.starts_with(prefix))
-    {
-        (
-            StatusCode::NOT_IMPLEMENTED,
-            "edgehive's CloudStream serves only /containerLogs so far",
-        )
-    } else {
-        (StatusCode::NOT_FOUND, "404 page not found")
-    };
-    HttpResponse::build(status)
+    if path.starts_with("/exec/") || path.starts_with("/attach/") {
+        return upgrade::not_upgraded(&req).respond(&context, &req);
+    }
+    HttpResponse::build(StatusCode::NOT_FOUND)
         .content_type("text/plain; charset=utf-8")
-        .body(format!("{text}\n"))
+        .body("404 page not found\n")
 }

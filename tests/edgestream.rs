@@ -1053,7 +1053,7 @@ async fn exec_the_kubelet_api_does_not_upgrade_gets_its_raw_answer_and_a_kubelet
 }
 
 #[actix_rt::test]
-async fn attach_and_the_metrics_paths_reach_the_kubelet_api() {
+async fn attach_and_metrics_reach_the_kubelet_api_and_a_request_that_would_add_a_line_does_not() {
     use edgehive_protocols::tunnel::TunnelType;
 
     let (_dir, kubelet, hive, edge, accepted) = edge_for("edge-attach", |_| {});
@@ -1102,6 +1102,46 @@ async fn attach_and_the_metrics_paths_reach_the_kubelet_api() {
             let (body, others) = until_removed(&mut tls, id);
             assert!(body.is_empty() && others.is_empty(), "{path}");
         }
+        // exec and attach are written raw: a path, query or header that would add a line to
+        // that request is refused at once, each time and in each place.
+        let injected = "HTTP/1.1\r\nX-Injected: 1\r\n";
+        for round in 0..2u64 {
+            let id = 40 + 10 * round;
+            fake_tunnel::connect(
+                &mut tls,
+                id,
+                TunnelType::ExecConnect,
+                &format!("/exec/default/echo/main {injected}"),
+                "command=ls",
+            );
+            fake_tunnel::connect(
+                &mut tls,
+                id + 1,
+                TunnelType::AttachConnect,
+                "/attach/default/echo/main",
+                &format!("error=1 {injected}"),
+            );
+            let request = edgehive_protocols::tunnel::ConnectRequest {
+                mess_id: id + 2,
+                url: edgehive_protocols::tunnel::GoUrl {
+                    path: "/exec/default/echo/main".into(),
+                    raw_query: "command=ls".into(),
+                    ..Default::default()
+                },
+                header: [("User-Agent".to_owned(), vec![format!("x\r\n{injected}")])].into(),
+                method: Some("POST".into()),
+            };
+            fake_tunnel::tunnel(
+                &mut tls,
+                id + 2,
+                TunnelType::ExecConnect,
+                &request.to_json(),
+            );
+            for id in id..id + 3 {
+                let (body, others) = until_removed(&mut tls, id);
+                assert!(body.is_empty() && others.is_empty(), "{id}");
+            }
+        }
         (tls, bodies)
     });
     let (tls, bodies) = tokio::time::timeout(WITHIN * 2, server)
@@ -1122,7 +1162,8 @@ async fn attach_and_the_metrics_paths_reach_the_kubelet_api() {
         ]
     );
     for line in [
-        r#"edgehive_edgestream_refused_total{reason="bad_path"} 3"#,
+        r#"edgehive_edgestream_refused_total{reason="bad_path"} 7"#,
+        r#"edgehive_edgestream_refused_total{reason="bad_header"} 2"#,
         r#"edgehive_edgestream_streams_closed_total{reason="body_end"} 2"#,
         r#"edgehive_edgestream_streams_closed_total{reason="cloud_removed"} 1"#,
         r#"edgehive_edgestream_bytes_total{direction="to_kubelet"} 12"#,

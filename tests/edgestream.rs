@@ -1258,3 +1258,52 @@ async fn a_kubelet_api_that_never_reads_exec_input_loses_its_stream_not_the_tunn
     edge.stop();
     drop(tls);
 }
+
+#[actix_rt::test]
+async fn exec_to_a_kubelet_api_that_is_down_gets_a_502_naming_the_setting() {
+    use edgehive_protocols::tunnel::TunnelType;
+
+    // A port nothing listens on any more.
+    let down = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (_dir, _kubelet, hive, edge, accepted) = edge_for("edge-exec-down", |options| {
+        options.kubelet_endpoint = format!("http://{down}");
+    });
+    let server = tokio::task::spawn_blocking(move || {
+        let (mut tls, _) = accepted.join().unwrap();
+        let mut answers = Vec::new();
+        for (id, kind, path) in [
+            (61, TunnelType::ExecConnect, "/exec/default/echo/main"),
+            (62, TunnelType::AttachConnect, "/attach/default/echo/main"),
+            (63, TunnelType::ExecConnect, "/exec/default/echo/main"),
+        ] {
+            fake_tunnel::connect(&mut tls, id, kind, path, "error=1&output=1");
+            let (answer, others) = until_removed(&mut tls, id);
+            assert_eq!(others, vec![]);
+            answers.push(String::from_utf8(answer).unwrap());
+        }
+        (tls, answers)
+    });
+    let (tls, answers) = tokio::time::timeout(WITHIN * 2, server)
+        .await
+        .unwrap()
+        .unwrap();
+    for answer in answers {
+        assert!(
+            answer.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
+            "{answer}"
+        );
+        assert!(
+            answer.contains(&format!(
+                "edgehive edge edge-exec-down: cannot reach the kubelet API at http://{down} (modules.edgeStream.kubeletEndpoint)"
+            )),
+            "{answer}"
+        );
+    }
+    let line = r#"edgehive_edgestream_streams_closed_total{reason="kubelet_unreachable"} 3"#;
+    assert!(metric(&hive, line), "{line}: {}", hive.metrics().encode());
+    edge.stop();
+    drop(tls);
+}

@@ -891,6 +891,11 @@ async fn pipe_upgrade(
                 Ok(None) => {}
                 Err(error) => {
                     tracing::warn!(connect_id = id, %error, "exec/attach: the kubelet API's answer is not HTTP");
+                    let text = format!(
+                        "edgehive edge {}: the kubelet API at {} (modules.edgeStream.kubeletEndpoint): {error}\n",
+                        options.node_name, options.kubelet_endpoint
+                    );
+                    let _ = send(outbox, id, bad_gateway(&text).as_bytes()).await;
                     return "kubelet_error";
                 }
             }

@@ -20,14 +20,30 @@ use crate::support::{eventually, WITHIN};
 use crate::tls_join::cloud_ca;
 
 /// A stand-in kubelet API: `printer` answers a two-line log; `ticker` streams a line every
-/// 50 ms until its client goes away, then sets `follow_ended`.
+/// 50 ms until its client goes away, then sets `follow_ended`. Its exec and attach (the
+/// container named by the pod): `echo` answers a real `101 Switching Protocols` upgrade and
+/// then echoes every byte until its client closes (counted in `closed`); `bye` upgrades, says
+/// `bye` and closes; `missing` answers 404 with a body and keeps the connection open until its
+/// client closes (counted in `closed`); `deaf` upgrades and never reads (until `release`).
+/// `/metrics` and `/stats/summary` answer a body naming the path.
 #[derive(Clone, Default)]
 struct Kubelet {
     requests: Arc<Mutex<Vec<String>>>,
+    /// Each request's head (request line and headers, CRLF-separated).
+    heads: Arc<Mutex<Vec<String>>>,
     follow_ended: Arc<AtomicBool>,
     /// Bytes of the `flood` log written to the edge so far.
     flooded: Arc<std::sync::atomic::AtomicU64>,
+    /// Connections of `echo` and `missing` whose client closed them.
+    closed: Arc<std::sync::atomic::AtomicU64>,
+    /// Lets `deaf` go.
+    release: Arc<AtomicBool>,
 }
+
+/// The kubelet's answer to an exec or attach upgrade (edged's, as captured).
+const UPGRADED: &str = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n";
+/// The kubelet's answer for an unknown container, as Go's `http.NotFound` writes it.
+const NOT_FOUND: &str = "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nContent-Length: 19\r\n\r\n404 page not found\n";
 
 impl Kubelet {
     fn start(&self) -> SocketAddr {
@@ -44,18 +60,81 @@ impl Kubelet {
         addr
     }
 
+    /// Echoes what the client writes (read through `reader`, which may hold bytes already)
+    /// until it closes.
+    fn echo(
+        &self,
+        reader: &mut BufReader<std::net::TcpStream>,
+        connection: &mut std::net::TcpStream,
+    ) {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if connection.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        self.closed.fetch_add(1, Ordering::AcqRel);
+    }
+
     fn serve(&self, mut connection: std::net::TcpStream) {
         let mut reader = BufReader::new(connection.try_clone().unwrap());
         let mut line = String::new();
         reader.read_line(&mut line).unwrap();
         let request_line = line.trim_end().to_owned();
+        let mut head = request_line.clone();
         loop {
             line.clear();
             if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
                 break;
             }
+            head.push_str("\r\n");
+            head.push_str(line.trim_end());
         }
         self.requests.lock().unwrap().push(request_line.clone());
+        self.heads.lock().unwrap().push(head);
+        let path = request_line.split(' ').nth(1).unwrap_or_default();
+        let container = path.split('?').next().unwrap_or_default();
+        if container.starts_with("/exec/") || container.starts_with("/attach/") {
+            if container.ends_with("/missing/main") {
+                let _ = connection.write_all(NOT_FOUND.as_bytes());
+                // Keeps the connection (HTTP/1.1 keep-alive) until the client closes it.
+                let mut rest = Vec::new();
+                let _ = reader.read_to_end(&mut rest);
+                self.closed.fetch_add(1, Ordering::AcqRel);
+                return;
+            }
+            let _ = connection.write_all(UPGRADED.as_bytes());
+            if container.ends_with("/echo/main") {
+                self.echo(&mut reader, &mut connection);
+            } else if container.ends_with("/bye/main") {
+                let _ = connection.write_all(b"bye\n");
+            } else if container.ends_with("/deaf/main") {
+                // Bounded: a minute at most.
+                for _ in 0..1200 {
+                    if self.release.load(Ordering::Acquire) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            return;
+        }
+        if container == "/metrics" || container == "/stats/summary" {
+            let body = format!("# metrics of {container}\n");
+            let _ = connection.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+            return;
+        }
         if request_line.contains("/flood/") {
             let _ = connection.write_all(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n",
@@ -323,7 +402,8 @@ async fn an_edge_whose_kubelet_api_is_down_gives_kubectl_a_clear_error() {
 }
 
 /// A stand-in tunnel server (TLS, a hand-written WebSocket upgrade and frames on a real
-/// socket), to send the edge what the real cloud never does: malformed messages and an exec.
+/// socket), to send the edge what the real cloud does not send yet (exec, attach, metrics,
+/// cloudcore's duplicate REMOVE_CONNECTs) or never does (malformed messages).
 mod fake_tunnel {
     use std::io::{BufRead as _, BufReader, Read, Write};
     use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -399,9 +479,12 @@ mod fake_tunnel {
         let mut frame = vec![0x80 | opcode];
         if payload.len() < 126 {
             frame.push(payload.len() as u8);
-        } else {
+        } else if payload.len() <= usize::from(u16::MAX) {
             frame.push(126);
             frame.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        } else {
+            frame.push(127);
+            frame.extend_from_slice(&(payload.len() as u64).to_be_bytes());
         }
         frame.extend_from_slice(payload);
         tls.write_all(&frame).unwrap();
@@ -430,6 +513,83 @@ mod fake_tunnel {
             *byte ^= mask[index % 4];
         }
         (head[0] & 0x0f, payload)
+    }
+
+    /// Reads the next tunnel message (skipping the edge's pings): its connect ID, type and
+    /// data.
+    pub fn message(tls: &mut Tls) -> (u64, edgehive_protocols::tunnel::TunnelType, Vec<u8>) {
+        loop {
+            let (opcode, payload) = read(tls);
+            if opcode == 0x9 || opcode == 0xA {
+                continue;
+            }
+            let message = edgehive_protocols::tunnel::decode_tunnel(&payload).unwrap();
+            return (message.connect_id, message.kind, message.data.to_vec());
+        }
+    }
+
+    /// Sends one tunnel message as a TEXT frame (whatever its bytes: cloudcore does so).
+    pub fn tunnel(
+        tls: &mut Tls,
+        id: u64,
+        kind: edgehive_protocols::tunnel::TunnelType,
+        data: &[u8],
+    ) {
+        send(
+            tls,
+            0x1,
+            &edgehive_protocols::tunnel::encode_tunnel(id, kind, data),
+        );
+    }
+
+    /// A connect's request as cloudcore sends it: exec and attach with the API server's
+    /// upgrade headers and `POST`, as captured.
+    pub fn connect(
+        tls: &mut Tls,
+        id: u64,
+        kind: edgehive_protocols::tunnel::TunnelType,
+        path: &str,
+        query: &str,
+    ) {
+        use edgehive_protocols::tunnel::{ConnectRequest, GoUrl, TunnelType};
+        let mut request = ConnectRequest {
+            mess_id: id,
+            url: GoUrl {
+                scheme: "http".into(),
+                host: "127.0.0.1:10350".into(),
+                path: path.into(),
+                raw_query: query.into(),
+                ..GoUrl::default()
+            },
+            ..ConnectRequest::default()
+        };
+        let header = |values: &[&str]| values.iter().map(|v| (*v).to_owned()).collect();
+        request
+            .header
+            .insert("User-Agent".into(), header(&["Go-http-client/1.1"]));
+        if matches!(kind, TunnelType::ExecConnect | TunnelType::AttachConnect) {
+            request.method = Some("POST".into());
+            request
+                .header
+                .insert("Connection".into(), header(&["Upgrade"]));
+            request
+                .header
+                .insert("Content-Length".into(), header(&["0"]));
+            request
+                .header
+                .insert("Upgrade".into(), header(&["SPDY/3.1"]));
+            request.header.insert(
+                "X-Stream-Protocol-Version".into(),
+                header(&[
+                    "v5.channel.k8s.io",
+                    "v4.channel.k8s.io",
+                    "v3.channel.k8s.io",
+                    "v2.channel.k8s.io",
+                    "channel.k8s.io",
+                ]),
+            );
+        }
+        tunnel(tls, id, kind, &request.to_json());
     }
 }
 
@@ -482,7 +642,7 @@ fn edge_beside_a_fake_tunnel(
 }
 
 #[actix_rt::test]
-async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_exec() {
+async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_bad_paths() {
     use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics};
     use edgehive_protocols::tunnel::{
         decode_tunnel, encode_tunnel, ConnectRequest, GoUrl, TunnelType,
@@ -521,7 +681,11 @@ async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_e
         fake_tunnel::send(
             &mut tls,
             0x1,
-            &encode_tunnel(5, TunnelType::ExecConnect, &request(5, "/exec/default/p/c")),
+            &encode_tunnel(
+                5,
+                TunnelType::ExecConnect,
+                &request(5, "/containerLogs/default/p/c"),
+            ),
         );
         fake_tunnel::send(
             &mut tls,
@@ -615,7 +779,7 @@ async fn the_edge_sends_edgecores_headers_skips_malformed_messages_and_refuses_e
         );
     }
     assert!(
-        metrics.contains(r#"edgehive_edgestream_refused_total{reason="exec_not_supported"} 1"#),
+        metrics.contains(r#"edgehive_edgestream_refused_total{reason="bad_path"} 1"#),
         "{metrics}"
     );
     edge.stop();
@@ -674,4 +838,472 @@ async fn a_tunnel_that_does_not_read_holds_the_kubelet_apis_body_not_the_edges_m
     assert!(last < 64 * 1024 * 1024, "{last} bytes left the kubelet API");
     edge.stop();
     drop(tunnel);
+}
+
+/// Starts edgehive's EdgeStream beside a stand-in tunnel and kubelet API; `tune` adjusts its
+/// options.
+fn edge_for(
+    node: &str,
+    tune: impl FnOnce(&mut edgehive_actors::edge::edgestream::EdgeStreamOptions),
+) -> (
+    tempfile::TempDir,
+    Kubelet,
+    edgehive_actors::hive::Hive,
+    edgehive_actors::edge::edgestream::EdgeStream,
+    fake_tunnel::Accepted,
+) {
+    use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics};
+    let (dir, kubelet, mut options, accepted) = edge_beside_a_fake_tunnel(node);
+    tune(&mut options);
+    let hive = edgehive_actors::hive::Hive::new(node);
+    let edge = EdgeStream::start(options, EdgeStreamMetrics::register(&hive));
+    (dir, kubelet, hive, edge, accepted)
+}
+
+/// Reads messages until `id`'s REMOVE_CONNECT: the DATA of `id` concatenated, and every other
+/// message seen meanwhile.
+fn until_removed(
+    tls: &mut fake_tunnel::Tls,
+    id: u64,
+) -> (Vec<u8>, Vec<(u64, edgehive_protocols::tunnel::TunnelType)>) {
+    use edgehive_protocols::tunnel::TunnelType;
+    let mut data = Vec::new();
+    let mut others = Vec::new();
+    // Bounded: a few thousand messages at most (the socket's read timeout bounds the wait).
+    for _ in 0..10_000 {
+        let (connect_id, kind, payload) = fake_tunnel::message(tls);
+        match (connect_id == id, kind) {
+            (true, TunnelType::RemoveConnect) => return (data, others),
+            (true, TunnelType::Data) => data.extend_from_slice(&payload),
+            _ => others.push((connect_id, kind)),
+        }
+    }
+    panic!("no REMOVE_CONNECT for {id}");
+}
+
+fn metric(hive: &edgehive_actors::hive::Hive, line: &str) -> bool {
+    hive.metrics().encode().lines().any(|l| l == line)
+}
+
+#[actix_rt::test]
+async fn exec_pipes_the_kubelet_apis_upgrade_byte_exact_and_the_clouds_remove_closes_it() {
+    use edgehive_protocols::tunnel::TunnelType;
+
+    let (_dir, kubelet, hive, edge, accepted) = edge_for("edge-exec", |_| {});
+    let server = tokio::task::spawn_blocking(move || {
+        let (mut tls, _) = accepted.join().unwrap();
+        fake_tunnel::connect(
+            &mut tls,
+            11,
+            TunnelType::ExecConnect,
+            "/exec/default/echo/main",
+            "command=cat&error=1&input=1&output=1",
+        );
+        // The kubelet API's 101 head comes up alone, as edgecore sends edged's.
+        let (id, kind, head) = fake_tunnel::message(&mut tls);
+        assert_eq!((id, kind), (11, TunnelType::Data));
+        assert_eq!(String::from_utf8_lossy(&head), UPGRADED);
+        // SPDY-like bytes (not UTF-8, in TEXT frames as cloudcore sends them), from 1 byte to
+        // 32 KiB a message; they come back through the kubelet's echo byte for byte.
+        let mut sent = Vec::new();
+        for (round, len) in [2usize, 49, 33, 29, 1, 32 * 1024, 7000, 2]
+            .into_iter()
+            .enumerate()
+        {
+            let data: Vec<u8> = (0..len)
+                .map(|b| ((b * 31 + round * 7) % 256) as u8)
+                .collect();
+            fake_tunnel::tunnel(&mut tls, 11, TunnelType::Data, &data);
+            sent.extend_from_slice(&data);
+        }
+        let mut echoed = Vec::new();
+        while echoed.len() < sent.len() {
+            let (id, kind, data) = fake_tunnel::message(&mut tls);
+            assert_eq!((id, kind), (11, TunnelType::Data));
+            assert!(data.len() <= 32 * 1024);
+            echoed.extend_from_slice(&data);
+        }
+        assert!(echoed == sent, "the echo differs from what was sent");
+        // The client left: the cloud's REMOVE_CONNECT ends the stream, answered once.
+        fake_tunnel::tunnel(&mut tls, 11, TunnelType::RemoveConnect, b"");
+        let (id, kind, _) = fake_tunnel::message(&mut tls);
+        assert_eq!((id, kind), (11, TunnelType::RemoveConnect));
+        // cloudcore's flood of identical REMOVE_CONNECTs, and late input, for the ended ID;
+        // then the tunnel still serves: a logs request comes back whole and nothing else
+        // (no reply to any duplicate) is sent meanwhile.
+        for _ in 0..1000 {
+            fake_tunnel::tunnel(&mut tls, 11, TunnelType::RemoveConnect, b"");
+        }
+        fake_tunnel::tunnel(&mut tls, 11, TunnelType::Data, b"late");
+        fake_tunnel::tunnel(&mut tls, 99, TunnelType::RemoveConnect, b"");
+        fake_tunnel::connect(
+            &mut tls,
+            12,
+            TunnelType::LogsConnect,
+            "/containerLogs/default/printer/main",
+            "",
+        );
+        let (logs, others) = until_removed(&mut tls, 12);
+        assert_eq!(String::from_utf8_lossy(&logs), "line-1\nline-2\n");
+        assert_eq!(others, vec![]);
+        (tls, sent.len())
+    });
+    let (tls, sent) = tokio::time::timeout(WITHIN * 2, server)
+        .await
+        .unwrap()
+        .unwrap();
+    // The cloud's REMOVE_CONNECT closed the kubelet API's connection.
+    let closed = kubelet.closed.clone();
+    eventually(
+        "the kubelet API sees its exec connection close",
+        WITHIN,
+        || {
+            let closed = closed.load(Ordering::Acquire);
+            async move { (closed == 1).then_some(()) }
+        },
+    )
+    .await;
+    let head = kubelet.heads.lock().unwrap()[0].clone();
+    assert!(
+        head.starts_with(
+            "POST /exec/default/echo/main?command=cat&error=1&input=1&output=1 HTTP/1.1\r\n"
+        ),
+        "{head}"
+    );
+    for line in [
+        "Connection: Upgrade",
+        "Upgrade: SPDY/3.1",
+        "Content-Length: 0",
+        "X-Stream-Protocol-Version: v5.channel.k8s.io",
+        "X-Stream-Protocol-Version: v4.channel.k8s.io",
+        "X-Stream-Protocol-Version: channel.k8s.io",
+    ] {
+        assert!(head.contains(&format!("\r\n{line}")), "{line}: {head}");
+    }
+    for line in [
+        r#"edgehive_edgestream_streams_closed_total{reason="cloud_removed"} 1"#.to_owned(),
+        r#"edgehive_edgestream_streams_closed_total{reason="body_end"} 1"#.to_owned(),
+        format!(r#"edgehive_edgestream_bytes_total{{direction="to_kubelet"}} {sent}"#),
+        "edgehive_edgestream_open_streams 0".to_owned(),
+        "edgehive_edgestream_connects_total 1".to_owned(),
+    ] {
+        assert!(metric(&hive, &line), "{line}: {}", hive.metrics().encode());
+    }
+    edge.stop();
+    drop(tls);
+}
+
+#[actix_rt::test]
+async fn exec_the_kubelet_api_does_not_upgrade_gets_its_raw_answer_and_a_kubelet_close_ends_it() {
+    use edgehive_protocols::tunnel::TunnelType;
+
+    let (_dir, kubelet, hive, edge, accepted) = edge_for("edge-noupgrade", |_| {});
+    let server = tokio::task::spawn_blocking(move || {
+        let (mut tls, _) = accepted.join().unwrap();
+        // Asked again: each gets the raw answer, then REMOVE_CONNECT, though the kubelet API
+        // keeps its connection open (the answer's Content-Length ends it).
+        for id in [21, 22, 23] {
+            fake_tunnel::connect(
+                &mut tls,
+                id,
+                TunnelType::ExecConnect,
+                "/exec/default/missing/main",
+                "command=ls&error=1&output=1",
+            );
+            let (answer, others) = until_removed(&mut tls, id);
+            assert_eq!(String::from_utf8_lossy(&answer), NOT_FOUND);
+            assert_eq!(others, vec![]);
+        }
+        // The kubelet API ends an upgraded stream: its last bytes, then REMOVE_CONNECT.
+        fake_tunnel::connect(
+            &mut tls,
+            24,
+            TunnelType::ExecConnect,
+            "/exec/default/bye/main",
+            "command=true&error=1&output=1",
+        );
+        let (bytes, others) = until_removed(&mut tls, 24);
+        assert_eq!(String::from_utf8_lossy(&bytes), format!("{UPGRADED}bye\n"));
+        assert_eq!(others, vec![]);
+        tls
+    });
+    let tls = tokio::time::timeout(WITHIN * 2, server)
+        .await
+        .unwrap()
+        .unwrap();
+    let closed = kubelet.closed.clone();
+    eventually(
+        "the edge closes the connections the kubelet API kept open",
+        WITHIN,
+        || {
+            let closed = closed.load(Ordering::Acquire);
+            async move { (closed == 3).then_some(()) }
+        },
+    )
+    .await;
+    for line in [
+        r#"edgehive_edgestream_streams_closed_total{reason="not_upgraded"} 3"#,
+        r#"edgehive_edgestream_streams_closed_total{reason="kubelet_closed"} 1"#,
+        "edgehive_edgestream_open_streams 0",
+    ] {
+        assert!(metric(&hive, line), "{line}: {}", hive.metrics().encode());
+    }
+    edge.stop();
+    drop(tls);
+}
+
+#[actix_rt::test]
+async fn attach_and_metrics_reach_the_kubelet_api_and_a_request_that_would_add_a_line_does_not() {
+    use edgehive_protocols::tunnel::TunnelType;
+
+    let (_dir, kubelet, hive, edge, accepted) = edge_for("edge-attach", |_| {});
+    let server = tokio::task::spawn_blocking(move || {
+        let (mut tls, _) = accepted.join().unwrap();
+        fake_tunnel::connect(
+            &mut tls,
+            31,
+            TunnelType::AttachConnect,
+            "/attach/default/echo/main",
+            "error=1&input=1&output=1",
+        );
+        let (_, kind, head) = fake_tunnel::message(&mut tls);
+        assert_eq!(kind, TunnelType::Data);
+        assert_eq!(String::from_utf8_lossy(&head), UPGRADED);
+        fake_tunnel::tunnel(
+            &mut tls,
+            31,
+            TunnelType::Data,
+            b"\0\0\0\x03\0\0\0\x04x\ny\n",
+        );
+        let mut echoed = Vec::new();
+        while echoed.len() < 12 {
+            let (id, kind, data) = fake_tunnel::message(&mut tls);
+            assert_eq!((id, kind), (31, TunnelType::Data));
+            echoed.extend_from_slice(&data);
+        }
+        assert_eq!(&echoed[..], b"\0\0\0\x03\0\0\0\x04x\ny\n");
+        fake_tunnel::tunnel(&mut tls, 31, TunnelType::RemoveConnect, b"");
+        let (id, kind, _) = fake_tunnel::message(&mut tls);
+        assert_eq!((id, kind), (31, TunnelType::RemoveConnect));
+        let mut bodies = Vec::new();
+        for (id, path) in [(32, "/metrics"), (33, "/stats/summary")] {
+            fake_tunnel::connect(&mut tls, id, TunnelType::MetricConnect, path, "");
+            let (body, others) = until_removed(&mut tls, id);
+            assert_eq!(others, vec![]);
+            bodies.push(String::from_utf8(body).unwrap());
+        }
+        // A path the kubelet's metrics do not have, in several forms: REMOVE_CONNECT at once.
+        for (id, path) in [
+            (34, "/metrics/../pods"),
+            (35, "/pods"),
+            (36, "/metrics/x y"),
+        ] {
+            fake_tunnel::connect(&mut tls, id, TunnelType::MetricConnect, path, "");
+            let (body, others) = until_removed(&mut tls, id);
+            assert!(body.is_empty() && others.is_empty(), "{path}");
+        }
+        // exec and attach are written raw: a path, query or header that would add a line to
+        // that request is refused at once, each time and in each place.
+        let injected = "HTTP/1.1\r\nX-Injected: 1\r\n";
+        for round in 0..2u64 {
+            let id = 40 + 10 * round;
+            fake_tunnel::connect(
+                &mut tls,
+                id,
+                TunnelType::ExecConnect,
+                &format!("/exec/default/echo/main {injected}"),
+                "command=ls",
+            );
+            fake_tunnel::connect(
+                &mut tls,
+                id + 1,
+                TunnelType::AttachConnect,
+                "/attach/default/echo/main",
+                &format!("error=1 {injected}"),
+            );
+            let request = edgehive_protocols::tunnel::ConnectRequest {
+                mess_id: id + 2,
+                url: edgehive_protocols::tunnel::GoUrl {
+                    path: "/exec/default/echo/main".into(),
+                    raw_query: "command=ls".into(),
+                    ..Default::default()
+                },
+                header: [("User-Agent".to_owned(), vec![format!("x\r\n{injected}")])].into(),
+                method: Some("POST".into()),
+            };
+            fake_tunnel::tunnel(
+                &mut tls,
+                id + 2,
+                TunnelType::ExecConnect,
+                &request.to_json(),
+            );
+            for id in id..id + 3 {
+                let (body, others) = until_removed(&mut tls, id);
+                assert!(body.is_empty() && others.is_empty(), "{id}");
+            }
+        }
+        (tls, bodies)
+    });
+    let (tls, bodies) = tokio::time::timeout(WITHIN * 2, server)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        bodies,
+        vec!["# metrics of /metrics\n", "# metrics of /stats/summary\n"]
+    );
+    let requests = kubelet.requests.lock().unwrap().clone();
+    assert_eq!(
+        requests,
+        vec![
+            "POST /attach/default/echo/main?error=1&input=1&output=1 HTTP/1.1",
+            "GET /metrics HTTP/1.1",
+            "GET /stats/summary HTTP/1.1",
+        ]
+    );
+    for line in [
+        r#"edgehive_edgestream_refused_total{reason="bad_path"} 7"#,
+        r#"edgehive_edgestream_refused_total{reason="bad_header"} 2"#,
+        r#"edgehive_edgestream_streams_closed_total{reason="body_end"} 2"#,
+        r#"edgehive_edgestream_streams_closed_total{reason="cloud_removed"} 1"#,
+        r#"edgehive_edgestream_bytes_total{direction="to_kubelet"} 12"#,
+    ] {
+        assert!(metric(&hive, line), "{line}: {}", hive.metrics().encode());
+    }
+    edge.stop();
+    drop(tls);
+}
+
+#[actix_rt::test]
+async fn a_kubelet_api_that_never_reads_exec_input_loses_its_stream_not_the_tunnel() {
+    use edgehive_protocols::tunnel::TunnelType;
+
+    let (_dir, kubelet, hive, edge, accepted) = edge_for("edge-deaf", |options| {
+        options.slow_kubelet_timeout = Duration::from_secs(2);
+    });
+    let server = tokio::task::spawn_blocking(move || {
+        let (mut tls, _) = accepted.join().unwrap();
+        // A `logs -f` that keeps going through all of it.
+        fake_tunnel::connect(
+            &mut tls,
+            41,
+            TunnelType::LogsConnect,
+            "/containerLogs/default/ticker/main",
+            "follow=true",
+        );
+        let (id, kind, _) = fake_tunnel::message(&mut tls);
+        assert_eq!((id, kind), (41, TunnelType::Data));
+        fake_tunnel::connect(
+            &mut tls,
+            42,
+            TunnelType::ExecConnect,
+            "/exec/default/deaf/main",
+            "command=cat&error=1&input=1&output=1",
+        );
+        loop {
+            let (id, kind, data) = fake_tunnel::message(&mut tls);
+            if id == 42 {
+                assert_eq!(kind, TunnelType::Data);
+                assert_eq!(String::from_utf8_lossy(&data), UPGRADED);
+                break;
+            }
+        }
+        // 32 MiB of stdin the kubelet API never reads: far beyond the edge's 256 KiB queue
+        // and the sockets' buffers. The edge stops reading the tunnel while the queue is full
+        // (these writes block), for slowKubeletTimeout, then cuts the exec stream and reads on.
+        let started = std::time::Instant::now();
+        let chunk = vec![b'i'; 32 * 1024];
+        for _ in 0..1024 {
+            fake_tunnel::tunnel(&mut tls, 42, TunnelType::Data, &chunk);
+        }
+        // A new request is served at once after that.
+        fake_tunnel::connect(
+            &mut tls,
+            43,
+            TunnelType::LogsConnect,
+            "/containerLogs/default/printer/main",
+            "",
+        );
+        let (logs, others) = until_removed(&mut tls, 43);
+        let waited = started.elapsed();
+        assert_eq!(String::from_utf8_lossy(&logs), "line-1\nline-2\n");
+        assert!(
+            others.contains(&(42, TunnelType::RemoveConnect)),
+            "the exec stream is cut: {others:?}"
+        );
+        // The follow stream is still there: more ticks come.
+        let mut ticks = 0;
+        while ticks < 3 {
+            let (id, kind, _) = fake_tunnel::message(&mut tls);
+            if (id, kind) == (41, TunnelType::Data) {
+                ticks += 1;
+            }
+        }
+        (tls, waited)
+    });
+    let (tls, waited) = tokio::time::timeout(WITHIN * 4, server)
+        .await
+        .unwrap()
+        .unwrap();
+    // The wait is the bound (2 s) plus the transfer, not the kubelet API's whim.
+    assert!(waited < WITHIN * 2, "{waited:?}");
+    kubelet.release.store(true, Ordering::Release);
+    for line in [
+        r#"edgehive_edgestream_streams_closed_total{reason="slow_kubelet"} 1"#,
+        "edgehive_edgestream_connects_total 1",
+        "edgehive_edgestream_open_streams 1",
+    ] {
+        assert!(metric(&hive, line), "{line}: {}", hive.metrics().encode());
+    }
+    edge.stop();
+    drop(tls);
+}
+
+#[actix_rt::test]
+async fn exec_to_a_kubelet_api_that_is_down_gets_a_502_naming_the_setting() {
+    use edgehive_protocols::tunnel::TunnelType;
+
+    // A port nothing listens on any more.
+    let down = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (_dir, _kubelet, hive, edge, accepted) = edge_for("edge-exec-down", |options| {
+        options.kubelet_endpoint = format!("http://{down}");
+    });
+    let server = tokio::task::spawn_blocking(move || {
+        let (mut tls, _) = accepted.join().unwrap();
+        let mut answers = Vec::new();
+        for (id, kind, path) in [
+            (61, TunnelType::ExecConnect, "/exec/default/echo/main"),
+            (62, TunnelType::AttachConnect, "/attach/default/echo/main"),
+            (63, TunnelType::ExecConnect, "/exec/default/echo/main"),
+        ] {
+            fake_tunnel::connect(&mut tls, id, kind, path, "error=1&output=1");
+            let (answer, others) = until_removed(&mut tls, id);
+            assert_eq!(others, vec![]);
+            answers.push(String::from_utf8(answer).unwrap());
+        }
+        (tls, answers)
+    });
+    let (tls, answers) = tokio::time::timeout(WITHIN * 2, server)
+        .await
+        .unwrap()
+        .unwrap();
+    for answer in answers {
+        assert!(
+            answer.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
+            "{answer}"
+        );
+        assert!(
+            answer.contains(&format!(
+                "edgehive edge edge-exec-down: cannot reach the kubelet API at http://{down} (modules.edgeStream.kubeletEndpoint)"
+            )),
+            "{answer}"
+        );
+    }
+    let line = r#"edgehive_edgestream_streams_closed_total{reason="kubelet_unreachable"} 3"#;
+    assert!(metric(&hive, line), "{line}: {}", hive.metrics().encode());
+    edge.stop();
+    drop(tls);
 }

@@ -1,5 +1,6 @@
 //! `modules.edgeStream`: KubeEdge's keys (`enable`, `server`, `handshakeTimeout`,
-//! `readDeadline`, `writeDeadline`, `tlsTunnel*`) and edgehive's `kubeletEndpoint` and limits.
+//! `readDeadline`, `writeDeadline`, `tlsTunnel*`) and edgehive's `kubeletEndpoint` and limits
+//! (`maxStreams`, `slowKubeletTimeout`, `maxMessageBytes`).
 //! The tunnel presents the node certificate edgeHub's certmanager keeps
 //! (`modules.edgeHub.tlsCertFile`, trusted through `tlsCaFile`), so the `tlsTunnel*` files are
 //! accepted and ignored.
@@ -36,8 +37,11 @@ pub struct EdgeStreamConfig {
     /// (edgehive) The kubelet API that requests are replayed to (edgecore: edged's
     /// `http://127.0.0.1:10350`).
     pub kubelet_endpoint: String,
-    /// (edgehive) Streams open at once.
+    /// (edgehive) Streams open at once (logs, exec, attach and metrics together).
     pub max_streams: usize,
+    /// (edgehive) Seconds the cloud's input to an exec or attach stream may wait for the
+    /// kubelet API to read it (the tunnel is not read meanwhile); then that stream is cut.
+    pub slow_kubelet_timeout: u64,
     /// (edgehive) The largest tunnel message accepted from the cloud, in bytes.
     pub max_message_bytes: usize,
 }
@@ -55,6 +59,7 @@ impl Default for EdgeStreamConfig {
             tls_tunnel_private_key_file: "/etc/kubeedge/certs/server.key".into(),
             kubelet_endpoint: "http://127.0.0.1:10350".into(),
             max_streams: 64,
+            slow_kubelet_timeout: 30,
             max_message_bytes: MIB as usize,
         }
     }
@@ -79,6 +84,10 @@ impl EdgeStreamConfig {
             ),
             ("modules.edgeStream.readDeadline", self.read_deadline),
             ("modules.edgeStream.writeDeadline", self.write_deadline),
+            (
+                "modules.edgeStream.slowKubeletTimeout",
+                self.slow_kubelet_timeout,
+            ),
         ] {
             within(key, value, 1..=3600, "seconds")?;
         }
@@ -124,6 +133,7 @@ impl EdgeConfig {
         options.read_deadline = Duration::from_secs(stream.read_deadline);
         options.write_deadline = Duration::from_secs(stream.write_deadline);
         options.max_streams = stream.max_streams;
+        options.slow_kubelet_timeout = Duration::from_secs(stream.slow_kubelet_timeout);
         options.max_message_bytes = stream.max_message_bytes;
         options
     }

@@ -11,6 +11,7 @@ pub mod devicetwin;
 pub mod edged;
 pub mod edgehub;
 pub mod edgestream;
+mod kubelet_http;
 pub mod metamanager;
 pub(crate) mod remote;
 pub mod store;

@@ -180,6 +180,8 @@ struct Setup {
     cloud: CloudProcess,
     edge: EdgeProcess,
     api: awc::Client,
+    /// The API server's TLS client settings, for its raw exec connections.
+    api_tls: rustls::ClientConfig,
     stream_addr: SocketAddr,
 }
 
@@ -226,13 +228,14 @@ async fn setup(
         .unwrap();
     let tls_config = tls::edge_client_config(ca.cert_der(), &api_cert, &key).unwrap();
     let api = awc::Client::builder()
-        .connector(awc::Connector::new().rustls_0_23(Arc::new(tls_config)))
+        .connector(awc::Connector::new().rustls_0_23(Arc::new(tls_config.clone())))
         .disable_timeout()
         .finish();
     Setup {
         cloud,
         edge,
         api,
+        api_tls: tls_config,
         stream_addr,
     }
 }
@@ -1306,4 +1309,84 @@ async fn exec_to_a_kubelet_api_that_is_down_gets_a_502_naming_the_setting() {
     assert!(metric(&hive, line), "{line}: {}", hive.metrics().encode());
     edge.stop();
     drop(tls);
+}
+
+/// `kubectl exec -i` end to end: the API server's SPDY upgrade to edgehive's stream port, the
+/// cloud's EXEC_CONNECT through the node's tunnel, edgehive's edge replaying it to the kubelet
+/// API, whose real `101` comes back to the API server; then stdin bytes go down and the
+/// echoed bytes come back, byte for byte, through both.
+#[actix_rt::test]
+async fn kubectl_exec_goes_through_edgehives_cloud_and_edge_to_the_kubelet_api_and_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::default();
+    let kubelet_addr = kubelet.start();
+    let s = setup(dir.path(), "edge-ex", kubelet_addr, 15).await;
+    let (config, stream_addr) = (s.api_tls.clone(), s.stream_addr);
+    // Bytes of every value, more than a DATA message's worth, as SPDY frames would be.
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let sent = payload.clone();
+    let (head, echoed) = tokio::task::spawn_blocking(move || {
+        let socket = std::net::TcpStream::connect(stream_addr).unwrap();
+        socket.set_read_timeout(Some(WITHIN)).unwrap();
+        socket.set_write_timeout(Some(WITHIN)).unwrap();
+        let connection =
+            rustls::ClientConnection::new(Arc::new(config), "127.0.0.1".try_into().unwrap())
+                .unwrap();
+        let mut tls = rustls::StreamOwned::new(connection, socket);
+        // The API server's request as captured (stream-tunnel-http-vm.jsonl, exec -i).
+        tls.write_all(
+            b"POST /exec/default/echo/main?command=cat&input=1&output=1&error=1 HTTP/1.1\r\n\
+              Host: edge-ex:10351\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: 0\r\n\
+              Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+              X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\
+              X-Stream-Protocol-Version: channel.k8s.io\r\n\r\n",
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8];
+        while !head.ends_with(b"\r\n\r\n") {
+            tls.read_exact(&mut byte).unwrap();
+            head.push(byte[0]);
+            assert!(head.len() < 65536);
+        }
+        let mut echoed = vec![0u8; sent.len()];
+        let (first, second) = sent.split_at(70_000);
+        tls.write_all(first).unwrap();
+        tls.write_all(second).unwrap();
+        tls.flush().unwrap();
+        tls.read_exact(&mut echoed).unwrap();
+        tls.conn.send_close_notify();
+        let _ = tls.flush();
+        (String::from_utf8(head).unwrap(), echoed)
+    })
+    .await
+    .unwrap();
+    assert!(
+        head.starts_with("HTTP/1.1 101 Switching Protocols\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: spdy/3.1"),
+        "{head}"
+    );
+    assert!(
+        echoed == payload,
+        "the echoed bytes differ from what was sent"
+    );
+    assert!(kubelet.requests.lock().unwrap().iter().any(|line| line
+        == "POST /exec/default/echo/main?command=cat&input=1&output=1&error=1 HTTP/1.1"));
+    // The API server left: both sides close the stream.
+    let (cloud_hive, edge_hive) = (s.cloud.hive().clone(), s.edge.hive().clone());
+    eventually("both sides close the exec stream", WITHIN, || {
+        let cloud = cloud_hive.metrics().encode();
+        let edge = edge_hive.metrics().encode();
+        async move {
+            (cloud.contains("edgehive_cloudstream_open_streams 0")
+                && edge.contains("edgehive_edgestream_open_streams 0"))
+            .then_some(())
+        }
+    })
+    .await;
+    s.edge.stop().await;
+    s.cloud.stop().await;
 }

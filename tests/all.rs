@@ -12,6 +12,7 @@ mod cloudstream;
 mod delivery_faults;
 mod deploy;
 mod devices_end_to_end;
+mod dynamiccontroller;
 mod edge_api;
 mod edge_autonomy;
 mod edge_rss;

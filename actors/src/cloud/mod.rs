@@ -18,6 +18,7 @@ pub mod cloudstream;
 pub mod cluster;
 pub mod contract;
 pub mod devicecontroller;
+pub mod dynamiccontroller;
 pub mod edgecontroller;
 pub(crate) mod outbox;
 pub mod synccontroller;

@@ -199,10 +199,12 @@ fn carries_object(kind: &ResourceType, operation: Option<&Operation>) -> bool {
 }
 
 /// The bound key a message the node has just ACKed grants it: only a controller's push of an
-/// object (`insert` or `update`, not a reply) does. Replies and refusals name whatever the
+/// object (`insert` or `update`, not a reply, nor a watch's push, which the node was allowed
+/// to see by DynamicController's own rules) does. Replies and refusals name whatever the
 /// node asked about, so a queued or even ACKed reply grants nothing.
 pub(super) fn binds(acked: &crate::cloud::contract::NodeMessage) -> Option<String> {
     if acked.is_response()
+        || !acked.is_tracked()
         || !matches!(
             acked.operation(),
             Some(Operation::Insert | Operation::Update)

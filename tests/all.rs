@@ -28,6 +28,7 @@ mod node_module;
 mod processes;
 mod security_admin;
 mod security_config;
+mod security_dynamiccontroller;
 mod security_network;
 mod security_node;
 mod status_page;

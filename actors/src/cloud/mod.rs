@@ -1,6 +1,7 @@
 //! Cloud-side modules: [`cloudhub`] (the WebSocket server, one actor per edge node),
 //! [`edgecontroller`] (cluster changes -> messages for edge nodes; edge requests -> the
-//! cluster), [`devicecontroller`] (devices and twins), the [`cluster`] they read through one
+//! cluster), [`devicecontroller`] (devices and twins), [`dynamiccontroller`] (an edge
+//! MetaServer's reads), the [`cluster`] they read through one
 //! port, and what they share: [`contract`] (the typed messages between them, the beehive
 //! messages they send and the routing table), `outbox` (how a controller hands messages to
 //! CloudHub) and [`watcher`] (how each follows a kind of the cluster).

@@ -294,7 +294,8 @@ pub(crate) struct ResyncNode {
 /// No ACK, as in KubeEdge's cloudhub, if any of: the resource mentions `podlist`,
 /// `membership`, `twin/cloud_updated`, `serviceaccounttoken` or `k8s/ca.crt`; the operation is
 /// a CSI volume operation or `applicationResponse`; the group is `user`; the source is
-/// `taskmanager` or `nodeupgradejobcontroller`; it is a `response` whose content is the string
+/// `taskmanager` or `nodeupgradejobcontroller`; the resource is DynamicController's
+/// `ignore/Application/ignore`; it is a `response` whose content is the string
 /// `"OK"`; or the source is `edgecontroller` and the resource type is node (unless the
 /// operation is update), lease, nodepatch, podpatch, podstatus, certificatesigningrequest, or
 /// pod with operation `response`. (KubeEdge also treats a response carrying a Go error as
@@ -309,6 +310,11 @@ pub(crate) fn needs_ack(message: &Message) -> bool {
     ];
     let resource = message.resource();
     if NO_ACK_RESOURCES.iter().any(|part| resource.contains(part)) {
+        return false;
+    }
+    // DynamicController's answers, also its `error` to content that is no Application
+    // (edgehive's; KubeEdge sends none).
+    if resource.ends_with(edgehive_protocols::application::APPLICATION_RESPONSE_RESOURCE) {
         return false;
     }
     let operation = message.operation();

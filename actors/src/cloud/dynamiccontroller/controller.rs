@@ -301,6 +301,9 @@ impl DynamicController {
 
     /// A new connection of `node` ends what older ones registered.
     fn note_session(&mut self, node: &str, session: u64) {
+        if session == 0 {
+            return; // an extension's envelope: no connection
+        }
         let stale = self
             .nodes
             .get(node)

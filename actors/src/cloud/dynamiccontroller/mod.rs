@@ -1,17 +1,17 @@
 //! DynamicController (module and group `dynamiccontroller`): the cloud side of KubeEdge's
 //! MetaServer. An edge's MetaServer sends its Kubernetes reads (list, get, watch) as
 //! `Application`s over the CloudHub link; CloudHub types them once
-//! ([`contract::application`](crate::cloud::contract::application)) and tells this module,
+//! (`contract::application`) and tells this module,
 //! which answers through the same link (docs/metaserver.md).
 //!
 //! - list and get run against the [`ClusterPort`](crate::cloud::cluster::ClusterPort) and
 //!   are answered `Approved` with the API server's JSON (a List, one object), or `Rejected`
 //!   with a Kubernetes Status; `/version` and `/healthz` too.
-//! - a node reads only what [`policy`] lets it (its Node, its pods, what they use, the
+//! - a node reads only what `policy` lets it (its Node, its pods, what they use, the
 //!   resources an operator allows); the rest is refused 403, writes 405, all counted in
 //!   `edgehive_dynamiccontroller_refused_total{reason}`.
 //! - a watch is answered at once and registered; the node is then pushed the current objects
-//!   and each change ([`watches`]), through the controllers' outbox.
+//!   and each change (`watches`), through the controllers' outbox.
 //!
 //! Files, bottom first: `metrics`, `resources`, `selector` → `policy` → `watches` →
 //! `controller` → `mod.rs`.

@@ -95,7 +95,7 @@ fn to_dynamic_controller(
         },
         Typed::Sync(sync) => match hub.hive.tell(name, sync) {
             Ok(()) => return None,
-            Err(refused) => (refused.error, refused.message.answer()),
+            Err(refused) => (refused.error, refused.message.answer(serde_json::json!({}))),
         },
         Typed::Unparsed(unparsed) => match hub.hive.tell(name, unparsed) {
             Ok(()) => return None,

@@ -147,22 +147,26 @@ impl ApplicationRequest {
 }
 
 impl WatchSync {
-    /// The IDs of the watches the edge still holds: the keys of the content's map of
-    /// applications (`{}`: none). Content that is not such a map names none.
-    pub(crate) fn watches(&self) -> std::collections::HashSet<String> {
+    /// The watch applications the edge holds, by ID (the content's map; `{}`: none); an
+    /// entry that does not read as an `Application` is `None`. Content that is not such a
+    /// map names none.
+    pub(crate) fn applications(&self) -> std::collections::BTreeMap<String, Option<Application>> {
         let content = match &self.message.content {
             Value::String(text) => serde_json::from_str(text).unwrap_or(Value::Null),
             content => content.clone(),
         };
-        content
-            .as_object()
-            .map(|map| map.keys().cloned().collect())
-            .unwrap_or_default()
+        let Value::Object(map) = content else {
+            return Default::default();
+        };
+        map.into_iter()
+            .map(|(id, app)| (id, serde_json::from_value(app).ok()))
+            .collect()
     }
 
-    /// The answer: `{}` on `watchapp/sync`.
-    pub(crate) fn answer(&self) -> Message {
-        application_reply(&self.message, &self.node, WATCH_SYNC_RESOURCE, json!({}))
+    /// The answer on `watchapp/sync`: the watch applications that could not be registered,
+    /// by ID, each `Rejected` (`{}` when none, as the capture shows).
+    pub(crate) fn answer(&self, failed: Value) -> Message {
+        application_reply(&self.message, &self.node, WATCH_SYNC_RESOURCE, failed)
     }
 }
 
@@ -271,7 +275,8 @@ mod tests {
         let Typed::Sync(sync) = Typed::from_message("vm", 1, golden(124)) else {
             panic!("not a sync");
         };
-        let wire = edge_form(sync.answer());
+        assert!(sync.applications().is_empty());
+        let wire = edge_form(sync.answer(json!({})));
         let captured = serde_json::to_value(golden(125)).unwrap();
         assert_eq!(wire["route"], captured["route"]);
         assert_eq!(wire["content"], json!({}));

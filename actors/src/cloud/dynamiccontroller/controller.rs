@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use base64::Engine as _;
-use edgehive_protocols::application::{ApplicationKey, Verb};
+use edgehive_protocols::application::{Application, ApplicationKey, Verb};
 use edgehive_protocols::object::meta_str;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
@@ -140,9 +140,7 @@ fn parse_continue(token: &str) -> Option<(String, String)> {
 
 impl DynamicController {
     /// Decides `application` from `node`: a plan, or why it is refused.
-    fn plan(&self, request: &ApplicationRequest) -> Result<Plan, Refusal> {
-        let node = request.node.as_str();
-        let app = &request.application;
+    fn plan(&self, node: &str, app: &Application) -> Result<Plan, Refusal> {
         let verb = verb_name(app.verb);
         if !app.nodename.is_empty() && app.nodename != node {
             return Err(Refusal::forbidden(
@@ -329,37 +327,49 @@ impl DynamicController {
         }
     }
 
-    fn subscribe(&mut self, request: &ApplicationRequest, subscription: Subscription) {
-        let node = request.node.clone();
-        let watches = self.nodes.entry(node.clone()).or_default();
-        watches.session = request.session;
-        if !watches.ids.contains(&subscription.id) && watches.ids.len() >= self.max_watches {
-            let limit = self.max_watches;
-            return self.refuse(
-                request,
-                Refusal::other(
-                    429,
-                    "TooManyRequests",
-                    "watch_limit",
-                    format!("node {node:?} has {limit} watches open (modules.dynamicController.maxWatchesPerNode)"),
-                ),
-            );
+    /// Registers `subscription` of `node`'s connection `session`, within the node's bound.
+    fn register(
+        &mut self,
+        node: &str,
+        session: u64,
+        subscription: Subscription,
+    ) -> Result<(), Refusal> {
+        let limit = self.max_watches;
+        let watches = self.nodes.entry(node.to_owned()).or_default();
+        watches.session = session;
+        if !watches.ids.contains(&subscription.id) && watches.ids.len() >= limit {
+            return Err(Refusal::other(
+                429,
+                "TooManyRequests",
+                "watch_limit",
+                format!("node {node:?} has {limit} watches open (modules.dynamicController.maxWatchesPerNode)"),
+            ));
         }
         let id = subscription.id.clone();
         if !self.command(Command::Subscribe(subscription)) {
-            return self.refuse(
-                request,
-                Refusal::other(
-                    503,
-                    "ServiceUnavailable",
-                    "busy",
-                    "the cloud's dynamicController is busy; try again".into(),
-                ),
-            );
+            return Err(Refusal::other(
+                503,
+                "ServiceUnavailable",
+                "busy",
+                "the cloud's dynamicController is busy; try again".into(),
+            ));
         }
-        self.nodes.entry(node).or_default().ids.insert(id);
-        self.metrics.answered("watch", true);
-        self.reply(request.approved(Vec::new()));
+        self.nodes
+            .entry(node.to_owned())
+            .or_default()
+            .ids
+            .insert(id);
+        Ok(())
+    }
+
+    fn subscribe(&mut self, request: &ApplicationRequest, subscription: Subscription) {
+        match self.register(&request.node, request.session, subscription) {
+            Ok(()) => {
+                self.metrics.answered("watch", true);
+                self.reply(request.approved(Vec::new()));
+            }
+            Err(refusal) => self.refuse(request, refusal),
+        }
     }
 }
 
@@ -479,7 +489,7 @@ impl Handler<ApplicationRequest> for DynamicController {
 
     fn handle(&mut self, request: ApplicationRequest, _: &mut Context<Self>) {
         self.note_session(&request.node, request.session);
-        let plan = match self.plan(&request) {
+        let plan = match self.plan(&request.node, &request.application) {
             Ok(plan) => plan,
             Err(refusal) => return self.refuse(&request, refusal),
         };
@@ -529,23 +539,67 @@ impl Handler<ApplicationRequest> for DynamicController {
 impl Handler<WatchSync> for DynamicController {
     type Result = ();
 
+    /// The edge's whole set of watch applications, by ID: the node keeps exactly those. A
+    /// watch the cloud does not hold (after a reconnect, a restart) is registered as a new
+    /// watch application would be; the answer maps the ones refused to their `Rejected`
+    /// application (`{}`: none).
     fn handle(&mut self, sync: WatchSync, _: &mut Context<Self>) {
-        self.note_session(&sync.node, sync.session);
-        // The edge's open watches, by application ID: the node keeps only those.
-        let keep: HashSet<String> = sync.watches();
-        if let Some(watches) = self.nodes.get_mut(&sync.node) {
+        let node = sync.node.clone();
+        self.note_session(&node, sync.session);
+        let applications = sync.applications();
+        let keep: HashSet<String> = applications.keys().cloned().collect();
+        if let Some(watches) = self.nodes.get_mut(&node) {
+            let before = watches.ids.len();
             watches.ids.retain(|id| keep.contains(id));
-            let ids = watches.ids.clone();
-            if ids.is_empty() {
-                self.nodes.remove(&sync.node);
+            if watches.ids.len() != before {
+                let ids = watches.ids.clone();
+                self.command(Command::Keep {
+                    node: node.clone(),
+                    ids,
+                });
             }
-            self.command(Command::Keep {
-                node: sync.node.clone(),
-                ids,
-            });
         }
-        self.metrics.answered("watchsync", true);
-        self.reply(sync.answer());
+        let mut failed = serde_json::Map::new();
+        for (id, application) in applications {
+            let held = self
+                .nodes
+                .get(&node)
+                .is_some_and(|watches| watches.ids.contains(&id));
+            if held {
+                continue;
+            }
+            let Some(mut application) = application else {
+                self.metrics
+                    .refused("malformed", &node, "a watch application that does not read");
+                continue;
+            };
+            application.id = id.clone();
+            let registered = match self.plan(&node, &application) {
+                Ok(Plan::Watch(subscription)) => self.register(&node, sync.session, subscription),
+                Ok(_) => Err(bad_request("malformed", "not a watch application".into())),
+                Err(refusal) => Err(refusal),
+            };
+            if let Err(refusal) = registered {
+                self.metrics.refused(refusal.label, &node, &refusal.message);
+                let rejected = application.rejected(status(
+                    refusal.code,
+                    refusal.reason,
+                    &refusal.message,
+                    "",
+                    "",
+                ));
+                failed.insert(id, serde_json::to_value(rejected).unwrap_or(Value::Null));
+            }
+        }
+        if self
+            .nodes
+            .get(&node)
+            .is_some_and(|watches| watches.ids.is_empty())
+        {
+            self.nodes.remove(&node);
+        }
+        self.metrics.answered("watchsync", failed.is_empty());
+        self.reply(sync.answer(Value::Object(failed)));
     }
 }
 

@@ -431,11 +431,12 @@ async fn run(
                 .list(resource.kind)
                 .await
                 .map_err(|err| cluster_status(&err, resource.plural, ""))?;
+            let judge = policy.judge(&node, scope);
             let mut items: Vec<((String, String), Value)> = items
                 .into_iter()
                 .filter(|obj| namespace.is_empty() || meta_str(obj, "namespace") == namespace)
                 .filter(|obj| labels.matches(obj) && fields.matches(obj))
-                .filter(|obj| policy.visible(&node, scope, obj))
+                .filter(|obj| judge.visible(obj))
                 .map(|obj| {
                     let key = (
                         meta_str(&obj, "namespace").to_owned(),

@@ -164,3 +164,114 @@ impl Policy {
         }
     }
 }
+
+/// [`Policy::visible`] for many objects of one resource, with what the node's pods use read
+/// once ([`BindingView::used_on_node`]) instead of once per object.
+pub(super) struct Judge<'a> {
+    policy: &'a Policy,
+    node: &'a str,
+    scope: Scope,
+    used: HashSet<(&'static str, String, String)>,
+}
+
+impl Policy {
+    /// A [`Judge`] of `node`'s view of a resource it sees by `scope`.
+    pub(super) fn judge<'a>(&'a self, node: &'a str, scope: Scope) -> Judge<'a> {
+        let used = match scope {
+            Scope::UsedBy(_) | Scope::ServiceAccounts => self.view.used_on_node(node),
+            _ => HashSet::new(),
+        };
+        Judge {
+            policy: self,
+            node,
+            scope,
+            used,
+        }
+    }
+}
+
+impl Judge<'_> {
+    /// Whether the node sees `obj` (as [`Policy::visible`]).
+    pub(super) fn visible(&self, obj: &Value) -> bool {
+        let key = |kind: &'static str| {
+            (
+                kind,
+                meta_str(obj, "namespace").to_owned(),
+                meta_str(obj, "name").to_owned(),
+            )
+        };
+        match self.scope {
+            Scope::UsedBy(kind) => self.used.contains(&key(kind)),
+            Scope::ServiceAccounts => self.used.contains(&key("serviceaccount")),
+            scope => self.policy.visible(self.node, scope, obj),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::cluster::EmbeddedCluster;
+    use serde_json::json;
+
+    #[test]
+    fn a_node_sees_its_own_and_what_its_pods_use_one_by_one_and_in_a_list_alike() {
+        let cluster = EmbeddedCluster::new();
+        cluster
+            .create(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"nodeName": "edge-1", "serviceAccountName": "runner",
+                    "containers": [{"name": "c", "image": "i",
+                        "envFrom": [{"secretRef": {"name": "db"}}]}],
+                    "volumes": [{"name": "v", "configMap": {"name": "conf"}}]}}))
+            .unwrap();
+        let policy = Policy::new(&["services".into()], Arc::new(cluster)).unwrap();
+        let object = |ns: &str, name: &str| json!({"metadata": {"namespace": ns, "name": name}});
+        let pod = |node: &str| json!({"metadata": {"namespace": "default", "name": "p"}, "spec": {"nodeName": node}});
+        let cases = [
+            ("edge-1", "", "configmaps", object("default", "conf"), true),
+            ("edge-1", "", "configmaps", object("other", "conf"), false),
+            ("edge-2", "", "configmaps", object("default", "conf"), false),
+            ("edge-1", "", "secrets", object("default", "db"), true),
+            ("edge-1", "", "secrets", object("default", "conf"), false),
+            (
+                "edge-1",
+                "",
+                "serviceaccounts",
+                object("default", "runner"),
+                true,
+            ),
+            (
+                "edge-1",
+                "",
+                "serviceaccounts",
+                object("default", "default"),
+                false,
+            ),
+            ("edge-1", "", "nodes", object("", "edge-1"), true),
+            ("edge-1", "", "nodes", object("", "edge-2"), false),
+            ("edge-1", "", "pods", pod("edge-1"), true),
+            ("edge-1", "", "pods", pod("edge-2"), false),
+            ("edge-2", "", "services", object("kube-system", "dns"), true),
+        ];
+        for (node, group, plural, obj, seen) in cases {
+            let scope = policy.scope(group, plural).unwrap();
+            assert_eq!(
+                policy.visible(node, scope, &obj),
+                seen,
+                "{node} {plural} {obj}"
+            );
+            assert_eq!(
+                policy.judge(node, scope).visible(&obj),
+                seen,
+                "{node} {plural} {obj}"
+            );
+        }
+        assert_eq!(policy.scope("", "leases"), None);
+        assert_eq!(
+            policy.scope("rbac.authorization.k8s.io", "clusterroles"),
+            None
+        );
+        assert_eq!(policy.scope("", "services"), Some(Scope::All));
+    }
+}

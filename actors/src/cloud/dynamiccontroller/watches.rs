@@ -50,11 +50,11 @@ pub(super) struct Subscription {
 }
 
 impl Subscription {
-    fn selects(&self, policy: &Policy, obj: &Value) -> bool {
+    /// Whether the watch selects `obj` (namespace, selectors), whoever may see it.
+    fn matches(&self, obj: &Value) -> bool {
         (self.namespace.is_empty() || meta_str(obj, "namespace") == self.namespace)
             && self.labels.matches(obj)
             && self.fields.matches(obj)
-            && policy.visible(&self.node, self.scope, obj)
     }
 }
 
@@ -195,8 +195,9 @@ impl WatchHub {
         };
         if state.synced {
             // The current objects it selects, as the watch's start.
+            let judge = self.policy.judge(&subscription.node, subscription.scope);
             for obj in state.objects.values() {
-                if subscription.selects(&self.policy, obj) {
+                if subscription.matches(obj) && judge.visible(obj) {
                     let push = watch_push(&subscription.node, Operation::Insert, obj);
                     if let Some(push) = ToNodes::untracked(push) {
                         self.metrics.pushes.inc();
@@ -251,15 +252,21 @@ impl WatchHub {
         if object["kind"].as_str().unwrap_or_default().is_empty() {
             object["kind"] = Value::from(kind);
         }
-        let mut told = HashSet::new();
+        // Each node is judged once per change, however many of its watches select it.
+        let mut judged: HashMap<&str, bool> = HashMap::new();
         for subscription in state.subscriptions.values() {
-            if told.contains(&subscription.node) || !subscription.selects(&self.policy, &object) {
+            let node = subscription.node.as_str();
+            if judged.contains_key(node) || !subscription.matches(&object) {
+                continue;
+            }
+            let visible = self.policy.visible(node, subscription.scope, &object);
+            judged.insert(node, visible);
+            if !visible {
                 continue;
             }
             if object["apiVersion"].as_str().unwrap_or_default().is_empty() {
                 object["apiVersion"] = Value::from(subscription.resource.api_version());
             }
-            told.insert(subscription.node.clone());
             let push = watch_push(&subscription.node, operation.clone(), &object);
             if let Some(push) = ToNodes::untracked(push) {
                 self.metrics.pushes.inc();

@@ -12,7 +12,9 @@
 //! resending until it is ACKed; the ACK becomes the node's ObjectSync record.
 //!
 //! Sibling modules never import each other: they share only `contract`, `outbox`, `cluster`,
-//! [`watcher`] (the one list→watch→relist machinery) and the hive.
+//! [`watcher`] (the one list→watch→relist machinery) and the hive; CloudHub alone is read by
+//! others, for what it defines once (`cloudstream` its connection gates, `dynamiccontroller`
+//! its `BindingView` of what is bound to a node), and imports none of them.
 
 pub mod cloudhub;
 pub mod cloudstream;

@@ -19,6 +19,7 @@ use edgehive_actors::cloud::cloudhub::{
 use edgehive_actors::cloud::cluster::kube::{KubeCluster, DEVICE_KINDS};
 use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster, SharedCluster};
 use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
+use edgehive_actors::cloud::dynamiccontroller::DynamicControllerModule;
 use edgehive_actors::cloud::edgecontroller::EdgeControllerModule;
 use edgehive_actors::cloud::synccontroller::{
     SyncControllerModule, SyncView, SYNCCONTROLLER_MODULE,
@@ -221,7 +222,7 @@ impl CloudProcess {
                 CertServer::start(
                     tls,
                     &hub_config.cert_server_options(hub.gate_metrics()),
-                    Some(view),
+                    Some(view.clone()),
                 )
                 .context("cannot start the certificate server")?,
             ),
@@ -233,6 +234,17 @@ impl CloudProcess {
         }
         if config.modules.device_controller.enable {
             hive.start_module(DeviceControllerModule::new(&hive, cluster.clone()))?;
+        }
+        let dynamic = &config.modules.dynamic_controller;
+        if dynamic.enable {
+            // It judges what a node may read by CloudHub's view of the bindings.
+            let module = DynamicControllerModule::new(
+                &hive,
+                cluster.clone(),
+                view.clone(),
+                &dynamic.options(),
+            )?;
+            hive.start_module(module)?;
         }
         let sync = &config.modules.sync_controller;
         // SyncController on a thread of its own: its record writes (SQLite commits on the

@@ -128,6 +128,44 @@ async fn get_finds_objects_and_maps_404_to_not_found() {
     assert_eq!(err.status(), 422, "{err}");
 }
 
+/// What DynamicController reads for an edge's MetaServer: `/version` as the API server
+/// answers it, and Services, Endpoints and EndpointSlices at their paths.
+#[tokio::test]
+async fn version_and_the_metaserver_kinds_are_read_where_the_api_server_serves_them() {
+    let (cluster, mut handle) = mock_cluster();
+    let call = tokio::spawn(cluster.version());
+    let sent = answer(
+        &mut handle,
+        200,
+        json!({"major": "1", "minor": "31", "gitVersion": "v1.31.14", "gitCommit": "abc",
+               "gitTreeState": "clean", "buildDate": "2026-11-25T15:11:16Z",
+               "goVersion": "go1.23.9", "compiler": "gc", "platform": "linux/amd64"}),
+    )
+    .await;
+    assert_eq!(sent.path, "/version");
+    let version = call.await.unwrap().unwrap();
+    assert_eq!(version["gitVersion"], "v1.31.14");
+    assert_eq!(version["minor"], "31");
+
+    for (kind, path) in [
+        ("Service", "/api/v1/services"),
+        ("Endpoints", "/api/v1/endpoints"),
+        ("EndpointSlice", "/apis/discovery.k8s.io/v1/endpointslices"),
+    ] {
+        let call = tokio::spawn(cluster.list(kind));
+        let sent = answer(
+            &mut handle,
+            200,
+            json!({"metadata": {"resourceVersion": "9"},
+                   "items": [{"metadata": {"name": "web", "namespace": "default"}}]}),
+        )
+        .await;
+        assert_eq!(sent.path, path);
+        let (items, rv) = call.await.unwrap().unwrap();
+        assert_eq!((rv.as_str(), items[0]["kind"].as_str()), ("9", Some(kind)));
+    }
+}
+
 #[tokio::test]
 async fn list_returns_every_item_with_its_kind_and_the_list_version() {
     let (cluster, mut handle) = mock_cluster();

@@ -36,7 +36,6 @@ impl Schema for CloudConfig {
         "modules.edgeController.load",
         "modules.deviceController.buffer",
         "modules.deviceController.load",
-        "modules.dynamicController",
         "modules.taskManager",
         // Both CloudStream ports use the cloud's CA and server certificate (cloud_stream.rs).
         "modules.cloudStream.tlsStreamCertFile",
@@ -187,6 +186,17 @@ impl Validate for CloudConfig {
             1..=MAX_EVENT_TTL_SECS,
             "seconds",
         )?;
+        let dynamic = &self.modules.dynamic_controller;
+        within(
+            "modules.dynamicController.maxWatchesPerNode",
+            dynamic.max_watches_per_node as u64,
+            1..=10_000,
+            "watches",
+        )?;
+        for entry in &dynamic.allowed_resources {
+            edgehive_actors::cloud::dynamiccontroller::check_allowed_resource(entry)
+                .map_err(|message| ("modules.dynamicController.allowedResources", message))?;
+        }
         let hub = &self.modules.cloud_hub;
         within(
             "modules.cloudHub.certRequestTimeout",
@@ -504,8 +514,45 @@ pub struct CloudModules {
     pub device_controller: Enable,
     /// `modules.syncController`.
     pub sync_controller: SyncControllerConfig,
+    /// `modules.dynamicController`.
+    pub dynamic_controller: DynamicControllerConfig,
     /// `modules.cloudStream`.
     pub cloud_stream: super::CloudStreamConfig,
+}
+
+/// `modules.dynamicController`: answers edges' MetaServer reads (docs/metaserver.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DynamicControllerConfig {
+    /// Whether the module is started (KubeEdge's key).
+    pub enable: bool,
+    /// Resources every node may list, get and watch whole, as kubectl spells them
+    /// (`services`, `endpointslices.discovery.k8s.io`) (edgehive).
+    pub allowed_resources: Vec<String>,
+    /// Most watches one node may hold open (edgehive).
+    pub max_watches_per_node: usize,
+}
+
+impl Default for DynamicControllerConfig {
+    fn default() -> Self {
+        let options =
+            edgehive_actors::cloud::dynamiccontroller::DynamicControllerOptions::default();
+        DynamicControllerConfig {
+            enable: true,
+            allowed_resources: options.allowed_resources,
+            max_watches_per_node: options.max_watches_per_node,
+        }
+    }
+}
+
+impl DynamicControllerConfig {
+    /// The module's options.
+    pub fn options(&self) -> edgehive_actors::cloud::dynamiccontroller::DynamicControllerOptions {
+        edgehive_actors::cloud::dynamiccontroller::DynamicControllerOptions {
+            allowed_resources: self.allowed_resources.clone(),
+            max_watches_per_node: self.max_watches_per_node,
+        }
+    }
 }
 
 /// `modules.syncController`.

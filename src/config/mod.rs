@@ -634,6 +634,35 @@ mod tests {
     }
 
     #[test]
+    fn dynamic_controller_keys_are_read_and_checked() {
+        let config = cloud(
+            "modules:\n  dynamicController:\n    enable: false\n    allowedResources: [services, leases.coordination.k8s.io]\n    maxWatchesPerNode: 5\n",
+        )
+        .unwrap();
+        let dynamic = &config.modules.dynamic_controller;
+        assert!(!dynamic.enable);
+        assert_eq!(
+            dynamic.allowed_resources,
+            ["services", "leases.coordination.k8s.io"]
+        );
+        assert_eq!(dynamic.max_watches_per_node, 5);
+        let error = cloud("modules:\n  dynamicController:\n    allowedResources: [Secrets]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("cloud.yaml: modules.dynamicController.allowedResources: "),
+            "{error}"
+        );
+        let error = cloud("modules:\n  dynamicController:\n    maxWatchesPerNode: 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("cloud.yaml: modules.dynamicController.maxWatchesPerNode: "),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn wrong_type_names_file_key_and_expectation() {
         let error = cloud("modules:\n  cloudHub:\n    nodeLimit: lots\n")
             .unwrap_err()

@@ -54,6 +54,10 @@ pub trait BindingView: Send + Sync + 'static {
     /// How many pods bound to `node` the node created itself (mirror pods: annotated
     /// [`MIRROR_ANNOTATION`](edgehive_protocols::object::MIRROR_ANNOTATION)), for the per-node quota.
     fn mirror_pods_on_node(&self, node: &str) -> usize;
+    /// What the pods bound to `node` use, read once to judge a whole list: `("configmap" |
+    /// "secret" | "serviceaccount", namespace, name)`, by the same rules as
+    /// [`BindingView::referenced_on_node`] and [`BindingView::service_account_on_node`].
+    fn used_on_node(&self, node: &str) -> HashSet<(&'static str, String, String)>;
     /// The node Device `namespace/name` is bound to (`spec.nodeName`), if the view follows
     /// devices; otherwise only devices the cloud sent to the node count as its own.
     fn device_node(&self, namespace: &str, name: &str) -> Option<String> {
@@ -115,9 +119,33 @@ impl BindingView for EmbeddedCluster {
         })
     }
 
+    fn used_on_node(&self, node: &str) -> HashSet<(&'static str, String, String)> {
+        let (pods, _) = self.list("Pod");
+        let mut used = HashSet::new();
+        for pod in pods.iter().filter(|pod| pod["spec"]["nodeName"] == node) {
+            pod_uses(pod, &mut used);
+        }
+        used
+    }
+
     fn device_node(&self, namespace: &str, name: &str) -> Option<String> {
         let device = self.get("Device", Some(namespace), name)?;
         device["spec"]["nodeName"].as_str().map(str::to_owned)
+    }
+}
+
+/// Adds what `pod` uses to `used` ([`BindingView::used_on_node`]'s entries).
+pub(super) fn pod_uses(pod: &Value, used: &mut HashSet<(&'static str, String, String)>) {
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+    for (kind, name) in object::pod_references(pod) {
+        let kind = match kind {
+            RefKind::ConfigMap => "configmap",
+            RefKind::Secret => "secret",
+        };
+        used.insert((kind, namespace.to_owned(), name));
+    }
+    if let Some(account) = service_account_of(pod) {
+        used.insert(("serviceaccount", namespace.to_owned(), account.to_owned()));
     }
 }
 
@@ -199,10 +227,12 @@ fn carries_object(kind: &ResourceType, operation: Option<&Operation>) -> bool {
 }
 
 /// The bound key a message the node has just ACKed grants it: only a controller's push of an
-/// object (`insert` or `update`, not a reply) does. Replies and refusals name whatever the
+/// object (`insert` or `update`, not a reply, nor a watch's push, which the node was allowed
+/// to see by DynamicController's own rules) does. Replies and refusals name whatever the
 /// node asked about, so a queued or even ACKed reply grants nothing.
 pub(super) fn binds(acked: &crate::cloud::contract::NodeMessage) -> Option<String> {
     if acked.is_response()
+        || !acked.is_tracked()
         || !matches!(
             acked.operation(),
             Some(Operation::Insert | Operation::Update)

@@ -9,16 +9,18 @@ use std::sync::Arc;
 use edgehive_protocols::{prefix_for_cloud, Group, Message, ModuleName};
 
 use super::context::HubContext;
+use crate::cloud::contract::application::{self, Typed};
 use crate::cloud::contract::request::EdgeRequest;
 use crate::cloud::contract::twin::TwinRequest;
 use crate::cloud::contract::{route, NodeMessage};
 use crate::hive::{GroupDelivery, HiveError};
 
-/// Routes `message` from `node` (resource in edge form) to its owner. Returns the reply when
-/// CloudHub answers the request itself.
+/// Routes `message` from `node`'s connection `session` (resource in edge form) to its owner.
+/// Returns the reply when CloudHub answers the request itself.
 pub(crate) fn upstream(
     hub: &HubContext,
     node: &str,
+    session: u64,
     mut message: Message,
 ) -> Option<Arc<NodeMessage>> {
     if message.resource() == "k8s/ca.crt" {
@@ -47,6 +49,9 @@ pub(crate) fn upstream(
             route::DEVICECONTROLLER,
             TwinRequest::from_message(message),
         ),
+        route::Destination::DynamicController => {
+            return to_dynamic_controller(hub, node, session, message);
+        }
         route::Destination::Module(name) => hub.hive.send(name, message).map(|()| None),
         route::Destination::Group(group) => hub.hive.send_to_group(group, message).map(Some),
     };
@@ -64,6 +69,45 @@ pub(crate) fn upstream(
         hub.metrics.drop_reason(reason);
     }
     None
+}
+
+/// A MetaServer's application, typed once, to DynamicController. When it does not run (not
+/// enabled) or cannot take it (its mailbox is full), a request is answered `Rejected` with a
+/// 503 Status at once, so the edge does not wait for its timeout.
+fn to_dynamic_controller(
+    hub: &HubContext,
+    node: &str,
+    session: u64,
+    message: Message,
+) -> Option<Arc<NodeMessage>> {
+    let name = route::DYNAMICCONTROLLER;
+    let (error, answer) = match Typed::from_message(node, session, message) {
+        Typed::Request(request) => match hub.hive.tell(name, *request) {
+            Ok(()) => return None,
+            Err(refused) => {
+                let text = match refused.error {
+                    HiveError::UnknownModule(_) => "the cloud's dynamicController is not enabled (modules.dynamicController.enable)".to_owned(),
+                    ref other => format!("the cloud's dynamicController cannot take the request: {other}"),
+                };
+                let status = application::status(503, "ServiceUnavailable", &text, "", "");
+                (refused.error, refused.message.rejected(status))
+            }
+        },
+        Typed::Sync(sync) => match hub.hive.tell(name, sync) {
+            Ok(()) => return None,
+            Err(refused) => (refused.error, refused.message.answer(serde_json::json!({}))),
+        },
+        Typed::Unparsed(unparsed) => match hub.hive.tell(name, unparsed) {
+            Ok(()) => return None,
+            Err(refused) => (refused.error, refused.message.answer()),
+        },
+    };
+    tracing::debug!(%node, error = %error, "application not delivered to dynamiccontroller; answered by CloudHub");
+    hub.metrics.drop_reason(match error {
+        HiveError::UnknownGroup(_) | HiveError::UnknownModule(_) => "no_route",
+        _ => "route_unavailable",
+    });
+    Some(NodeMessage::no_ack(&answer))
 }
 
 /// Tells module `name` the typed request, or what could not be typed.

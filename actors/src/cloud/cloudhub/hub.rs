@@ -216,9 +216,9 @@ impl CloudHub {
         let hub = &self.shared.hub;
         // Nodes whose pool now holds (a newer version of) an object: SyncController records
         // them, also for offline nodes (see `Queued`).
-        let record = message
-            .object()
-            .filter(|_| message.lane() == Lane::Ack && !message.is_deleting());
+        let record = message.object().filter(|_| {
+            message.lane() == Lane::Ack && !message.is_deleting() && message.is_tracked()
+        });
         let bound = auth::bound_key(message.resource());
         let mut queued = Vec::new();
         for node in nodes {

@@ -9,10 +9,10 @@
 //! sent to the node, so a freshly delivered pod is never refused because of that lag.
 
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock, Weak};
 
-use super::auth::{is_mirror_pod, pod_references, service_account_of, BindingView};
+use super::auth::{is_mirror_pod, pod_references, pod_uses, service_account_of, BindingView};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
 use crate::cloud::watcher::{KindWatcher, WatchMetrics};
 use crate::hive::locks;
@@ -98,6 +98,19 @@ impl BindingView for BindingMirror {
             .values()
             .filter(|pod| pod["spec"]["nodeName"] == node && pod["mirror"] == true)
             .count()
+    }
+
+    fn used_on_node(&self, node: &str) -> HashSet<(&'static str, String, String)> {
+        let mut used = HashSet::new();
+        for ((namespace, _), pod) in self.read().pods.iter() {
+            if pod["spec"]["nodeName"] == node {
+                // The pruned pod lacks its namespace: give it back for `pod_uses`.
+                let mut pod = pod.clone();
+                pod["metadata"]["namespace"] = Value::from(namespace.as_str());
+                pod_uses(&pod, &mut used);
+            }
+        }
+        used
     }
 
     fn service_account_on_node(&self, node: &str, namespace: &str, account: &str) -> bool {
@@ -228,6 +241,11 @@ mod tests {
         assert!(mirror.referenced_on_node("edge-a", "configmap", "default", "cfg-a"));
         assert!(!mirror.referenced_on_node("edge-b", "configmap", "default", "cfg-a"));
         assert!(!mirror.referenced_on_node("edge-a", "secret", "default", "cfg-a"));
+        // The same, read once for a whole list, agrees with the cluster's own answer.
+        let used = mirror.used_on_node("edge-a");
+        assert!(used.contains(&("configmap", "default".to_owned(), "cfg-a".to_owned())));
+        assert_eq!(used, cluster.used_on_node("edge-a"));
+        assert!(mirror.used_on_node("edge-b").is_empty());
 
         cluster.apply(pod("after", "edge-b", "cfg-b")).unwrap();
         eventually("watched add", || {

@@ -35,6 +35,7 @@ use super::dispatch;
 use super::limits::{self, WriteBudget};
 use super::link::{CloseSession, SessionHandle, WriteFrame};
 use super::pool::{Enqueued, NodePool};
+use crate::cloud::contract::application::SessionEnded;
 use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
 use crate::hive::locks;
 use crate::hive::log::{clip, WarnBudget};
@@ -380,6 +381,18 @@ impl NodeCell {
         {
             hub.connected_changed(false);
             self.last_keepalive_ms.store(0, Ordering::Relaxed);
+        }
+        // The node's watches (MetaServer applications) end with the connection that made
+        // them. Not running, or full: its next application drops what older connections
+        // registered (see dynamiccontroller).
+        let ended = SessionEnded {
+            node: self.name.clone(),
+            session: id,
+        };
+        if let Err(refused) = hub.hive.tell(route::DYNAMICCONTROLLER, ended) {
+            if !matches!(refused.error, HiveError::UnknownModule(_)) {
+                hub.metrics.drop_reason("session_event_undelivered");
+            }
         }
         self.post(Detach);
     }
@@ -753,6 +766,10 @@ impl NodeActor {
 
     /// Tells SyncController (if one runs) what the edge now has.
     fn publish_ack(&self, acked: &NodeMessage) {
+        if !acked.is_tracked() {
+            // A watch's push: owed only while the watch lasts, not a record.
+            return;
+        }
         let event = Acked {
             node: self.cell.name.clone(),
             key: acked.key().to_owned(),
@@ -867,7 +884,8 @@ impl NodeActor {
                 };
                 match verdict {
                     Ok(()) => {
-                        if let Some(reply) = dispatch::upstream(&self.hub, node, message) {
+                        let session = self.cell.admitted.load(Ordering::Acquire);
+                        if let Some(reply) = dispatch::upstream(&self.hub, node, session, message) {
                             self.cell.enqueue(reply, &self.hub);
                         }
                     }

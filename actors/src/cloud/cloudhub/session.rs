@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_ws::{AggregatedMessage, CloseCode, CloseReason, ProtocolError};
-use edgehive_protocols::{decode_with_limit, DecodeError, Message, Operation};
+use edgehive_protocols::application::APPLICATION_REQUEST_OPERATION;
+use edgehive_protocols::{decode_with_limit, DecodeError, Group, Message, Operation};
 use tokio::sync::{mpsc, oneshot};
 
 use super::context::HubContext;
@@ -180,6 +181,10 @@ impl NodeSession {
                 }
                 return;
             }
+            // A MetaServer's application: operation "null", group dynamiccontroller.
+            Some(op)
+                if op.as_str() == APPLICATION_REQUEST_OPERATION
+                    && message.group() == Some(&Group::DynamicController) => {}
             Some(op) if !op.is_known() => {
                 let detail = format!("unknown operation {:?}", op.as_str());
                 self.malformed("unknown_operation", &detail);

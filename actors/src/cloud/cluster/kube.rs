@@ -23,9 +23,10 @@ use futures_util::stream::{self, StreamExt};
 use futures_util::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
-    ServiceAccount,
+    ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+    Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
@@ -152,6 +153,9 @@ pub(crate) const KINDS: &[&str] = &[
     "Secret",
     "ServiceAccount",
     "Namespace",
+    "Service",
+    "Endpoints",
+    "EndpointSlice",
     "PersistentVolume",
     "PersistentVolumeClaim",
     "Event",
@@ -175,6 +179,10 @@ pub fn kind_info(kind: &str) -> Option<KindInfo> {
         "Secret" => builtin::<Secret>(true, false),
         "ServiceAccount" => builtin::<ServiceAccount>(true, false),
         "Namespace" => builtin::<Namespace>(false, true),
+        // Read by DynamicController for an edge's MetaServer.
+        "Service" => builtin::<Service>(true, true),
+        "Endpoints" => builtin::<Endpoints>(true, false),
+        "EndpointSlice" => builtin::<EndpointSlice>(true, false),
         "PersistentVolume" => builtin::<PersistentVolume>(false, true),
         "PersistentVolumeClaim" => builtin::<PersistentVolumeClaim>(true, true),
         "Event" => builtin::<Event>(true, false),
@@ -477,6 +485,17 @@ fn fail<T: Send + 'static>(error: ClusterError) -> ClusterFuture<T> {
 impl ClusterPort for KubeCluster {
     fn adapter(&self) -> &'static str {
         "kube"
+    }
+
+    fn version(&self) -> ClusterFuture<Value> {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let info = client
+                .apiserver_version()
+                .await
+                .map_err(|err| ClusterError::Unavailable(err.to_string()))?;
+            serde_json::to_value(info).map_err(|err| ClusterError::Invalid(err.to_string()))
+        })
     }
 
     fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value> {

@@ -28,6 +28,15 @@ pub trait ClusterPort: Send + Sync + 'static {
     /// Which adapter this is (`embedded`, `kube`), for logs and the admin endpoint.
     fn adapter(&self) -> &'static str;
 
+    /// The API server's `/version` answer (`major`, `minor`, `gitVersion`, ...). A port that
+    /// has none answers [`ClusterError::NotFound`].
+    fn version(&self) -> ClusterFuture<Value> {
+        ready(Err(ClusterError::NotFound {
+            kind: "version".into(),
+            key: String::new(),
+        }))
+    }
+
     /// The object, or [`ClusterError::NotFound`].
     fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value>;
 
@@ -80,6 +89,18 @@ fn ready<T: Send + 'static>(result: Result<T, ClusterError>) -> ClusterFuture<T>
 impl ClusterPort for EmbeddedCluster {
     fn adapter(&self) -> &'static str {
         "embedded"
+    }
+
+    fn version(&self) -> ClusterFuture<Value> {
+        // What the embedded cluster speaks: the Kubernetes API of the capture it follows.
+        ready(Ok(json!({
+            "major": "1",
+            "minor": "31",
+            "gitVersion": "v1.31.0-edgehive.embedded",
+            "gitTreeState": "clean",
+            "compiler": "rustc",
+            "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+        })))
     }
 
     fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value> {

@@ -7,6 +7,7 @@
 //! `request::EdgeRequest`s. Modules address each other by the names in [`route`] and the
 //! message type (`Hive::tell`), never by actor type.
 
+pub(crate) mod application;
 pub(crate) mod downstream;
 mod object_id;
 pub(crate) mod request;
@@ -47,6 +48,7 @@ pub struct NodeMessage {
     deleting: bool,
     response: bool,
     resend: bool,
+    tracked: bool,
     object: Option<Arc<ObjectId>>,
     frame: ByteString,
 }
@@ -82,6 +84,18 @@ impl NodeMessage {
         built
     }
 
+    /// A watch's push ([`application::watch_push`]): KubeEdge's lane, but neither recorded by
+    /// SyncController when queued or ACKed, nor granting the node the object
+    /// (CloudHub's bound objects): it is owed to the node only while its watch lasts.
+    pub(crate) fn untracked(message: Message) -> Arc<Self> {
+        let ack = needs_ack(&message);
+        let mut built = Self::with_lane(message, ack);
+        if let Some(built) = Arc::get_mut(&mut built) {
+            built.tracked = false;
+        }
+        built
+    }
+
     fn with_lane(mut wire: Message, ack: bool) -> Arc<Self> {
         let object = ObjectId::of(&wire);
         let operation = wire.operation().cloned();
@@ -102,6 +116,7 @@ impl NodeMessage {
             deleting,
             response: operation == Some(Operation::Response),
             resend: false,
+            tracked: true,
             object,
             operation,
             resource_version,
@@ -162,6 +177,12 @@ impl NodeMessage {
         self.resend
     }
 
+    /// Whether SyncController records it and its ACK binds the object to the node (all but a
+    /// watch's pushes, [`NodeMessage::untracked`]).
+    pub(crate) fn is_tracked(&self) -> bool {
+        self.tracked
+    }
+
     /// The Kubernetes object it carries, if any ([`ObjectId::of`]).
     pub fn object(&self) -> Option<&Arc<ObjectId>> {
         self.object.as_ref()
@@ -185,6 +206,16 @@ pub struct ToNodes {
 }
 
 impl ToNodes {
+    /// A watch's push ([`application::watch_push`]) for the one node its resource names:
+    /// [`NodeMessage::untracked`].
+    pub(crate) fn untracked(message: Message) -> Option<Self> {
+        let node = edgehive_protocols::node_of(message.resource())?.to_owned();
+        Some(ToNodes {
+            nodes: vec![node],
+            message: NodeMessage::untracked(message),
+        })
+    }
+
     /// `message` for the one node its cloud-form resource names; `None` if it names none.
     pub fn from_message(message: Message) -> Option<Self> {
         let node = edgehive_protocols::node_of(message.resource())?.to_owned();
@@ -263,7 +294,8 @@ pub(crate) struct ResyncNode {
 /// No ACK, as in KubeEdge's cloudhub, if any of: the resource mentions `podlist`,
 /// `membership`, `twin/cloud_updated`, `serviceaccounttoken` or `k8s/ca.crt`; the operation is
 /// a CSI volume operation or `applicationResponse`; the group is `user`; the source is
-/// `taskmanager` or `nodeupgradejobcontroller`; it is a `response` whose content is the string
+/// `taskmanager` or `nodeupgradejobcontroller`; the resource is DynamicController's
+/// `ignore/Application/ignore`; it is a `response` whose content is the string
 /// `"OK"`; or the source is `edgecontroller` and the resource type is node (unless the
 /// operation is update), lease, nodepatch, podpatch, podstatus, certificatesigningrequest, or
 /// pod with operation `response`. (KubeEdge also treats a response carrying a Go error as
@@ -278,6 +310,11 @@ pub(crate) fn needs_ack(message: &Message) -> bool {
     ];
     let resource = message.resource();
     if NO_ACK_RESOURCES.iter().any(|part| resource.contains(part)) {
+        return false;
+    }
+    // DynamicController's answers, also its `error` to content that is no Application
+    // (edgehive's; KubeEdge sends none).
+    if resource.ends_with(edgehive_protocols::application::APPLICATION_RESPONSE_RESOURCE) {
         return false;
     }
     let operation = message.operation();
@@ -349,6 +386,8 @@ pub mod route {
     pub const EDGECONTROLLER: &str = "edgecontroller";
     /// DeviceController's module name and group.
     pub(crate) const DEVICECONTROLLER: &str = "devicecontroller";
+    /// DynamicController's module name and group (KubeEdge's): a MetaServer's applications.
+    pub const DYNAMICCONTROLLER: &str = "dynamiccontroller";
     /// SyncController's module name (KubeEdge's; reserved).
     pub const SYNCCONTROLLER: &str = "synccontroller";
     /// The router module that takes `user`-group uploads (KubeEdge's; an extension).
@@ -359,10 +398,11 @@ pub mod route {
     const EDGE_TWIN: &str = "twin";
 
     /// Cloud modules: an upstream message claiming one as its source would loop.
-    const CLOUD_SOURCES: [&str; 5] = [
+    const CLOUD_SOURCES: [&str; 6] = [
         CLOUDHUB,
         "cloudStream",
         DEVICECONTROLLER,
+        DYNAMICCONTROLLER,
         EDGECONTROLLER,
         SYNCCONTROLLER,
     ];
@@ -374,6 +414,8 @@ pub mod route {
         EdgeController,
         /// DeviceController, as a typed twin request.
         DeviceController,
+        /// DynamicController, as a typed application (a MetaServer's request).
+        DynamicController,
         /// One module by name.
         Module(&'static str),
         /// Every module of a group.
@@ -381,7 +423,8 @@ pub mod route {
     }
 
     /// KubeEdge's DispatchUpstream: `user` uploads to the router, task operations to the task
-    /// managers, the edge twin's messages to DeviceController, the rest to EdgeController.
+    /// managers, group `dynamiccontroller` (a MetaServer's applications) to DynamicController,
+    /// the edge twin's messages to DeviceController, the rest to EdgeController.
     /// `None` for a message that claims a cloud module as its source.
     pub(crate) fn upstream_destination(message: &Message) -> Option<Destination> {
         let source = message.source().map(|s| s.as_str());
@@ -397,6 +440,8 @@ pub mod route {
                 Some(Operation::Prepull | Operation::Upgrade | Operation::UpdateNodeActionStatus)
             ) {
                 Destination::Group(TASKMANAGER)
+            } else if message.group() == Some(&Group::DynamicController) {
+                Destination::DynamicController
             } else if source == Some(EDGE_TWIN) {
                 Destination::DeviceController
             } else {

@@ -1,0 +1,292 @@
+//! The watch side: every node's subscriptions (a MetaServer's watch applications), one
+//! [`KindWatcher`] per kind shared by every node that watches it, and the pushes.
+//!
+//! One task owns it all. It takes the controller's commands (subscribe, a node's set of
+//! watches, a connection ended) and the watchers' changes one at a time, and only after the
+//! outbox has room: a burst of changes waits for CloudHub instead of piling up. A kind's
+//! watcher starts with its first subscription and stops with its last; the task keeps the
+//! kind's objects meanwhile, so a later subscriber is sent the current ones (`insert`) at
+//! once. Each change goes to every node with a subscription that selects it (namespace,
+//! label and field selectors) and may see it ([`Policy::visible`]), once per node, in the
+//! order the watcher gives them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use edgehive_protocols::object::meta_str;
+use edgehive_protocols::Operation;
+use futures_util::stream::{BoxStream, SelectAll};
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use super::metrics::Metrics;
+use super::policy::{Policy, Scope};
+use super::resources::Resource;
+use super::selector::Selector;
+use crate::cloud::cluster::{EventType, SharedCluster};
+use crate::cloud::contract::application::watch_push;
+use crate::cloud::contract::{route, ToNodes};
+use crate::cloud::outbox::Outbox;
+use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
+use crate::hive::Hive;
+
+/// One watch application of a node.
+#[derive(Debug, Clone)]
+pub(super) struct Subscription {
+    /// The node.
+    pub(super) node: String,
+    /// The application's ID (a new watch with the same ID replaces it).
+    pub(super) id: String,
+    /// What is watched.
+    pub(super) resource: &'static Resource,
+    /// How the node sees it.
+    pub(super) scope: Scope,
+    /// The namespace (empty: all).
+    pub(super) namespace: String,
+    /// Label selector.
+    pub(super) labels: Selector,
+    /// Field selector.
+    pub(super) fields: Selector,
+}
+
+impl Subscription {
+    /// Whether the watch selects `obj` (namespace, selectors), whoever may see it.
+    fn matches(&self, obj: &Value) -> bool {
+        (self.namespace.is_empty() || meta_str(obj, "namespace") == self.namespace)
+            && self.labels.matches(obj)
+            && self.fields.matches(obj)
+    }
+}
+
+/// What the controller tells the task.
+#[derive(Debug)]
+pub(super) enum Command {
+    /// Start (or replace) a subscription.
+    Subscribe(Subscription),
+    /// The node keeps only the subscriptions with these IDs (`watchapp/sync`), or none when
+    /// its connection ended.
+    Keep {
+        /// The node.
+        node: String,
+        /// The IDs it keeps.
+        ids: HashSet<String>,
+    },
+}
+
+struct KindState {
+    /// The kind's objects as last seen, by `(namespace, name)`.
+    objects: BTreeMap<(String, String), Value>,
+    /// Whether a list has completed (the objects are the cluster's).
+    synced: bool,
+    /// Subscriptions by `(node, id)`.
+    subscriptions: BTreeMap<(String, String), Subscription>,
+    /// Dropping it stops the kind's watcher.
+    _stop: oneshot::Sender<()>,
+}
+
+/// The task's state; see the module docs.
+pub(super) struct WatchHub {
+    cluster: SharedCluster,
+    policy: Policy,
+    outbox: Outbox,
+    metrics: Metrics,
+    watch_metrics: WatchMetrics,
+    kinds: HashMap<&'static str, KindState>,
+    changes: SelectAll<BoxStream<'static, (&'static str, Change)>>,
+}
+
+impl WatchHub {
+    /// A hub with no subscriptions.
+    pub(super) fn new(
+        hive: &Hive,
+        cluster: SharedCluster,
+        policy: Policy,
+        metrics: Metrics,
+    ) -> Self {
+        WatchHub {
+            cluster,
+            policy,
+            outbox: Outbox::new(hive.clone(), metrics.sent.clone(), metrics.overflow.clone()),
+            watch_metrics: WatchMetrics::of(hive),
+            metrics,
+            kinds: HashMap::new(),
+            changes: SelectAll::new(),
+        }
+    }
+
+    /// Runs until the controller drops its sender.
+    pub(super) async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        loop {
+            self.outbox.room().await;
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(command) => self.on_command(command),
+                    None => break,
+                },
+                Some((kind, change)) = self.changes.next(), if !self.changes.is_empty() => {
+                    self.on_change(kind, change);
+                }
+            }
+        }
+        self.metrics.subscriptions.set(0);
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Subscribe(subscription) => self.subscribe(subscription),
+            Command::Keep { node, ids } => {
+                let mut emptied = Vec::new();
+                for (kind, state) in &mut self.kinds {
+                    let before = state.subscriptions.len();
+                    state
+                        .subscriptions
+                        .retain(|(n, id), _| n != &node || ids.contains(id));
+                    let removed = before - state.subscriptions.len();
+                    self.metrics.subscriptions.dec_by(removed as i64);
+                    if state.subscriptions.is_empty() {
+                        emptied.push(*kind);
+                    }
+                }
+                for kind in emptied {
+                    // Its watcher stops with the dropped sender.
+                    self.kinds.remove(kind);
+                }
+            }
+        }
+    }
+
+    fn subscribe(&mut self, subscription: Subscription) {
+        let kind = subscription.resource.kind;
+        // The same ID on another kind (a replaced application) is dropped there first.
+        for (other, state) in &mut self.kinds {
+            if *other != kind
+                && state
+                    .subscriptions
+                    .remove(&(subscription.node.clone(), subscription.id.clone()))
+                    .is_some()
+            {
+                self.metrics.subscriptions.dec();
+            }
+        }
+        self.kinds
+            .retain(|_, state| !state.subscriptions.is_empty());
+        if !self.kinds.contains_key(kind) {
+            let (stop, stopped) = oneshot::channel();
+            let watcher = KindWatcher::new(self.cluster.clone(), route::DYNAMICCONTROLLER, kind)
+                .counted(self.watch_metrics.clone());
+            let changes = watcher
+                .into_stream()
+                .take_until(stopped)
+                .map(move |change| (kind, change))
+                .boxed();
+            self.changes.push(changes);
+            self.kinds.insert(
+                kind,
+                KindState {
+                    objects: BTreeMap::new(),
+                    synced: false,
+                    subscriptions: BTreeMap::new(),
+                    _stop: stop,
+                },
+            );
+        }
+        let Some(state) = self.kinds.get_mut(kind) else {
+            return;
+        };
+        if state.synced {
+            // The current objects it selects, as the watch's start.
+            let judge = self.policy.judge(&subscription.node, subscription.scope);
+            for obj in state.objects.values() {
+                if subscription.matches(obj) && judge.visible(obj) {
+                    let push = watch_push(&subscription.node, Operation::Insert, obj);
+                    if let Some(push) = ToNodes::untracked(push) {
+                        self.metrics.pushes.inc();
+                        self.outbox.send_to(push);
+                    }
+                }
+            }
+        }
+        let key = (subscription.node.clone(), subscription.id.clone());
+        if state.subscriptions.insert(key, subscription).is_none() {
+            self.metrics.subscriptions.inc();
+        }
+    }
+
+    fn on_change(&mut self, kind: &'static str, change: Change) {
+        let Some(state) = self.kinds.get_mut(kind) else {
+            return; // a stopped kind's last item
+        };
+        let event = match change {
+            Change::Synced => {
+                state.synced = true;
+                return;
+            }
+            Change::Interrupted(_) => return,
+            Change::Event(event) | Change::Relisted(event) => event,
+        };
+        let key = (
+            meta_str(&event.object, "namespace").to_owned(),
+            meta_str(&event.object, "name").to_owned(),
+        );
+        let (operation, object) = match event.event_type {
+            EventType::Added => {
+                state.objects.insert(key, event.object.clone());
+                (Operation::Insert, event.object)
+            }
+            EventType::Modified => {
+                state.objects.insert(key, event.object.clone());
+                (Operation::Update, event.object)
+            }
+            EventType::Deleted => {
+                // A delete a list found carries only the identity: the object as last seen,
+                // with the delete's version.
+                let mut object = state.objects.remove(&key).unwrap_or(event.object.clone());
+                let rv = meta_str(&event.object, "resourceVersion").to_owned();
+                if !rv.is_empty() {
+                    object["metadata"]["resourceVersion"] = Value::from(rv);
+                }
+                (Operation::Delete, object)
+            }
+        };
+        let mut object = object;
+        if object["kind"].as_str().unwrap_or_default().is_empty() {
+            object["kind"] = Value::from(kind);
+        }
+        // Each node is judged once per change, however many of its watches select it.
+        let mut judged: HashMap<&str, bool> = HashMap::new();
+        for subscription in state.subscriptions.values() {
+            let node = subscription.node.as_str();
+            if judged.contains_key(node) || !subscription.matches(&object) {
+                continue;
+            }
+            let visible = self.policy.visible(node, subscription.scope, &object);
+            judged.insert(node, visible);
+            if !visible {
+                continue;
+            }
+            if object["apiVersion"].as_str().unwrap_or_default().is_empty() {
+                object["apiVersion"] = Value::from(subscription.resource.api_version());
+            }
+            let push = watch_push(&subscription.node, operation.clone(), &object);
+            if let Some(push) = ToNodes::untracked(push) {
+                self.metrics.pushes.inc();
+                self.outbox.send_to(push);
+            }
+        }
+    }
+}
+
+/// The controller's way into the task.
+pub(super) type Commands = mpsc::Sender<Command>;
+
+/// Starts the task on the current arbiter; the returned sender is its only way in.
+pub(super) fn start(hub: WatchHub) -> Commands {
+    let (sender, receiver) = mpsc::channel(COMMAND_CAPACITY);
+    actix::spawn(hub.run(receiver));
+    sender
+}
+
+/// Commands that may wait for the task. Overflow policy: a watch that finds it full is
+/// refused (503, counted `busy`); a connection's end is retried by the node's next
+/// application, which drops what older connections registered.
+pub(super) const COMMAND_CAPACITY: usize = 1024;

@@ -9,6 +9,7 @@ mod unlisted;
 // One module per file of tests.
 mod cloud_controller_admin;
 mod cloudstream;
+mod cloudstream_egress;
 mod delivery_faults;
 mod deploy;
 mod devices_end_to_end;

@@ -60,6 +60,8 @@ pub struct EgressConfig {
     pub max_connections: usize,
     /// Seconds a connection to a CONNECT target may take to open.
     pub dial_timeout: u64,
+    /// Whether a CONNECT may reach the cloud host's loopback addresses.
+    pub allow_loopback: bool,
 }
 
 impl Default for EgressConfig {
@@ -71,6 +73,7 @@ impl Default for EgressConfig {
             uds_name: options.uds_name.unwrap_or_default(),
             max_connections: options.max_connections,
             dial_timeout: options.dial_timeout.as_secs(),
+            allow_loopback: options.allow_loopback,
         }
     }
 }
@@ -107,6 +110,7 @@ impl EgressConfig {
             uds_name: (!self.uds_name.as_os_str().is_empty()).then(|| self.uds_name.clone()),
             max_connections: self.max_connections,
             dial_timeout: Duration::from_secs(self.dial_timeout),
+            allow_loopback: self.allow_loopback,
         }
     }
 }

@@ -60,6 +60,9 @@ pub struct EgressOptions {
     pub max_connections: usize,
     /// Longest a connection to a CONNECT target may take to open.
     pub dial_timeout: Duration,
+    /// Whether a CONNECT may reach loopback addresses (the cloud host's own services);
+    /// link-local, multicast and unspecified addresses are refused regardless.
+    pub allow_loopback: bool,
 }
 
 impl Default for EgressOptions {
@@ -70,6 +73,7 @@ impl Default for EgressOptions {
             uds_name: None,
             max_connections: 1024,
             dial_timeout: Duration::from_secs(10),
+            allow_loopback: false,
         }
     }
 }

@@ -202,6 +202,7 @@ struct Egress {
     established: Places,
     dial_timeout: Duration,
     idle_timeout: Duration,
+    allow_loopback: bool,
 }
 
 /// Opens the egress listener (the Unix socket `egress.uds_name`, else TLS on `address` and
@@ -248,6 +249,7 @@ pub(super) fn start(
         ),
         dial_timeout: options.egress.dial_timeout,
         idle_timeout: options.idle_timeout,
+        allow_loopback: options.egress.allow_loopback,
         context,
     };
     let (shutdown, stopped) = watch::channel(false);
@@ -389,6 +391,31 @@ async fn accept_failed(error: io::Error) {
 }
 
 const TOO_MANY: &str = "too many connections to the egress server";
+
+/// Why a target could not be connected.
+enum DialError {
+    /// Only addresses the egress server does not connect to.
+    Forbidden,
+    Io(io::Error),
+}
+
+/// Whether a direct CONNECT may reach `ip`: not the cloud host itself (loopback, unless
+/// allowed), nor link-local (a cloud's metadata service), multicast or unspecified addresses;
+/// the API server's own proxy refuses these for nodes, pods and services too.
+fn proxyable(ip: IpAddr, allow_loopback: bool) -> bool {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    };
+    let link_local = match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    };
+    (allow_loopback || !ip.is_loopback())
+        && !ip.is_unspecified()
+        && !ip.is_multicast()
+        && !link_local
+}
 
 /// How a CONNECT head failed to arrive.
 enum HeadError {
@@ -623,15 +650,16 @@ impl Egress {
         };
         let dialled = match &route {
             Route::Tunnel(_) => {
-                tokio::time::timeout(self.dial_timeout, TcpStream::connect(self.stream_server))
-                    .await
+                tokio::time::timeout(self.dial_timeout, async {
+                    TcpStream::connect(self.stream_server)
+                        .await
+                        .map_err(DialError::Io)
+                })
+                .await
             }
             Route::Direct => {
-                tokio::time::timeout(
-                    self.dial_timeout,
-                    TcpStream::connect((connect.host.as_str(), connect.port)),
-                )
-                .await
+                tokio::time::timeout(self.dial_timeout, self.dial(&connect.host, connect.port))
+                    .await
             }
         };
         let node = match &route {
@@ -644,7 +672,24 @@ impl Egress {
         };
         let mut upstream = match dialled {
             Ok(Ok(upstream)) => upstream,
-            Ok(Err(error)) => {
+            Ok(Err(DialError::Forbidden)) => {
+                let text = format!(
+                    "{target} is a loopback, link-local, multicast or unspecified address; the \
+                     egress server does not connect there (as the API server's own proxy does \
+                     not; modules.cloudStream.egress.allowLoopback for loopback)"
+                );
+                self.refuse(
+                    &mut client,
+                    "egress_forbidden_target",
+                    node,
+                    peer,
+                    "403 Forbidden",
+                    &text,
+                )
+                .await;
+                return;
+            }
+            Ok(Err(DialError::Io(error))) => {
                 let text = format!("cannot connect to {target}: {error}");
                 self.refuse(
                     &mut client,
@@ -698,6 +743,29 @@ impl Egress {
         self.metrics.open.inc();
         pipe(client, upstream, self.idle_timeout).await;
         self.metrics.open.dec();
+    }
+
+    /// Connects to `host:port` (a name is resolved first), to its first address that
+    /// answers among those allowed (see [`proxyable`]).
+    async fn dial(&self, host: &str, port: u16) -> Result<TcpStream, DialError> {
+        let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(DialError::Io)?
+            .filter(|address| proxyable(address.ip(), self.allow_loopback))
+            .collect();
+        if addresses.is_empty() {
+            return Err(DialError::Forbidden);
+        }
+        let mut last = None;
+        for address in addresses {
+            match TcpStream::connect(address).await {
+                Ok(stream) => return Ok(stream),
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(DialError::Io(last.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, "no address")
+        })))
     }
 
     /// An edge node's tunnel for `host` (its name, or the one node that claimed the address),
@@ -873,6 +941,29 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cloud_host_link_local_and_multicast_addresses_are_not_proxied() {
+        for ip in [
+            "127.0.0.1",
+            "127.9.9.9",
+            "::1",
+            "::ffff:127.0.0.1",
+            "0.0.0.0",
+            "::",
+            "169.254.169.254",
+            "fe80::1",
+            "224.0.0.1",
+            "ff02::1",
+        ] {
+            assert!(!proxyable(ip.parse().unwrap(), false), "{ip}");
+        }
+        for ip in ["10.0.0.5", "192.0.2.2", "2001:db8::1", "8.8.8.8"] {
+            assert!(proxyable(ip.parse().unwrap(), false), "{ip}");
+        }
+        assert!(proxyable("127.0.0.1".parse().unwrap(), true));
+        assert!(!proxyable("169.254.169.254".parse().unwrap(), true));
+    }
 
     #[test]
     fn connect_heads_as_the_api_server_writes_them_parse_and_others_do_not() {

@@ -28,20 +28,20 @@ use crate::support::{eventually, metric_sum, WITHIN};
 use crate::tls_join::{cloud_ca, node_cert};
 
 /// The edge node, and the internal IP its edge reports.
-const NODE: &str = "edge-e";
-const NODE_IP: &str = "192.0.2.9";
+pub(crate) const NODE: &str = "edge-e";
+pub(crate) const NODE_IP: &str = "192.0.2.9";
 
 /// A cloud with CloudStream and its egress server on (TLS on a system-chosen port, or the
 /// Unix socket `uds`), and what the stand-in API server needs.
-struct Setup {
-    cloud: CloudProcess,
+pub(crate) struct Setup {
+    pub(crate) cloud: CloudProcess,
     /// The cloud CA (the egress and stream servers' certificates chain to it).
-    ca: CertAuthority,
+    pub(crate) ca: CertAuthority,
     /// The API server's TLS client config: its client certificate, trusting the cloud CA.
-    api: Arc<ClientConfig>,
+    pub(crate) api: Arc<ClientConfig>,
 }
 
-async fn start(
+pub(crate) async fn start(
     dir: &Path,
     uds: Option<PathBuf>,
     tune: impl FnOnce(&mut edgehive::config::CloudConfig),
@@ -74,7 +74,7 @@ impl Setup {
             .expect("the egress server listens on TCP")
     }
 
-    fn metrics(&self) -> String {
+    pub(crate) fn metrics(&self) -> String {
         self.cloud.hive().metrics().encode()
     }
 
@@ -93,8 +93,9 @@ impl Setup {
     }
 
     /// The stand-in edgecore: keeps `NODE`'s tunnel and answers every LOGS_CONNECT with one
-    /// line naming the path, then REMOVE_CONNECT.
-    async fn edge(&self) {
+    /// line naming the path, then REMOVE_CONNECT (none for `follow=true`: the stream stays
+    /// open until the client leaves).
+    pub(crate) async fn edge(&self) {
         let cert = node_cert(&self.ca, NODE);
         let config = tls::edge_client_config(self.ca.cert_der(), &cert.0, &cert.1).unwrap();
         let client = awc::Client::builder()
@@ -123,10 +124,11 @@ impl Setup {
                 let request = ConnectRequest::from_json(message.data).unwrap();
                 let id = message.connect_id;
                 let line = format!("log of {} on {NODE}\n", request.url.path);
-                for payload in [
-                    encode_tunnel(id, TunnelType::Data, line.as_bytes()),
-                    encode_tunnel(id, TunnelType::RemoveConnect, b""),
-                ] {
+                let mut payloads = vec![encode_tunnel(id, TunnelType::Data, line.as_bytes())];
+                if !request.url.raw_query.contains("follow=true") {
+                    payloads.push(encode_tunnel(id, TunnelType::RemoveConnect, b""));
+                }
+                for payload in payloads {
                     let text = String::from_utf8(payload).unwrap();
                     if tunnel
                         .send(awc::ws::Message::Text(text.into()))

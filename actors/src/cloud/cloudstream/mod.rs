@@ -20,6 +20,7 @@ mod metrics;
 mod session;
 mod streams;
 mod tunnel;
+mod view;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use crate::identity::tls::{CloudTls, PeerCertificate, TlsError};
 use context::StreamContext;
 pub use context::{CloudStreamOptions, EgressOptions};
 pub(crate) use metrics::CloudStreamMetrics;
+pub use view::{NodeStreams, StreamsView};
 
 /// Worker threads of each server.
 const WORKERS: usize = 1;
@@ -88,6 +90,13 @@ impl CloudStreamServer {
     /// egress server is off or on a Unix socket).
     pub fn egress_addr(&self) -> Option<SocketAddr> {
         self.egress.as_ref().and_then(egress::EgressServer::addr)
+    }
+
+    /// The tunnels and their streams, for the admin endpoint.
+    pub fn view(&self) -> StreamsView {
+        StreamsView {
+            context: self.context.clone(),
+        }
     }
 
     /// Streams open on `node` now (0 without a tunnel).

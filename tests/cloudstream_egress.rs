@@ -592,6 +592,42 @@ async fn the_unix_socket_is_private_and_serves_connect_to_nodes_and_elsewhere() 
 }
 
 #[actix_rt::test]
+async fn a_piped_connection_silent_both_ways_is_closed_after_the_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = start(dir.path(), None, |config| {
+        config.modules.cloud_stream.stream_idle_timeout = 1;
+    })
+    .await;
+    let echo = echo_server(1);
+    let (egress, api) = (setup.egress(), setup.api.clone());
+    blocking(move || {
+        let mut proxy = tls_over(tcp(egress), api);
+        let answer = exchange(&mut proxy, &connect_head(&echo.to_string()));
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
+        proxy.write_all(b"ping").unwrap();
+        let mut back = [0u8; 4];
+        proxy.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"ping");
+        // Then silence ends it (the read returns before the socket's own timeout).
+        let started = std::time::Instant::now();
+        let mut byte = [0u8; 1];
+        let read = proxy.read(&mut byte);
+        assert!(
+            matches!(read, Ok(0) | Err(_)) && started.elapsed() < WITHIN,
+            "{read:?} after {:?}",
+            started.elapsed()
+        );
+    })
+    .await;
+    eventually("the piped connection is closed", WITHIN, || async {
+        (metric_sum(&setup.metrics(), "edgehive_cloudstream_egress_connections ") == 0)
+            .then_some(())
+    })
+    .await;
+    setup.cloud.stop().await;
+}
+
+#[actix_rt::test]
 async fn the_cloud_hosts_own_link_local_and_multicast_addresses_are_refused_by_default() {
     let dir = tempfile::tempdir().unwrap();
     let setup = start(dir.path(), None, |config| {

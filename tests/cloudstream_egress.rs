@@ -676,16 +676,44 @@ async fn the_cloud_hosts_own_link_local_and_multicast_addresses_are_refused_by_d
     setup.cloud.stop().await;
 }
 
-/// The config's port must not collide with CloudStream's other ports.
+/// The egress keys are checked before any port opens: a port that collides with
+/// CloudStream's others, a relative socket path, no connections at all, an unbounded dial.
 #[test]
-fn an_egress_port_equal_to_the_stream_port_is_refused_by_the_config() {
-    let error = edgehive::config::CloudConfig::from_text(
-        Path::new("cloud.yaml"),
-        "modules:\n  cloudStream:\n    enable: true\n    egress:\n      enable: true\n      port: 10003\n",
-    )
-    .unwrap_err();
-    assert!(
-        format!("{error:?}").contains("modules.cloudStream.egress.port"),
-        "{error:?}"
-    );
+fn bad_egress_keys_are_refused_by_the_config_naming_the_key() {
+    for (egress, key) in [
+        (
+            "enable: true, port: 10003",
+            "modules.cloudStream.egress.port",
+        ),
+        (
+            "enable: true, port: 10004",
+            "modules.cloudStream.egress.port",
+        ),
+        ("udsName: egress.sock", "modules.cloudStream.egress.udsName"),
+        (
+            "maxConnections: 0",
+            "modules.cloudStream.egress.maxConnections",
+        ),
+        ("dialTimeout: 0", "modules.cloudStream.egress.dialTimeout"),
+        (
+            "dialTimeout: 3601",
+            "modules.cloudStream.egress.dialTimeout",
+        ),
+        (
+            "enable: true, listen: 1",
+            "modules.cloudStream.egress.listen",
+        ),
+    ] {
+        let text =
+            format!("modules:\n  cloudStream:\n    enable: true\n    egress: {{{egress}}}\n");
+        let error = edgehive::config::CloudConfig::from_text(Path::new("cloud.yaml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(key), "{egress}: {error}");
+    }
+    let good = "modules:\n  cloudStream:\n    enable: true\n    egress:\n      enable: true\n      udsName: /run/edgehive/egress.sock\n      allowLoopback: true\n";
+    let config = edgehive::config::CloudConfig::from_text(Path::new("cloud.yaml"), good).unwrap();
+    let egress = &config.modules.cloud_stream.egress;
+    assert!(egress.enable && egress.allow_loopback);
+    assert_eq!(egress.uds_name, Path::new("/run/edgehive/egress.sock"));
 }

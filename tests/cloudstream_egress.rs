@@ -7,7 +7,7 @@
 //! API server keeps being served. Real sockets on 127.0.0.1 only.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -537,6 +537,53 @@ async fn anonymous_wrong_ca_and_malformed_connects_are_refused_and_counted_while
         answer.contains("log of /containerLogs/default/printer/main on edge-e\n"),
         "{answer}"
     );
+    setup.cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_api_server_gets_in_while_many_addresses_fill_the_places_before_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = start(dir.path(), None, |config| {
+        let hub = &mut config.modules.cloud_hub;
+        // Idle connections keep their places for the whole test.
+        hub.handshake_timeout = 120;
+        hub.handshakes_per_source = 4;
+        hub.handshakes_pending = 16;
+    })
+    .await;
+    setup.edge().await;
+    let egress = setup.egress();
+    // 8 addresses (127.0.0.2 to .9) x 4 idle connections for 16 places.
+    let mut idle = Vec::new();
+    for n in 2..=9u8 {
+        for _ in 0..4 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket
+                .bind(SocketAddr::new(Ipv4Addr::new(127, 0, 0, n).into(), 0))
+                .unwrap();
+            idle.push(socket.connect(egress).await.unwrap());
+        }
+    }
+    eventually("the places are full", WITHIN, || async {
+        (setup.refused("egress_too_many") + setup.refused("egress_evicted") >= 16).then_some(())
+    })
+    .await;
+    let evicted = setup.refused("egress_evicted");
+    // The API server's address holds none: its connection takes the place of the oldest of
+    // an address holding the most, and is served, again and again.
+    for _ in 0..3 {
+        let api = setup.api.clone();
+        let target = format!("{NODE}:10250");
+        let answer = blocking(move || logs_by_tls(egress, api, &target, "edge-e:10250")).await;
+        assert!(
+            answer.contains("log of /containerLogs/default/printer/main on edge-e\n"),
+            "{answer}"
+        );
+    }
+    // The first took an idle connection's place (counted by its task as it wakes); the
+    // others found the place the first gave back after its CONNECT.
+    setup.refusals_reach("egress_evicted", evicted + 1).await;
+    drop(idle);
     setup.cloud.stop().await;
 }
 

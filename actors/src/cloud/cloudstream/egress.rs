@@ -21,13 +21,13 @@
 //! do not share the actix system's thread.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_rt::ArbiterHandle;
@@ -44,8 +44,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::context::StreamContext;
-use crate::cloud::cloudhub::gate::{source_of, HandshakeLimits};
-use crate::hive::locks::lock;
+use crate::cloud::cloudhub::gate::{source_of, Eviction, HandshakeLimits, Refused, Slot, Slots};
 use crate::hive::{Hive, RefusalKind};
 use crate::identity::private_files::create_private_dir;
 
@@ -88,67 +87,38 @@ impl EgressMetrics {
     }
 }
 
-/// Places taken, per source and in all; a [`Place`] gives its own back when dropped.
-#[derive(Default)]
-struct Counts {
-    total: usize,
-    per_source: HashMap<IpAddr, usize>,
+/// Connections piped at once (after their CONNECT), all clients together: they are the
+/// authenticated API server's, so one bound in all; a [`Piped`] gives its place back when
+/// dropped.
+struct PipedLimit {
+    limit: usize,
+    open: Arc<AtomicUsize>,
 }
 
-#[derive(Clone)]
-struct Places {
-    per_source: usize,
-    total: usize,
-    counts: Arc<Mutex<Counts>>,
-}
+struct Piped(Arc<AtomicUsize>);
 
-struct Place {
-    counts: Arc<Mutex<Counts>>,
-    source: Option<IpAddr>,
-}
-
-impl Places {
-    fn new(per_source: usize, total: usize) -> Self {
-        Places {
-            per_source,
-            total,
-            counts: Arc::default(),
+impl PipedLimit {
+    fn new(limit: usize) -> Self {
+        PipedLimit {
+            limit,
+            open: Arc::default(),
         }
     }
 
-    /// A place for `source` (already reduced by [`source_of`]), if there is room.
-    fn enter(&self, source: Option<IpAddr>) -> Option<Place> {
-        let mut counts = lock(&self.counts);
-        if counts.total >= self.total {
-            return None;
-        }
-        if let Some(source) = source {
-            let mine = counts.per_source.entry(source).or_default();
-            if *mine >= self.per_source {
-                return None;
-            }
-            *mine += 1;
-        }
-        counts.total += 1;
-        Some(Place {
-            counts: self.counts.clone(),
-            source,
-        })
+    /// A place, if fewer than the limit are taken.
+    fn enter(&self) -> Option<Piped> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < self.limit).then_some(open + 1)
+            })
+            .ok()
+            .map(|_| Piped(self.open.clone()))
     }
 }
 
-impl Drop for Place {
+impl Drop for Piped {
     fn drop(&mut self) {
-        let mut counts = lock(&self.counts);
-        counts.total = counts.total.saturating_sub(1);
-        if let Some(source) = self.source {
-            if let Some(mine) = counts.per_source.get_mut(&source) {
-                *mine = mine.saturating_sub(1);
-                if *mine == 0 {
-                    counts.per_source.remove(&source);
-                }
-            }
-        }
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -198,8 +168,10 @@ struct Egress {
     /// The stream server, as reached from here (loopback when it binds every interface).
     stream_server: SocketAddr,
     limits: HandshakeLimits,
-    pending: Places,
-    established: Places,
+    /// Connections before their CONNECT head: the TLS ports' bounds, with their fair
+    /// eviction (`cloudhub::gate`).
+    pending: Slots,
+    established: PipedLimit,
     dial_timeout: Duration,
     idle_timeout: Duration,
     allow_loopback: bool,
@@ -242,11 +214,8 @@ pub(super) fn start(
         metrics: EgressMetrics::register(hive),
         stream_server: reachable(stream_addr),
         limits,
-        pending: Places::new(limits.per_source, limits.total),
-        established: Places::new(
-            options.egress.max_connections,
-            options.egress.max_connections,
-        ),
+        pending: Slots::new(limits.per_source, limits.total),
+        established: PipedLimit::new(options.egress.max_connections),
         dial_timeout: options.egress.dial_timeout,
         idle_timeout: options.idle_timeout,
         allow_loopback: options.egress.allow_loopback,
@@ -368,8 +337,7 @@ async fn serve(egress: Arc<Egress>, listening: Listening, mut stopped: watch::Re
                         Ok((stream, _)) => {
                             let egress = egress.clone();
                             actix_rt::spawn(async move {
-                                let Some(pending) = egress.pending.enter(None) else {
-                                    egress.refused("egress_too_many", None, None, TOO_MANY);
+                                let Some(pending) = egress.enter(None) else {
                                     return;
                                 };
                                 let deadline = Instant::now() + egress.limits.timeout;
@@ -391,6 +359,30 @@ async fn accept_failed(error: io::Error) {
 }
 
 const TOO_MANY: &str = "too many connections to the egress server";
+
+/// Why the handshake or head phase ended early.
+enum Cut {
+    /// The handshake timeout passed.
+    Timeout,
+    /// A connection from an address holding fewer places took this one's.
+    Evicted,
+}
+
+/// `work`, until `deadline` or until the place is evicted.
+async fn bounded<F: std::future::Future>(
+    deadline: Instant,
+    eviction: &mut Eviction,
+    work: F,
+) -> Result<F::Output, Cut> {
+    tokio::select! {
+        biased;
+        _ = eviction => Err(Cut::Evicted),
+        done = tokio::time::timeout_at(deadline, work) => done.map_err(|_| Cut::Timeout),
+    }
+}
+
+const EVICTED: &str =
+    "evicted before its CONNECT: the places were full and another address held fewer";
 
 /// Why a target could not be connected.
 enum DialError {
@@ -442,6 +434,18 @@ enum Route {
 }
 
 impl Egress {
+    /// A place before the CONNECT head for `source` (see [`Slots`]), or the refusal counted.
+    fn enter(&self, peer: Option<SocketAddr>) -> Option<(Slot, Eviction)> {
+        match self.pending.enter(peer.map(|peer| source_of(peer.ip()))) {
+            Ok((slot, eviction, _)) => Some((slot, eviction)),
+            Err(Refused(bound)) => {
+                let text = format!("{TOO_MANY} (before their CONNECT; the {bound} bound)");
+                self.refused("egress_too_many", None, peer, &text);
+                None
+            }
+        }
+    }
+
     /// Counts and warns of a refusal (no answer: the connection is closed).
     fn refused(&self, reason: &str, node: Option<&str>, peer: Option<SocketAddr>, text: &str) {
         self.context
@@ -481,13 +485,13 @@ impl Egress {
         tcp: TcpStream,
         peer: SocketAddr,
     ) {
-        let Some(pending) = self.pending.enter(Some(source_of(peer.ip()))) else {
-            self.refused("egress_too_many", None, Some(peer), TOO_MANY);
+        let Some((pending, mut eviction)) = self.enter(Some(peer)) else {
             return;
         };
         let deadline = Instant::now() + self.limits.timeout;
-        let stream: TlsStream<TcpStream> = match tokio::time::timeout_at(
+        let stream: TlsStream<TcpStream> = match bounded(
             deadline,
+            &mut eviction,
             acceptor.call(tcp),
         )
         .await
@@ -519,7 +523,11 @@ impl Egress {
                 return;
             }
             Ok(Err(TlsError::Service(never))) => match never {},
-            Ok(Err(TlsError::Timeout)) | Err(_) => {
+            Err(Cut::Evicted) => {
+                self.refused("egress_evicted", None, Some(peer), EVICTED);
+                return;
+            }
+            Ok(Err(TlsError::Timeout)) | Err(Cut::Timeout) => {
                 self.refused(
                     "egress_timeout",
                     None,
@@ -547,7 +555,7 @@ impl Egress {
             .await;
             return;
         }
-        self.serve_connect(stream, Some(peer), pending, deadline)
+        self.serve_connect(stream, Some(peer), (pending, eviction), deadline)
             .await;
     }
 
@@ -556,10 +564,11 @@ impl Egress {
         &self,
         mut client: S,
         peer: Option<SocketAddr>,
-        pending: Place,
+        pending: (Slot, Eviction),
         deadline: Instant,
     ) {
-        let (head, rest) = match tokio::time::timeout_at(deadline, read_head(&mut client)).await {
+        let (pending, mut eviction) = pending;
+        let (head, rest) = match bounded(deadline, &mut eviction, read_head(&mut client)).await {
             Ok(Ok(read)) => read,
             Ok(Err(HeadError::TooLarge)) => {
                 let text = format!("the CONNECT head is over {MAX_HEAD} bytes");
@@ -588,7 +597,11 @@ impl Egress {
                 self.refused("egress_bad_request", None, peer, &text);
                 return;
             }
-            Err(_) => {
+            Err(Cut::Evicted) => {
+                self.refused("egress_evicted", None, peer, EVICTED);
+                return;
+            }
+            Err(Cut::Timeout) => {
                 self.refuse(
                     &mut client,
                     "egress_timeout",
@@ -616,11 +629,11 @@ impl Egress {
                 return;
             }
         };
-        drop(pending);
-        let Some(_established) = self.established.enter(None) else {
+        drop((pending, eviction));
+        let Some(_established) = self.established.enter() else {
             let text = format!(
                 "{TOO_MANY} (modules.cloudStream.egress.maxConnections {})",
-                self.established.total
+                self.established.limit
             );
             self.refuse(
                 &mut client,

@@ -11,11 +11,14 @@
 //!
 //! Not an open proxy: over TCP the client must present a certificate from the stream CA
 //! (`tlsStreamCAFile`, the API server's kubelet client certificate), over a Unix socket the
-//! socket is 0600 in a 0700 folder. Bounds: connections before their CONNECT head share the
-//! TLS ports' handshake limits (per source and in all, the handshake and head within its
-//! timeout, a head of at most [`MAX_HEAD`] bytes); established ones are at most
-//! `max_connections`; a piped connection silent both ways for `streamIdleTimeout` is closed.
-//! Refusals are counted in `edgehive_cloudstream_refused_total{reason="egress_*"}`.
+//! socket is 0600 in a 0700 folder; direct CONNECTs never reach the cloud host's loopback
+//! (unless allowed), link-local, multicast or unspecified addresses ([`proxyable`]). Bounds:
+//! connections before their CONNECT head hold the TLS ports' kind of places (`gate::Slots`:
+//! per source and in all, a newcomer from an address holding fewer evicting the largest
+//! holder's oldest; the handshake and head within the handshake timeout, a head of at most
+//! [`MAX_HEAD`] bytes); piped ones are at most `max_connections`; a piped connection silent
+//! both ways for `streamIdleTimeout` is closed. Refusals are counted in
+//! `edgehive_cloudstream_refused_total{reason="egress_*"}`.
 //!
 //! The server runs on an arbiter (thread) of its own: the bytes it pipes and the TLS it ends
 //! do not share the actix system's thread.

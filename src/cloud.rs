@@ -263,6 +263,7 @@ impl CloudProcess {
         }
         let routes_hive = hive.clone();
         let routes_cluster = embedded.clone();
+        let routes_streams = CloudStreams(cloud_stream.as_ref().map(|stream| stream.view()));
         let monitor = &config.common_config.monitor_server;
         let access = AdminAccess {
             allowed_hosts: monitor.allowed_hosts.clone(),
@@ -281,7 +282,9 @@ impl CloudProcess {
             Arc::new(move |routes: &mut web::ServiceConfig| {
                 routes
                     .app_data(web::Data::new(routes_hive.clone()))
+                    .app_data(web::Data::new(routes_streams.clone()))
                     .route("/api/v1/nodes", web::get().to(list_nodes))
+                    .route("/api/v1/streams", web::get().to(list_streams))
                     .route("/api/v1/sync", web::get().to(sync_view))
                     .route("/api/v1/sync/{node}", web::get().to(sync_view));
                 match &routes_cluster {
@@ -412,7 +415,11 @@ struct NodesQuery {
 /// `GET /api/v1/nodes[?filter=TEXT][&limit=N]`: nodes with their queues, in-flight message
 /// and last keepalive, and how many there are (`total`, `connected`, `matched`), so a page
 /// of 100,000 nodes can ask for the few it shows.
-async fn list_nodes(hive: web::Data<Hive>, query: web::Query<NodesQuery>) -> HttpResponse {
+async fn list_nodes(
+    hive: web::Data<Hive>,
+    streams: web::Data<CloudStreams>,
+    query: web::Query<NodesQuery>,
+) -> HttpResponse {
     let mut nodes = match nodes(&hive).await {
         Ok(nodes) => nodes,
         Err(error) => return HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
@@ -427,11 +434,62 @@ async fn list_nodes(hive: web::Data<Hive>, query: web::Query<NodesQuery>) -> Htt
         nodes.sort_unstable_by(NodeInfo::by_trouble);
         nodes.truncate(limit);
     }
+    let nodes: Vec<serde_json::Value> = nodes
+        .into_iter()
+        .map(|node| {
+            let tunnel = streams.0.as_ref().map(|view| view.node(&node.node));
+            let mut value = json!(node);
+            if let (Some(object), Some(tunnel)) = (value.as_object_mut(), tunnel) {
+                // Only with CloudStream on: null for a node without a stream tunnel.
+                object.insert(
+                    "streams".to_owned(),
+                    json!(tunnel.map(|tunnel| json!({
+                        "open": tunnel.open_streams,
+                        "bytesToApiserver": tunnel.bytes_to_apiserver,
+                    }))),
+                );
+            }
+            value
+        })
+        .collect();
     HttpResponse::Ok().json(json!({
         "nodes": nodes,
         "total": total,
         "connected": connected,
         "matched": matched,
+    }))
+}
+
+/// CloudStream's tunnels for the admin routes (`None` when `modules.cloudStream` is off).
+#[derive(Clone)]
+struct CloudStreams(Option<edgehive_actors::cloud::cloudstream::StreamsView>);
+
+/// What `GET /api/v1/streams` may be asked for.
+#[derive(Debug, serde::Deserialize)]
+struct StreamsQuery {
+    /// At most this many nodes, most open streams first (default 500).
+    limit: Option<usize>,
+}
+
+/// `GET /api/v1/streams[?limit=N]`: each node with a stream tunnel (CloudStream), its open
+/// streams and the bytes it has sent the API server, most streams first; `enabled: false`
+/// when CloudStream is off.
+async fn list_streams(
+    streams: web::Data<CloudStreams>,
+    query: web::Query<StreamsQuery>,
+) -> HttpResponse {
+    let Some(view) = &streams.0 else {
+        return HttpResponse::Ok().json(json!({"enabled": false, "nodes": [], "tunnels": 0}));
+    };
+    let mut nodes = view.nodes();
+    let tunnels = nodes.len();
+    let open: usize = nodes.iter().map(|node| node.open_streams).sum();
+    nodes.truncate(query.limit.unwrap_or(500));
+    HttpResponse::Ok().json(json!({
+        "enabled": true,
+        "tunnels": tunnels,
+        "openStreams": open,
+        "nodes": nodes,
     }))
 }
 

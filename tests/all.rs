@@ -10,6 +10,8 @@ mod unlisted;
 mod cloud_controller_admin;
 mod cloud_secrets;
 mod cloudstream;
+mod cloudstream_egress;
+mod cloudstream_status;
 mod delivery_faults;
 mod deploy;
 mod devices_end_to_end;

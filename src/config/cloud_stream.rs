@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use edgehive_actors::cloud::cloudstream::CloudStreamOptions;
+use edgehive_actors::cloud::cloudstream::{CloudStreamOptions, EgressOptions};
 use serde::{Deserialize, Serialize};
 
 use super::{bind_host, within, Refusal, Validate, MIB};
@@ -40,6 +40,79 @@ pub struct CloudStreamConfig {
     pub tunnel_read_timeout: u64,
     /// Largest tunnel message accepted from an edge, in bytes (edgehive).
     pub max_message_size: usize,
+    /// The API server's egress selector (edgehive; KubeEdge has none).
+    pub egress: EgressConfig,
+}
+
+/// `modules.cloudStream.egress`: an HTTP CONNECT server for the API server's
+/// `--egress-selector-config-file` (egress `cluster`), instead of iptables.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// Whether the egress server runs.
+    pub enable: bool,
+    /// Its TLS port on `modules.cloudStream.address` (unless `udsName` is set).
+    pub port: u16,
+    /// A Unix socket to serve instead of the TLS port (the API server's `uds.udsName`);
+    /// empty: the TLS port.
+    pub uds_name: PathBuf,
+    /// Connections open at once after their CONNECT.
+    pub max_connections: usize,
+    /// Seconds a connection to a CONNECT target may take to open.
+    pub dial_timeout: u64,
+    /// Whether a CONNECT may reach the cloud host's loopback addresses.
+    pub allow_loopback: bool,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        let options = EgressOptions::default();
+        EgressConfig {
+            enable: options.enable,
+            port: options.port,
+            uds_name: options.uds_name.unwrap_or_default(),
+            max_connections: options.max_connections,
+            dial_timeout: options.dial_timeout.as_secs(),
+            allow_loopback: options.allow_loopback,
+        }
+    }
+}
+
+impl Validate for EgressConfig {
+    fn validate(&self) -> Result<(), Refusal> {
+        within(
+            "modules.cloudStream.egress.maxConnections",
+            self.max_connections as u64,
+            1..=65_536,
+            "connections",
+        )?;
+        within(
+            "modules.cloudStream.egress.dialTimeout",
+            self.dial_timeout,
+            1..=300,
+            "seconds",
+        )?;
+        if !self.uds_name.as_os_str().is_empty() && !self.uds_name.is_absolute() {
+            return Err((
+                "modules.cloudStream.egress.udsName",
+                "must be an absolute path".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl EgressConfig {
+    fn options(&self) -> EgressOptions {
+        EgressOptions {
+            enable: self.enable,
+            port: self.port,
+            uds_name: (!self.uds_name.as_os_str().is_empty()).then(|| self.uds_name.clone()),
+            max_connections: self.max_connections,
+            dial_timeout: Duration::from_secs(self.dial_timeout),
+            allow_loopback: self.allow_loopback,
+        }
+    }
 }
 
 impl Default for CloudStreamConfig {
@@ -56,6 +129,7 @@ impl Default for CloudStreamConfig {
             slow_reader_timeout: options.slow_reader_timeout.as_secs(),
             tunnel_read_timeout: options.tunnel_read_timeout.as_secs(),
             max_message_size: options.max_message_bytes,
+            egress: EgressConfig::default(),
         }
     }
 }
@@ -99,6 +173,19 @@ impl Validate for CloudStreamConfig {
                 "must differ from streamPort".to_owned(),
             ));
         }
+        self.egress.validate()?;
+        let egress = &self.egress;
+        if self.enable
+            && egress.enable
+            && egress.uds_name.as_os_str().is_empty()
+            && egress.port != 0
+            && (egress.port == self.stream_port || egress.port == self.tunnel_port)
+        {
+            return Err((
+                "modules.cloudStream.egress.port",
+                "must differ from streamPort and tunnelPort".to_owned(),
+            ));
+        }
         Ok(())
     }
 }
@@ -119,6 +206,7 @@ impl CloudStreamConfig {
             tunnel_read_timeout: Duration::from_secs(self.tunnel_read_timeout),
             max_message_bytes: self.max_message_size,
             handshake_limits,
+            egress: self.egress.options(),
             ..CloudStreamOptions::default()
         }
     }

@@ -167,7 +167,7 @@ struct SlotsState {
 /// (not even one place from each of `total` addresses does), since each address's share
 /// shrinks as addresses are added. Sources of equal size never evict each other.
 #[derive(Clone)]
-struct Slots {
+pub(crate) struct Slots {
     per_source: usize,
     total: usize,
     state: Arc<Mutex<SlotsState>>,
@@ -175,10 +175,10 @@ struct Slots {
 
 /// Why a place was refused (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Refused(&'static str);
+pub(crate) struct Refused(pub(crate) &'static str);
 
 /// A place taken; dropping it gives it back (unless it was evicted already).
-struct Slot {
+pub(crate) struct Slot {
     slots: Slots,
     source: Option<IpAddr>,
     id: u64,
@@ -189,10 +189,10 @@ struct Slot {
 }
 
 /// Resolves when the place was evicted (or its set dropped).
-type Eviction = oneshot::Receiver<()>;
+pub(crate) type Eviction = oneshot::Receiver<()>;
 
 impl Slots {
-    fn new(per_source: usize, total: usize) -> Self {
+    pub(crate) fn new(per_source: usize, total: usize) -> Self {
         Slots {
             per_source,
             total,
@@ -208,7 +208,7 @@ impl Slots {
     /// A place for `source` (already reduced to its source, see [`source_of`]), evicting
     /// another source's oldest when full and fair (see the type's docs). Returns the place,
     /// how its eviction is noticed, and whether another place was evicted for it.
-    fn enter(&self, source: Option<IpAddr>) -> Result<(Slot, Eviction, bool), Refused> {
+    pub(crate) fn enter(&self, source: Option<IpAddr>) -> Result<(Slot, Eviction, bool), Refused> {
         let mut state = self.lock();
         let mine = source
             .and_then(|source| state.per_source.get(&source))

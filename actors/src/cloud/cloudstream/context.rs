@@ -2,6 +2,7 @@
 //! registry, the refusal-warning budget).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -38,8 +39,43 @@ pub struct CloudStreamOptions {
     /// Where the edge replays requests (edged's kubelet API; cloudcore's fixed
     /// `127.0.0.1:10350`).
     pub kubelet_endpoint: String,
-    /// TLS handshake bounds of both ports.
+    /// TLS handshake bounds of both ports (and of the egress server's connections until
+    /// their CONNECT head is read).
     pub handshake_limits: HandshakeLimits,
+    /// The API server's egress selector (`egress`).
+    pub egress: EgressOptions,
+}
+
+/// The egress server's settings (`modules.cloudStream.egress`): the API server's
+/// `--egress-selector-config-file` pointed at the cloud (`egress.rs`).
+#[derive(Debug, Clone)]
+pub struct EgressOptions {
+    /// Whether the egress server runs.
+    pub enable: bool,
+    /// Its TLS port (on `address`), when `uds_name` is not set.
+    pub port: u16,
+    /// A Unix socket instead of the TLS port (the API server's `uds.udsName`).
+    pub uds_name: Option<PathBuf>,
+    /// Connections open at once after their CONNECT (all clients together).
+    pub max_connections: usize,
+    /// Longest a connection to a CONNECT target may take to open.
+    pub dial_timeout: Duration,
+    /// Whether a CONNECT may reach loopback addresses (the cloud host's own services);
+    /// link-local, multicast and unspecified addresses are refused regardless.
+    pub allow_loopback: bool,
+}
+
+impl Default for EgressOptions {
+    fn default() -> Self {
+        EgressOptions {
+            enable: false,
+            port: 10005,
+            uds_name: None,
+            max_connections: 1024,
+            dial_timeout: Duration::from_secs(10),
+            allow_loopback: false,
+        }
+    }
 }
 
 impl Default for CloudStreamOptions {
@@ -55,6 +91,7 @@ impl Default for CloudStreamOptions {
             max_message_bytes: 1024 * 1024,
             kubelet_endpoint: "127.0.0.1:10350".to_owned(),
             handshake_limits: HandshakeLimits::default(),
+            egress: EgressOptions::default(),
         }
     }
 }

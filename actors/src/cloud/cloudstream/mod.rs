@@ -10,16 +10,21 @@
 //! attach upgrades are served on the connection itself (`connection`, `upgrade`).
 //!
 //! Both ports use the TLS ports' handshake gate of CloudHub (`cloudhub::gate`) and the cloud's
-//! server certificate. Not yet: the API server's egress selector; port-forward is 404 (as
-//! with cloudcore).
+//! server certificate. Port-forward is 404 (as with cloudcore).
+//!
+//! A third, optional server (`egress`) is the API server's egress selector (HTTP CONNECT): it
+//! connects the API server to the stream server for edge nodes and straight through for the
+//! rest, so the API server needs no DNAT.
 
 mod connection;
 mod context;
+mod egress;
 mod metrics;
 mod session;
 mod streams;
 mod tunnel;
 mod upgrade;
+mod view;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,9 +37,10 @@ use edgehive_protocols::tunnel::TUNNEL_PATH;
 use crate::cloud::cloudhub::gate::{self, Gate, GateMetrics};
 use crate::hive::Hive;
 use crate::identity::tls::{CloudTls, PeerCertificate, TlsError};
-pub use context::CloudStreamOptions;
 use context::StreamContext;
+pub use context::{CloudStreamOptions, EgressOptions};
 pub(crate) use metrics::CloudStreamMetrics;
+pub use view::{NodeStreams, StreamsView};
 
 /// Worker threads of each server.
 const WORKERS: usize = 1;
@@ -61,6 +67,7 @@ pub struct CloudStreamServer {
     stream_addr: SocketAddr,
     handles: [ServerHandle; 2],
     context: Arc<StreamContext>,
+    egress: Option<egress::EgressServer>,
 }
 
 impl std::fmt::Debug for CloudStreamServer {
@@ -83,6 +90,19 @@ impl CloudStreamServer {
         self.stream_addr
     }
 
+    /// Where the API server's egress selector connects over TLS (`egress.port`; none when the
+    /// egress server is off or on a Unix socket).
+    pub fn egress_addr(&self) -> Option<SocketAddr> {
+        self.egress.as_ref().and_then(egress::EgressServer::addr)
+    }
+
+    /// The tunnels and their streams, for the admin endpoint.
+    pub fn view(&self) -> StreamsView {
+        StreamsView {
+            context: self.context.clone(),
+        }
+    }
+
     /// Streams open on `node` now (0 without a tunnel).
     pub fn open_streams(&self, node: &str) -> usize {
         self.context
@@ -93,6 +113,9 @@ impl CloudStreamServer {
 
     /// Stops both servers; every tunnel is closed and its streams end with an error.
     pub async fn stop(&self) {
+        if let Some(egress) = &self.egress {
+            egress.stop();
+        }
         self.context.sessions.shutdown_all();
         for handle in &self.handles {
             handle.stop(false).await;
@@ -178,12 +201,39 @@ pub fn start_cloudstream(
             }
         });
     }
+    let egress = if options.egress.enable {
+        let started = tls
+            .stream_server_config(stream_client_ca_der)
+            .map_err(CloudStreamError::from)
+            .and_then(|mut egress_tls| {
+                // The API server's egress client offers no ALPN; CONNECT is HTTP/1.1 anyway.
+                egress_tls.alpn_protocols.clear();
+                egress::start(hive, context.clone(), egress_tls, stream_addr).map_err(|failed| {
+                    CloudStreamError::Bind {
+                        address: failed.address,
+                        source: failed.source,
+                    }
+                })
+            });
+        match started {
+            Ok(egress) => Some(egress),
+            Err(error) => {
+                for handle in handles {
+                    actix::spawn(async move { handle.stop(false).await });
+                }
+                return Err(error);
+            }
+        }
+    } else {
+        None
+    };
     tracing::info!(%tunnel_addr, %stream_addr, "cloudstream listening");
     Ok(CloudStreamServer {
         tunnel_addr,
         stream_addr,
         handles,
         context,
+        egress,
     })
 }
 

@@ -57,6 +57,8 @@ pub(crate) struct Tunnel {
     shutdown: watch::Sender<bool>,
     streams: Mutex<HashMap<u64, StreamSlot>>,
     metrics: CloudStreamMetrics,
+    /// Stream payload bytes sent towards the API server since this tunnel opened.
+    bytes_to_apiserver: AtomicU64,
 }
 
 impl Tunnel {
@@ -134,6 +136,17 @@ impl Tunnel {
         lock(&self.streams).len()
     }
 
+    /// Counts stream payload bytes delivered towards the API server.
+    pub(crate) fn add_bytes_to_apiserver(&self, bytes: usize) {
+        self.bytes_to_apiserver
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Stream payload bytes delivered towards the API server since this tunnel opened.
+    pub(crate) fn bytes_to_apiserver(&self) -> u64 {
+        self.bytes_to_apiserver.load(Ordering::Relaxed)
+    }
+
     /// Ends every stream with an error (the tunnel is gone).
     fn abort_all(&self) {
         let slots: Vec<StreamSlot> = lock(&self.streams).drain().map(|(_, slot)| slot).collect();
@@ -206,6 +219,7 @@ impl Sessions {
             shutdown: shutdown_sender,
             streams: Mutex::new(HashMap::new()),
             metrics: self.metrics.clone(),
+            bytes_to_apiserver: AtomicU64::new(0),
         });
         let previous = {
             let mut registry = lock(&self.tunnels);
@@ -278,6 +292,11 @@ impl Sessions {
             .and_then(|node| registry.by_name.get(node))
             .cloned()
             .ok_or(0)
+    }
+
+    /// Every open tunnel, in no order (a snapshot; the registry's lock is not held after).
+    pub(crate) fn tunnels(&self) -> Vec<Arc<Tunnel>> {
+        lock(&self.tunnels).by_name.values().cloned().collect()
     }
 
     /// A fresh connectID.

@@ -287,7 +287,10 @@ async fn handle_message(
             let len = frame.data.len();
             let data = message.slice_ref(frame.data);
             match tokio::time::timeout(options.slow_reader_timeout, stream.send(data)).await {
-                Ok(Ok(())) => context.metrics().add_bytes("to_apiserver", len),
+                Ok(Ok(())) => {
+                    context.metrics().add_bytes("to_apiserver", len);
+                    tunnel.add_bytes_to_apiserver(len);
+                }
                 // The response is gone; its guard tells the edge.
                 Ok(Err(_)) => {}
                 Err(_) => {

@@ -14,6 +14,7 @@ mod deploy;
 mod devices_end_to_end;
 mod edge_api;
 mod edge_autonomy;
+mod edge_metaserver;
 mod edge_rss;
 mod edgestream;
 mod end_to_end;

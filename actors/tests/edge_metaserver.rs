@@ -881,3 +881,138 @@ async fn an_online_watch_is_registered_with_the_cloud_fed_by_its_pushes_and_sync
     assert_eq!(sync.content, json!({}));
     edge.server.stop().await;
 }
+
+#[actix_rt::test]
+async fn secrets_are_forbidden_on_every_path_unless_the_edge_serves_them() {
+    let edge = offline(options()).await;
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db-pass", "namespace": "default", "resourceVersion": "17"},
+        "data": {"password": "c2VjcmV0"}});
+    edge.store
+        .upsert(
+            "default/secret/db-pass".into(),
+            "secret".into(),
+            secret.clone(),
+        )
+        .await
+        .unwrap();
+    let paths = [
+        "/api/v1/namespaces/default/secrets/db-pass",
+        "/api/v1/namespaces/default/secrets",
+        "/api/v1/secrets",
+        "/api/v1/secrets?watch=true",
+        "/api/v1/watch/namespaces/default/secrets",
+        "/api/v1/namespaces/default/secrets?labelSelector=a%3Db&limit=1",
+        "/api/v1/namespaces/default/secrets/db-pass?resourceVersion=0",
+    ];
+    for round in 0..2 {
+        for path in paths {
+            let (status, body) = get_json(&edge.url(path)).await;
+            assert_eq!(
+                (status, body["reason"].as_str()),
+                (403, Some("Forbidden")),
+                "{path}, round {round}"
+            );
+            assert!(!body.to_string().contains("c2VjcmV0"), "{path}");
+        }
+    }
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(edge.kube(), "default");
+    match secrets.get("db-pass").await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403),
+        other => panic!("expected a 403, got {other:?}"),
+    }
+    assert_eq!(
+        metric(
+            &edge.hive,
+            r#"edgehive_metaserver_refused_total{reason="secret"}"#
+        ),
+        2 * paths.len() as u64 + 1
+    );
+    edge.server.stop().await;
+
+    // An edge that chooses to serve them (as edgecore does).
+    let serving = offline(MetaServerOptions {
+        serve_secrets: true,
+        ..options()
+    })
+    .await;
+    serving
+        .store
+        .upsert("default/secret/db-pass".into(), "secret".into(), secret)
+        .await
+        .unwrap();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(serving.kube(), "default");
+    assert!(secrets.get("db-pass").await.unwrap().data.is_some());
+    serving.server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_watch_stays_open_across_a_cloud_disconnect_and_is_registered_again_from_where_it_is() {
+    let mut edge = online().await;
+    let (status, mut lines) = Lines::open(&format!(
+        "http://{}/api/v1/namespaces/default/configmaps?watch=true",
+        edge.server.addr()
+    ))
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(lines.next().await.unwrap()["type"], "ADDED");
+    let request = edge.cloud.frame_where(is_application).await;
+    assert_eq!(request.content["Verb"], "watch");
+    send_frame(&mut edge.session, &answer_to(&request, 101)).await;
+
+    // The link drops; the watch stays open and still sees what reaches the store.
+    let cloud_addr = edge.cloud.addr;
+    edge.cloud.server.stop(false).await;
+    let _ = edge.session.close(None).await;
+    modules_see(&edge.hive, false).await;
+    edge.store
+        .upsert(
+            "default/configmap/golden-cm".into(),
+            "configmap".into(),
+            configmap("golden-cm", 50, "offline"),
+        )
+        .await
+        .unwrap();
+    let offline_change = lines.next().await.unwrap();
+    assert_eq!(
+        (
+            offline_change["type"].as_str(),
+            offline_change["object"]["data"]["k"].as_str()
+        ),
+        (Some("MODIFIED"), Some("offline"))
+    );
+
+    // The cloud is back: the watch is registered again from the version it reached.
+    let mut cloud = FakeCloud::start_on(cloud_addr);
+    let mut session = cloud.accept().await;
+    let request = cloud.frame_where(is_application).await;
+    assert_eq!(request.content["Verb"], "watch");
+    let option: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::STANDARD
+            .decode(request.content["Option"].as_str().unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(option["resourceVersion"], "50");
+    send_frame(&mut session, &answer_to(&request, 101)).await;
+    let mut push = Message::new(
+        ModuleName::DynamicController,
+        edgehive_protocols::Group::Resource,
+        Operation::Update,
+        "default/configmap/golden-cm",
+        configmap("golden-cm", 60, "online"),
+    );
+    push.header.resource_version = "60".into();
+    send_frame(&mut session, &push).await;
+    // The next event is the cloud's: nothing was sent twice in between.
+    let next = lines.next().await.unwrap();
+    assert_eq!(
+        (
+            next["type"].as_str(),
+            next["object"]["metadata"]["resourceVersion"].as_str()
+        ),
+        (Some("MODIFIED"), Some("60"))
+    );
+    edge.server.stop().await;
+}

@@ -15,7 +15,8 @@ use super::{host_port, within, EdgeConfig, Refusal, KIB};
 pub struct MetaServerConfig {
     /// Whether MetaServer runs (off by default, as in KubeEdge).
     pub enable: bool,
-    /// `host:port` to listen on, plain HTTP: a loopback address.
+    /// `host:port` to listen on, plain HTTP: a loopback address (`0` as the port: any free
+    /// one).
     pub server: String,
     /// (edgehive) Watches open at once; more are answered 429.
     pub max_watches: usize,
@@ -27,6 +28,9 @@ pub struct MetaServerConfig {
     pub max_connections: usize,
     /// (edgehive) The longest a watch stays open, in seconds.
     pub max_watch_seconds: u64,
+    /// (edgehive) Serve Secrets too (any local process reaches MetaServer without a token);
+    /// off, they are answered 403.
+    pub serve_secrets: bool,
 }
 
 impl Default for MetaServerConfig {
@@ -40,6 +44,7 @@ impl Default for MetaServerConfig {
             max_request_bytes: defaults.max_request_bytes,
             max_connections: defaults.max_connections,
             max_watch_seconds: defaults.max_watch_seconds,
+            serve_secrets: defaults.serve_secrets,
         }
     }
 }
@@ -51,7 +56,7 @@ impl MetaServerConfig {
         }
         const SERVER: &str = "modules.metaManager.metaServer.server";
         host_port(SERVER, &self.server, 0..=u16::MAX)?;
-        // Plain HTTP without authentication, Secrets among what it serves: only for this host.
+        // Plain HTTP without authentication: only for this host.
         if !self
             .server
             .parse::<SocketAddr>()
@@ -61,8 +66,7 @@ impl MetaServerConfig {
                 SERVER,
                 format!(
                     "expected a loopback address (127.0.0.1:PORT or [::1]:PORT): MetaServer serves \
-                     the node's objects, Secrets among them, over plain HTTP without \
-                     authentication; found {:?}",
+                     the node's objects over plain HTTP without authentication; found {:?}",
                     self.server
                 ),
             ));
@@ -112,6 +116,7 @@ impl EdgeConfig {
             max_request_bytes: meta.max_request_bytes,
             max_connections: meta.max_connections,
             max_watch_seconds: meta.max_watch_seconds,
+            serve_secrets: meta.serve_secrets,
             ..MetaServerOptions::new(self.node_name())
         }
     }
@@ -141,6 +146,10 @@ mod tests {
             ("127.0.0.1:10550", 256)
         );
         on("\"[::1]:10550\"").unwrap();
+        assert!(!options.serve_secrets);
+        let serving = edge("modules:\n  metaManager:\n    metaServer:\n      enable: true\n      serveSecrets: true\n")
+            .unwrap();
+        assert!(serving.meta_server_options().serve_secrets);
         for exposed in [
             "0.0.0.0:10550",
             "192.0.2.7:10550",

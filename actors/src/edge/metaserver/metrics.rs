@@ -53,7 +53,7 @@ impl Metrics {
         registry.register(
             "edgehive_metaserver_refused",
             "MetaServer requests refused, by reason (write, too_large, bad_request, \
-             bad_selector, too_many_watches, busy, expired, watch_lagged)",
+             bad_selector, secret, too_many_watches, busy, expired, watch_lagged)",
             metrics.refused.clone(),
         );
         registry.register(

@@ -28,6 +28,10 @@ pub struct MetaServerOptions {
     /// The longest a watch stays open; a `timeoutSeconds` above it is cut to it, and a watch
     /// without one ends then (`maxWatchSeconds`).
     pub max_watch_seconds: u64,
+    /// Whether Secrets are served (`serveSecrets`). Any local process reaches MetaServer
+    /// without a token, while the edge's local API serves the stored Secrets only on its
+    /// socket or with the token: off, Secrets are answered 403.
+    pub serve_secrets: bool,
     /// Events the watch history keeps, so a watch from a recent resourceVersion replays what
     /// it missed; older is 410 Expired.
     pub history: usize,
@@ -45,6 +49,7 @@ impl MetaServerOptions {
             max_request_bytes: 8 * 1024,
             max_connections: 1024,
             max_watch_seconds: 1800,
+            serve_secrets: false,
             history: 1024,
         }
     }

@@ -263,6 +263,14 @@ async fn resource(
     request: ResourceRequest,
     options: ListOptions,
 ) -> Result<HttpResponse, Failure> {
+    if request.group.is_empty() && request.resource == "secrets" && !served.options.serve_secrets {
+        return Err(Failure::forbidden(
+            "secret",
+            "secrets",
+            "secrets is forbidden: edgehive's MetaServer, which any local process reaches \
+             without a token, serves Secrets only with modules.metaManager.metaServer.serveSecrets",
+        ));
+    }
     let selector = options.selector()?;
     if options.watch || request.watch_path {
         return watch(served, request, options, selector).await;

@@ -68,6 +68,15 @@ impl Failure {
         }
     }
 
+    /// 403 for a resource this edge does not serve to local clients, counted as `refusal`.
+    pub(super) fn forbidden(refusal: &'static str, plural: &str, message: &str) -> Self {
+        Failure {
+            code: 403,
+            body: status(403, "Forbidden", message, Some(json!({"kind": plural}))),
+            refusal: Some(refusal),
+        }
+    }
+
     /// 400 BadRequest, counted as `refusal`.
     pub(super) fn bad_request(refusal: &'static str, message: &str) -> Self {
         Self::refused(400, "BadRequest", refusal, message)

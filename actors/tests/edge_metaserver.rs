@@ -478,6 +478,43 @@ async fn a_watch_sees_what_reaches_the_store_and_resumes_from_a_version_without_
         ),
         (Some("ADDED"), Some("web-4"))
     );
+
+    // A watch of one object (`/watch/…/{name}`) sees that object only.
+    let (status, mut one) =
+        Lines::open(&edge.url("/api/v1/watch/namespaces/default/pods/web-2")).await;
+    assert_eq!(status, 200);
+    let first = one.next().await.unwrap();
+    assert_eq!(
+        (
+            first["type"].as_str(),
+            first["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("ADDED"), Some("web-2"))
+    );
+    edge.store
+        .upsert(
+            "default/pod/web-5".into(),
+            "pod".into(),
+            pod("web-5", 31, json!({"app": "web"}), "edge-1"),
+        )
+        .await
+        .unwrap();
+    edge.store
+        .upsert(
+            "default/pod/web-2".into(),
+            "pod".into(),
+            pod("web-2", 32, json!({"app": "web"}), "edge-1"),
+        )
+        .await
+        .unwrap();
+    let next = one.next().await.unwrap();
+    assert_eq!(
+        (
+            next["type"].as_str(),
+            next["object"]["metadata"]["resourceVersion"].as_str()
+        ),
+        (Some("MODIFIED"), Some("32"))
+    );
     edge.server.stop().await;
 }
 

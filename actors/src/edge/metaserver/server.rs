@@ -379,6 +379,7 @@ async fn watch(
     let scope = Scope {
         kind,
         namespace: request.namespace.clone(),
+        name: request.name.clone(),
         selector,
         metrics: served.metrics.clone(),
     };

@@ -29,6 +29,8 @@ use crate::edge::store::{ChangeKind, MetaStore};
 pub(super) struct Scope {
     pub(super) kind: &'static Kind,
     pub(super) namespace: String,
+    /// One object's name (`/watch/…/{name}`), or empty for the collection.
+    pub(super) name: String,
     pub(super) selector: Selector,
     /// Where a watcher that falls behind is counted (`watch_lagged`).
     pub(super) metrics: Metrics,
@@ -44,7 +46,14 @@ impl Scope {
             return None;
         }
         let object = object_of(self.kind, &row.value)?;
-        self.selector.matches(&object).then_some(object)
+        self.wants(&object).then_some(object)
+    }
+
+    /// Whether `object` is the named one (if any) and matches the selectors.
+    fn wants(&self, object: &Value) -> bool {
+        (self.name.is_empty()
+            || object.pointer("/metadata/name").and_then(Value::as_str) == Some(&self.name))
+            && self.selector.matches(object)
     }
 }
 
@@ -130,7 +139,7 @@ pub(super) async fn open<H: Unpin + 'static>(
                 let Some(object) = object_of(scope.kind, &row.value) else {
                     continue;
                 };
-                if !scope.selector.matches(&object) {
+                if !scope.wants(&object) {
                     continue;
                 }
                 let version = version_of(&object).unwrap_or(0);

@@ -366,6 +366,16 @@ async fn errors_have_the_kubernetes_status_shape() {
         get_json(&edge.url("/api/v1/namespaces/default/pods?watch=true&resourceVersion=1")).await;
     assert_eq!(status, 410);
     assert_eq!(body["reason"], "Expired");
+    // timeoutSeconds ends a watch: its stream closes after what was stored.
+    let (status, mut lines) =
+        Lines::open(&edge.url("/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1"))
+            .await;
+    assert_eq!(status, 200);
+    assert_eq!(lines.next().await.unwrap()["type"], "ADDED");
+    assert!(
+        lines.next().await.is_none(),
+        "the watch ended at its timeout"
+    );
     let (status, body) = get_json(&edge.url("/apis/apps/v1/deployments")).await;
     assert_eq!((status, body["reason"].as_str()), (404, Some("NotFound")));
     edge.server.stop().await;

@@ -13,6 +13,9 @@
 //! | `PUT /api/v1/pods/{ns}/{name}/status` | a runtime reports a pod's status (body: a PodStatus); 202, sent up as `podstatus` |
 //! | `DELETE /api/v1/pods/{ns}/{name}` | a runtime confirms a terminating pod is gone; 202, the cloud then removes it from the cluster |
 //!
+//! With `modules.metaManager.metaServer.enable`, MetaServer serves the node's applications
+//! the Kubernetes API's reads on `metaServer.server` (see docs/metaserver.md).
+//!
 //! The same routes are served on the Unix socket `admin.unixSocket` (0660) with no token; over
 //! TCP, `/api/v1/meta…` and every write need the admin token (`admin.tokenFile`), unless
 //! `admin.insecureTCPLocalAPI` (see [`crate::admin::AdminAccess`]).
@@ -31,6 +34,7 @@ use edgehive_actors::edge::edged::{
 };
 use edgehive_actors::edge::edgehub::{self, EdgeHubModule, EdgeHubStatus, GetEdgeHubStatus};
 use edgehive_actors::edge::metamanager::MetaManagerModule;
+use edgehive_actors::edge::metaserver::MetaServer;
 use edgehive_actors::edge::store::MetaStore;
 use edgehive_actors::edge::twin_store::TwinStore;
 use edgehive_actors::edge::watch::watch_lines;
@@ -55,6 +59,8 @@ pub struct EdgeProcess {
     socket: std::path::PathBuf,
     /// `modules.edgeStream`, when enabled; dropped (stopped) with the process.
     _edge_stream: Option<edgehive_actors::edge::edgestream::EdgeStream>,
+    /// `modules.metaManager.metaServer`, when enabled.
+    meta_server: Option<MetaServer>,
 }
 
 impl EdgeProcess {
@@ -104,6 +110,15 @@ impl EdgeProcess {
                 EdgeStreamMetrics::register(&hive),
             )
         });
+        let meta_server = if config.modules.meta_manager.meta_server.enable {
+            Some(
+                MetaServer::start(config.meta_server_options(), &hive, store.clone())
+                    .await
+                    .with_context(|| format!("edge {node_name}: cannot start metaServer"))?,
+            )
+        } else {
+            None
+        };
         let (stopping, stop_signal) = tokio::sync::watch::channel(false);
         let routes_store = store.clone();
         let routes_hive = hive.clone();
@@ -176,6 +191,7 @@ impl EdgeProcess {
             node_name,
             socket: config.admin_socket(),
             _edge_stream: edge_stream,
+            meta_server,
         })
     }
 
@@ -199,6 +215,11 @@ impl EdgeProcess {
         self.admin.addr()
     }
 
+    /// Where MetaServer listens, when enabled.
+    pub fn meta_server_addr(&self) -> Option<SocketAddr> {
+        self.meta_server.as_ref().map(MetaServer::addr)
+    }
+
     /// The Unix socket serving the local API (`admin.unixSocket`).
     pub fn admin_socket(&self) -> &std::path::Path {
         &self.socket
@@ -212,6 +233,9 @@ impl EdgeProcess {
     /// Stops the modules (closing the connection to the cloud) and the admin endpoint.
     pub async fn stop(self) {
         let _ = self.stopping.send(true);
+        if let Some(meta_server) = self.meta_server {
+            meta_server.stop().await;
+        }
         self.hive.shutdown();
         self.admin.stop().await;
     }

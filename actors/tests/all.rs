@@ -21,6 +21,7 @@ mod cloudstream;
 mod devices_controller;
 mod edge_connection;
 mod edge_metamanager;
+mod edge_metaserver;
 mod edge_node_golden;
 mod edge_node_kube;
 mod edge_store;

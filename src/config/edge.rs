@@ -32,7 +32,13 @@ impl Schema for EdgeConfig {
         "modules.edgeHub.websocket.writeDeadline",
         "modules.metaManager.contextSendGroup",
         "modules.metaManager.contextSendModule",
-        "modules.metaManager.metaServer",
+        "modules.metaManager.metaServer.apiAudiences",
+        "modules.metaManager.metaServer.dummyServer",
+        "modules.metaManager.metaServer.serviceAccountIssuers",
+        "modules.metaManager.metaServer.serviceAccountKeyFiles",
+        "modules.metaManager.metaServer.tlsCaFile",
+        "modules.metaManager.metaServer.tlsCertFile",
+        "modules.metaManager.metaServer.tlsPrivateKeyFile",
         "modules.deviceTwin.dmiSockPath",
         "modules.edged",
         "modules.eventBus",
@@ -143,6 +149,7 @@ impl Validate for EdgeConfig {
             "seconds",
         )?;
         self.modules.edge_stream.validate()?;
+        self.modules.meta_manager.meta_server.validate()?;
         self.modules.edged.validate()
     }
 }
@@ -422,8 +429,11 @@ pub struct MetaManagerConfig {
     /// Whether MetaManager (and the SQLite store it writes) runs.
     pub enable: bool,
     /// Seconds a remote query (configmap, secret, ...) waits for the cloud before the stored
-    /// copy is served.
+    /// copy is served (and a MetaServer list or get before the store answers).
     pub remote_query_timeout: u64,
+    /// `modules.metaManager.metaServer`: the Kubernetes-API-shaped server for the node's
+    /// applications.
+    pub meta_server: super::MetaServerConfig,
 }
 
 impl Default for MetaManagerConfig {
@@ -431,6 +441,7 @@ impl Default for MetaManagerConfig {
         MetaManagerConfig {
             enable: true,
             remote_query_timeout: 60,
+            meta_server: super::MetaServerConfig::default(),
         }
     }
 }

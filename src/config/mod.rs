@@ -17,6 +17,7 @@ mod cloud;
 mod cloud_stream;
 mod edge;
 mod edge_stream;
+mod meta_server;
 
 #[cfg(feature = "cloud")]
 pub use cloud::*;
@@ -24,6 +25,7 @@ pub use cloud::*;
 pub use cloud_stream::*;
 pub use edge::*;
 pub use edge_stream::*;
+pub use meta_server::*;
 
 /// A configuration file that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -725,9 +727,16 @@ mod tests {
         assert_eq!(edge.node_name(), "vm");
         assert_eq!(edge.modules.edge_hub.http_server, "https://192.0.2.2:10002");
         assert_eq!(edge.modules.edge_hub.websocket.server, "192.0.2.2:10000");
+        assert!(!edge.modules.meta_manager.meta_server.enable);
+        assert_eq!(
+            edge.modules.meta_manager.meta_server.server,
+            "127.0.0.1:10550"
+        );
         listed(
             &ignored,
             &[
+                "modules.metaManager.metaServer.tlsCaFile",
+                "modules.metaManager.metaServer.dummyServer",
                 "database.driverName",
                 "edgecoreVersion",
                 "modules.dbTest",

@@ -407,15 +407,15 @@ impl Ctx {
     /// same-named successor.
     async fn delete(&self, object: CloudObject) {
         let target = &object.target;
-        let deleted = if target.kind == ResourceType::Pod.as_str() {
-            self.store
-                .delete_pod_with_uid(target.key.clone(), object.uid.clone())
-                .await
-        } else {
-            self.store
-                .delete_with_uid(target.key.clone(), object.uid.clone())
-                .await
-        };
+        let deleted = self
+            .store
+            .delete_object(
+                target.key.clone(),
+                object.uid.clone(),
+                target.kind == ResourceType::Pod.as_str(),
+                object.value.clone(),
+            )
+            .await;
         match deleted {
             Ok(_) => {
                 self.metrics.deletes.inc();

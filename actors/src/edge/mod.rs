@@ -2,7 +2,8 @@
 //! stores what the cloud sends in the [`store`] (KubeEdge's SQLite `meta` table) and
 //! acknowledges it only once it is committed, [`devicetwin`] keeps devices and their twins in
 //! [`twin_store`], [`edged`] registers the node, reports its status and carries a runtime's
-//! pod reports, and [`watch`] turns the store's changes into a watch stream.
+//! pod reports, [`watch`] turns the store's changes into a watch stream, and [`metaserver`] serves the
+//! store (and, online, the cloud) to the node's applications in the Kubernetes API's shape.
 
 pub mod certmanager;
 pub mod contract;
@@ -13,6 +14,7 @@ pub mod edgehub;
 pub mod edgestream;
 mod kubelet_http;
 pub mod metamanager;
+pub mod metaserver;
 pub(crate) mod remote;
 pub mod store;
 pub mod twin_store;

@@ -135,6 +135,9 @@ enum Command {
         keys: Vec<String>,
         /// Delete the first key only if its stored value holds this pod UID.
         uid: Option<String>,
+        /// The object as the delete names it (its last version): what the DELETED event of
+        /// the first key carries instead of the stored row's value, when it is an object.
+        last: Option<Value>,
         reply: Reply<bool>,
     },
     Exec(Job),
@@ -312,6 +315,7 @@ impl MetaStore {
         self.call(|reply| Command::Delete {
             keys: vec![key],
             uid: None,
+            last: None,
             reply,
         })
         .await
@@ -327,6 +331,34 @@ impl MetaStore {
         self.call(|reply| Command::Delete {
             keys: vec![key],
             uid,
+            last: None,
+            reply,
+        })
+        .await
+    }
+
+    /// A cloud delete: like [`MetaStore::delete_with_uid`] (or, for a pod, like
+    /// `delete_pod_with_uid`), but the DELETED event carries `last`, the object at the
+    /// version the delete names, when it is an object: so a watcher sees the deletion's
+    /// resourceVersion, not the last stored one.
+    pub(crate) async fn delete_object(
+        &self,
+        key: String,
+        uid: Option<String>,
+        pod: bool,
+        last: Value,
+    ) -> Result<bool, StoreError> {
+        let mut keys = vec![key];
+        if pod {
+            if let Some(patch) = podpatch_key(&keys[0]) {
+                keys.push(patch);
+            }
+        }
+        let last = last.get("metadata").is_some().then_some(last);
+        self.call(|reply| Command::Delete {
+            keys,
+            uid,
+            last,
             reply,
         })
         .await
@@ -351,8 +383,13 @@ impl MetaStore {
         if let Some(patch) = podpatch_key(&keys[0]) {
             keys.push(patch);
         }
-        self.call(|reply| Command::Delete { keys, uid, reply })
-            .await
+        self.call(|reply| Command::Delete {
+            keys,
+            uid,
+            last: None,
+            reply,
+        })
+        .await
     }
 
     /// Runs `job` on the store thread, in order with every other command (one writer for the
@@ -523,8 +560,13 @@ impl Worker {
                     self.record(&result);
                     let _ = reply.send(result);
                 }
-                Command::Delete { keys, uid, reply } => {
-                    let result = self.delete(&keys, uid.as_deref());
+                Command::Delete {
+                    keys,
+                    uid,
+                    last,
+                    reply,
+                } => {
+                    let result = self.delete(&keys, uid.as_deref(), last);
                     self.record(&result);
                     let _ = reply.send(result);
                 }
@@ -610,7 +652,12 @@ impl Worker {
         let _ = self.changes.send(StoreEvent { kind, object });
     }
 
-    fn delete(&self, keys: &[String], uid: Option<&str>) -> Result<bool, StoreError> {
+    fn delete(
+        &self,
+        keys: &[String],
+        uid: Option<&str>,
+        last: Option<Value>,
+    ) -> Result<bool, StoreError> {
         let first = keys.first().cloned().unwrap_or_default();
         let tx = self
             .conn
@@ -644,7 +691,13 @@ impl Worker {
         let existed = removed.first().is_some_and(|row| row.key == first);
         tx.commit()
             .map_err(self.error(format!("commit delete of {first}")))?;
-        for row in removed {
+        let mut last = last;
+        for mut row in removed {
+            if row.key == first {
+                if let Some(last) = last.take() {
+                    row.value = last;
+                }
+            }
             self.publish(ChangeKind::Deleted, row);
         }
         Ok(existed)

@@ -32,6 +32,9 @@ pub use twin::{TwinBody, TwinMessage, TwinReply};
 use std::sync::Arc;
 use std::time::Duration;
 
+use edgehive_protocols::application::{
+    Application, APPLICATION_REQUEST_OPERATION, APPLICATION_REQUEST_RESOURCE, WATCH_SYNC_RESOURCE,
+};
 use edgehive_protocols::{Group, Message, ModuleName, Operation, ResourceType};
 use futures_util::Stream;
 use serde::Serialize;
@@ -292,6 +295,12 @@ pub(crate) enum Ask {
     },
     /// A local query asked of the cloud: the query, copied with a new id.
     Query(Origin),
+    /// MetaServer's request to the cloud's DynamicController: list, get or watch (route
+    /// `{source: metaserver, group: dynamiccontroller, operation: "null", resource: "null"}`,
+    /// content the `Application`); the answer is an `applicationResponse`.
+    Application(Box<Application>),
+    /// MetaServer's note that a watch ended (resource `watchapp/sync`, content `{}`).
+    WatchSync,
 }
 
 impl Ask {
@@ -310,6 +319,21 @@ impl Ask {
                 ask.header.timestamp = Message::keepalive().header.timestamp;
                 ask
             }
+            Ask::Application(app) => Message::new(
+                ModuleName::MetaServer,
+                Group::DynamicController,
+                Operation::from(APPLICATION_REQUEST_OPERATION),
+                APPLICATION_REQUEST_RESOURCE,
+                // An Application is strings, bytes and a JSON value: it always serializes.
+                serde_json::to_value(&*app).unwrap_or_else(|_| json!({})),
+            ),
+            Ask::WatchSync => Message::new(
+                ModuleName::MetaServer,
+                Group::DynamicController,
+                Operation::from(APPLICATION_REQUEST_OPERATION),
+                WATCH_SYNC_RESOURCE,
+                json!({}),
+            ),
         }
     }
 }

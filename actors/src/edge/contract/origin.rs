@@ -1,6 +1,7 @@
 //! The cloud messages modules get opaque: what a typed message was made from ([`Origin`]) and
 //! a reply to a request ([`CloudReply`]).
 
+use edgehive_protocols::application::Application;
 use edgehive_protocols::{Message, Operation};
 use serde_json::Value;
 
@@ -43,6 +44,13 @@ impl CloudReply {
     /// Whether it is a plain `"OK"`.
     pub(crate) fn is_ok_text(&self) -> bool {
         self.0.content_str() == Some("OK")
+    }
+
+    /// The `Application` an `applicationResponse` carries (MetaServer's answer), if the
+    /// content is one.
+    pub(crate) fn application(&self) -> Option<Application> {
+        let content = self.0.content_json().ok()?;
+        serde_json::from_value(content).ok()
     }
 
     /// The reply as the message it came as, for the ACK it may need ([`ToCloud::Ack`]).

@@ -1373,8 +1373,13 @@ async fn kubectl_exec_goes_through_edgehives_cloud_and_edge_to_the_kubelet_api_a
         echoed == payload,
         "the echoed bytes differ from what was sent"
     );
-    assert!(kubelet.requests.lock().unwrap().iter().any(|line| line
-        == "POST /exec/default/echo/main?command=cat&input=1&output=1&error=1 HTTP/1.1"));
+    assert!(kubelet
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|line| line
+            == "POST /exec/default/echo/main?command=cat&input=1&output=1&error=1 HTTP/1.1"));
     // The API server left: both sides close the stream.
     let (cloud_hive, edge_hive) = (s.cloud.hive().clone(), s.edge.hive().clone());
     eventually("both sides close the exec stream", WITHIN, || {

@@ -98,6 +98,10 @@ struct Cli {
     /// streams: milliseconds between DATA messages of one stream (0: as fast as it goes).
     #[arg(long, default_value_t = 0)]
     chunk_interval_ms: u64,
+    /// streams: exec round trips (64 bytes) to time through the cloud after the logs
+    /// measurement, beside the same over a plain TLS echo (0: none).
+    #[arg(long, default_value_t = 0)]
+    exec_rounds: usize,
     /// Also print the result as a markdown table.
     #[arg(long)]
     markdown: bool,
@@ -166,6 +170,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             hold: Duration::from_secs(cli.hold),
             concurrency: cli.concurrency,
             cloud_pid: cli.cloud_pid,
+            exec_rounds: cli.exec_rounds,
         };
         let report = actix_rt::System::new().block_on(edgehive_loadtest::run_streams(options))?;
         println!("{}", serde_json::to_string(&report)?);

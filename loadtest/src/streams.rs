@@ -24,6 +24,10 @@ use tokio::sync::{mpsc, Semaphore};
 
 use super::{cpu_ticks, rss_kib};
 
+/// The kubelet's answer to an exec, as edgecore brought it in the v1.22 capture.
+const KUBELET_101: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\
+Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n";
+
 /// What `--scenario streams` runs.
 #[derive(Debug, Clone)]
 pub struct StreamOptions {
@@ -52,6 +56,9 @@ pub struct StreamOptions {
     pub concurrency: usize,
     /// The cloud process to sample.
     pub cloud_pid: Option<u32>,
+    /// Round trips of an exec's input (64 bytes each) through the cloud to the first node's
+    /// echoing kubelet and back, after the logs measurement; 0: none.
+    pub exec_rounds: usize,
 }
 
 /// What `--scenario streams` measured.
@@ -92,6 +99,17 @@ pub struct StreamReport {
     pub cloud_kib_per_stream: Option<f64>,
     /// The cloud's CPU while measured, % of one core.
     pub cloud_cpu_percent: Option<f64>,
+    /// Exec round trips measured (`exec_rounds`).
+    pub exec_rounds: usize,
+    /// An exec round trip through the cloud and the tunnel, p50, microseconds.
+    pub exec_rtt_p50_us: Option<u64>,
+    /// p99, microseconds.
+    pub exec_rtt_p99_us: Option<u64>,
+    /// The same round trip over a plain TLS echo on loopback (no cloud), p50, microseconds:
+    /// what the client and TLS cost by themselves.
+    pub direct_rtt_p50_us: Option<u64>,
+    /// p99, microseconds.
+    pub direct_rtt_p99_us: Option<u64>,
 }
 
 /// A client trusting `server_ca` with a certificate for `name` from `client_ca`.
@@ -138,6 +156,7 @@ async fn tunnel(
         }
     });
     let mut open: std::collections::HashMap<u64, Rc<Cell<bool>>> = Default::default();
+    let mut echoing: std::collections::HashSet<u64> = Default::default();
     let pinger = out.clone();
     actix_rt::spawn(async move {
         // edgecore pings every 5 s; the cloud closes a silent tunnel.
@@ -189,6 +208,35 @@ async fn tunnel(
                         }
                     }
                 });
+            }
+            TunnelType::ExecConnect => {
+                // The kubelet's 101, as edgecore brings it up, then an echo of the input.
+                echoing.insert(message.connect_id);
+                let _ = out
+                    .send(frame_of(encode_tunnel(
+                        message.connect_id,
+                        TunnelType::Data,
+                        KUBELET_101,
+                    )))
+                    .await;
+            }
+            TunnelType::Data if echoing.contains(&message.connect_id) => {
+                let _ = out
+                    .send(frame_of(encode_tunnel(
+                        message.connect_id,
+                        TunnelType::Data,
+                        &message.data,
+                    )))
+                    .await;
+            }
+            TunnelType::RemoveConnect if echoing.remove(&message.connect_id) => {
+                let _ = out
+                    .send(frame_of(encode_tunnel(
+                        message.connect_id,
+                        TunnelType::RemoveConnect,
+                        b"",
+                    )))
+                    .await;
             }
             TunnelType::RemoveConnect => {
                 if let Some(stop) = open.remove(&message.connect_id) {
@@ -337,6 +385,11 @@ pub async fn run(options: StreamOptions) -> anyhow::Result<StreamReport> {
     let bytes: u64 = deltas.iter().sum();
     let mib = |b: u64| b as f64 / seconds / (1024.0 * 1024.0);
     let open = counters.iter().filter(|c| c.get() > 0).count();
+    let (exec, direct) = if options.exec_rounds > 0 {
+        exec_latency(&options, &ca, &client_ca).await?
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let ticks_per_second = 100.0; // USER_HZ on Linux
     Ok(StreamReport {
         nodes: options.nodes,
@@ -361,5 +414,128 @@ pub async fn run(options: StreamOptions) -> anyhow::Result<StreamReport> {
         cloud_cpu_percent: cpu_before
             .zip(cpu_after)
             .map(|(b, a)| (a - b) as f64 / ticks_per_second / seconds * 100.0),
+        exec_rounds: exec.len(),
+        exec_rtt_p50_us: percentile(&exec, 50),
+        exec_rtt_p99_us: percentile(&exec, 99),
+        direct_rtt_p50_us: percentile(&direct, 50),
+        direct_rtt_p99_us: percentile(&direct, 99),
     })
+}
+
+fn percentile(sorted: &[u64], p: usize) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    Some(sorted[((sorted.len() - 1) * p / 100).min(sorted.len() - 1)])
+}
+
+/// One blocking TLS client connection (run on a thread of its own: the simulated edges need
+/// this process's runtime meanwhile).
+fn tls_connect(
+    addr: std::net::SocketAddr,
+    config: rustls::ClientConfig,
+) -> anyhow::Result<rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>> {
+    let socket = std::net::TcpStream::connect(addr)?;
+    socket.set_nodelay(true)?;
+    socket.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let connection = rustls::ClientConnection::new(Arc::new(config), "127.0.0.1".try_into()?)?;
+    Ok(rustls::StreamOwned::new(connection, socket))
+}
+
+/// `rounds` round trips of 64 bytes on `stream`; the microseconds of each, sorted.
+fn round_trips(
+    stream: &mut (impl std::io::Read + std::io::Write),
+    rounds: usize,
+) -> anyhow::Result<Vec<u64>> {
+    let message = [b'e'; 64];
+    let mut back = [0u8; 64];
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let started = Instant::now();
+        stream.write_all(&message)?;
+        stream.flush()?;
+        stream.read_exact(&mut back)?;
+        times.push(started.elapsed().as_micros() as u64);
+    }
+    times.sort_unstable();
+    Ok(times)
+}
+
+/// Exec round trips through the cloud (API server → stream server → tunnel → the first
+/// node's echo → back), and the same over a plain TLS echo on loopback for comparison.
+async fn exec_latency(
+    options: &StreamOptions,
+    ca: &CertAuthority,
+    client_ca: &CertAuthority,
+) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+    let key = certs::generate_key()?;
+    let csr = certs::node_csr(&key, "kube-apiserver")?;
+    let cert = client_ca
+        .sign_node_csr(&csr, "kube-apiserver", Duration::from_secs(3600))
+        .map_err(|error| anyhow::anyhow!("signing the API server's certificate: {error}"))?;
+    let config = edge_client_config(ca.cert_der(), &cert, &key)?;
+    let stream_addr: std::net::SocketAddr = options
+        .stream
+        .parse()
+        .context("--stream must be IP:PORT for the exec measurement")?;
+    let head = format!(
+        "POST /exec/default/exec-0/main?command=cat&input=1&output=1&error=1 HTTP/1.1\r\n\
+         Host: {}0:10350\r\nContent-Length: 0\r\nConnection: Upgrade\r\n\
+         Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n",
+        options.prefix
+    );
+    let rounds = options.exec_rounds;
+    let through = config.clone();
+    let exec = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u64>> {
+        use std::io::{Read, Write};
+        let mut tls = tls_connect(stream_addr, through)?;
+        tls.write_all(head.as_bytes())?;
+        let mut answer = Vec::new();
+        let mut byte = [0u8];
+        while !answer.ends_with(b"\r\n\r\n") {
+            tls.read_exact(&mut byte)?;
+            answer.push(byte[0]);
+            anyhow::ensure!(answer.len() < 65536, "no answer head");
+        }
+        anyhow::ensure!(
+            answer.starts_with(b"HTTP/1.1 101"),
+            "exec answered {}",
+            String::from_utf8_lossy(&answer)
+        );
+        round_trips(&mut tls, rounds)
+    })
+    .await??;
+    // The baseline: a TLS echo server on loopback with the cloud CA's server certificate.
+    let (server_cert, server_key) = ca.issue_server_cert(&["127.0.0.1".parse()?], &[])?;
+    let server_config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![rustls::pki_types::CertificateDer::from(server_cert)],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
+        )?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let echo_addr = listener.local_addr()?;
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let Ok((socket, _)) = listener.accept() else {
+            return;
+        };
+        let _ = socket.set_nodelay(true);
+        let Ok(connection) = rustls::ServerConnection::new(Arc::new(server_config)) else {
+            return;
+        };
+        let mut tls = rustls::StreamOwned::new(connection, socket);
+        let mut buf = [0u8; 64];
+        while tls.read_exact(&mut buf).is_ok() {
+            if tls.write_all(&buf).and_then(|()| tls.flush()).is_err() {
+                break;
+            }
+        }
+    });
+    let direct = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u64>> {
+        let mut tls = tls_connect(echo_addr, config)?;
+        round_trips(&mut tls, rounds)
+    })
+    .await??;
+    Ok((exec, direct))
 }

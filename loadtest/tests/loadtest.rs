@@ -280,7 +280,7 @@ fn in_process_upstream_smoke_node_and_pod_status_get_their_replies() {
 }
 
 #[test]
-fn streams_smoke_every_logs_follow_opens_and_carries_bytes_through_the_cloud() {
+fn streams_smoke_every_logs_follow_and_an_exec_go_through_the_cloud() {
     let dir = tempfile::tempdir().unwrap();
     let api_ca = edgehive_actors::identity::certs::CertAuthority::generate().unwrap();
     let api_ca_files = (dir.path().join("api-ca.crt"), dir.path().join("api-ca.key"));
@@ -319,8 +319,14 @@ fn streams_smoke_every_logs_follow_opens_and_carries_bytes_through_the_cloud() {
         "1",
         "--cloud-pid",
         &pid,
+        "--exec-rounds",
+        "20",
     ]);
     assert_eq!(report["streams"], 9, "{report}");
+    // An exec through the cloud to a node's echoing kubelet, and the plain TLS baseline.
+    assert_eq!(report["execRounds"], 20, "{report}");
+    assert!(report["execRttP99Us"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["directRttP99Us"].as_u64().unwrap() > 0, "{report}");
     assert_eq!(report["streamErrors"], 0, "{report}");
     assert!(report["bytes"].as_u64().unwrap() > 0, "{report}");
     assert!(

@@ -225,7 +225,7 @@ async fn tunnel(
                     .send(frame_of(encode_tunnel(
                         message.connect_id,
                         TunnelType::Data,
-                        &message.data,
+                        message.data,
                     )))
                     .await;
             }

@@ -137,15 +137,30 @@ async fn tunnel(
     node: String,
     chunk: Rc<Vec<u8>>,
     interval: Duration,
+    gate: Arc<Semaphore>,
 ) -> anyhow::Result<()> {
-    let (_, framed) = client
-        .ws(url)
-        .header("SessionHostNameOverride", node.as_str())
-        .header("SessionInternalIP", "192.0.2.2")
-        .max_frame_size(2 << 20)
-        .connect()
-        .await
-        .map_err(|error| anyhow::anyhow!("{node}: tunnel: {error}"))?;
+    // At most `concurrency` handshakes at once (the cloud bounds them per source address);
+    // one refused is tried again, as edgecore dials again every 2 s.
+    let permit = gate.acquire_owned().await;
+    let mut tries = 0;
+    let framed = loop {
+        match client
+            .ws(url.as_str())
+            .header("SessionHostNameOverride", node.as_str())
+            .header("SessionInternalIP", "192.0.2.2")
+            .max_frame_size(2 << 20)
+            .connect()
+            .await
+        {
+            Ok((_, framed)) => break framed,
+            Err(error) if tries >= 10 => anyhow::bail!("{node}: tunnel: {error}"),
+            Err(_) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    drop(permit);
     let (mut sink, mut frames) = framed.split();
     let (out, mut outgoing) = mpsc::channel::<WsMessage>(64);
     actix_rt::spawn(async move {
@@ -282,13 +297,15 @@ pub async fn run(options: StreamOptions) -> anyhow::Result<StreamReport> {
     });
     let url = format!("wss://{}/v1/kubeedge/connect", options.tunnel);
     let broken = Rc::new(Cell::new(0usize));
+    let dialing = Arc::new(Semaphore::new(options.concurrency.max(1)));
     for index in 0..options.nodes {
         let node = format!("{}{index}", options.prefix);
         let client = client(&ca, &ca, &node)?;
         let (url, chunk, broken) = (url.clone(), chunk.clone(), broken.clone());
         let interval = options.interval;
+        let gate = dialing.clone();
         actix_rt::spawn(async move {
-            if let Err(error) = tunnel(client, url, node, chunk, interval).await {
+            if let Err(error) = tunnel(client, url, node, chunk, interval, gate).await {
                 eprintln!("tunnel ended: {error:#}");
                 broken.set(broken.get() + 1);
             }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use edgehive::cloud::CloudProcess;
 use edgehive::edge::EdgeProcess;
-use edgehive_actors::identity::certs::{self, CertAuthority};
+use edgehive_actors::identity::certs::CertAuthority;
 use edgehive_actors::identity::tls;
 use futures_util::StreamExt;
 
@@ -217,14 +217,8 @@ async fn setup(
 
     // The API server, with its kubelet client certificate.
     let ca = cloud_ca(dir);
-    let key = certs::generate_key().unwrap();
-    let csr = certs::node_csr(&key, "kube-apiserver-kubelet-client").unwrap();
-    let api_cert = api_ca
-        .sign_node_csr(
-            &csr,
-            "kube-apiserver-kubelet-client",
-            Duration::from_secs(600),
-        )
+    let (api_cert, key) = api_ca
+        .issue_client_cert("kube-apiserver-kubelet-client")
         .unwrap();
     let tls_config = tls::edge_client_config(ca.cert_der(), &api_cert, &key).unwrap();
     let api = awc::Client::builder()
@@ -1373,8 +1367,13 @@ async fn kubectl_exec_goes_through_edgehives_cloud_and_edge_to_the_kubelet_api_a
         echoed == payload,
         "the echoed bytes differ from what was sent"
     );
-    assert!(kubelet.requests.lock().unwrap().iter().any(|line| line
-        == "POST /exec/default/echo/main?command=cat&input=1&output=1&error=1 HTTP/1.1"));
+    assert!(kubelet
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|line| line
+            == "POST /exec/default/echo/main?command=cat&input=1&output=1&error=1 HTTP/1.1"));
     // The API server left: both sides close the stream.
     let (cloud_hive, edge_hive) = (s.cloud.hive().clone(), s.edge.hive().clone());
     eventually("both sides close the exec stream", WITHIN, || {

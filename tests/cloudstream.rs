@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use awc::ws::Frame;
 use edgehive::cloud::CloudProcess;
-use edgehive_actors::identity::certs::{self, CertAuthority};
+use edgehive_actors::identity::certs::CertAuthority;
 use edgehive_actors::identity::tls;
 use edgehive_protocols::tunnel::{decode_tunnel, encode_tunnel, ConnectRequest, TunnelType};
 use futures_util::{SinkExt, StreamExt};
@@ -62,14 +62,8 @@ async fn an_enabled_cloudstream_serves_kubectl_logs_through_the_nodes_tunnel() {
         .unwrap();
 
     // The API server, with its kubelet client certificate.
-    let key = certs::generate_key().unwrap();
-    let csr = certs::node_csr(&key, "kube-apiserver-kubelet-client").unwrap();
-    let api_cert = api_ca
-        .sign_node_csr(
-            &csr,
-            "kube-apiserver-kubelet-client",
-            std::time::Duration::from_secs(600),
-        )
+    let (api_cert, key) = api_ca
+        .issue_client_cert("kube-apiserver-kubelet-client")
         .unwrap();
     let config = tls::edge_client_config(ca.cert_der(), &api_cert, &key).unwrap();
     let api = awc::Client::builder()

@@ -39,6 +39,8 @@ pub(crate) struct Setup {
     pub(crate) ca: CertAuthority,
     /// The API server's TLS client config: its client certificate, trusting the cloud CA.
     pub(crate) api: Arc<ClientConfig>,
+    /// The stream CA (`tlsStreamCAFile`), which signs the API server's certificate.
+    pub(crate) api_ca: CertAuthority,
 }
 
 pub(crate) async fn start(
@@ -60,9 +62,16 @@ pub(crate) async fn start(
     tune(&mut config);
     let cloud = CloudProcess::start(&config, None).await.unwrap();
     let ca = cloud_ca(dir);
-    let cert = node_cert(&api_ca, "kube-apiserver-kubelet-client");
+    let cert = api_ca
+        .issue_client_cert("kube-apiserver-kubelet-client")
+        .unwrap();
     let api = Arc::new(tls::edge_client_config(ca.cert_der(), &cert.0, &cert.1).unwrap());
-    Setup { cloud, ca, api }
+    Setup {
+        cloud,
+        ca,
+        api,
+        api_ca,
+    }
 }
 
 impl Setup {
@@ -354,6 +363,60 @@ async fn a_connect_to_another_address_is_passed_straight_through_byte_exact() {
     })
     .await;
     assert_eq!(setup.refused("egress_dial_failed"), 3);
+    setup.cloud.stop().await;
+}
+
+/// The stream CA is usually the cluster's CA, which also signs every kubelet's client
+/// certificate: a node holding one gets no CONNECT, neither to an edge node's streams nor
+/// straight through into the cluster.
+#[actix_rt::test]
+async fn a_node_certificate_from_the_stream_ca_gets_no_connect_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = start(dir.path(), None, |_| {}).await;
+    setup.edge().await;
+    let echo = echo_server(1);
+    let egress = setup.egress();
+    let mut workers = Vec::new();
+    for worker in ["worker-1", NODE, "edge-f"] {
+        let cert = node_cert(&setup.api_ca, worker);
+        workers.push(Arc::new(
+            tls::edge_client_config(setup.ca.cert_der(), &cert.0, &cert.1).unwrap(),
+        ));
+    }
+    let targets = [
+        format!("{NODE}:10250"),
+        format!("{NODE_IP}:10350"),
+        echo.to_string(),
+    ];
+    blocking(move || {
+        for worker in &workers {
+            for target in &targets {
+                for _ in 0..2 {
+                    let mut proxy = tls_over(tcp(egress), worker.clone());
+                    let answer = exchange(&mut proxy, &connect_head(target));
+                    assert!(answer.starts_with("HTTP/1.1 403 "), "{target}: {answer:?}");
+                }
+            }
+        }
+    })
+    .await;
+    setup.refusals_reach("egress_node_certificate", 18).await;
+    // The API server's own certificate is served as before.
+    let api = setup.api.clone();
+    blocking(move || {
+        let mut proxy = tls_over(tcp(egress), api);
+        let answer = exchange(&mut proxy, &connect_head(&echo.to_string()));
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
+        echo_exact(&mut proxy);
+    })
+    .await;
+    assert_eq!(
+        metric_sum(
+            &setup.metrics(),
+            "edgehive_cloudstream_egress_connections_opened_total{route=\"direct\"}"
+        ),
+        1
+    );
     setup.cloud.stop().await;
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use edgehive::cloud::CloudProcess;
 use edgehive::edge::EdgeProcess;
-use edgehive_actors::identity::certs::{self, CertAuthority};
+use edgehive_actors::identity::certs::CertAuthority;
 use edgehive_actors::identity::tls;
 use futures_util::StreamExt;
 
@@ -217,14 +217,8 @@ async fn setup(
 
     // The API server, with its kubelet client certificate.
     let ca = cloud_ca(dir);
-    let key = certs::generate_key().unwrap();
-    let csr = certs::node_csr(&key, "kube-apiserver-kubelet-client").unwrap();
-    let api_cert = api_ca
-        .sign_node_csr(
-            &csr,
-            "kube-apiserver-kubelet-client",
-            Duration::from_secs(600),
-        )
+    let (api_cert, key) = api_ca
+        .issue_client_cert("kube-apiserver-kubelet-client")
         .unwrap();
     let tls_config = tls::edge_client_config(ca.cert_der(), &api_cert, &key).unwrap();
     let api = awc::Client::builder()

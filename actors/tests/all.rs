@@ -11,6 +11,7 @@ mod unlisted;
 // One module per file of tests.
 mod cloud_controller_downstream;
 mod cloud_controller_upstream;
+mod cloud_dynamiccontroller;
 mod cloud_edgecontroller;
 mod cloud_hub;
 mod cloud_kube;

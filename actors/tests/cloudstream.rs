@@ -29,6 +29,12 @@ struct Stream {
     server: CloudStreamServer,
 }
 
+/// The API server's kubelet client certificate (kubeadm's CN, no node name).
+fn api_cert(ca: &CertAuthority) -> (Vec<u8>, rcgen::KeyPair) {
+    ca.issue_client_cert("kube-apiserver-kubelet-client")
+        .unwrap()
+}
+
 fn node_cert(ca: &CertAuthority, node: &str) -> (Vec<u8>, rcgen::KeyPair) {
     let key = certs::generate_key().unwrap();
     let csr = certs::node_csr(&key, node).unwrap();
@@ -104,11 +110,15 @@ impl Stream {
     /// The API server's client: a certificate from the stream CA, or none.
     fn api_client(&self, with_cert: bool) -> awc::Client {
         let config = if with_cert {
-            let cert = node_cert(&self.api_ca, "kube-apiserver");
+            let cert = api_cert(&self.api_ca);
             tls::edge_client_config(self.ca.cert_der(), &cert.0, &cert.1).unwrap()
         } else {
             tls::ca_only_client_config(self.ca.cert_der()).unwrap()
         };
+        Self::client_with(config)
+    }
+
+    fn client_with(config: rustls::ClientConfig) -> awc::Client {
         awc::Client::builder()
             .connector(awc::Connector::new().rustls_0_23(Arc::new(config)))
             .timeout(WITHIN)
@@ -746,7 +756,7 @@ impl Raw {
 impl Stream {
     fn api_tls(&self, with_cert: bool) -> rustls::ClientConfig {
         if with_cert {
-            let cert = node_cert(&self.api_ca, "kube-apiserver");
+            let cert = api_cert(&self.api_ca);
             tls::edge_client_config(self.ca.cert_der(), &cert.0, &cert.1).unwrap()
         } else {
             tls::ca_only_client_config(self.ca.cert_der()).unwrap()
@@ -936,6 +946,67 @@ async fn exec_and_attach_without_an_upgrade_are_refused_and_counted() {
         edge.answer_logs(&["only this\n"]),
     );
     assert_eq!(answered, (200, "only this\n".to_owned()));
+}
+
+/// The stream CA is usually the cluster's CA (kubeadm's `ca.crt`), which also signs every
+/// kubelet's client certificate: a node holding one must not read logs of, nor exec or attach
+/// into, pods of any node through the stream port (a kubelet refuses nodes that too).
+#[actix_rt::test]
+async fn a_node_certificate_from_the_stream_ca_cannot_read_or_exec_into_any_nodes_pods() {
+    let stream = Stream::start(CloudStreamOptions::default());
+    let mut edge = stream.dial("node-a", "node-a").await.unwrap();
+    let mut refused = 0;
+    for (round, worker) in ["worker-1", "node-a", "node-b"].iter().enumerate() {
+        let cert = node_cert(&stream.api_ca, worker);
+        let config = tls::edge_client_config(stream.ca.cert_der(), &cert.0, &cert.1).unwrap();
+        // A fresh client (new connections) for each request.
+        for (path, host) in [
+            ("/containerLogs/default/printer/main", "node-a:10351"),
+            (
+                "/containerLogs/default/printer/main?follow=true",
+                "192.0.2.2",
+            ),
+            ("/metrics/cadvisor", "node-a"),
+            ("/stats/summary", "192.0.2.2:10351"),
+            ("/portForward/default/printer", "node-a"),
+        ] {
+            let client = Stream::client_with(config.clone());
+            let (status, text) = get_logs(&client, &stream.logs_url(path), host).await;
+            assert_eq!(status, 403, "round {round} {path}: {text}");
+            assert!(text.contains("node"), "{text}");
+            refused += 1;
+        }
+        for (path, node) in [
+            (EXEC_ECHO, "node-a"),
+            ("/attach/default/ticker/main?error=1&output=1", "node-a"),
+            (EXEC_ECHO, "192.0.2.2"),
+        ] {
+            let head = upgrade_head(node, path);
+            let config = config.clone();
+            let addr = stream.server.stream_addr();
+            let (answer, (body, _)) = blocking(move || {
+                let mut raw = Raw::connect(addr, config);
+                raw.write(head.as_bytes());
+                (raw.head(), raw.rest())
+            })
+            .await;
+            assert!(answer.starts_with("HTTP/1.1 403 "), "{path}: {answer}");
+            assert!(!String::from_utf8_lossy(&body).contains("Switching"));
+            refused += 1;
+        }
+    }
+    assert_eq!(
+        stream.metric(r#"edgehive_cloudstream_refused_total{reason="node_certificate"}"#),
+        refused
+    );
+    // None of it reached the edge: its next message is the API server's request.
+    let url = stream.logs_url("/containerLogs/default/printer/main");
+    let api = stream.api_client(true);
+    let (answered, _) = tokio::join!(
+        get_logs(&api, &url, "node-a"),
+        edge.answer_logs(&["the api server's\n"]),
+    );
+    assert_eq!(answered, (200, "the api server's\n".to_owned()));
 }
 
 #[actix_rt::test]

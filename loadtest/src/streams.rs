@@ -130,6 +130,17 @@ fn client(
         .finish())
 }
 
+/// The API server's client: trusts `server_ca`, with a kubelet client certificate (not a
+/// node's: the cloud refuses those on the stream port) from `client_ca`.
+fn api_client(server_ca: &CertAuthority, client_ca: &CertAuthority) -> anyhow::Result<awc::Client> {
+    let (cert, key) = client_ca.issue_client_cert("kube-apiserver-kubelet-client")?;
+    let config = edge_client_config(server_ca.cert_der(), &cert, &key)?;
+    Ok(awc::Client::builder()
+        .connector(awc::Connector::new().rustls_0_23(Arc::new(config)).limit(0))
+        .timeout(Duration::from_secs(60))
+        .finish())
+}
+
 /// One simulated edge's tunnel: every LOGS_CONNECT gets DATA until the cloud removes it.
 async fn tunnel(
     client: awc::Client,
@@ -313,7 +324,7 @@ pub async fn run(options: StreamOptions) -> anyhow::Result<StreamReport> {
     }
     // The cloud knows a tunnel once its upgrade is answered; wait until every node's logs
     // can be opened (a node without a tunnel answers 502 at once).
-    let api = client(&ca, &client_ca, "kube-apiserver")?;
+    let api = api_client(&ca, &client_ca)?;
     let logs_url = |index: usize, stream: usize| {
         format!(
             "https://{}/containerLogs/default/pod-{index}-{stream}/main?follow=true",

@@ -268,6 +268,25 @@ impl CertAuthority {
         sha256_hex(&self.cert_der)
     }
 
+    /// A client certificate with CN `common_name` (no organization, ClientAuth, ~100 years),
+    /// such as the API server's kubelet client certificate (`kube-apiserver-kubelet-client`);
+    /// returns the certificate DER and its new key.
+    pub fn issue_client_cert(&self, common_name: &str) -> Result<(Vec<u8>, KeyPair), CertError> {
+        let key = generate_key()?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = name(&[(DnType::CommonName, common_name)]);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        set_validity(&mut params, LONG_LIVED)?;
+        params.serial_number = Some(random_serial());
+        params.use_authority_key_identifier_extension = true;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.der().to_vec(), key))
+    }
+
     /// A server certificate for CloudHub (CN/O `KubeEdge`, ServerAuth, ~100 years) with
     /// `addresses` and `dns_names` as SANs; returns the certificate DER and its new key.
     pub fn issue_server_cert(

@@ -138,12 +138,14 @@ async fn first_request(
         )),
         First::Gone => Err(()),
         First::Upgrade(req, early) => {
-            let authenticated = io
-                .get_ref()
-                .1
-                .peer_certificates()
-                .is_some_and(|chain| !chain.is_empty());
-            upgrade::serve(context, io, peer, authenticated, req, early).await;
+            let caller = super::streams::check_caller(
+                io.get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map(|leaf| leaf.as_ref()),
+            );
+            upgrade::serve(context, io, peer, caller, req, early).await;
             // Served: the connection is not actix-web's.
             Err(())
         }

@@ -541,12 +541,30 @@ impl Egress {
             }
         };
         let mut stream = stream;
-        let anonymous = stream
+        let leaf = stream
             .get_ref()
             .1
             .peer_certificates()
-            .is_none_or(|chain| chain.is_empty());
-        if anonymous {
+            .and_then(|chain| chain.first())
+            .map(|leaf| leaf.to_vec());
+        if let Some(Err(refusal)) = leaf
+            .as_deref()
+            .map(|leaf| super::streams::check_caller(Some(leaf)))
+        {
+            // A node's certificate from the stream CA (the cluster's CA signs kubelets'):
+            // no proxy into the cluster, nor to other nodes' streams, for a node.
+            self.refuse(
+                &mut stream,
+                "egress_node_certificate",
+                None,
+                Some(peer),
+                "403 Forbidden",
+                &refusal.text,
+            )
+            .await;
+            return;
+        }
+        if leaf.is_none() {
             self.refuse(
                 &mut stream,
                 "egress_anonymous",

@@ -36,7 +36,7 @@ use edgehive_protocols::tunnel::TUNNEL_PATH;
 
 use crate::cloud::cloudhub::gate::{self, Gate, GateMetrics};
 use crate::hive::Hive;
-use crate::identity::tls::{CloudTls, PeerCertificate, TlsError};
+use crate::identity::tls::{CloudTls, TlsError};
 use context::StreamContext;
 pub use context::{CloudStreamOptions, EgressOptions};
 pub(crate) use metrics::CloudStreamMetrics;
@@ -241,8 +241,8 @@ pub fn start_cloudstream(
 /// that reach actix-web were not upgrades (`connection` serves the upgrades); the rest,
 /// port-forward included (cloudcore has none either), is 404.
 async fn not_served(req: HttpRequest, context: web::Data<StreamContext>) -> HttpResponse {
-    if req.conn_data::<PeerCertificate>().is_none() {
-        return streams::anonymous().respond(&context, &req);
+    if let Err(refusal) = streams::check_request(&req) {
+        return refusal.respond(&context, &req);
     }
     let path = req.path();
     if path.starts_with("/exec/") || path.starts_with("/attach/") {

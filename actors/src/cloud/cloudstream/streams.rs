@@ -140,6 +140,36 @@ pub(super) fn anonymous() -> Refusal {
     )
 }
 
+/// Whether the client certificate `leaf` (DER; `None`: none presented) may call the stream
+/// port: the API server's, not a node's. The stream CA is usually the cluster's CA, which also
+/// signs every kubelet's client certificate (`system:node:NAME`); a node holding one must not
+/// read or exec into other nodes' pods (the kubelet's own authorizer refuses nodes that too).
+pub(super) fn check_caller(leaf: Option<&[u8]>) -> Result<(), Refusal> {
+    let Some(leaf) = leaf else {
+        return Err(anonymous());
+    };
+    let common_name = crate::identity::certs::cert_common_name(leaf).unwrap_or_default();
+    if common_name.starts_with("system:node:") {
+        return Err(Refusal::new(
+            "node_certificate",
+            StatusCode::FORBIDDEN,
+            format!(
+                "{:?} is a node's client certificate: nodes may not use the stream port",
+                crate::hive::log::clip(&common_name)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The caller of `req` checked by [`check_caller`].
+pub(super) fn check_request(req: &HttpRequest) -> Result<(), Refusal> {
+    check_caller(
+        req.conn_data::<PeerCertificate>()
+            .map(|cert| cert.0.as_slice()),
+    )
+}
+
 /// A stream open on a node's tunnel, its connect message sent: the edge's DATA come on
 /// `receiver`; dropping `guard` ends it on the edge.
 pub(super) struct Opened {
@@ -234,8 +264,8 @@ pub(crate) async fn container_logs(
     path: web::Path<(String, String, String)>,
     context: web::Data<StreamContext>,
 ) -> HttpResponse {
-    if req.conn_data::<PeerCertificate>().is_none() {
-        return anonymous().respond(&context, &req);
+    if let Err(refusal) = check_request(&req) {
+        return refusal.respond(&context, &req);
     }
     let (namespace, pod, container) = path.into_inner();
     if ![&namespace, &pod, &container]
@@ -293,8 +323,8 @@ pub(crate) async fn kubelet_metrics(
     req: HttpRequest,
     context: web::Data<StreamContext>,
 ) -> HttpResponse {
-    if req.conn_data::<PeerCertificate>().is_none() {
-        return anonymous().respond(&context, &req);
+    if let Err(refusal) = check_request(&req) {
+        return refusal.respond(&context, &req);
     }
     let path = req.path();
     if !metrics_path(path) {

@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::context::StreamContext;
-use super::streams::{self, anonymous, Opened, Refusal, Replay};
+use super::streams::{self, Opened, Refusal, Replay};
 
 /// The largest head of the kubelet's answer the cloud reads (a 101 is about 120 bytes).
 pub(crate) const MAX_ANSWER_HEAD: usize = 16 * 1024;
@@ -96,13 +96,13 @@ pub(super) async fn serve<IO>(
     context: Arc<StreamContext>,
     mut io: IO,
     peer: Option<SocketAddr>,
-    authenticated: bool,
+    caller: Result<(), Refusal>,
     req: Request,
     early: BytesMut,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    let opened = match start(&context, authenticated, &req).await {
+    let opened = match start(&context, caller, &req).await {
         Ok(opened) => opened,
         Err(refusal) => {
             refusal.record(&context, peer);
@@ -133,12 +133,10 @@ pub(super) async fn serve<IO>(
 
 async fn start(
     context: &Arc<StreamContext>,
-    authenticated: bool,
+    caller: Result<(), Refusal>,
     req: &Request,
 ) -> Result<Opened, Refusal> {
-    if !authenticated {
-        return Err(anonymous());
-    }
+    caller?;
     let kind = target(req.path())?;
     if ![Method::POST, Method::GET].contains(req.method()) {
         return Err(Refusal::new(

@@ -4,7 +4,7 @@
 //! then a worker permit).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
 use base64::Engine as _;
@@ -23,7 +23,13 @@ use crate::cloud::contract::application::{
     status, ApplicationRequest, ApplicationUnparsed, SessionEnded, WatchSync,
 };
 use crate::cloud::outbox;
+use crate::hive::locks::lock;
 use crate::hive::Hive;
+
+/// Lists and gets one node may have waiting or running at once. Overflow policy: beyond it
+/// the node's application is refused at once (429 TooManyRequests, counted `node_busy`; the
+/// edge asks again), so one node never holds every worker or the whole waiting room.
+pub(super) const PER_NODE: usize = 8;
 
 /// A node's watches, as the controller counts them.
 #[derive(Debug, Default)]
@@ -67,6 +73,42 @@ pub struct DynamicController {
     pub(super) waiting: Arc<Semaphore>,
     pub(super) commands: Option<Commands>,
     nodes: HashMap<String, NodeWatches>,
+    /// Lists and gets of each node waiting or running now (nodes with none are absent).
+    in_flight: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// A node's place among [`PER_NODE`] lists and gets in flight; given back on drop.
+struct NodePlace {
+    in_flight: Arc<Mutex<HashMap<String, usize>>>,
+    node: String,
+}
+
+impl NodePlace {
+    /// A place for `node`, unless it holds [`PER_NODE`] already.
+    fn take(in_flight: &Arc<Mutex<HashMap<String, usize>>>, node: &str) -> Option<NodePlace> {
+        let mut counts = lock(in_flight);
+        let count = counts.entry(node.to_owned()).or_default();
+        if *count >= PER_NODE {
+            return None;
+        }
+        *count += 1;
+        Some(NodePlace {
+            in_flight: in_flight.clone(),
+            node: node.to_owned(),
+        })
+    }
+}
+
+impl Drop for NodePlace {
+    fn drop(&mut self) {
+        let mut counts = lock(&self.in_flight);
+        if let Some(count) = counts.get_mut(&self.node) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.node);
+            }
+        }
+    }
 }
 
 impl DynamicController {
@@ -90,6 +132,7 @@ impl DynamicController {
             waiting,
             commands: None,
             nodes: HashMap::new(),
+            in_flight: Arc::default(),
         }
     }
 }
@@ -497,6 +540,21 @@ impl Handler<ApplicationRequest> for DynamicController {
         if let Plan::Watch(subscription) = plan {
             return self.subscribe(&request, subscription);
         }
+        // One node cannot take every worker and the whole waiting room from the others.
+        let Some(place) = NodePlace::take(&self.in_flight, &request.node) else {
+            return self.refuse(
+                &request,
+                Refusal::other(
+                    429,
+                    "TooManyRequests",
+                    "node_busy",
+                    format!(
+                        "node {:?} has {PER_NODE} lists and gets in flight; try again",
+                        request.node
+                    ),
+                ),
+            );
+        };
         let Ok(waiting) = self.waiting.clone().try_acquire_owned() else {
             return self.refuse(
                 &request,
@@ -515,6 +573,7 @@ impl Handler<ApplicationRequest> for DynamicController {
         );
         let (hive, metrics) = (self.hive.clone(), self.metrics.clone());
         actix::spawn(async move {
+            let _place = place;
             let _waiting = waiting;
             let Ok(_worker) = workers.acquire_owned().await else {
                 return;

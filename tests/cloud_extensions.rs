@@ -147,6 +147,18 @@ async fn a_cloud_extension_answers_an_edges_user_message_and_is_supervised_like_
     assert_eq!(answer.content_str(), Some("from the cloud: hi"));
     assert_eq!(answer.group(), Some(&Group::User));
 
+    // The answer goes to the node that asked, whatever node its resource names: CloudHub
+    // puts the sender's name in front (`node/edge-x/…`) before the extension sees it.
+    for resource in ["node/edge-v/default/echo/x", "/node/edge-v", "node"] {
+        let mut spoof = upload("spoof");
+        spoof.route.resource = resource.into();
+        let answer = request_cloud(edge.hive(), spoof.clone(), WITHIN)
+            .await
+            .unwrap();
+        assert_eq!(answer.parent_id(), Some(spoof.id()));
+        assert_eq!(answer.content_str(), Some("from the cloud: spoof"));
+    }
+
     // Listed on the cloud's supervision tree, like the built-in modules.
     let admin = cloud.admin_addr();
     let before = http_json(admin, "/api/v1/modules").await;

@@ -123,7 +123,8 @@ async fn run() -> anyhow::Result<()> {
     edge_config.database.data_source = dir.path().join("edge-x.db");
     edge_config.admin.bind_address = "127.0.0.1:0".into();
     edge_config.modules.edge_hub.websocket.insecure_plaintext = true;
-    let edge = EdgeProcess::start_with(&edge_config, |hive| {
+    let edge = EdgeProcess::start_with(&edge_config, |plug| {
+        let hive = plug.hive();
         hive.start_module(ResourceCounterModule::new(hive))?;
         Ok(())
     })

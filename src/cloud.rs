@@ -32,6 +32,7 @@ use serde_json::json;
 use crate::admin::{AdminAccess, AdminRefusals, AdminServer};
 use crate::cloud_secrets;
 use crate::config::CloudConfig;
+use crate::plug::Plug;
 
 /// Starts CloudStream when `modules.cloudStream.enable` is on: it needs the cloud's TLS (the
 /// node is its certificate) and the API server's client CA (`tlsStreamCAFile`).
@@ -105,6 +106,18 @@ impl CloudProcess {
     /// Fails before anything listens if the API server is unreachable or lacks a CRD the
     /// enabled controllers need; the error says which and how to install it.
     pub async fn start(config: &CloudConfig, manifests: Option<&Path>) -> anyhow::Result<Self> {
+        Self::start_with(config, manifests, |_| Ok(())).await
+    }
+
+    /// [`Self::start`], then lets `plug` start extension modules on the cloud's hive once the
+    /// built-in modules run, each reading its section `modules.<name>` ([`Plug`]); fails if the
+    /// config has an extension section none of them reads. Extensions talk to edges through
+    /// `edgehive_actors::cloud::contract::extension` (docs/extending.md).
+    pub async fn start_with(
+        config: &CloudConfig,
+        manifests: Option<&Path>,
+        plug: impl FnOnce(&Plug) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Self> {
         let (embedded, cluster): (Option<EmbeddedCluster>, SharedCluster) = match config
             .kube_api_config
             .kube_options()
@@ -261,6 +274,9 @@ impl CloudProcess {
                 ),
             )?;
         }
+        let extensions = Plug::new(&hive, &config.modules.extensions);
+        plug(&extensions)?;
+        extensions.finish()?;
         let routes_hive = hive.clone();
         let routes_cluster = embedded.clone();
         let routes_streams = CloudStreams(cloud_stream.as_ref().map(|stream| stream.view()));

@@ -45,6 +45,7 @@ use serde_json::json;
 
 use crate::admin::{AdminAccess, AdminServer, Readiness};
 use crate::config::EdgeConfig;
+use crate::plug::Plug;
 
 /// A running edge process.
 #[derive(Debug)]
@@ -69,10 +70,12 @@ impl EdgeProcess {
         Self::start_with(config, |_| Ok(())).await
     }
 
-    /// Starts the edge, then lets `plug` start extension modules on its hive.
+    /// Starts the edge, then lets `plug` start extension modules on its hive, each reading
+    /// its section `modules.<name>` ([`Plug`]); fails if the config has an extension section
+    /// none of them reads.
     pub async fn start_with(
         config: &EdgeConfig,
-        plug: impl FnOnce(&Hive) -> anyhow::Result<()>,
+        plug: impl FnOnce(&Plug) -> anyhow::Result<()>,
     ) -> anyhow::Result<Self> {
         let node_name = config.node_name().to_owned();
         let hive = Hive::new(&node_name);
@@ -102,7 +105,9 @@ impl EdgeProcess {
             options.store_id = Some(store.id().to_owned());
             hive.start_module(EdgeHubModule::new(options))?;
         }
-        plug(&hive)?;
+        let extensions = Plug::new(&hive, &config.modules.extensions);
+        plug(&extensions)?;
+        extensions.finish()?;
         let edge_stream = config.modules.edge_stream.enable.then(|| {
             use edgehive_actors::edge::edgestream::{EdgeStream, EdgeStreamMetrics};
             EdgeStream::start(

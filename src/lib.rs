@@ -4,6 +4,8 @@
 //! - [`cloud::CloudProcess`] and [`edge::EdgeProcess`]: a whole process on an actix system;
 //!   tests and the demo run several in one system.
 //! - [`demo`]: a cloud and N edges delivering one Pod each.
+//! - [`plug`]: extension modules on a process's hive, with their config sections
+//!   (docs/extending.md).
 //! - [`admin`]: health, readiness, metrics and the supervision tree over HTTP.
 //!
 //! `cloud` and `demo` need the `cloud` feature (on by default); without it the binary is an
@@ -19,3 +21,4 @@ pub mod config;
 pub mod demo;
 pub mod edge;
 pub mod join;
+pub mod plug;

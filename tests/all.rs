@@ -8,6 +8,7 @@ mod unlisted;
 
 // One module per file of tests.
 mod cloud_controller_admin;
+mod cloud_extensions;
 mod cloud_secrets;
 mod cloudstream;
 mod cloudstream_egress;

@@ -49,6 +49,10 @@ impl Schema for CloudConfig {
         "modules.imagePrePullController",
         "modules.policyController",
     ];
+
+    fn extensions_mut(&mut self) -> &mut std::collections::BTreeMap<String, serde_json::Value> {
+        &mut self.modules.extensions
+    }
 }
 
 /// `cloud.yaml`: the cloud process (KubeEdge's `cloudcore.yaml` shape).
@@ -146,6 +150,26 @@ impl CloudConfig {
     /// KubeEdge's file as it is, then a file with edgehive's own keys), and checks it.
     pub fn load_files(paths: &[PathBuf]) -> Result<Self, ConfigError> {
         load(paths)
+    }
+
+    /// [`Self::load_files`], keeping the sections `modules.<name>` of the extension modules
+    /// named in `extensions` (in [`CloudModules::extensions`], for the plug) instead of refusing
+    /// them; any other unknown key is still refused, naming it.
+    pub fn load_files_with_extensions(
+        paths: &[PathBuf],
+        extensions: &[&str],
+    ) -> Result<Self, ConfigError> {
+        super::load_with(paths, extensions)
+    }
+
+    /// [`Self::from_text`] with the extension modules' sections kept, as
+    /// [`Self::load_files_with_extensions`] does.
+    pub fn from_text_with_extensions(
+        path: &Path,
+        text: &str,
+        extensions: &[&str],
+    ) -> Result<Self, ConfigError> {
+        super::parse_files_with(&[(path, text)], extensions).map(|(config, _)| config)
     }
 
     /// Parses and checks a cloud config's text, as [`CloudConfig::load`] does the file's;
@@ -518,6 +542,11 @@ pub struct CloudModules {
     pub dynamic_controller: DynamicControllerConfig,
     /// `modules.cloudStream`.
     pub cloud_stream: super::CloudStreamConfig,
+    /// Extension modules' sections, `modules.<name>` by name, as written (the names given to
+    /// `load_files_with_extensions`); the process's plug reads them
+    /// ([`crate::plug::Plug::section`]) and refuses one it does not.
+    #[serde(skip)]
+    pub extensions: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// `modules.dynamicController`: answers edges' MetaServer reads (docs/metaserver.md).

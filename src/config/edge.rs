@@ -46,6 +46,10 @@ impl Schema for EdgeConfig {
         "modules.taskManager",
         "modules.dbTest",
     ];
+
+    fn extensions_mut(&mut self) -> &mut std::collections::BTreeMap<String, serde_json::Value> {
+        &mut self.modules.extensions
+    }
 }
 
 /// `edge.yaml`: the edge process (KubeEdge's `edgecore.yaml` shape).
@@ -86,6 +90,26 @@ impl EdgeConfig {
     /// KubeEdge's file as it is, then a file with edgehive's own keys), and checks it.
     pub fn load_files(paths: &[PathBuf]) -> Result<Self, ConfigError> {
         load(paths)
+    }
+
+    /// [`Self::load_files`], keeping the sections `modules.<name>` of the extension modules
+    /// named in `extensions` (in [`EdgeModules::extensions`], for the plug) instead of refusing
+    /// them; any other unknown key is still refused, naming it.
+    pub fn load_files_with_extensions(
+        paths: &[PathBuf],
+        extensions: &[&str],
+    ) -> Result<Self, ConfigError> {
+        super::load_with(paths, extensions)
+    }
+
+    /// [`Self::from_text`] with the extension modules' sections kept, as
+    /// [`Self::load_files_with_extensions`] does.
+    pub fn from_text_with_extensions(
+        path: &Path,
+        text: &str,
+        extensions: &[&str],
+    ) -> Result<Self, ConfigError> {
+        super::parse_files_with(&[(path, text)], extensions).map(|(config, _)| config)
     }
 
     /// Parses and checks an edge config's text, as [`EdgeConfig::load`] does the file's;
@@ -420,6 +444,11 @@ pub struct EdgeModules {
     pub edged: Edged,
     /// `modules.edgeStream`: the stream tunnel for `kubectl logs`.
     pub edge_stream: super::EdgeStreamConfig,
+    /// Extension modules' sections, `modules.<name>` by name, as written (the names given to
+    /// `load_files_with_extensions`); the process's plug reads them
+    /// ([`crate::plug::Plug::section`]) and refuses one it does not.
+    #[serde(skip)]
+    pub extensions: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// `modules.metaManager`.

@@ -55,6 +55,12 @@ pub enum ConfigError {
 /// edgehive's keys in a file of their own. Keys of KubeEdge's file that edgehive does not
 /// implement are ignored and listed in one log line.
 fn load<T: Schema>(paths: &[PathBuf]) -> Result<T, ConfigError> {
+    load_with(paths, &[])
+}
+
+/// [`load`], keeping the sections `modules.<name>` of the extension modules named in
+/// `extensions` for their plug ([`crate::plug::Plug::section`]) instead of refusing them.
+fn load_with<T: Schema>(paths: &[PathBuf], extensions: &[&str]) -> Result<T, ConfigError> {
     let mut texts = Vec::with_capacity(paths.len());
     for path in paths {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -67,7 +73,7 @@ fn load<T: Schema>(paths: &[PathBuf]) -> Result<T, ConfigError> {
         .iter()
         .map(|(path, text)| (*path, text.as_str()))
         .collect();
-    let (config, ignored) = parse_files::<T>(&files)?;
+    let (config, ignored) = parse_files_with::<T>(&files, extensions)?;
     if !ignored.is_empty() {
         let names: Vec<String> = paths
             .iter()
@@ -94,6 +100,9 @@ trait Schema: DeserializeOwned + Serialize + Default + Validate {
     const KIND: &'static str;
     /// Dotted paths in KubeEdge's file that edgehive ignores (with everything below them).
     const KUBEEDGE: &'static [&'static str];
+
+    /// Where the extension modules' sections go (`modules.<name>`, by name).
+    fn extensions_mut(&mut self) -> &mut std::collections::BTreeMap<String, serde_json::Value>;
 }
 
 /// [`parse_files`] of one file.
@@ -106,6 +115,16 @@ fn parse_reporting<T: Schema>(path: &Path, text: &str) -> Result<(T, Vec<String>
 /// it); keys in `T::KUBEEDGE` are dropped and returned once; any other key is an error naming
 /// it, with the nearest valid key. An error names the last file that sets the key it is about.
 fn parse_files<T: Schema>(files: &[(&Path, &str)]) -> Result<(T, Vec<String>), ConfigError> {
+    parse_files_with(files, &[])
+}
+
+/// [`parse_files`], with the sections `modules.<name>` of the extension modules named in
+/// `extensions` taken out before the check and handed to the config as they are (merged
+/// file by file like the rest). An extension may not take a built-in module's key.
+fn parse_files_with<T: Schema>(
+    files: &[(&Path, &str)],
+    extensions: &[&str],
+) -> Result<(T, Vec<String>), ConfigError> {
     let invalid = |path: &Path, key: String, message: String| ConfigError::Invalid {
         path: path.to_owned(),
         key,
@@ -115,6 +134,17 @@ fn parse_files<T: Schema>(files: &[(&Path, &str)]) -> Result<(T, Vec<String>), C
         let path = files.first().map_or(Path::new("."), |(path, _)| *path);
         invalid(path, ".".into(), error.to_string())
     })?;
+    for name in extensions {
+        if name.is_empty() || known["modules"].get(*name).is_some() {
+            let path = files.first().map_or(Path::new("."), |(path, _)| *path);
+            return Err(invalid(
+                path,
+                format!("modules.{name}"),
+                "an extension module's section cannot be named like a built-in module's".into(),
+            ));
+        }
+    }
+    let mut sections = serde_json::Value::Object(serde_json::Map::new());
     let mut ignored = Vec::new();
     let mut merged = serde_json::Value::Object(serde_json::Map::new());
     let mut values = Vec::with_capacity(files.len());
@@ -124,6 +154,15 @@ fn parse_files<T: Schema>(files: &[(&Path, &str)]) -> Result<(T, Vec<String>), C
             continue;
         }
         let mut value = unique_keys(text).map_err(|(key, message)| invalid(path, key, message))?;
+        if let Some(modules) = value.get_mut("modules").and_then(|m| m.as_object_mut()) {
+            let mut taken = serde_json::Map::new();
+            for name in extensions {
+                if let Some(section) = modules.remove(*name) {
+                    taken.insert((*name).to_owned(), section);
+                }
+            }
+            merge(&mut sections, serde_json::Value::Object(taken));
+        }
         let mut dropped = Vec::new();
         prune::<T>(&mut value, &known, "", &mut dropped)
             .map_err(|(key, message)| invalid(path, key, message))?;
@@ -147,10 +186,13 @@ fn parse_files<T: Schema>(files: &[(&Path, &str)]) -> Result<(T, Vec<String>), C
                 |(path, _)| *path,
             )
     };
-    let config: T = serde_path_to_error::deserialize(merged).map_err(|error| {
+    let mut config: T = serde_path_to_error::deserialize(merged).map_err(|error| {
         let key = error.path().to_string();
         invalid(blame(&key), key, error.inner().to_string())
     })?;
+    if let serde_json::Value::Object(sections) = sections {
+        config.extensions_mut().extend(sections);
+    }
     config
         .validate()
         .map_err(|(key, message)| invalid(blame(key), key.to_owned(), message))?;

@@ -75,9 +75,12 @@ pub async fn start_edge_with(
     dir: &Path,
     plug: impl FnOnce(&Hive) -> anyhow::Result<()>,
 ) -> EdgeProcess {
-    EdgeProcess::start_with(&edge_config(node, cloud.websocket_addr(), dir), plug)
-        .await
-        .unwrap()
+    EdgeProcess::start_with(
+        &edge_config(node, cloud.websocket_addr(), dir),
+        |extensions| plug(extensions.hive()),
+    )
+    .await
+    .unwrap()
 }
 
 pub fn edge_node(name: &str) -> Value {

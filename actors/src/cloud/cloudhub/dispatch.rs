@@ -10,6 +10,7 @@ use edgehive_protocols::{prefix_for_cloud, Group, Message, ModuleName};
 
 use super::context::HubContext;
 use crate::cloud::contract::application::{self, Typed};
+use crate::cloud::contract::extension;
 use crate::cloud::contract::request::EdgeRequest;
 use crate::cloud::contract::twin::TwinRequest;
 use crate::cloud::contract::{route, NodeMessage};
@@ -37,6 +38,17 @@ pub(crate) fn upstream(
         hub.metrics.drop_reason("cloud_source");
         return None;
     };
+    // An extension's claim on the message's group (`user` or one the cloud does not know).
+    if let Some(module) = extension::claimant(&hub.hive, &message) {
+        if let Err(err) = hub.hive.send(&module, message) {
+            tracing::warn!(%node, %module, error = %err, "upstream message not delivered to the extension that claimed its group");
+            hub.metrics.drop_reason(match err {
+                HiveError::UnknownGroup(_) | HiveError::UnknownModule(_) => "no_route",
+                _ => "route_unavailable",
+            });
+        }
+        return None;
+    }
     let result = match destination {
         // Typed once, here; the controllers never read the beehive message again.
         route::Destination::EdgeController => tell_typed(

@@ -5,10 +5,12 @@
 //! replies), never in the controllers; the controllers hand CloudHub a [`NodeMessage`] (built once per change, encoded once, shared by
 //! every node that gets it) inside [`ToNodes`], and CloudHub hands EdgeController typed
 //! `request::EdgeRequest`s. Modules address each other by the names in [`route`] and the
-//! message type (`Hive::tell`), never by actor type.
+//! message type (`Hive::tell`), never by actor type. Extension modules talk to edges through
+//! [`extension`]: the upstream groups they claim, the messages they send nodes.
 
 pub(crate) mod application;
 pub(crate) mod downstream;
+pub mod extension;
 mod object_id;
 pub(crate) mod request;
 pub(crate) mod twin;

@@ -518,6 +518,18 @@ pub struct CloudModules {
     pub dynamic_controller: DynamicControllerConfig,
     /// `modules.cloudStream`.
     pub cloud_stream: super::CloudStreamConfig,
+    /// `modules.nodeGroupController`.
+    pub node_group_controller: NodeGroupControllerConfig,
+}
+
+/// `modules.nodeGroupController`: KubeEdge's NodeGroup controller (docs/nodegroups.md). KubeEdge
+/// runs it in its separate controller manager, which cloudcore's config has no key for; off
+/// by default, as a cloudcore without that controller manager is.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NodeGroupControllerConfig {
+    /// Whether the NodeGroup controller runs.
+    pub enable: bool,
 }
 
 /// `modules.dynamicController`: answers edges' MetaServer reads (docs/metaserver.md).

@@ -1,0 +1,261 @@
+//! KubeEdge's node groups (docs/nodegroups.md): NodeGroups applied with `edgehive apply`
+//! label the nodes they select with `apps.kubeedge.io/belonging-to`, follow nodes and groups
+//! as they change, and report each node's readiness in their status.
+
+use std::time::Duration;
+
+use crate::support;
+
+use edgehive::cloud::CloudProcess;
+use edgehive::config::CloudConfig;
+use edgehive_actors::cloud::cluster::EmbeddedCluster;
+use serde_json::{json, Value};
+use support::eventually;
+use support::process::{http, spawn, wait_until, BIN};
+
+const LABEL: &str = "apps.kubeedge.io/belonging-to";
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// An in-process cloud on the embedded cluster with the NodeGroup controller on.
+async fn start_cloud() -> CloudProcess {
+    let mut config = CloudConfig::default();
+    config.modules.cloud_hub.websocket.address = "127.0.0.1".into();
+    config.modules.cloud_hub.websocket.port = 0;
+    config.modules.cloud_hub.websocket.insecure_plaintext = true;
+    config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
+    config.embedded_cluster.database = Default::default();
+    config.modules.node_group_controller.enable = true;
+    CloudProcess::start(&config, None).await.unwrap()
+}
+
+fn node(name: &str, labels: Value, ready: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    })
+}
+
+fn group(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "NodeGroup",
+           "metadata": {"name": name}, "spec": spec})
+}
+
+fn label_of(cluster: &EmbeddedCluster, node: &str) -> Option<String> {
+    let node = cluster.get("Node", None, node)?;
+    node["metadata"]["labels"][LABEL]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Waits until `node`'s belonging-to label is `want`.
+async fn label_becomes(cluster: &EmbeddedCluster, node: &str, want: Option<&str>) {
+    eventually(&format!("{node} labelled {want:?}"), WITHIN, || {
+        let found = label_of(cluster, node);
+        async move { (found.as_deref() == want).then_some(()) }
+    })
+    .await;
+}
+
+/// `(nodeName, readyStatus, selectionStatus)` of the group's status.
+fn statuses(cluster: &EmbeddedCluster, name: &str) -> Vec<(String, String, String)> {
+    let Some(group) = cluster.get("NodeGroup", None, name) else {
+        return Vec::new();
+    };
+    group["status"]["nodeStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let field = |f: &str| s[f].as_str().unwrap_or_default().to_owned();
+            (
+                field("nodeName"),
+                field("readyStatus"),
+                field("selectionStatus"),
+            )
+        })
+        .collect()
+}
+
+async fn statuses_become(cluster: &EmbeddedCluster, name: &str, want: &[(&str, &str, &str)]) {
+    let want: Vec<(String, String, String)> = want
+        .iter()
+        .map(|(a, b, c)| ((*a).into(), (*b).into(), (*c).into()))
+        .collect();
+    eventually(&format!("status of {name} = {want:?}"), WITHIN, || {
+        let found = statuses(cluster, name);
+        let ok = found == want;
+        async move { ok.then_some(()) }
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn a_group_by_names_and_a_group_by_labels_label_their_nodes_and_list_them_ready() {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(node("n1", json!({}), "True")).unwrap();
+    cluster
+        .apply(node("n2", json!({"zone": "east"}), "False"))
+        .unwrap();
+    cluster
+        .apply(node("n3", json!({"zone": "west"}), "True"))
+        .unwrap();
+    cluster
+        .apply(group("named", json!({"nodes": ["n1", "ghost"]})))
+        .unwrap();
+    cluster
+        .apply(group("east", json!({"matchLabels": {"zone": "east"}})))
+        .unwrap();
+    label_becomes(&cluster, "n1", Some("named")).await;
+    label_becomes(&cluster, "n2", Some("east")).await;
+    statuses_become(
+        &cluster,
+        "named",
+        &[("ghost", "Unknown", "Failed"), ("n1", "Ready", "Succeeded")],
+    )
+    .await;
+    statuses_become(&cluster, "east", &[("n2", "NotReady", "Succeeded")]).await;
+    // A node no group selects gets no label.
+    assert_eq!(label_of(&cluster, "n3"), None);
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_relabelled_node_moves_into_and_out_of_a_group() {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster
+        .apply(group("east", json!({"matchLabels": {"zone": "east"}})))
+        .unwrap();
+    cluster
+        .apply(node("n1", json!({"zone": "west"}), "True"))
+        .unwrap();
+    statuses_become(&cluster, "east", &[]).await;
+    // Into the group: its label now matches.
+    cluster
+        .apply(node("n1", json!({"zone": "east"}), "True"))
+        .unwrap();
+    label_becomes(&cluster, "n1", Some("east")).await;
+    statuses_become(&cluster, "east", &[("n1", "Ready", "Succeeded")]).await;
+    // Out again (the label the controller added is written back as the user left it).
+    cluster
+        .apply(node("n1", json!({"zone": "west", LABEL: "east"}), "True"))
+        .unwrap();
+    label_becomes(&cluster, "n1", None).await;
+    statuses_become(&cluster, "east", &[]).await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_deleted_group_takes_its_label_off_its_nodes_and_a_group_that_also_wants_them_gets_them()
+{
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(node("n1", json!({}), "True")).unwrap();
+    cluster.apply(node("n2", json!({}), "True")).unwrap();
+    cluster
+        .apply(group("first", json!({"nodes": ["n1", "n2"]})))
+        .unwrap();
+    label_becomes(&cluster, "n1", Some("first")).await;
+    label_becomes(&cluster, "n2", Some("first")).await;
+    // A second group that wants n2 too is refused it while the first has it.
+    cluster
+        .apply(group("second", json!({"nodes": ["n2"]})))
+        .unwrap();
+    statuses_become(&cluster, "second", &[("n2", "Ready", "Failed")]).await;
+    assert_eq!(label_of(&cluster, "n2").as_deref(), Some("first"));
+    let reason = cluster.get("NodeGroup", None, "second").unwrap()["status"]["nodeStatuses"][0]
+        ["selectionStatusReason"]
+        .clone();
+    assert_eq!(reason, "node already belongs to NodeGroup first");
+    cluster.delete("NodeGroup", None, "first").unwrap();
+    label_becomes(&cluster, "n1", None).await;
+    label_becomes(&cluster, "n2", Some("second")).await;
+    statuses_become(&cluster, "second", &[("n2", "Ready", "Succeeded")]).await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_status_readiness_follows_the_nodes_ready_condition() {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(node("n1", json!({}), "True")).unwrap();
+    cluster.apply(group("g", json!({"nodes": ["n1"]}))).unwrap();
+    statuses_become(&cluster, "g", &[("n1", "Ready", "Succeeded")]).await;
+    cluster
+        .modify("Node", None, "n1", |node| {
+            node["status"]["conditions"][0]["status"] = json!("False");
+            Ok(())
+        })
+        .unwrap();
+    statuses_become(&cluster, "g", &[("n1", "NotReady", "Succeeded")]).await;
+    cluster
+        .modify("Node", None, "n1", |node| {
+            node["status"]["conditions"] = json!([]);
+            Ok(())
+        })
+        .unwrap();
+    statuses_become(&cluster, "g", &[("n1", "Unknown", "Succeeded")]).await;
+    cluster.delete("Node", None, "n1").unwrap();
+    statuses_become(&cluster, "g", &[("n1", "Unknown", "Failed")]).await;
+    cloud.stop().await;
+}
+
+/// `edgehive apply` (the real binary, against a real cloud process) takes a NodeGroup as the
+/// cluster-scoped object it is, and the cloud's controller labels its node.
+#[test]
+fn edgehive_apply_takes_a_nodegroup_and_the_cloud_process_labels_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cloud.yaml");
+    let yaml =
+        support::process::plain_cloud_yaml(0, None) + "  nodeGroupController:\n    enable: true\n";
+    std::fs::write(&config, yaml).unwrap();
+    let (_cloud, banner) = spawn(&["cloud", "--config", config.to_str().unwrap()]);
+    let admin = support::process::banner_field(&banner, "admin on http://", ' ').to_owned();
+    let manifests = dir.path().join("group.yaml");
+    std::fs::write(
+        &manifests,
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: edge-1\n  labels:\n    site: lab\n---\n\
+         apiVersion: apps.kubeedge.io/v1alpha1\nkind: NodeGroup\nmetadata:\n  name: lab\n\
+         spec:\n  matchLabels:\n    site: lab\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(BIN)
+        .args([
+            "apply",
+            "-f",
+            manifests.to_str().unwrap(),
+            "--admin",
+            &admin,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("NodeGroup lab applied"), "{stdout}");
+    wait_until("edge-1 labelled lab", WITHIN, || {
+        let Some((200, body)) = http(&admin, "GET", "/api/v1/objects/nodes", "") else {
+            return false;
+        };
+        let nodes: Value = serde_json::from_str(&body).unwrap();
+        nodes["items"][0]["metadata"]["labels"][LABEL] == "lab"
+    });
+    let (status, body) = http(&admin, "GET", "/api/v1/objects/nodegroups", "").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let groups: Value = serde_json::from_str(&body).unwrap();
+    let lab = &groups["items"][0];
+    // Cluster-scoped: no namespace.
+    assert!(lab["metadata"]["namespace"].is_null(), "{lab}");
+    wait_until("lab's status lists edge-1", WITHIN, || {
+        let Some((200, body)) = http(&admin, "GET", "/api/v1/objects/nodegroups", "") else {
+            return false;
+        };
+        let groups: Value = serde_json::from_str(&body).unwrap();
+        groups["items"][0]["status"]["nodeStatuses"][0]["nodeName"] == "edge-1"
+    });
+}

@@ -259,3 +259,140 @@ fn edgehive_apply_takes_a_nodegroup_and_the_cloud_process_labels_its_node() {
         groups["items"][0]["status"]["nodeStatuses"][0]["nodeName"] == "edge-1"
     });
 }
+
+fn application(targets: Value) -> Value {
+    json!({
+        "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+        "metadata": {"name": "shop", "namespace": "default"},
+        "spec": {
+            "workloadTemplate": {"manifests": [
+                {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": "web", "labels": {"app": "web"}},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                          "template": {"metadata": {"labels": {"app": "web"}},
+                                       "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}}},
+                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                 "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}},
+            ]},
+            "workloadScope": {"targetNodeGroups": targets},
+        },
+    })
+}
+
+#[actix_rt::test]
+async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_removes_them() {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    let app = cluster
+        .apply(application(json!([
+            {"name": "east", "overriders": {"replicas": 3, "imageOverriders": [
+                {"component": "Tag", "operator": "replace", "value": "1.28"}]}},
+            {"name": "west"},
+        ])))
+        .unwrap();
+    let uid = app["metadata"]["uid"].as_str().unwrap().to_owned();
+    let east = eventually("web-east", WITHIN, || {
+        let found = cluster.get("Deployment", Some("default"), "web-east");
+        async move { found }
+    })
+    .await;
+    assert_eq!(east["spec"]["replicas"], 3);
+    let pod = &east["spec"]["template"]["spec"];
+    assert_eq!(pod["containers"][0]["image"], "nginx:1.28");
+    assert_eq!(pod["nodeSelector"][LABEL], "east");
+    assert_eq!(east["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    assert_eq!(
+        east["metadata"]["ownerReferences"][0]["kind"],
+        "EdgeApplication"
+    );
+    let west = eventually("web-west", WITHIN, || {
+        let found = cluster.get("Deployment", Some("default"), "web-west");
+        async move { found }
+    })
+    .await;
+    assert_eq!(west["spec"]["replicas"], 1);
+    assert_eq!(
+        west["spec"]["template"]["spec"]["containers"][0]["image"],
+        "nginx:1.27"
+    );
+    assert_eq!(
+        west["spec"]["template"]["spec"]["nodeSelector"][LABEL],
+        "west"
+    );
+    let service = eventually("service web-west", WITHIN, || {
+        let found = cluster.get("Service", Some("default"), "web-west");
+        async move { found }
+    })
+    .await;
+    assert_eq!(
+        service["metadata"]["annotations"]["apps.kubeedge.io/service-topology"],
+        "range-nodegroup"
+    );
+    assert_eq!(
+        service["metadata"]["ownerReferences"][0]["uid"],
+        uid.as_str()
+    );
+    // The status reports each of the four workloads.
+    eventually("workloadStatus", WITHIN, || {
+        let app = cluster
+            .get("EdgeApplication", Some("default"), "shop")
+            .unwrap();
+        let statuses = app["status"]["workloadStatus"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let names: Vec<String> = statuses
+            .iter()
+            .filter(|s| s["conditions"] == "Available")
+            .map(|s| {
+                format!(
+                    "{}/{}",
+                    s["identifier"]["kind"].as_str().unwrap(),
+                    s["identifier"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        async move {
+            (names
+                == [
+                    "Deployment/web-east",
+                    "Service/web-east",
+                    "Deployment/web-west",
+                    "Service/web-west",
+                ])
+            .then_some(())
+        }
+    })
+    .await;
+    // A group no longer targeted loses its workloads; an override changed is applied.
+    cluster
+        .apply(application(
+            json!([{"name": "east", "overriders": {"replicas": 2}}]),
+        ))
+        .unwrap();
+    eventually("web-west gone and web-east at 2 replicas", WITHIN, || {
+        let west = cluster.get("Deployment", Some("default"), "web-west");
+        let west_service = cluster.get("Service", Some("default"), "web-west");
+        let east = cluster.get("Deployment", Some("default"), "web-east");
+        async move {
+            (west.is_none()
+                && west_service.is_none()
+                && east.is_some_and(|e| {
+                    e["spec"]["replicas"] == 2
+                        && e["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1.27"
+                }))
+            .then_some(())
+        }
+    })
+    .await;
+    // Deleting the application deletes what it owned.
+    cluster
+        .delete("EdgeApplication", Some("default"), "shop")
+        .unwrap();
+    eventually("web-east gone", WITHIN, || {
+        let left = cluster.count("Deployment", |_| true) + cluster.count("Service", |_| true);
+        async move { (left == 0).then_some(()) }
+    })
+    .await;
+    cloud.stop().await;
+}

@@ -522,7 +522,8 @@ pub struct CloudModules {
     pub node_group_controller: NodeGroupControllerConfig,
 }
 
-/// `modules.nodeGroupController`: KubeEdge's NodeGroup controller (docs/nodegroups.md). KubeEdge
+/// `modules.nodeGroupController`: KubeEdge's NodeGroup and EdgeApplication controllers
+/// (docs/nodegroups.md). KubeEdge
 /// runs it in its separate controller manager, which cloudcore's config has no key for; off
 /// by default, as a cloudcore without that controller manager is.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
 use futures_util::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
@@ -192,6 +193,7 @@ pub(crate) const KINDS: &[&str] = &[
     "ClusterObjectSync",
     "NodeGroup",
     "EdgeApplication",
+    "Deployment",
 ];
 
 /// The adapter's facts about `kind`, if it is one of `KINDS`.
@@ -219,6 +221,8 @@ pub fn kind_info(kind: &str) -> Option<KindInfo> {
         "DeviceStatus" => custom::<DeviceStatus>(true, false),
         "ObjectSync" => custom::<ObjectSync>(true, true),
         "ClusterObjectSync" => custom::<ClusterObjectSync>(false, true),
+        // Made by the EdgeApplication controller for each target node group.
+        "Deployment" => builtin::<Deployment>(true, true),
         "NodeGroup" => copied(APPS_GROUP, "NodeGroup", "nodegroups", false, true),
         "EdgeApplication" => copied(
             APPS_GROUP,
@@ -231,8 +235,8 @@ pub fn kind_info(kind: &str) -> Option<KindInfo> {
     })
 }
 
-/// The custom kinds the NodeGroup controller needs (checked at start).
-pub const NODE_GROUP_KINDS: &[&str] = &["NodeGroup"];
+/// The custom kinds the NodeGroup and EdgeApplication controllers need (checked at start).
+pub const NODE_GROUP_KINDS: &[&str] = &["NodeGroup", "EdgeApplication"];
 
 /// The custom kinds the DeviceController needs (checked at start).
 pub const DEVICE_KINDS: &[&str] = &["Device", "DeviceModel", "DeviceStatus"];

@@ -1,42 +1,19 @@
 //! The NodeGroup controller actor and the watch loop it starts.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use actix::prelude::*;
 use edgehive_protocols::object::meta_str;
 use edgehive_protocols::Message;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use serde_json::json;
 
+use super::applications::ApplicationWatcher;
 use super::membership::{Group, Membership, NodeView, BELONGING_TO};
+use super::metrics::{Metrics, RETRY_INTERVAL};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
 use crate::cloud::contract::route;
 use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
 use crate::hive::{Envelope, Hive};
-
-/// How often writes that failed are tried again (only while some are owed).
-const RETRY_INTERVAL: Duration = Duration::from_secs(5);
-
-/// The controller's counters.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Metrics {
-    /// Writes to the cluster by `what` (`label`, `status`) and `result` (`ok`, `failed`).
-    pub(super) writes: Family<Vec<(String, String)>, Counter>,
-}
-
-impl Metrics {
-    fn count(&self, what: &str, ok: bool) {
-        let result = if ok { "ok" } else { "failed" };
-        self.writes
-            .get_or_create(&vec![
-                ("what".to_owned(), what.to_owned()),
-                ("result".to_owned(), result.to_owned()),
-            ])
-            .inc();
-    }
-}
 
 /// The NodeGroup controller actor; see the [module docs](super).
 pub struct NodeGroupController {
@@ -57,7 +34,9 @@ impl Actor for NodeGroupController {
             owed_statuses: BTreeSet::new(),
         };
         let metrics = WatchMetrics::of(&self.hive);
-        ctx.spawn(actix::fut::wrap_future(watcher.run(metrics)));
+        ctx.spawn(actix::fut::wrap_future(watcher.run(metrics.clone())));
+        let applications = ApplicationWatcher::new(self.cluster.clone(), self.metrics.clone());
+        ctx.spawn(actix::fut::wrap_future(applications.run(metrics)));
     }
 }
 

@@ -1,5 +1,6 @@
-//! KubeEdge's controller manager on the cloud (docs/nodegroups.md): the NodeGroup controller
-//! (module `nodegroupcontroller`), started when `modules.nodeGroupController.enable`.
+//! KubeEdge's controller manager on the cloud (docs/nodegroups.md): the NodeGroup and
+//! EdgeApplication controllers (one module, `nodegroupcontroller`), started when
+//! `modules.nodeGroupController.enable`.
 //!
 //! It follows NodeGroups (`apps.kubeedge.io/v1alpha1`, cluster-scoped) and Nodes with
 //! [`KindWatcher`](crate::cloud::watcher::KindWatcher)s. Each node a group selects (by name,
@@ -12,18 +13,30 @@
 //! whether the selection succeeded. Writes that fail are tried again every 5 s while owed
 //! (`edgehive_nodegroupcontroller_writes_total{what, result}`).
 //!
-//! Its files import one way: `membership` (the decisions, no I/O) → `controller` (the actor
-//! and its watch loop) → `mod.rs` (the recipe).
+//! The same module runs KubeEdge's EdgeApplication controller: for each EdgeApplication
+//! (namespaced) and each of its `spec.workloadScope.targetNodeGroups`, every Deployment and
+//! Service of `spec.workloadTemplate.manifests` is made as `<name>-<group>` with the group's
+//! overrides (replicas, image overriders) and the node selector
+//! `apps.kubeedge.io/belonging-to: <group>`, owned by the application (its ownerReferences;
+//! deleting the application deletes them), and `status.workloadStatus` lists each one.
+//!
+//! Its files import one way: `metrics`, `membership` and `workloads` (the decisions, no
+//! I/O) → `applications` (the EdgeApplication loop) → `controller` (the actor and the
+//! NodeGroup loop) → `mod.rs` (the recipe).
 
+mod applications;
 mod controller;
 mod membership;
+mod metrics;
+mod workloads;
 
 pub use controller::NodeGroupController;
 pub use membership::BELONGING_TO;
+pub use workloads::SERVICE_TOPOLOGY;
 
 use crate::cloud::cluster::SharedCluster;
 use crate::hive::{Hive, Module};
-use controller::Metrics;
+use metrics::Metrics;
 
 /// The NodeGroup controller's module recipe.
 pub struct NodeGroupControllerModule {

@@ -18,6 +18,11 @@ const WITHIN: Duration = Duration::from_secs(30);
 
 /// An in-process cloud on the embedded cluster with the NodeGroup controller on.
 async fn start_cloud() -> CloudProcess {
+    start_cloud_seeded(None).await
+}
+
+/// [`start_cloud`] with the embedded cluster seeded from the manifests in `manifests`.
+async fn start_cloud_seeded(manifests: Option<&std::path::Path>) -> CloudProcess {
     let mut config = CloudConfig::default();
     config.modules.cloud_hub.websocket.address = "127.0.0.1".into();
     config.modules.cloud_hub.websocket.port = 0;
@@ -25,7 +30,7 @@ async fn start_cloud() -> CloudProcess {
     config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
     config.embedded_cluster.database = Default::default();
     config.modules.node_group_controller.enable = true;
-    CloudProcess::start(&config, None).await.unwrap()
+    CloudProcess::start(&config, manifests).await.unwrap()
 }
 
 fn node(name: &str, labels: Value, ready: &str) -> Value {
@@ -199,6 +204,46 @@ async fn the_status_readiness_follows_the_nodes_ready_condition() {
     statuses_become(&cluster, "g", &[("n1", "Unknown", "Succeeded")]).await;
     cluster.delete("Node", None, "n1").unwrap();
     statuses_become(&cluster, "g", &[("n1", "Unknown", "Failed")]).await;
+    cloud.stop().await;
+}
+
+/// A cloud that starts on groups and labelled nodes (a restart) writes no label: nothing is
+/// judged before both kinds are listed, so a node is never stripped of a group it belongs to.
+#[actix_rt::test]
+async fn a_cloud_starting_on_labelled_nodes_leaves_their_labels_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifests = Vec::new();
+    for n in 0..50 {
+        manifests.push(node(
+            &format!("n{n}"),
+            json!({"zone": "east", LABEL: "east"}),
+            "True",
+        ));
+    }
+    manifests.push(group("east", json!({"matchLabels": {"zone": "east"}})));
+    std::fs::write(
+        dir.path().join("seed.json"),
+        serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": manifests}))
+            .unwrap(),
+    )
+    .unwrap();
+    let cloud = start_cloud_seeded(Some(dir.path())).await;
+    let cluster = cloud.cluster().unwrap().clone();
+    eventually("east's status lists its 50 nodes", WITHIN, || {
+        let found = statuses(&cluster, "east");
+        let ok = found.len() == 50
+            && found
+                .iter()
+                .all(|(_, ready, sel)| ready == "Ready" && sel == "Succeeded");
+        async move { ok.then_some(()) }
+    })
+    .await;
+    let metrics = cloud.hive().metrics().encode();
+    assert!(
+        !metrics.contains("what=\"label\""),
+        "labels were written: {metrics}"
+    );
+    assert!((0..50).all(|n| label_of(&cluster, &format!("n{n}")).as_deref() == Some("east")));
     cloud.stop().await;
 }
 

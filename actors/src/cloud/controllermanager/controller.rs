@@ -74,7 +74,10 @@ impl GroupWatcher {
         let mut retry = tokio::time::interval(RETRY_INTERVAL);
         loop {
             let owed = !self.owed_labels.is_empty() || !self.owed_statuses.is_empty();
+            // Biased, groups first: a group is known before the nodes it selects when both
+            // are ready.
             let (touched_nodes, touched_groups) = tokio::select! {
+                biased;
                 change = groups.next() => match change {
                     Change::Synced if !groups_synced => {
                         groups_synced = true;

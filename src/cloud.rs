@@ -16,8 +16,9 @@ use edgehive_actors::cloud::cloudhub::CertServer;
 use edgehive_actors::cloud::cloudhub::{
     start_cloudhub_with, CloudHubSecurity, CloudHubServer, ListNodes, NodeInfo, CLOUDHUB_MODULE,
 };
-use edgehive_actors::cloud::cluster::kube::{KubeCluster, DEVICE_KINDS};
+use edgehive_actors::cloud::cluster::kube::{KubeCluster, DEVICE_KINDS, NODE_GROUP_KINDS};
 use edgehive_actors::cloud::cluster::{ClusterError, EmbeddedCluster, SharedCluster};
+use edgehive_actors::cloud::controllermanager::NodeGroupControllerModule;
 use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
 use edgehive_actors::cloud::dynamiccontroller::DynamicControllerModule;
 use edgehive_actors::cloud::edgecontroller::EdgeControllerModule;
@@ -133,6 +134,9 @@ impl CloudProcess {
                 if config.modules.device_controller.enable {
                     required.extend_from_slice(DEVICE_KINDS);
                 }
+                if config.modules.node_group_controller.enable {
+                    required.extend_from_slice(NODE_GROUP_KINDS);
+                }
                 if config.modules.sync_controller.enable {
                     // KubeEdge's reliable-sync CRDs, as cloudcore needs them.
                     required.extend_from_slice(&["ObjectSync", "ClusterObjectSync"]);
@@ -247,6 +251,9 @@ impl CloudProcess {
         }
         if config.modules.device_controller.enable {
             hive.start_module(DeviceControllerModule::new(&hive, cluster.clone()))?;
+        }
+        if config.modules.node_group_controller.enable {
+            hive.start_module(NodeGroupControllerModule::new(&hive, cluster.clone()))?;
         }
         let dynamic = &config.modules.dynamic_controller;
         if dynamic.enable {

@@ -30,6 +30,7 @@ mod kubeedge_config;
 mod log_flood;
 mod node_actors;
 mod node_module;
+mod nodegroups;
 mod processes;
 mod security_admin;
 mod security_config;

@@ -125,6 +125,15 @@ fn every_manifest_parses_and_the_kustomization_lists_them_all() {
 /// an edge's request), with the module that makes them: (kind, subresource, verb, who).
 /// Literal-kind calls are found in the source by [`literal_calls`].
 const NON_LITERAL_CALLS: &[(&str, &str, &str, &str)] = &[
+    // controllermanager/applications.rs: an EdgeApplication's workloads, per node group.
+    ("Deployment", "", "get", "EdgeApplication controller"),
+    ("Deployment", "", "create", "EdgeApplication controller"),
+    ("Deployment", "", "update", "EdgeApplication controller"),
+    ("Deployment", "", "delete", "EdgeApplication controller"),
+    ("Service", "", "get", "EdgeApplication controller"),
+    ("Service", "", "create", "EdgeApplication controller"),
+    ("Service", "", "update", "EdgeApplication controller"),
+    ("Service", "", "delete", "EdgeApplication controller"),
     // edgecontroller/upstream.rs: a node registers itself, a node's update.
     ("Node", "", "create", "EdgeController upstream"),
     ("Node", "", "update", "EdgeController upstream"),

@@ -532,3 +532,57 @@ async fn connect_reads_the_kubeconfig_and_names_an_unreachable_server() {
     assert!(matches!(err, KubeStartError::Kubeconfig { .. }), "{err}");
     assert!(err.to_string().contains("nope"), "{err}");
 }
+
+#[tokio::test]
+async fn node_group_calls_reach_kubeedges_apps_paths() {
+    let (cluster, mut handle) = mock_cluster();
+    // A NodeGroup's status: cluster-scoped, through its status subresource.
+    let patch = json!({"status": {"nodeStatuses": []}});
+    let call = tokio::spawn(cluster.patch("NodeGroup", None, "east", patch, true));
+    let sent = answer(
+        &mut handle,
+        200,
+        json!({"apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "NodeGroup",
+               "metadata": {"name": "east", "resourceVersion": "3"}, "status": {}}),
+    )
+    .await;
+    assert_eq!(
+        (sent.method.as_str(), sent.path.as_str()),
+        (
+            "PATCH",
+            "/apis/apps.kubeedge.io/v1alpha1/nodegroups/east/status"
+        )
+    );
+    assert_eq!(sent.content_type, "application/merge-patch+json");
+    assert_eq!(call.await.unwrap().unwrap()["kind"], "NodeGroup");
+
+    // An EdgeApplication's status: namespaced.
+    let patch = json!({"status": {"workloadStatus": []}});
+    let call = tokio::spawn(cluster.patch("EdgeApplication", Some("shop"), "app", patch, true));
+    let sent = answer(
+        &mut handle,
+        200,
+        json!({"metadata": {"name": "app", "namespace": "shop"}, "status": {}}),
+    )
+    .await;
+    assert_eq!(
+        sent.path,
+        "/apis/apps.kubeedge.io/v1alpha1/namespaces/shop/edgeapplications/app/status"
+    );
+    call.await.unwrap().unwrap();
+
+    // A node group's Deployment.
+    let call = tokio::spawn(cluster.get("Deployment", Some("shop"), "web-east"));
+    let sent = answer(
+        &mut handle,
+        200,
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "web-east", "namespace": "shop"}}),
+    )
+    .await;
+    assert_eq!(
+        (sent.method.as_str(), sent.path.as_str()),
+        ("GET", "/apis/apps/v1/namespaces/shop/deployments/web-east")
+    );
+    call.await.unwrap().unwrap();
+}

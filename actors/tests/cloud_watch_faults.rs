@@ -57,3 +57,62 @@ async fn edgecontroller_keeps_delivering_after_the_cluster_ends_its_watches() {
     assert!(edge.next_frame(RETRY * 3).await.is_none(), "nothing else");
     cloud.stop().await;
 }
+
+/// A cloud restarting on NodeGroups and nodes that carry their label: if the Nodes are
+/// listed before the NodeGroups (here the first NodeGroup list fails and is retried after
+/// the Nodes were listed), no node is judged against the groups it has not seen, so no label
+/// is taken off and put back.
+#[actix_rt::test]
+async fn the_nodegroup_controller_writes_no_label_before_it_has_listed_the_groups() {
+    use edgehive_actors::cloud::controllermanager::{NodeGroupControllerModule, BELONGING_TO};
+    let hive = Hive::new("cloud");
+    let cluster = EmbeddedCluster::new();
+    for n in 0..20 {
+        cluster
+            .apply(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": format!("n{n}"), "labels": {"zone": "east", BELONGING_TO: "east"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+            .unwrap();
+    }
+    cluster
+        .apply(
+            json!({"apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "NodeGroup",
+            "metadata": {"name": "east"}, "spec": {"matchLabels": {"zone": "east"}}}),
+        )
+        .unwrap();
+    let faulty = FaultyCluster::new(cluster.clone());
+    // The controller polls its NodeGroup watcher first: that first list fails.
+    faulty.fail_lists(1);
+    let port: SharedCluster = Arc::new(faulty.clone());
+    hive.start_module(NodeGroupControllerModule::new(&hive, port))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let group = cluster.get("NodeGroup", None, "east").unwrap();
+        let statuses = group["status"]["nodeStatuses"].as_array().cloned();
+        if statuses
+            .is_some_and(|s| s.len() == 20 && s.iter().all(|s| s["selectionStatus"] == "Succeeded"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "east's status never listed its nodes: {group}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, lists) = faulty.counts();
+    assert!(
+        lists >= 3,
+        "the failed NodeGroup list was retried: {lists} lists"
+    );
+    let metrics = hive.metrics().encode();
+    assert!(
+        !metrics.contains("what=\"label\""),
+        "labels were written: {metrics}"
+    );
+    for n in 0..20 {
+        let node = cluster.get("Node", None, &format!("n{n}")).unwrap();
+        assert_eq!(node["metadata"]["labels"][BELONGING_TO], "east");
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use edgehive_actors::cloud::cluster::crds::{crd_manifests, crd_yaml};
+use edgehive_actors::cloud::cluster::crds::{crd_manifests, crd_yaml, COPIED_CRDS};
 use edgehive_actors::cloud::cluster::kube::kind_info;
 
 fn crds_dir() -> PathBuf {
@@ -40,6 +40,7 @@ fn committed_crds_equal_the_generated_ones() {
     let mut expected: Vec<String> = crd_manifests()
         .into_iter()
         .map(|(file, _)| file.to_owned())
+        .chain(COPIED_CRDS.iter().map(|(_, file)| (*file).to_owned()))
         .collect();
     expected.sort();
     assert_eq!(
@@ -182,4 +183,39 @@ fn a_kubeedge_device_reads_into_the_typed_device_and_back() {
         back["spec"], manifest["spec"],
         "every KubeEdge field survives"
     );
+}
+
+#[test]
+fn copied_kubeedge_crds_agree_with_the_adapters_kinds() {
+    // (kind, CRD name, scope), as in KubeEdge's v1.22.0 apps CRDs (copied, not generated).
+    let kubeedge = [
+        ("NodeGroup", "nodegroups.apps.kubeedge.io", "Cluster"),
+        (
+            "EdgeApplication",
+            "edgeapplications.apps.kubeedge.io",
+            "Namespaced",
+        ),
+    ];
+    assert_eq!(COPIED_CRDS.len(), kubeedge.len());
+    for (kind, name, scope) in kubeedge {
+        let (_, file) = COPIED_CRDS.iter().find(|(k, _)| *k == kind).unwrap();
+        let text = std::fs::read_to_string(crds_dir().join(file)).unwrap();
+        let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+            serde_yaml_ng::from_str(&text).unwrap();
+        assert_eq!(crd.metadata.name.as_deref(), Some(name));
+        assert_eq!(crd.spec.group, "apps.kubeedge.io");
+        assert_eq!(crd.spec.names.kind, kind);
+        assert_eq!(crd.spec.scope, scope, "{kind}");
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1", "{kind}");
+        assert!(version
+            .subresources
+            .as_ref()
+            .is_some_and(|s| s.status.is_some()));
+        let info = kind_info(kind).unwrap();
+        assert_eq!(info.crd.as_deref(), Some(name));
+        assert_eq!(info.resource.plural, crd.spec.names.plural);
+        assert_eq!(info.namespaced, scope == "Namespaced", "{kind}");
+        assert!(info.status_subresource, "{kind}");
+    }
 }

@@ -547,6 +547,19 @@ pub struct CloudModules {
     /// ([`crate::plug::Plug::section`]) and refuses one it does not.
     #[serde(skip)]
     pub extensions: std::collections::BTreeMap<String, serde_json::Value>,
+    /// `modules.nodeGroupController`.
+    pub node_group_controller: NodeGroupControllerConfig,
+}
+
+/// `modules.nodeGroupController`: KubeEdge's NodeGroup and EdgeApplication controllers
+/// (docs/nodegroups.md). KubeEdge
+/// runs it in its separate controller manager, which cloudcore's config has no key for; off
+/// by default, as a cloudcore without that controller manager is.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NodeGroupControllerConfig {
+    /// Whether the NodeGroup controller runs.
+    pub enable: bool,
 }
 
 /// `modules.dynamicController`: answers edges' MetaServer reads (docs/metaserver.md).

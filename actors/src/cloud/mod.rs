@@ -1,7 +1,7 @@
 //! Cloud-side modules: [`cloudhub`] (the WebSocket server, one actor per edge node),
 //! [`edgecontroller`] (cluster changes -> messages for edge nodes; edge requests -> the
 //! cluster), [`devicecontroller`] (devices and twins), [`dynamiccontroller`] (an edge
-//! MetaServer's reads), the [`cluster`] they read through one
+//! MetaServer's reads), [`controllermanager`] (node groups), the [`cluster`] they read through one
 //! port, and what they share: [`contract`] (the typed messages between them, the beehive
 //! messages they send and the routing table), `outbox` (how a controller hands messages to
 //! CloudHub) and [`watcher`] (how each follows a kind of the cluster).
@@ -20,6 +20,7 @@ pub mod cloudhub;
 pub mod cloudstream;
 pub mod cluster;
 pub mod contract;
+pub mod controllermanager;
 pub mod devicecontroller;
 pub mod dynamiccontroller;
 pub mod edgecontroller;

@@ -10,6 +10,10 @@
 //! DeviceStatus status keep fields we do not model (`x-kubernetes-preserve-unknown-fields`):
 //! KubeEdge adds protocol and push-method fields between releases, and the API server would
 //! otherwise drop them from objects users write.
+//!
+//! NodeGroup and EdgeApplication (`apps.kubeedge.io/v1alpha1`, docs/nodegroups.md) have no
+//! type here: their CRDs are KubeEdge's v1.22.0 files copied as they are ([`COPIED_CRDS`]),
+//! and the controllers read those objects as JSON.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +22,18 @@ use kube::{CustomResource, CustomResourceExt};
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// The API group of KubeEdge's node groups and edge applications (NodeGroup,
+/// EdgeApplication), whose CRDs are KubeEdge's files copied as they are.
+pub const APPS_GROUP: &str = "apps.kubeedge.io";
+/// Their version.
+pub const APPS_VERSION: &str = "v1alpha1";
+/// KubeEdge's CRD files in `config/crds/` that are copies of KubeEdge's own (v1.22.0), not
+/// generated from a type here: kind and file.
+pub const COPIED_CRDS: &[(&str, &str)] = &[
+    ("NodeGroup", "apps_v1alpha1_nodegroup.yaml"),
+    ("EdgeApplication", "apps_v1alpha1_edgeapplication.yaml"),
+];
 
 /// Schema of a free-form object whose fields the API server must keep.
 fn preserved_object(_: &mut SchemaGenerator) -> Schema {

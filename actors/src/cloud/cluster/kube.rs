@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
 use futures_util::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
@@ -38,7 +39,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource};
 use serde_json::{json, Map, Value};
 
-use super::crds::{ClusterObjectSync, Device, DeviceModel, DeviceStatus, ObjectSync};
+use super::crds::{ClusterObjectSync, Device, DeviceModel, DeviceStatus, ObjectSync, APPS_GROUP};
 use super::{ClusterError, ClusterFuture, ClusterPort, EventType, Watch, WatchError, WatchEvent};
 
 /// How the cloud reaches the API server: KubeEdge's `kubeAPIConfig` keys.
@@ -145,6 +146,30 @@ where
     }
 }
 
+/// A kind whose CRD is KubeEdge's own file, copied as is into `config/crds/` (no Rust type
+/// generates it): its API facts are spelled here.
+fn copied(
+    group: &str,
+    kind: &str,
+    plural: &str,
+    namespaced: bool,
+    status_subresource: bool,
+) -> KindInfo {
+    let version = super::crds::APPS_VERSION;
+    KindInfo {
+        resource: ApiResource {
+            group: group.to_owned(),
+            version: version.to_owned(),
+            api_version: format!("{group}/{version}"),
+            kind: kind.to_owned(),
+            plural: plural.to_owned(),
+        },
+        namespaced,
+        status_subresource,
+        crd: Some(format!("{plural}.{group}")),
+    }
+}
+
 /// Every kind the controllers read or write, by kind name.
 pub(crate) const KINDS: &[&str] = &[
     "Pod",
@@ -166,6 +191,9 @@ pub(crate) const KINDS: &[&str] = &[
     "DeviceStatus",
     "ObjectSync",
     "ClusterObjectSync",
+    "NodeGroup",
+    "EdgeApplication",
+    "Deployment",
 ];
 
 /// The adapter's facts about `kind`, if it is one of `KINDS`.
@@ -193,9 +221,22 @@ pub fn kind_info(kind: &str) -> Option<KindInfo> {
         "DeviceStatus" => custom::<DeviceStatus>(true, false),
         "ObjectSync" => custom::<ObjectSync>(true, true),
         "ClusterObjectSync" => custom::<ClusterObjectSync>(false, true),
+        // Made by the EdgeApplication controller for each target node group.
+        "Deployment" => builtin::<Deployment>(true, true),
+        "NodeGroup" => copied(APPS_GROUP, "NodeGroup", "nodegroups", false, true),
+        "EdgeApplication" => copied(
+            APPS_GROUP,
+            "EdgeApplication",
+            "edgeapplications",
+            true,
+            true,
+        ),
         _ => return None,
     })
 }
+
+/// The custom kinds the NodeGroup and EdgeApplication controllers need (checked at start).
+pub const NODE_GROUP_KINDS: &[&str] = &["NodeGroup", "EdgeApplication"];
 
 /// The custom kinds the DeviceController needs (checked at start).
 pub const DEVICE_KINDS: &[&str] = &["Device", "DeviceModel", "DeviceStatus"];

@@ -16,6 +16,7 @@ const CLUSTER_SCOPED: &[&str] = &[
     "Node",
     "Namespace",
     "ClusterObjectSync",
+    "NodeGroup",
     "PersistentVolume",
     "StorageClass",
     "CustomResourceDefinition",

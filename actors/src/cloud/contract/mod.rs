@@ -390,6 +390,9 @@ pub mod route {
     pub(crate) const DEVICECONTROLLER: &str = "devicecontroller";
     /// DynamicController's module name and group (KubeEdge's): a MetaServer's applications.
     pub const DYNAMICCONTROLLER: &str = "dynamiccontroller";
+    /// The NodeGroup controller's module name and group (KubeEdge runs it in its
+    /// controller manager).
+    pub const NODEGROUPCONTROLLER: &str = "nodegroupcontroller";
     /// SyncController's module name (KubeEdge's; reserved).
     pub const SYNCCONTROLLER: &str = "synccontroller";
     /// The router module that takes `user`-group uploads (KubeEdge's; an extension).
@@ -400,8 +403,9 @@ pub mod route {
     const EDGE_TWIN: &str = "twin";
 
     /// Cloud modules: an upstream message claiming one as its source would loop.
-    const CLOUD_SOURCES: [&str; 6] = [
+    const CLOUD_SOURCES: [&str; 7] = [
         CLOUDHUB,
+        NODEGROUPCONTROLLER,
         "cloudStream",
         DEVICECONTROLLER,
         DYNAMICCONTROLLER,

@@ -1,0 +1,209 @@
+//! The EdgeApplication loop: makes, updates and deletes each application's workloads
+//! (`workloads::render`) and writes its `status.workloadStatus`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use edgehive_protocols::object::meta_str;
+use serde_json::{json, Value};
+
+use super::metrics::{Metrics, RETRY_INTERVAL};
+use super::workloads::{render, Workload};
+use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
+use crate::cloud::contract::route;
+use crate::cloud::watcher::{KindWatcher, WatchMetrics};
+
+/// `(namespace, name)` of an application.
+type AppKey = (String, String);
+/// `(kind, namespace, name)` of a workload.
+type WorkloadKey = (String, String, String);
+
+/// Follows EdgeApplications and keeps their workloads as they ask.
+pub(super) struct ApplicationWatcher {
+    cluster: SharedCluster,
+    metrics: Metrics,
+    /// The applications as last seen.
+    apps: BTreeMap<AppKey, Value>,
+    /// The workloads made for each application since the process started.
+    made: BTreeMap<AppKey, BTreeSet<WorkloadKey>>,
+    /// Applications with a write that failed, tried again later.
+    owed: BTreeSet<AppKey>,
+}
+
+fn key_of(object: &Value) -> AppKey {
+    (
+        meta_str(object, "namespace").to_owned(),
+        meta_str(object, "name").to_owned(),
+    )
+}
+
+/// Whether every field `desired` gives has that value in `current` (objects compared field by
+/// field, anything else whole): what the API server adds (defaults, status) is no difference.
+fn contains(current: &Value, desired: &Value) -> bool {
+    match desired {
+        Value::Object(fields) => fields
+            .iter()
+            .all(|(key, value)| contains(&current[key.as_str()], value)),
+        _ => current == desired,
+    }
+}
+
+impl ApplicationWatcher {
+    pub(super) fn new(cluster: SharedCluster, metrics: Metrics) -> Self {
+        ApplicationWatcher {
+            cluster,
+            metrics,
+            apps: BTreeMap::new(),
+            made: BTreeMap::new(),
+            owed: BTreeSet::new(),
+        }
+    }
+
+    pub(super) async fn run(mut self, metrics: WatchMetrics) {
+        let follow = |kind: &str| {
+            KindWatcher::new(self.cluster.clone(), route::NODEGROUPCONTROLLER, kind)
+                .keeping(crate::cloud::watcher::keep_all)
+                .counted(metrics.clone())
+        };
+        // The whole object is kept so that a delete a relist finds still says what to remove.
+        let mut apps = follow("EdgeApplication");
+        let mut retry = tokio::time::interval(RETRY_INTERVAL);
+        loop {
+            let owed = !self.owed.is_empty();
+            tokio::select! {
+                change = apps.next() => if let Some(event) = change.into_event() {
+                    self.on_app(event).await;
+                },
+                _ = retry.tick(), if owed => {
+                    for key in std::mem::take(&mut self.owed) {
+                        if let Some(app) = self.apps.get(&key).cloned() {
+                            self.apply(&app).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_app(&mut self, event: WatchEvent) {
+        let key = key_of(&event.object);
+        if event.event_type != EventType::Deleted {
+            self.apps.insert(key, event.object.clone());
+            self.apply(&event.object).await;
+            return;
+        }
+        // On a Kubernetes API server the garbage collector removes what it owned too; the
+        // embedded cluster has none.
+        self.apps.remove(&key);
+        self.owed.remove(&key);
+        let mut gone = self.made.remove(&key).unwrap_or_default();
+        gone.extend(render(&event.object).0.iter().map(Workload::key));
+        for workload in gone {
+            self.delete(&workload).await;
+        }
+    }
+
+    async fn delete(&self, (kind, namespace, name): &WorkloadKey) -> bool {
+        match self.cluster.delete(kind, Some(namespace), name, None).await {
+            Ok(_) => {
+                self.metrics.count("delete", true);
+                true
+            }
+            Err(error) if error.status() == 404 => true,
+            Err(error) => {
+                tracing::warn!(%kind, %namespace, %name, %error, "cannot delete an EdgeApplication's workload");
+                self.metrics.count("delete", false);
+                false
+            }
+        }
+    }
+
+    /// Makes or updates `app`'s workloads, deletes those it no longer asks for, writes its
+    /// status.
+    async fn apply(&mut self, app: &Value) {
+        let key = key_of(app);
+        let (workloads, skipped) = render(app);
+        if skipped > 0 {
+            self.metrics.count_as("workload", "skipped", skipped as u64);
+        }
+        let mut failed = false;
+        let mut statuses = Vec::new();
+        let mut desired = BTreeSet::new();
+        for workload in &workloads {
+            let ok = self.write(&workload.object).await;
+            failed |= !ok;
+            let (kind, namespace, name) = workload.key();
+            let api_version = workload.object["apiVersion"].as_str().unwrap_or_default();
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            statuses.push(json!({
+                "identifier": {
+                    "group": group, "version": version, "kind": kind,
+                    "resource": format!("{}s", kind.to_ascii_lowercase()),
+                    "namespace": namespace, "name": name, "ordinal": workload.ordinal,
+                },
+                "conditions": if ok { "Available" } else { "Processing" },
+            }));
+            desired.insert(workload.key());
+        }
+        let before = self.made.insert(key.clone(), desired.clone());
+        for stale in before.unwrap_or_default().difference(&desired) {
+            if !self.delete(stale).await {
+                failed = true;
+                self.made
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(stale.clone());
+            }
+        }
+        let statuses = Value::Array(statuses);
+        if app["status"]["workloadStatus"] != statuses {
+            let patch = json!({"status": {"workloadStatus": statuses}});
+            let (namespace, name) = &key;
+            let written = self
+                .cluster
+                .patch("EdgeApplication", Some(namespace), name, patch, true)
+                .await;
+            match written {
+                Ok(_) => self.metrics.count("status", true),
+                Err(error) if error.status() == 404 => {}
+                Err(error) => {
+                    tracing::warn!(%namespace, %name, %error, "cannot write the EdgeApplication's status");
+                    self.metrics.count("status", false);
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            self.owed.insert(key);
+        }
+    }
+
+    /// Creates `object`, or updates it when the cluster's copy differs; whether it is as
+    /// asked now.
+    async fn write(&self, object: &Value) -> bool {
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let namespace = meta_str(object, "namespace");
+        let name = meta_str(object, "name");
+        let written = match self.cluster.get(kind, Some(namespace), name).await {
+            Err(error) if error.status() == 404 => self.cluster.create(object.clone()).await,
+            Ok(current) if contains(&current, object) => return true,
+            Ok(current) => {
+                let mut object = object.clone();
+                object["metadata"]["resourceVersion"] =
+                    json!(meta_str(&current, "resourceVersion"));
+                self.cluster.update(object).await
+            }
+            Err(error) => Err(error),
+        };
+        match written {
+            Ok(_) => {
+                self.metrics.count("workload", true);
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%kind, %namespace, %name, %error, "cannot write an EdgeApplication's workload");
+                self.metrics.count("workload", false);
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! KubeEdge's controller manager on the cloud (docs/nodegroups.md): the NodeGroup and
+//! EdgeApplication controllers (one module, `nodegroupcontroller`), started when
+//! `modules.nodeGroupController.enable`.
+//!
+//! It follows NodeGroups (`apps.kubeedge.io/v1alpha1`, cluster-scoped) and Nodes with
+//! [`KindWatcher`](crate::cloud::watcher::KindWatcher)s. Each node a group selects (by name,
+//! `spec.nodes`, or by labels, `spec.matchLabels`) gets the label
+//! `apps.kubeedge.io/belonging-to: <group>` and loses it when no group selects it any more
+//! (the group deleted, its spec or the node's labels changed); a node selected by two groups
+//! stays in the one it belongs to (the older group when it belongs to none) and the other
+//! group lists it as `Failed`. Each group's `status.nodeStatuses` lists the nodes it selects
+//! with their readiness (the Node's Ready condition: `Ready`, `NotReady`, `Unknown`) and
+//! whether the selection succeeded. Writes that fail are tried again every 5 s while owed
+//! (`edgehive_nodegroupcontroller_writes_total{what, result}`).
+//!
+//! The same module runs KubeEdge's EdgeApplication controller: for each EdgeApplication
+//! (namespaced) and each of its `spec.workloadScope.targetNodeGroups`, every Deployment and
+//! Service of `spec.workloadTemplate.manifests` is made as `<name>-<group>` with the group's
+//! overrides (replicas, image overriders) and the node selector
+//! `apps.kubeedge.io/belonging-to: <group>`, owned by the application (its ownerReferences;
+//! deleting the application deletes them), and `status.workloadStatus` lists each one.
+//!
+//! Its files import one way: `metrics`, `membership` and `workloads` (the decisions, no
+//! I/O) → `applications` (the EdgeApplication loop) → `controller` (the actor and the
+//! NodeGroup loop) → `mod.rs` (the recipe).
+
+mod applications;
+mod controller;
+mod membership;
+mod metrics;
+mod workloads;
+
+pub use controller::NodeGroupController;
+pub use membership::BELONGING_TO;
+pub use workloads::SERVICE_TOPOLOGY;
+
+use crate::cloud::cluster::SharedCluster;
+use crate::hive::{Hive, Module};
+use metrics::Metrics;
+
+/// The NodeGroup controller's module recipe.
+pub struct NodeGroupControllerModule {
+    cluster: SharedCluster,
+    metrics: Metrics,
+}
+
+impl NodeGroupControllerModule {
+    /// A recipe on `cluster`; registers the module's metrics with `hive` (one per hive).
+    pub fn new(hive: &Hive, cluster: impl Into<SharedCluster>) -> Self {
+        let metrics = Metrics::default();
+        hive.metrics().register(
+            "edgehive_nodegroupcontroller_writes",
+            "Node labels and NodeGroup statuses the NodeGroup controller wrote, by result",
+            metrics.writes.clone(),
+        );
+        NodeGroupControllerModule {
+            cluster: cluster.into(),
+            metrics,
+        }
+    }
+}
+
+impl Module for NodeGroupControllerModule {
+    type Actor = NodeGroupController;
+
+    fn name(&self) -> &str {
+        super::contract::route::NODEGROUPCONTROLLER
+    }
+
+    fn group(&self) -> &str {
+        super::contract::route::NODEGROUPCONTROLLER
+    }
+
+    fn create(&self, hive: &Hive) -> NodeGroupController {
+        NodeGroupController {
+            hive: hive.clone(),
+            cluster: self.cluster.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! KubeEdge's node groups (docs/nodegroups.md): NodeGroups applied with `edgehive apply`
+//! label the nodes they select with `apps.kubeedge.io/belonging-to`, follow nodes and groups
+//! as they change, and report each node's readiness in their status.
+
+use std::time::Duration;
+
+use crate::support;
+
+use edgehive::cloud::CloudProcess;
+use edgehive::config::CloudConfig;
+use edgehive_actors::cloud::cluster::EmbeddedCluster;
+use serde_json::{json, Value};
+use support::eventually;
+use support::process::{http, spawn, wait_until, BIN};
+
+const LABEL: &str = "apps.kubeedge.io/belonging-to";
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// An in-process cloud on the embedded cluster with the NodeGroup controller on.
+async fn start_cloud() -> CloudProcess {
+    start_cloud_seeded(None).await
+}
+
+/// [`start_cloud`] with the embedded cluster seeded from the manifests in `manifests`.
+async fn start_cloud_seeded(manifests: Option<&std::path::Path>) -> CloudProcess {
+    let mut config = CloudConfig::default();
+    config.modules.cloud_hub.websocket.address = "127.0.0.1".into();
+    config.modules.cloud_hub.websocket.port = 0;
+    config.modules.cloud_hub.websocket.insecure_plaintext = true;
+    config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
+    config.embedded_cluster.database = Default::default();
+    config.modules.node_group_controller.enable = true;
+    CloudProcess::start(&config, manifests).await.unwrap()
+}
+
+fn node(name: &str, labels: Value, ready: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    })
+}
+
+fn group(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "NodeGroup",
+           "metadata": {"name": name}, "spec": spec})
+}
+
+fn label_of(cluster: &EmbeddedCluster, node: &str) -> Option<String> {
+    let node = cluster.get("Node", None, node)?;
+    node["metadata"]["labels"][LABEL]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Waits until `node`'s belonging-to label is `want`.
+async fn label_becomes(cluster: &EmbeddedCluster, node: &str, want: Option<&str>) {
+    eventually(&format!("{node} labelled {want:?}"), WITHIN, || {
+        let found = label_of(cluster, node);
+        async move { (found.as_deref() == want).then_some(()) }
+    })
+    .await;
+}
+
+/// `(nodeName, readyStatus, selectionStatus)` of the group's status.
+fn statuses(cluster: &EmbeddedCluster, name: &str) -> Vec<(String, String, String)> {
+    let Some(group) = cluster.get("NodeGroup", None, name) else {
+        return Vec::new();
+    };
+    group["status"]["nodeStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let field = |f: &str| s[f].as_str().unwrap_or_default().to_owned();
+            (
+                field("nodeName"),
+                field("readyStatus"),
+                field("selectionStatus"),
+            )
+        })
+        .collect()
+}
+
+async fn statuses_become(cluster: &EmbeddedCluster, name: &str, want: &[(&str, &str, &str)]) {
+    let want: Vec<(String, String, String)> = want
+        .iter()
+        .map(|(a, b, c)| ((*a).into(), (*b).into(), (*c).into()))
+        .collect();
+    eventually(&format!("status of {name} = {want:?}"), WITHIN, || {
+        let found = statuses(cluster, name);
+        let ok = found == want;
+        async move { ok.then_some(()) }
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn a_group_by_names_and_a_group_by_labels_label_their_nodes_and_list_them_ready() {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(node("n1", json!({}), "True")).unwrap();
+    cluster
+        .apply(node("n2", json!({"zone": "east"}), "False"))
+        .unwrap();
+    cluster
+        .apply(node("n3", json!({"zone": "west"}), "True"))
+        .unwrap();
+    cluster
+        .apply(group("named", json!({"nodes": ["n1", "ghost"]})))
+        .unwrap();
+    cluster
+        .apply(group("east", json!({"matchLabels": {"zone": "east"}})))
+        .unwrap();
+    label_becomes(&cluster, "n1", Some("named")).await;
+    label_becomes(&cluster, "n2", Some("east")).await;
+    statuses_become(
+        &cluster,
+        "named",
+        &[("ghost", "Unknown", "Failed"), ("n1", "Ready", "Succeeded")],
+    )
+    .await;
+    statuses_become(&cluster, "east", &[("n2", "NotReady", "Succeeded")]).await;
+    // A node no group selects gets no label.
+    assert_eq!(label_of(&cluster, "n3"), None);
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_relabelled_node_moves_into_and_out_of_a_group() {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster
+        .apply(group("east", json!({"matchLabels": {"zone": "east"}})))
+        .unwrap();
+    cluster
+        .apply(node("n1", json!({"zone": "west"}), "True"))
+        .unwrap();
+    statuses_become(&cluster, "east", &[]).await;
+    // Into the group: its label now matches.
+    cluster
+        .apply(node("n1", json!({"zone": "east"}), "True"))
+        .unwrap();
+    label_becomes(&cluster, "n1", Some("east")).await;
+    statuses_become(&cluster, "east", &[("n1", "Ready", "Succeeded")]).await;
+    // Out again (the label the controller added is written back as the user left it).
+    cluster
+        .apply(node("n1", json!({"zone": "west", LABEL: "east"}), "True"))
+        .unwrap();
+    label_becomes(&cluster, "n1", None).await;
+    statuses_become(&cluster, "east", &[]).await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_deleted_group_takes_its_label_off_its_nodes_and_a_group_that_also_wants_them_gets_them()
+{
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(node("n1", json!({}), "True")).unwrap();
+    cluster.apply(node("n2", json!({}), "True")).unwrap();
+    cluster
+        .apply(group("first", json!({"nodes": ["n1", "n2"]})))
+        .unwrap();
+    label_becomes(&cluster, "n1", Some("first")).await;
+    label_becomes(&cluster, "n2", Some("first")).await;
+    // A second group that wants n2 too is refused it while the first has it.
+    cluster
+        .apply(group("second", json!({"nodes": ["n2"]})))
+        .unwrap();
+    statuses_become(&cluster, "second", &[("n2", "Ready", "Failed")]).await;
+    assert_eq!(label_of(&cluster, "n2").as_deref(), Some("first"));
+    let reason = cluster.get("NodeGroup", None, "second").unwrap()["status"]["nodeStatuses"][0]
+        ["selectionStatusReason"]
+        .clone();
+    assert_eq!(reason, "node already belongs to NodeGroup first");
+    cluster.delete("NodeGroup", None, "first").unwrap();
+    label_becomes(&cluster, "n1", None).await;
+    label_becomes(&cluster, "n2", Some("second")).await;
+    statuses_become(&cluster, "second", &[("n2", "Ready", "Succeeded")]).await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_status_readiness_follows_the_nodes_ready_condition() {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(node("n1", json!({}), "True")).unwrap();
+    cluster.apply(group("g", json!({"nodes": ["n1"]}))).unwrap();
+    statuses_become(&cluster, "g", &[("n1", "Ready", "Succeeded")]).await;
+    cluster
+        .modify("Node", None, "n1", |node| {
+            node["status"]["conditions"][0]["status"] = json!("False");
+            Ok(())
+        })
+        .unwrap();
+    statuses_become(&cluster, "g", &[("n1", "NotReady", "Succeeded")]).await;
+    cluster
+        .modify("Node", None, "n1", |node| {
+            node["status"]["conditions"] = json!([]);
+            Ok(())
+        })
+        .unwrap();
+    statuses_become(&cluster, "g", &[("n1", "Unknown", "Succeeded")]).await;
+    cluster.delete("Node", None, "n1").unwrap();
+    statuses_become(&cluster, "g", &[("n1", "Unknown", "Failed")]).await;
+    cloud.stop().await;
+}
+
+/// A cloud that starts on groups and labelled nodes (a restart) writes no label: nothing is
+/// judged before both kinds are listed, so a node is never stripped of a group it belongs to.
+#[actix_rt::test]
+async fn a_cloud_starting_on_labelled_nodes_leaves_their_labels_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifests = Vec::new();
+    for n in 0..50 {
+        manifests.push(node(
+            &format!("n{n}"),
+            json!({"zone": "east", LABEL: "east"}),
+            "True",
+        ));
+    }
+    manifests.push(group("east", json!({"matchLabels": {"zone": "east"}})));
+    std::fs::write(
+        dir.path().join("seed.json"),
+        serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": manifests}))
+            .unwrap(),
+    )
+    .unwrap();
+    let cloud = start_cloud_seeded(Some(dir.path())).await;
+    let cluster = cloud.cluster().unwrap().clone();
+    eventually("east's status lists its 50 nodes", WITHIN, || {
+        let found = statuses(&cluster, "east");
+        let ok = found.len() == 50
+            && found
+                .iter()
+                .all(|(_, ready, sel)| ready == "Ready" && sel == "Succeeded");
+        async move { ok.then_some(()) }
+    })
+    .await;
+    let metrics = cloud.hive().metrics().encode();
+    assert!(
+        !metrics.contains("what=\"label\""),
+        "labels were written: {metrics}"
+    );
+    assert!((0..50).all(|n| label_of(&cluster, &format!("n{n}")).as_deref() == Some("east")));
+    cloud.stop().await;
+}
+
+/// `edgehive apply` (the real binary, against a real cloud process) takes a NodeGroup as the
+/// cluster-scoped object it is, and the cloud's controller labels its node.
+#[test]
+fn edgehive_apply_takes_a_nodegroup_and_the_cloud_process_labels_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cloud.yaml");
+    let yaml =
+        support::process::plain_cloud_yaml(0, None) + "  nodeGroupController:\n    enable: true\n";
+    std::fs::write(&config, yaml).unwrap();
+    let (_cloud, banner) = spawn(&["cloud", "--config", config.to_str().unwrap()]);
+    let admin = support::process::banner_field(&banner, "admin on http://", ' ').to_owned();
+    let manifests = dir.path().join("group.yaml");
+    std::fs::write(
+        &manifests,
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: edge-1\n  labels:\n    site: lab\n---\n\
+         apiVersion: apps.kubeedge.io/v1alpha1\nkind: NodeGroup\nmetadata:\n  name: lab\n\
+         spec:\n  matchLabels:\n    site: lab\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(BIN)
+        .args([
+            "apply",
+            "-f",
+            manifests.to_str().unwrap(),
+            "--admin",
+            &admin,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("NodeGroup lab applied"), "{stdout}");
+    wait_until("edge-1 labelled lab", WITHIN, || {
+        let Some((200, body)) = http(&admin, "GET", "/api/v1/objects/nodes", "") else {
+            return false;
+        };
+        let nodes: Value = serde_json::from_str(&body).unwrap();
+        nodes["items"][0]["metadata"]["labels"][LABEL] == "lab"
+    });
+    let (status, body) = http(&admin, "GET", "/api/v1/objects/nodegroups", "").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let groups: Value = serde_json::from_str(&body).unwrap();
+    let lab = &groups["items"][0];
+    // Cluster-scoped: no namespace.
+    assert!(lab["metadata"]["namespace"].is_null(), "{lab}");
+    wait_until("lab's status lists edge-1", WITHIN, || {
+        let Some((200, body)) = http(&admin, "GET", "/api/v1/objects/nodegroups", "") else {
+            return false;
+        };
+        let groups: Value = serde_json::from_str(&body).unwrap();
+        groups["items"][0]["status"]["nodeStatuses"][0]["nodeName"] == "edge-1"
+    });
+}
+
+fn application(targets: Value) -> Value {
+    json!({
+        "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+        "metadata": {"name": "shop", "namespace": "default"},
+        "spec": {
+            "workloadTemplate": {"manifests": [
+                {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": "web", "labels": {"app": "web"}},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                          "template": {"metadata": {"labels": {"app": "web"}},
+                                       "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}}},
+                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                 "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}},
+            ]},
+            "workloadScope": {"targetNodeGroups": targets},
+        },
+    })
+}
+
+#[actix_rt::test]
+async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_removes_them() {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    let app = cluster
+        .apply(application(json!([
+            {"name": "east", "overriders": {"replicas": 3, "imageOverriders": [
+                {"component": "Tag", "operator": "replace", "value": "1.28"}]}},
+            {"name": "west"},
+        ])))
+        .unwrap();
+    let uid = app["metadata"]["uid"].as_str().unwrap().to_owned();
+    let east = eventually("web-east", WITHIN, || {
+        let found = cluster.get("Deployment", Some("default"), "web-east");
+        async move { found }
+    })
+    .await;
+    assert_eq!(east["spec"]["replicas"], 3);
+    let pod = &east["spec"]["template"]["spec"];
+    assert_eq!(pod["containers"][0]["image"], "nginx:1.28");
+    assert_eq!(pod["nodeSelector"][LABEL], "east");
+    assert_eq!(east["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    assert_eq!(
+        east["metadata"]["ownerReferences"][0]["kind"],
+        "EdgeApplication"
+    );
+    let west = eventually("web-west", WITHIN, || {
+        let found = cluster.get("Deployment", Some("default"), "web-west");
+        async move { found }
+    })
+    .await;
+    assert_eq!(west["spec"]["replicas"], 1);
+    assert_eq!(
+        west["spec"]["template"]["spec"]["containers"][0]["image"],
+        "nginx:1.27"
+    );
+    assert_eq!(
+        west["spec"]["template"]["spec"]["nodeSelector"][LABEL],
+        "west"
+    );
+    let service = eventually("service web-west", WITHIN, || {
+        let found = cluster.get("Service", Some("default"), "web-west");
+        async move { found }
+    })
+    .await;
+    assert_eq!(
+        service["metadata"]["annotations"]["apps.kubeedge.io/service-topology"],
+        "range-nodegroup"
+    );
+    assert_eq!(
+        service["metadata"]["ownerReferences"][0]["uid"],
+        uid.as_str()
+    );
+    // The status reports each of the four workloads.
+    eventually("workloadStatus", WITHIN, || {
+        let app = cluster
+            .get("EdgeApplication", Some("default"), "shop")
+            .unwrap();
+        let statuses = app["status"]["workloadStatus"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let names: Vec<String> = statuses
+            .iter()
+            .filter(|s| s["conditions"] == "Available")
+            .map(|s| {
+                format!(
+                    "{}/{}",
+                    s["identifier"]["kind"].as_str().unwrap(),
+                    s["identifier"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        async move {
+            (names
+                == [
+                    "Deployment/web-east",
+                    "Service/web-east",
+                    "Deployment/web-west",
+                    "Service/web-west",
+                ])
+            .then_some(())
+        }
+    })
+    .await;
+    // A group no longer targeted loses its workloads; an override changed is applied.
+    cluster
+        .apply(application(
+            json!([{"name": "east", "overriders": {"replicas": 2}}]),
+        ))
+        .unwrap();
+    eventually("web-west gone and web-east at 2 replicas", WITHIN, || {
+        let west = cluster.get("Deployment", Some("default"), "web-west");
+        let west_service = cluster.get("Service", Some("default"), "web-west");
+        let east = cluster.get("Deployment", Some("default"), "web-east");
+        async move {
+            (west.is_none()
+                && west_service.is_none()
+                && east.is_some_and(|e| {
+                    e["spec"]["replicas"] == 2
+                        && e["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1.27"
+                }))
+            .then_some(())
+        }
+    })
+    .await;
+    // Deleting the application deletes what it owned.
+    cluster
+        .delete("EdgeApplication", Some("default"), "shop")
+        .unwrap();
+    eventually("web-east gone", WITHIN, || {
+        let left = cluster.count("Deployment", |_| true) + cluster.count("Service", |_| true);
+        async move { (left == 0).then_some(()) }
+    })
+    .await;
+    cloud.stop().await;
+}

@@ -496,11 +496,7 @@ async fn exec_latency(
     ca: &CertAuthority,
     client_ca: &CertAuthority,
 ) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
-    let key = certs::generate_key()?;
-    let csr = certs::node_csr(&key, "kube-apiserver")?;
-    let cert = client_ca
-        .sign_node_csr(&csr, "kube-apiserver", Duration::from_secs(3600))
-        .map_err(|error| anyhow::anyhow!("signing the API server's certificate: {error}"))?;
+    let (cert, key) = client_ca.issue_client_cert("kube-apiserver-kubelet-client")?;
     let config = edge_client_config(ca.cert_der(), &cert, &key)?;
     let stream_addr: std::net::SocketAddr = options
         .stream

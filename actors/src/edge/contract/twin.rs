@@ -39,7 +39,7 @@ pub enum TwinBody {
 }
 
 /// A message for DeviceTwin, typed once by [`TwinMessage::from_message`] (EdgeHub, or DeviceTwin
-/// for an extension's envelope) or built by [`TwinMessage::device`] (MetaManager).
+/// for an extension's envelope) or built by `TwinMessage::device` (MetaManager).
 #[derive(Debug, Clone)]
 pub struct TwinMessage {
     /// The id of the upload this answers, if it answers one.

@@ -125,6 +125,38 @@ async fn duplicate_and_stale_writes_keep_one_newest_row() {
     assert_eq!(count_rows(&path, &key), 1);
 }
 
+/// A cloud that restarted resends what the edge ACKed before: the same object again is no
+/// change, so the store's watchers (MetaServer's watches, the local API's) hear nothing,
+/// while a change at the same version still reaches them.
+#[tokio::test]
+async fn the_same_object_written_again_is_not_a_change_watchers_hear_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MetaStore::open(&dir.path().join("edge.db")).unwrap();
+    let key = "default/pod/p1".to_owned();
+    let mut changes = store.subscribe();
+    for _ in 0..3 {
+        let outcome = store
+            .upsert(key.clone(), "pod".into(), pod("p1", "5"))
+            .await
+            .unwrap();
+        assert_eq!(outcome, Upsert::Written);
+    }
+    let mut relabelled = pod("p1", "5");
+    relabelled["metadata"]["labels"] = json!({"edited": "locally"});
+    store
+        .upsert(key.clone(), "pod".into(), relabelled.clone())
+        .await
+        .unwrap();
+    let first = changes.try_recv().unwrap();
+    assert_eq!(first.object.value, pod("p1", "5"));
+    let second = changes.try_recv().unwrap();
+    assert_eq!(
+        second.object.value, relabelled,
+        "the resends were not changes"
+    );
+    assert!(changes.try_recv().is_err());
+}
+
 #[tokio::test]
 async fn delete_pod_removes_pod_and_podpatch_rows() {
     let dir = tempfile::tempdir().unwrap();

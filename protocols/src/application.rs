@@ -21,7 +21,8 @@ pub const APPLICATION_REQUEST_OPERATION: &str = "null";
 pub const APPLICATION_REQUEST_RESOURCE: &str = "null";
 /// `route.resource` of DynamicController's answer.
 pub const APPLICATION_RESPONSE_RESOURCE: &str = "ignore/Application/ignore";
-/// `route.resource` of the message that ends a watch (both ways, content `{}`).
+/// `route.resource` of the message that ends a watch (both ways; the edge's content maps the
+/// watch applications it still holds by ID, `{}` for none).
 pub const WATCH_SYNC_RESOURCE: &str = "watchapp/sync";
 
 /// What an application asks for.

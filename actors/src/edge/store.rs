@@ -76,7 +76,8 @@ pub enum StoreError {
 /// The outcome of [`MetaStore::upsert`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Upsert {
-    /// The row now holds the new value (inserted, replaced, or rewritten unchanged).
+    /// The row now holds the new value (inserted, replaced, or already holding it: the same
+    /// object again is neither written nor published to watchers).
     Written,
     /// The stored object has a higher `metadata.resourceVersion`; the row was kept.
     Stale {
@@ -293,7 +294,8 @@ impl MetaStore {
     /// Stores `value` under `key` unless the stored object is newer.
     ///
     /// "Newer" only when both objects carry a numeric `metadata.resourceVersion` and the
-    /// stored one is higher: a resend of the same version rewrites the row (idempotent), and
+    /// stored one is higher: a resend of the same version replaces the row (idempotent; the
+    /// very same object again changes nothing and publishes no change), and
     /// objects without versions always win, as with KubeEdge's plain INSERT OR REPLACE.
     pub async fn upsert(
         &self,
@@ -611,6 +613,11 @@ impl Worker {
             .flatten()
             .and_then(|text| serde_json::from_str::<Value>(&text).ok());
         if let Some(stored) = &stored {
+            if stored == value {
+                // The same object again (a cloud that restarted resends what the edge ACKed
+                // before): nothing changed, so nothing is written and no watcher hears of it.
+                return Ok(Upsert::Written);
+            }
             let stored_rv = resource_version(stored);
             let keep = match other_object(value, stored) {
                 Some(Ordering::Less) => true,

@@ -38,7 +38,8 @@ pub struct ApplicationRequest {
     pub application: Application,
 }
 
-/// A MetaServer's `watchapp/sync` (a watch ended on the edge; content `{}`).
+/// A MetaServer's `watchapp/sync` (a watch ended on the edge; content the watch applications
+/// it still holds, by ID, `{}` for none).
 #[derive(Debug, Clone, actix::Message)]
 #[rtype(result = "()")]
 pub struct WatchSync {

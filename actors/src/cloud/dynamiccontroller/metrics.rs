@@ -16,6 +16,12 @@ pub(super) struct RequestLabels {
     outcome: String,
 }
 
+/// `kind` of an upstream watch.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct KindLabels {
+    pub(super) kind: String,
+}
+
 /// DynamicController's counters, registered once per hive.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Metrics {
@@ -23,6 +29,9 @@ pub(super) struct Metrics {
     refused: Family<ReasonLabels, Counter>,
     /// Watches registered now, over all nodes.
     pub(super) subscriptions: Gauge,
+    /// Watches of the cluster running now, by kind (1 per watched kind, however many nodes
+    /// watch it; 0 once its last subscription ends).
+    pub(super) upstream_watches: Family<KindLabels, Gauge>,
     /// Objects pushed to watching nodes.
     pub(super) pushes: Counter,
     /// Messages handed to CloudHub (answers and pushes).
@@ -54,6 +63,11 @@ impl Metrics {
             "edgehive_dynamiccontroller_subscriptions",
             "Watches edges' MetaServers have registered",
             metrics.subscriptions.clone(),
+        );
+        m.register(
+            "edgehive_dynamiccontroller_upstream_watches",
+            "Watches of the cluster DynamicController runs, by kind (one per kind, shared by every node watching it)",
+            metrics.upstream_watches.clone(),
         );
         m.register(
             "edgehive_dynamiccontroller_pushes",

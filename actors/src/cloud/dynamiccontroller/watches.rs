@@ -19,7 +19,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::metrics::Metrics;
+use super::metrics::{KindLabels, Metrics};
 use super::policy::{Policy, Scope};
 use super::resources::Resource;
 use super::selector::Selector;
@@ -76,8 +76,6 @@ pub(super) enum Command {
 struct KindState {
     /// The kind's objects as last seen, by `(namespace, name)`.
     objects: BTreeMap<(String, String), Value>,
-    /// Whether a list has completed (the objects are the cluster's).
-    synced: bool,
     /// Subscriptions by `(node, id)`.
     subscriptions: BTreeMap<(String, String), Subscription>,
     /// Dropping it stops the kind's watcher.
@@ -129,6 +127,9 @@ impl WatchHub {
             }
         }
         self.metrics.subscriptions.set(0);
+        for kind in self.kinds.keys() {
+            self.watching(kind, false);
+        }
     }
 
     fn on_command(&mut self, command: Command) {
@@ -150,6 +151,7 @@ impl WatchHub {
                 for kind in emptied {
                     // Its watcher stops with the dropped sender.
                     self.kinds.remove(kind);
+                    self.watching(kind, false);
                 }
             }
         }
@@ -168,8 +170,17 @@ impl WatchHub {
                 self.metrics.subscriptions.dec();
             }
         }
-        self.kinds
-            .retain(|_, state| !state.subscriptions.is_empty());
+        let mut emptied = Vec::new();
+        self.kinds.retain(|kind, state| {
+            let keep = !state.subscriptions.is_empty();
+            if !keep {
+                emptied.push(*kind);
+            }
+            keep
+        });
+        for kind in emptied {
+            self.watching(kind, false);
+        }
         if !self.kinds.contains_key(kind) {
             let (stop, stopped) = oneshot::channel();
             let watcher = KindWatcher::new(self.cluster.clone(), route::DYNAMICCONTROLLER, kind)
@@ -180,11 +191,11 @@ impl WatchHub {
                 .map(move |change| (kind, change))
                 .boxed();
             self.changes.push(changes);
+            self.watching(kind, true);
             self.kinds.insert(
                 kind,
                 KindState {
                     objects: BTreeMap::new(),
-                    synced: false,
                     subscriptions: BTreeMap::new(),
                     _stop: stop,
                 },
@@ -193,8 +204,11 @@ impl WatchHub {
         let Some(state) = self.kinds.get_mut(kind) else {
             return;
         };
-        if state.synced {
-            // The current objects it selects, as the watch's start.
+        {
+            // The current objects it selects, as the watch's start: all of them once the
+            // kind is synced; during the first list, those already taken (the rest come as
+            // the list's next events). Waiting for the list's end instead lost what came
+            // before it to a subscription made meanwhile.
             let judge = self.policy.judge(&subscription.node, subscription.scope);
             for obj in state.objects.values() {
                 if subscription.matches(obj) && judge.visible(obj) {
@@ -212,16 +226,22 @@ impl WatchHub {
         }
     }
 
+    /// Notes that `kind`'s watcher started or stopped.
+    fn watching(&self, kind: &str, running: bool) {
+        self.metrics
+            .upstream_watches
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .set(i64::from(running));
+    }
+
     fn on_change(&mut self, kind: &'static str, change: Change) {
         let Some(state) = self.kinds.get_mut(kind) else {
             return; // a stopped kind's last item
         };
         let event = match change {
-            Change::Synced => {
-                state.synced = true;
-                return;
-            }
-            Change::Interrupted(_) => return,
+            Change::Synced | Change::Interrupted(_) => return,
             Change::Event(event) | Change::Relisted(event) => event,
         };
         let key = (

@@ -299,8 +299,10 @@ pub(crate) enum Ask {
     /// `{source: metaserver, group: dynamiccontroller, operation: "null", resource: "null"}`,
     /// content the `Application`); the answer is an `applicationResponse`.
     Application(Box<Application>),
-    /// MetaServer's note that a watch ended (resource `watchapp/sync`, content `{}`).
-    WatchSync,
+    /// MetaServer's note that a watch ended (resource `watchapp/sync`): the content is every
+    /// watch application the edge still holds, by ID (`{}`: none), which is what the cloud
+    /// keeps; a watch left out would lose its pushes.
+    WatchSync(std::collections::BTreeMap<String, Application>),
 }
 
 impl Ask {
@@ -327,12 +329,12 @@ impl Ask {
                 // An Application is strings, bytes and a JSON value: it always serializes.
                 serde_json::to_value(&*app).unwrap_or_else(|_| json!({})),
             ),
-            Ask::WatchSync => Message::new(
+            Ask::WatchSync(held) => Message::new(
                 ModuleName::MetaServer,
                 Group::DynamicController,
                 Operation::from(APPLICATION_REQUEST_OPERATION),
                 WATCH_SYNC_RESOURCE,
-                json!({}),
+                serde_json::to_value(&held).unwrap_or_else(|_| json!({})),
             ),
         }
     }

@@ -7,9 +7,10 @@
 //! Watches are registered by one task (the registrar), which watches open and close
 //! through a bounded channel: it sends a watch Application when one opens while connected,
 //! sends them all again (from the version each has reached) after a reconnect, and sends
-//! `watchapp/sync` when one ends.
+//! `watchapp/sync` when one ends, naming the watch applications still open (the cloud keeps
+//! exactly those: `{}` would end every watch of the node, not only the one that ended).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,9 +216,40 @@ fn send(context: &RegistrarContext, ask: Ask) {
     });
 }
 
+/// An open watch as the registrar keeps it.
+struct Held {
+    key: ApplicationKey,
+    options: ListOptions,
+    last: Arc<AtomicU64>,
+    /// The application last sent for it (what `watchapp/sync` names), if any.
+    sent: Option<Application>,
+}
+
+impl Held {
+    /// Sends the watch's application from the version it has reached, and keeps it.
+    fn register(&mut self, context: &RegistrarContext) {
+        let app = watch_application(
+            &context.node,
+            &self.key,
+            &self.options,
+            self.last.load(Ordering::Relaxed),
+        );
+        self.sent = Some(app.clone());
+        send(context, Ask::Application(Box::new(app)));
+    }
+}
+
+/// The watch applications the cloud holds for the open watches, by ID.
+fn held_applications(open: &HashMap<u64, Held>) -> BTreeMap<String, Application> {
+    open.values()
+        .filter_map(|held| held.sent.clone())
+        .map(|app| (app.id.clone(), app))
+        .collect()
+}
+
 async fn run(context: RegistrarContext, mut notes: mpsc::Receiver<Note>) {
     let mut state = context.connection.subscribe();
-    let mut open: HashMap<u64, (ApplicationKey, ListOptions, Arc<AtomicU64>)> = HashMap::new();
+    let mut open: HashMap<u64, Held> = HashMap::new();
     loop {
         let connected = state.borrow_and_update().is_connected();
         tokio::select! {
@@ -225,15 +257,15 @@ async fn run(context: RegistrarContext, mut notes: mpsc::Receiver<Note>) {
                 None => return,
                 Some(Note::Open(opened)) => {
                     let Opened { id, key, options, last } = *opened;
+                    let mut held = Held { key, options, last, sent: None };
                     if connected {
-                        let app = watch_application(&context.node, &key, &options, last.load(Ordering::Relaxed));
-                        send(&context, Ask::Application(Box::new(app)));
+                        held.register(&context);
                     }
-                    open.insert(id, (key, options, last));
+                    open.insert(id, held);
                 }
                 Some(Note::Closed(id)) => {
                     if open.remove(&id).is_some() && connected {
-                        send(&context, Ask::WatchSync);
+                        send(&context, Ask::WatchSync(held_applications(&open)));
                     }
                 }
             },
@@ -242,9 +274,8 @@ async fn run(context: RegistrarContext, mut notes: mpsc::Receiver<Note>) {
                     return;
                 }
                 if *state.borrow() == ConnectionState::Connected {
-                    for (key, options, last) in open.values() {
-                        let app = watch_application(&context.node, key, options, last.load(Ordering::Relaxed));
-                        send(&context, Ask::Application(Box::new(app)));
+                    for held in open.values_mut() {
+                        held.register(&context);
                     }
                 }
             }

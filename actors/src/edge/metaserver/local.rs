@@ -16,7 +16,11 @@ use crate::edge::store::{MetaRow, MetaStore};
 /// The object a row holds, with `kind` and `apiVersion` set; `None` when the row holds no
 /// object.
 pub(super) fn object_of(kind: &Kind, value: &Value) -> Option<Value> {
-    let mut object = value.clone();
+    into_object(kind, value.clone())
+}
+
+/// [`object_of`], taking the row's value (a list of 1,000 pods no longer copies each).
+fn into_object(kind: &Kind, mut object: Value) -> Option<Value> {
     let map = object.as_object_mut()?;
     map.entry("apiVersion")
         .or_insert_with(|| Value::from(kind.api_version()));
@@ -83,7 +87,7 @@ pub(super) async fn list(
         {
             continue;
         }
-        let Some(object) = object_of(kind, &row.value) else {
+        let Some(object) = into_object(kind, row.value) else {
             continue;
         };
         if !selector.matches(&object) {

@@ -70,13 +70,7 @@ pub async fn adopt(
         CA_SECRET,
         (&files.ca_file, &files.ca_key_file),
         |_| Ok(()),
-        || {
-            let ca = CertAuthority::generate()?;
-            Ok(DerPair {
-                cert_der: ca.cert_der().to_vec(),
-                key_sec1_der: ca.key_sec1_der().to_vec(),
-            })
-        },
+        || Ok(CertAuthority::generate()?.der_pair()),
     )
     .await?;
     let authority = CertAuthority::load(&files.ca_file, &files.ca_key_file)
@@ -145,13 +139,7 @@ async fn ensure_pair(
             Err(error) => return Err(error).with_context(|| format!("cannot read Secret {name}")),
         }
         let pair = make()?;
-        let object = json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": secret, "namespace": NAMESPACE},
-            "type": "Opaque",
-            "data": {(cert_key): encode(&pair.cert_der), (key_key): encode(&pair.key_sec1_der)},
-        });
+        let object = secret_object(secret, pair_data((cert_key, key_key), &pair));
         match cluster.create(object).await {
             Ok(_) => {
                 pair.write(cert_file, key_file)?;
@@ -189,20 +177,14 @@ pub async fn publish(
     files: &CloudTlsFiles,
     token_refresh: Duration,
 ) -> anyhow::Result<()> {
-    let ca = DerPair::read(&files.ca_file, &files.ca_key_file)?;
+    let ca = CertAuthority::load(&files.ca_file, &files.ca_key_file)?;
     let server = DerPair::read(&files.cert_file, &files.key_file)?;
-    for ((secret, cert_key, key_key), pair) in [(CA_SECRET, &ca), (SERVER_SECRET, &server)] {
-        save(
-            cluster,
-            secret,
-            json!({
-                (cert_key): encode(&pair.cert_der),
-                (key_key): encode(&pair.key_sec1_der),
-            }),
-        )
-        .await?;
+    for ((secret, cert_key, key_key), pair) in
+        [(CA_SECRET, &ca.der_pair()), (SERVER_SECRET, &server)]
+    {
+        save(cluster, secret, pair_data((cert_key, key_key), pair)).await?;
     }
-    publish_token(cluster, files, token_refresh).await
+    save_token(cluster, &ca, token_refresh).await
 }
 
 /// Writes a fresh join token into `kubeedge/tokensecret`.
@@ -212,9 +194,36 @@ pub async fn publish_token(
     token_refresh: Duration,
 ) -> anyhow::Result<()> {
     let ca = CertAuthority::load(&files.ca_file, &files.ca_key_file)?;
-    let token = token::join_token(&ca, SystemTime::now(), token_refresh);
+    save_token(cluster, &ca, token_refresh).await
+}
+
+async fn save_token(
+    cluster: &SharedCluster,
+    ca: &CertAuthority,
+    token_refresh: Duration,
+) -> anyhow::Result<()> {
+    let token = token::join_token(ca, SystemTime::now(), token_refresh);
     let (secret, key) = TOKEN_SECRET;
     save(cluster, secret, json!({ (key): encode(token.as_bytes()) })).await
+}
+
+/// A pair's `data`, under the Secret's two keys (base64).
+fn pair_data((cert_key, key_key): (&str, &str), pair: &DerPair) -> Value {
+    json!({
+        (cert_key): encode(&pair.cert_der),
+        (key_key): encode(&pair.key_sec1_der),
+    })
+}
+
+/// An Opaque Secret `name` in cloudcore's namespace holding `data`.
+fn secret_object(name: &str, data: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "type": "Opaque",
+        "data": data,
+    })
 }
 
 fn encode(bytes: &[u8]) -> String {
@@ -232,14 +241,10 @@ async fn save(cluster: &SharedCluster, name: &str, data: Value) -> anyhow::Resul
             cluster.update(existing).await.with_context(context)?;
         }
         Err(ClusterError::NotFound { .. }) => {
-            let secret = json!({
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": name, "namespace": NAMESPACE},
-                "type": "Opaque",
-                "data": data,
-            });
-            cluster.create(secret).await.with_context(context)?;
+            cluster
+                .create(secret_object(name, data))
+                .await
+                .with_context(context)?;
         }
         Err(error) => return Err(error).with_context(context),
     }

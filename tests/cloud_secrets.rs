@@ -182,15 +182,7 @@ async fn a_new_cloud_writes_its_ca_to_cloudcores_secrets_and_the_next_cloud_take
     let server = DerPair::read(&hub.tls_cert_file, &hub.tls_private_key_file).unwrap();
     let cluster = cloud.cluster().unwrap();
     for (name, cert, key, pair) in [
-        (
-            "casecret",
-            "cadata",
-            "cakeydata",
-            DerPair {
-                cert_der: ca.cert_der().to_vec(),
-                key_sec1_der: ca.key_sec1_der().to_vec(),
-            },
-        ),
+        ("casecret", "cadata", "cakeydata", ca.der_pair()),
         (
             "cloudcoresecret",
             "cloudcoredata",
@@ -245,12 +237,9 @@ async fn files_the_operator_configured_win_over_the_secrets_which_then_follow_th
     let config = cloud_config(&dir.path().join("cloud"), &db);
     let hub = &config.modules.cloud_hub;
     let own = CertAuthority::generate().unwrap();
-    DerPair {
-        cert_der: own.cert_der().to_vec(),
-        key_sec1_der: own.key_sec1_der().to_vec(),
-    }
-    .write(&hub.tls_ca_file, &hub.tls_ca_key_file)
-    .unwrap();
+    own.der_pair()
+        .write(&hub.tls_ca_file, &hub.tls_ca_key_file)
+        .unwrap();
     let cloud = CloudProcess::start(&config, None).await.unwrap();
     assert_eq!(
         cloud.join_token().unwrap().split('.').next().unwrap(),

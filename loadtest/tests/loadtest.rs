@@ -284,12 +284,10 @@ fn streams_smoke_every_logs_follow_and_an_exec_go_through_the_cloud() {
     let dir = tempfile::tempdir().unwrap();
     let api_ca = edgehive_actors::identity::certs::CertAuthority::generate().unwrap();
     let api_ca_files = (dir.path().join("api-ca.crt"), dir.path().join("api-ca.key"));
-    edgehive_actors::identity::certs::DerPair {
-        cert_der: api_ca.cert_der().to_vec(),
-        key_sec1_der: api_ca.key_sec1_der().to_vec(),
-    }
-    .write(&api_ca_files.0, &api_ca_files.1)
-    .unwrap();
+    api_ca
+        .der_pair()
+        .write(&api_ca_files.0, &api_ca_files.1)
+        .unwrap();
     let cloud = start_stream_cloud(&dir.path().join("cloud"), &api_ca_files.0);
     let pid = cloud.process.id().to_string();
     let report = run_tool(&[

@@ -263,6 +263,14 @@ impl CertAuthority {
         pem_encode("EC PRIVATE KEY", &self.key_sec1)
     }
 
+    /// The CA's certificate and key in the form KubeEdge's `casecret` holds them.
+    pub fn der_pair(&self) -> DerPair {
+        DerPair {
+            cert_der: self.cert_der.clone(),
+            key_sec1_der: self.key_sec1.clone(),
+        }
+    }
+
     /// Lowercase hex SHA-256 of the CA certificate's DER: the first part of a join token.
     pub fn hash_hex(&self) -> String {
         sha256_hex(&self.cert_der)

@@ -99,6 +99,23 @@ pub struct PlainCloud {
     pub admin: String,
 }
 
+/// Runs `edgehive cloud ARGS` and reads its banner, the first line it prints.
+fn spawn_cloud(args: &[&std::ffi::OsStr]) -> (Process, String) {
+    let mut child = Command::new(cloud_binary())
+        .arg("cloud")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let process = Process(child);
+    let mut banner = String::new();
+    BufReader::new(stdout).read_line(&mut banner).unwrap();
+    assert!(!banner.is_empty(), "edgehive cloud exited without a banner");
+    (process, banner)
+}
+
 /// Starts `edgehive cloud` on loopback over plain `ws://` (explicitly insecure), WebSocket and
 /// admin endpoint on free ports, its config in `dir/cloud.yaml` and its cluster in
 /// `dir/cluster.db`, seeded from the manifests in `manifests`.
@@ -114,21 +131,12 @@ pub fn start_plain_cloud(dir: &Path, manifests: &Path) -> PlainCloud {
         ),
     )
     .unwrap();
-    let mut child = Command::new(cloud_binary())
-        .arg("cloud")
-        .arg("--config")
-        .arg(&config)
-        .arg("--manifests")
-        .arg(manifests)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let process = Process(child);
-    let mut banner = String::new();
-    BufReader::new(stdout).read_line(&mut banner).unwrap();
-    assert!(!banner.is_empty(), "edgehive cloud exited without a banner");
+    let (process, banner) = spawn_cloud(&[
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--manifests".as_ref(),
+        manifests.as_os_str(),
+    ]);
     PlainCloud {
         process,
         websocket: banner_field(&banner, "WebSocket on ", ',').to_owned(),
@@ -192,19 +200,7 @@ pub fn start_stream_cloud(dir: &Path, stream_ca: &Path) -> StreamCloud {
         ),
     )
     .unwrap();
-    let mut child = Command::new(cloud_binary())
-        .arg("cloud")
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let process = Process(child);
-    let mut banner = String::new();
-    BufReader::new(stdout).read_line(&mut banner).unwrap();
-    assert!(!banner.is_empty(), "edgehive cloud exited without a banner");
+    let (process, banner) = spawn_cloud(&["--config".as_ref(), config.as_os_str()]);
     StreamCloud {
         process,
         ca,

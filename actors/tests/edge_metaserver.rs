@@ -41,6 +41,18 @@ fn configmap(name: &str, rv: u64, value: &str) -> Value {
     })
 }
 
+/// Stores pod `default/NAME` on `edge-1` at version `rv`, as MetaManager would.
+async fn store_pod(store: &MetaStore, name: &str, rv: u64, labels: Value) {
+    store
+        .upsert(
+            format!("default/pod/{name}"),
+            "pod".into(),
+            pod(name, rv, labels, "edge-1"),
+        )
+        .await
+        .unwrap();
+}
+
 async fn fill(store: &MetaStore) {
     for (name, rv, app) in [
         ("web-1", 11, "web"),
@@ -407,31 +419,10 @@ async fn a_watch_sees_what_reaches_the_store_and_resumes_from_a_version_without_
             WatchEvent::Added(_)
         ));
     }
-    edge.store
-        .upsert(
-            "default/pod/web-3".into(),
-            "pod".into(),
-            pod("web-3", 20, json!({"app": "web"}), "edge-1"),
-        )
-        .await
-        .unwrap();
+    store_pod(&edge.store, "web-3", 20, json!({"app": "web"})).await;
     // Not selected: never seen.
-    edge.store
-        .upsert(
-            "default/pod/db-2".into(),
-            "pod".into(),
-            pod("db-2", 21, json!({"app": "db"}), "edge-1"),
-        )
-        .await
-        .unwrap();
-    edge.store
-        .upsert(
-            "default/pod/web-3".into(),
-            "pod".into(),
-            pod("web-3", 22, json!({"app": "web", "x": "y"}), "edge-1"),
-        )
-        .await
-        .unwrap();
+    store_pod(&edge.store, "db-2", 21, json!({"app": "db"})).await;
+    store_pod(&edge.store, "web-3", 22, json!({"app": "web", "x": "y"})).await;
     edge.store
         .delete_pod("default/pod/web-1".into())
         .await
@@ -472,14 +463,7 @@ async fn a_watch_sees_what_reaches_the_store_and_resumes_from_a_version_without_
         ),
         (Some("DELETED"), Some("web-1"))
     );
-    edge.store
-        .upsert(
-            "default/pod/web-4".into(),
-            "pod".into(),
-            pod("web-4", 30, json!({"app": "web"}), "edge-1"),
-        )
-        .await
-        .unwrap();
+    store_pod(&edge.store, "web-4", 30, json!({"app": "web"})).await;
     let third = lines.next().await.unwrap();
     assert_eq!(
         (
@@ -501,22 +485,8 @@ async fn a_watch_sees_what_reaches_the_store_and_resumes_from_a_version_without_
         ),
         (Some("ADDED"), Some("web-2"))
     );
-    edge.store
-        .upsert(
-            "default/pod/web-5".into(),
-            "pod".into(),
-            pod("web-5", 31, json!({"app": "web"}), "edge-1"),
-        )
-        .await
-        .unwrap();
-    edge.store
-        .upsert(
-            "default/pod/web-2".into(),
-            "pod".into(),
-            pod("web-2", 32, json!({"app": "web"}), "edge-1"),
-        )
-        .await
-        .unwrap();
+    store_pod(&edge.store, "web-5", 31, json!({"app": "web"})).await;
+    store_pod(&edge.store, "web-2", 32, json!({"app": "web"})).await;
     let next = one.next().await.unwrap();
     assert_eq!(
         (

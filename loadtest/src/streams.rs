@@ -133,12 +133,21 @@ fn client(
 /// The API server's client: trusts `server_ca`, with a kubelet client certificate (not a
 /// node's: the cloud refuses those on the stream port) from `client_ca`.
 fn api_client(server_ca: &CertAuthority, client_ca: &CertAuthority) -> anyhow::Result<awc::Client> {
-    let (cert, key) = client_ca.issue_client_cert("kube-apiserver-kubelet-client")?;
-    let config = edge_client_config(server_ca.cert_der(), &cert, &key)?;
+    let config = api_tls(server_ca, client_ca)?;
     Ok(awc::Client::builder()
         .connector(awc::Connector::new().rustls_0_23(Arc::new(config)).limit(0))
         .timeout(Duration::from_secs(60))
         .finish())
+}
+
+/// The API server's TLS settings: trusts `server_ca`, presents a kubelet client certificate
+/// from `client_ca`.
+fn api_tls(
+    server_ca: &CertAuthority,
+    client_ca: &CertAuthority,
+) -> anyhow::Result<rustls::ClientConfig> {
+    let (cert, key) = client_ca.issue_client_cert("kube-apiserver-kubelet-client")?;
+    Ok(edge_client_config(server_ca.cert_der(), &cert, &key)?)
 }
 
 /// One simulated edge's tunnel: every LOGS_CONNECT gets DATA until the cloud removes it.
@@ -496,8 +505,7 @@ async fn exec_latency(
     ca: &CertAuthority,
     client_ca: &CertAuthority,
 ) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
-    let (cert, key) = client_ca.issue_client_cert("kube-apiserver-kubelet-client")?;
-    let config = edge_client_config(ca.cert_der(), &cert, &key)?;
+    let config = api_tls(ca, client_ca)?;
     let stream_addr: std::net::SocketAddr = options
         .stream
         .parse()

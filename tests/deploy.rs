@@ -593,3 +593,193 @@ fn the_cloud_writes_only_cloudcores_three_secrets_and_only_in_its_namespace() {
         );
     }
 }
+
+/// deploy/image/Containerfile as (instruction, arguments) lines: comments and blank lines
+/// dropped, instruction upper-cased (the file continues no line with `\`).
+fn containerfile() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(deploy().join("image/Containerfile")).unwrap();
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            assert!(!line.ends_with('\\'), "a continued line: {line}");
+            let (instruction, args) = line.split_once(' ').unwrap_or((line, ""));
+            (instruction.to_uppercase(), args.trim().to_owned())
+        })
+        .collect()
+}
+
+/// The subcommands `edgehive --help` lists.
+fn subcommands() -> BTreeSet<String> {
+    let out = Command::new(crate::support::process::BIN)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    help.lines()
+        .skip_while(|line| *line != "Commands:")
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .map(|line| line.split_whitespace().next().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_image_runs_the_deployments_command_as_its_user_from_what_the_build_script_makes() {
+    let lines = containerfile();
+    let all = |name: &str| -> Vec<&str> {
+        lines
+            .iter()
+            .filter(|(instruction, _)| instruction == name)
+            .map(|(_, args)| args.as_str())
+            .collect()
+    };
+    // Nothing but the binary and empty folders: no base image, so no shell to RUN anything.
+    assert_eq!(all("FROM"), ["scratch"]);
+    for (instruction, _) in &lines {
+        assert!(
+            ["FROM", "COPY", "USER", "ENTRYPOINT"].contains(&instruction.as_str()),
+            "{instruction} in a scratch image"
+        );
+    }
+    let copies: BTreeMap<&str, &str> = all("COPY")
+        .into_iter()
+        .map(|args| {
+            let words: Vec<&str> = args.split_whitespace().collect();
+            assert_eq!(words.len(), 2, "COPY {args}: one source, one destination");
+            (words[1], words[0])
+        })
+        .collect();
+
+    // The entrypoint is the binary the image holds, in exec form (there is no shell), and the
+    // Deployment gives it only arguments, the first a subcommand the binary has.
+    let entrypoint: Vec<String> = serde_json::from_str(all("ENTRYPOINT")[0]).unwrap();
+    assert_eq!(entrypoint.len(), 1, "{entrypoint:?}");
+    let binary_source = copies
+        .get(entrypoint[0].as_str())
+        .unwrap_or_else(|| panic!("no COPY puts {} in the image", entrypoint[0]));
+    let deployment = manifest("05-deployment.yaml");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert!(
+        container["command"].is_null(),
+        "a command would replace the image's entrypoint"
+    );
+    let commands = subcommands();
+    let args = strings(&container["args"]);
+    assert!(
+        commands.contains(&args[0]),
+        "{} not in {commands:?}",
+        args[0]
+    );
+    for command in ["cloud", "edge"] {
+        assert!(commands.contains(command), "{command} not in {commands:?}");
+    }
+
+    // The image's user is the Deployment's, by number (runAsNonRoot can check only a number).
+    let user = all("USER");
+    assert_eq!(user.len(), 1);
+    let security = &pod["securityContext"];
+    assert_eq!(
+        user[0],
+        format!(
+            "{}:{}",
+            security["runAsUser"].as_u64().unwrap(),
+            security["runAsGroup"].as_u64().unwrap()
+        )
+    );
+    assert_ne!(security["runAsUser"].as_u64(), Some(0));
+
+    // The build context is what deploy/image/build.sh makes: every COPY source is a file or
+    // folder it puts in the context, the binary copied from where its cargo build writes it.
+    let script = std::fs::read_to_string(deploy().join("image/build.sh")).unwrap();
+    let value = |name: &str| -> String {
+        let prefix = format!("{name}=");
+        let line = script
+            .lines()
+            .map(|line| line.trim_start_matches("export ").trim())
+            .find(|line| line.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("build.sh sets no {name}"));
+        line[prefix.len()..]
+            .trim_matches('"')
+            .replace("$PWD/", "")
+            .to_owned()
+    };
+    let context = value("CONTEXT");
+    let target_dir = value("CARGO_TARGET_DIR");
+    let target = value("TARGET");
+    assert!(
+        context.starts_with(&format!("{target_dir}/")),
+        "the context {context} is outside the build's {target_dir}"
+    );
+    let built = format!("{target_dir}/$TARGET/release/edgehive");
+    assert!(
+        script.contains(&format!("cp \"{built}\" \"$CONTEXT/{binary_source}\"")),
+        "build.sh does not copy {built} ({target}) to $CONTEXT/{binary_source}"
+    );
+    assert!(script.contains("--bin edgehive --target \"$TARGET\""));
+    // The other COPYs bring folders build.sh makes in the context; the Deployment's root file
+    // system is read-only, so each is a writable emptyDir there.
+    let made: Vec<&str> = script
+        .lines()
+        .filter_map(|line| line.strip_prefix("mkdir -p "))
+        .flat_map(str::split_whitespace)
+        .filter_map(|folder| folder.trim_matches('"').strip_prefix("$CONTEXT/"))
+        .collect();
+    let mounts = container["volumeMounts"].as_sequence().unwrap();
+    let volumes = pod["volumes"].as_sequence().unwrap();
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    let mut folders = 0;
+    for (destination, source) in &copies {
+        if *destination == entrypoint[0] {
+            continue;
+        }
+        let source = source.trim_end_matches('/');
+        for folder in made.iter().filter_map(|m| m.strip_prefix(source)) {
+            folders += 1;
+            let in_image = format!("{}{folder}", destination.trim_end_matches('/'));
+            let mount = mounts
+                .iter()
+                .find(|m| m["mountPath"] == in_image.as_str())
+                .unwrap_or_else(|| panic!("{in_image} (COPY {source}/) is not mounted"));
+            assert_ne!(mount["readOnly"], true, "{in_image}");
+            let volume = volumes.iter().find(|v| v["name"] == mount["name"]).unwrap();
+            assert!(!volume["emptyDir"].is_null(), "{in_image}");
+        }
+    }
+    assert_eq!(
+        folders,
+        made.len(),
+        "build.sh makes {made:?}; the Containerfile COPYs {copies:?}"
+    );
+    // The commands the Containerfile and docs/deploying.md give build that context.
+    let documented = "-f deploy/image/Containerfile -t \"edgehive:$VERSION\" \"$CONTEXT\"";
+    assert!(script.contains(documented), "build.sh: {documented}");
+    let version = env!("CARGO_PKG_VERSION");
+    let by_hand = format!("-f deploy/image/Containerfile -t edgehive:{version} {context}");
+    for doc in ["deploy/image/Containerfile", "docs/deploying.md"] {
+        let text = std::fs::read_to_string(root().join(doc)).unwrap();
+        assert!(text.contains(&by_hand), "{doc} does not say {by_hand}");
+    }
+
+    // The image name and tag: the build script tags `edgehive --version`'s version; the
+    // Deployment and the kustomization's `images:` name that tag.
+    let out = Command::new(crate::support::process::BIN)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        format!("edgehive {version}")
+    );
+    assert_eq!(container["image"], format!("edgehive:{version}"));
+    let kustomization: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(deploy().join("kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    let images = kustomization["images"].as_sequence().unwrap();
+    assert_eq!(images.len(), 1);
+    assert_eq!(images[0]["name"], "edgehive");
+    assert_eq!(images[0]["newTag"], version);
+}

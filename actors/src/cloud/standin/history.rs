@@ -1,32 +1,36 @@
 //! The recent changes of every served kind, so a watch can resume from a resourceVersion.
 //!
 //! The cluster port's watch starts "from now"; a Kubernetes client resumes a watch from the
-//! resourceVersion of its last list or event. So the stand-in follows each kind from its
-//! start and keeps the last `capacity` changes of each (their resourceVersions are the
-//! cluster's global counter). A watch from `rv` gets the kept changes after `rv`, then the
-//! live ones; `rv` older than what is kept (the kind's `floor`) is answered as kube-apiserver
-//! answers a compacted version: 410 Gone, reason Expired, and the client lists again.
+//! resourceVersion of its last list or event. So the stand-in follows each kind with the
+//! cloud's one watch machinery ([`KindWatcher`]) and keeps the last `capacity` changes of
+//! each (their resourceVersions are the cluster's global counter). A watch from `rv` gets the
+//! kept changes after `rv`, then the live ones; `rv` older than what is kept (the kind's
+//! `floor`) is answered as kube-apiserver answers a compacted version: 410 Gone, reason
+//! Expired, and the client lists again.
 //!
-//! If a recorder itself falls behind the cluster (its watch reports lost events), the kind's
-//! live watches are ended (with a 410) and its floor moves up to the cluster's version at
-//! that moment, so no watch is ever served across a gap.
+//! When the follower is interrupted (its watch lagged or closed: changes may be lost), the
+//! kind's live watches are ended (with a 410) and nothing is served until its next complete
+//! list, whose version becomes the floor: no watch is ever served across a gap.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use crate::cloud::cluster::{ClusterError, EventType, SharedCluster, WatchError, WatchEvent};
+use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
+use crate::cloud::watcher::{Change, KindWatcher};
 use crate::hive::locks;
 
 /// How far a live watch may fall behind before it is ended (410: resume or list again).
 const LIVE_CAPACITY: usize = 1024;
 
+/// The label of the follower's relist counter.
+const MODULE: &str = "standin";
+
 /// One change of a kind.
 #[derive(Debug)]
-pub(super) struct Change {
+pub(super) struct Recorded {
     pub(super) resource_version: u64,
     pub(super) event_type: EventType,
     pub(super) namespace: String,
@@ -34,16 +38,17 @@ pub(super) struct Change {
 }
 
 struct KindLog {
-    /// Every change with a resourceVersion above this one is in `changes` or still to come.
+    /// Every change with a resourceVersion above this one is in `changes` or still to come
+    /// (`u64::MAX`: none is served until the follower has listed again).
     floor: u64,
-    changes: VecDeque<Arc<Change>>,
-    live: broadcast::Sender<Arc<Change>>,
+    changes: VecDeque<Arc<Recorded>>,
+    live: broadcast::Sender<Arc<Recorded>>,
 }
 
 /// Where a watch starts.
 pub(super) enum Resume {
     /// The changes after the version, and the live ones after them.
-    From(Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>),
+    From(Vec<Arc<Recorded>>, broadcast::Receiver<Arc<Recorded>>),
     /// The version is older than what is kept.
     Expired { floor: u64 },
 }
@@ -62,46 +67,74 @@ fn version_of(object: &Value) -> u64 {
 }
 
 impl History {
-    /// Follows each of `kinds` on `cluster` from now on (on the current actix system),
-    /// keeping `capacity` changes of each.
+    /// Follows each of `kinds` on `cluster` (on the current actix system), keeping
+    /// `capacity` changes of each; returns once each has been listed.
     pub(super) async fn start(
         cluster: &SharedCluster,
         kinds: &[String],
         capacity: usize,
-    ) -> Result<Arc<History>, ClusterError> {
+    ) -> Arc<History> {
         let history = Arc::new(History {
             kinds: Mutex::new(HashMap::new()),
             capacity: capacity.max(1),
         });
         for kind in kinds {
-            // Subscribe first: the list's version then covers everything before the watch.
-            let watch = cluster.watch(kind);
-            let (_, version) = cluster.list(kind).await?;
             locks::lock(&history.kinds).insert(
                 kind.clone(),
                 KindLog {
-                    floor: version.parse().unwrap_or(0),
+                    floor: u64::MAX,
                     changes: VecDeque::new(),
                     live: broadcast::channel(LIVE_CAPACITY).0,
                 },
             );
+            let mut watcher = KindWatcher::new(cluster.clone(), MODULE, kind);
+            // The first list: its version is the first floor.
+            loop {
+                let change = watcher.next().await;
+                if history.follow(kind, &watcher, change) {
+                    break;
+                }
+            }
             let recorder = history.clone();
-            let cluster = cluster.clone();
             let kind = kind.clone();
             actix_rt::spawn(async move {
-                let mut watch = watch;
-                while let Some(item) = watch.next().await {
-                    if let Err(WatchError::Lagged { .. }) = item {
-                        recorder.gap(&kind, &cluster).await;
-                        continue;
-                    }
-                    if let Ok(event) = item {
-                        recorder.record(&kind, event);
-                    }
+                loop {
+                    let change = watcher.next().await;
+                    recorder.follow(&kind, &watcher, change);
                 }
             });
         }
-        Ok(history)
+        history
+    }
+
+    /// Takes one change of the follower of `kind`; true when it was a complete list.
+    fn follow(&self, kind: &str, watcher: &KindWatcher, change: Change) -> bool {
+        match change {
+            Change::Event(event) => {
+                self.record(kind, event);
+                false
+            }
+            // Differences a list found: the list's version (the floor) covers them.
+            Change::Relisted(_) => false,
+            Change::Synced => {
+                let version = watcher.listed_version().parse().unwrap_or(u64::MAX);
+                if let Some(log) = locks::lock(&self.kinds).get_mut(kind) {
+                    log.floor = version;
+                    log.changes.clear();
+                }
+                true
+            }
+            Change::Interrupted(reason) => {
+                if let Some(log) = locks::lock(&self.kinds).get_mut(kind) {
+                    log.floor = u64::MAX;
+                    log.changes.clear();
+                    // Dropping the sender ends every receiver: their watches answer 410.
+                    log.live = broadcast::channel(LIVE_CAPACITY).0;
+                }
+                tracing::warn!(kind, reason = reason.label(), "the stand-in's follower of this kind was interrupted; its watches end with 410 and clients list again");
+                false
+            }
+        }
     }
 
     fn record(&self, kind: &str, event: WatchEvent) {
@@ -115,9 +148,9 @@ impl History {
             .back()
             .map_or(log.floor, |change| change.resource_version);
         if resource_version <= last {
-            return; // before the floor (the list at start or after a gap covers it)
+            return; // covered by the list (or, floor u64::MAX, waiting for one)
         }
-        let change = Arc::new(Change {
+        let change = Arc::new(Recorded {
             resource_version,
             event_type: event.event_type,
             namespace: event.object["metadata"]["namespace"]
@@ -134,25 +167,6 @@ impl History {
         }
         // No receiver is not an error: nobody watches this kind right now.
         let _ = log.live.send(change);
-    }
-
-    /// The recorder of `kind` lost events: end its live watches and serve nothing older than
-    /// the cluster's version now.
-    async fn gap(&self, kind: &str, cluster: &SharedCluster) {
-        if let Some(log) = locks::lock(&self.kinds).get_mut(kind) {
-            log.floor = u64::MAX;
-            log.changes.clear();
-            // Dropping the sender ends every receiver: their watches answer 410.
-            log.live = broadcast::channel(LIVE_CAPACITY).0;
-        }
-        tracing::warn!(kind, "the stand-in's watch history fell behind; watches of this kind end with 410 and clients list again");
-        let version = match cluster.list(kind).await {
-            Ok((_, version)) => version.parse().unwrap_or(u64::MAX),
-            Err(_) => u64::MAX,
-        };
-        if let Some(log) = locks::lock(&self.kinds).get_mut(kind) {
-            log.floor = version;
-        }
     }
 
     /// Where a watch of `kind` from `after` starts; `None` for a kind not followed.

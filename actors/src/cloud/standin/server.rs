@@ -16,7 +16,7 @@ use rustls::ServerConfig;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use super::history::{Change, History, Resume};
+use super::history::{History, Recorded, Resume};
 use super::resources::{self, Route, Target};
 use super::status::{cluster_status, status, Refusal, StandinMetrics};
 use crate::cloud::cloudhub::gate::{self, Gate};
@@ -72,9 +72,6 @@ pub enum StandinError {
         /// The system's reason.
         source: std::io::Error,
     },
-    /// The cluster could not be read to start the watch history.
-    #[error("cannot follow the cluster: {0}")]
-    Cluster(#[from] ClusterError),
     /// The token is too short to be a secret.
     #[error("the stand-in's token must have at least 16 printable characters")]
     Token,
@@ -123,7 +120,7 @@ impl StandinServer {
             .into_iter()
             .map(|info| info.resource.kind)
             .collect();
-        let history = History::start(&cluster, &kinds, options.watch_history).await?;
+        let history = History::start(&cluster, &kinds, options.watch_history).await;
         let listen_error = |source| StandinError::Listen {
             address: format!("{}:{}", options.address, options.port),
             source,
@@ -424,12 +421,14 @@ fn object_for(target: &Target, mut object: Value, name: Option<&str>) -> Result<
                 metadata.insert("name".into(), json!(name));
             }
             Some(given) if given == name => {}
-            Some(given) => return Err(Refusal::bad(
-                "body",
-                format!(
+            Some(given) => {
+                return Err(Refusal::bad(
+                    "body",
+                    format!(
                     "the name of the object ({given}) does not match the name on the URL ({name})"
                 ),
-            )),
+                ))
+            }
         }
     }
     if let Some(namespace) = &target.namespace {
@@ -652,7 +651,7 @@ fn type_name(event_type: EventType) -> &'static str {
 /// An open watch: lines to send first, then the live changes after `after`.
 struct Feed {
     first: VecDeque<Bytes>,
-    live: Option<broadcast::Receiver<Arc<Change>>>,
+    live: Option<broadcast::Receiver<Arc<Recorded>>>,
     after: u64,
     namespace: Option<String>,
     deadline: tokio::time::Instant,
@@ -660,7 +659,7 @@ struct Feed {
 }
 
 impl Feed {
-    fn wanted(&self, change: &Change) -> bool {
+    fn wanted(&self, change: &Recorded) -> bool {
         change.resource_version > self.after
             && self
                 .namespace

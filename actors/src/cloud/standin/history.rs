@@ -186,3 +186,100 @@ impl History {
         Some(Resume::From(kept, log.live.subscribe()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::cluster::{EmbeddedCluster, FaultyCluster};
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn config_map(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "default"}})
+    }
+
+    fn names(changes: &[Arc<Recorded>]) -> Vec<(u64, String)> {
+        changes
+            .iter()
+            .map(|change| {
+                let name = change.object["metadata"]["name"].as_str().unwrap_or("");
+                (change.resource_version, name.to_owned())
+            })
+            .collect()
+    }
+
+    fn resume(history: &History, after: u64) -> Resume {
+        history
+            .resume("ConfigMap", after)
+            .expect("ConfigMap is followed")
+    }
+
+    /// A watch resumed from `after` gives the kept changes, then the live ones; `want` of
+    /// them are read (waiting at most 10 s for each live one).
+    async fn read(history: &History, after: u64, want: usize) -> Vec<(u64, String)> {
+        let Resume::From(kept, mut live) = resume(history, after) else {
+            panic!("{after} expired");
+        };
+        let mut seen = names(&kept);
+        while seen.len() < want {
+            let change = tokio::time::timeout(Duration::from_secs(10), live.recv())
+                .await
+                .expect("a live change within 10 s")
+                .expect("the live feed open");
+            seen.extend(names(&[change]));
+        }
+        seen
+    }
+
+    #[actix_rt::test]
+    async fn resumes_give_the_changes_after_a_version_and_a_gap_is_never_served() {
+        let embedded = EmbeddedCluster::new();
+        embedded.create(config_map("a")).unwrap(); // version 1
+        let faulty = FaultyCluster::new(embedded.clone());
+        let cluster: SharedCluster = Arc::new(faulty.clone());
+        let history = History::start(&cluster, &["ConfigMap".to_owned()], 2).await;
+        // The first list's version is the floor: nothing older is served.
+        assert!(matches!(resume(&history, 0), Resume::Expired { floor: 1 }));
+        embedded.create(config_map("b")).unwrap(); // 2
+        embedded.create(config_map("c")).unwrap(); // 3
+        assert_eq!(
+            read(&history, 1, 2).await,
+            [(2, "b".into()), (3, "c".into())]
+        );
+        assert_eq!(read(&history, 2, 1).await, [(3, "c".into())]);
+        // Two kept: a third change pushes version 1 out.
+        embedded.create(config_map("d")).unwrap(); // 4
+        assert_eq!(read(&history, 3, 1).await, [(4, "d".into())]);
+        assert!(matches!(resume(&history, 1), Resume::Expired { floor: 2 }));
+
+        // The follower's watch ends: live watches end, and until it has listed again
+        // (held here) no version at all is served.
+        let Resume::From(_, mut live) = resume(&history, 4) else {
+            panic!("4 expired");
+        };
+        let held = Arc::new(tokio::sync::Semaphore::new(0));
+        faulty.gate_lists(held.clone());
+        assert_eq!(faulty.close_watches(), 1);
+        let ended = tokio::time::timeout(Duration::from_secs(10), live.recv()).await;
+        assert!(matches!(ended, Ok(Err(_))), "{ended:?}");
+        for version in [1, 4, 5] {
+            assert!(matches!(resume(&history, version), Resume::Expired { .. }));
+        }
+        embedded.create(config_map("e")).unwrap(); // 5, while the follower is away
+        held.add_permits(1);
+        // Once it has listed: from 5 on, served; from 4, either refused (the list came
+        // after `e`) or with `e` (the new watch brings it): never a feed without it.
+        let mut waited = 0;
+        while matches!(resume(&history, 5), Resume::Expired { .. }) {
+            assert!(waited < 1000, "the follower never listed again");
+            waited += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if let Resume::From(..) = resume(&history, 4) {
+            assert_eq!(read(&history, 4, 1).await, [(5, "e".into())]);
+        }
+        embedded.create(config_map("f")).unwrap(); // 6
+        assert_eq!(read(&history, 5, 1).await, [(6, "f".into())]);
+    }
+}

@@ -18,7 +18,7 @@ use crate::support::{edge_node, eventually, metric_sum, pod, sqlite_row, WITHIN}
 
 /// A running stand-in: the process, `host:port`, and the kubeconfig it wrote.
 struct Standin {
-    _process: Process,
+    process: Process,
     addr: String,
     kubeconfig: PathBuf,
 }
@@ -42,7 +42,7 @@ fn start_standin(dir: &Path, watch_history: usize) -> Standin {
         &dir.join("standin.log"),
     );
     Standin {
-        _process: process,
+        process,
         addr: banner_field(&banner, "Kubernetes API on https://", ',').to_owned(),
         kubeconfig,
     }
@@ -491,4 +491,57 @@ async fn bad_requests_get_a_status_and_are_counted_and_the_stand_in_keeps_servin
     assert_eq!(count("unsupported"), 2, "{metrics}");
     assert_eq!(count("media_type"), 2, "{metrics}");
     assert_eq!(count("resource_version"), 2, "{metrics}");
+}
+
+#[actix_rt::test]
+async fn a_restarted_standin_keeps_objects_and_token_and_expires_older_watches() {
+    let dir = tempfile::tempdir().unwrap();
+    let standin = start_standin(dir.path(), 1000);
+    let maps: Api<ConfigMap> = Api::namespaced(client(&standin.kubeconfig).await, "default");
+    let kept = maps
+        .create(&PostParams::default(), &config_map("kept", "1"))
+        .await
+        .unwrap();
+    maps.create(&PostParams::default(), &config_map("second", "1"))
+        .await
+        .unwrap();
+    let token = std::fs::read_to_string(&standin.kubeconfig).unwrap();
+    let token = token.split("token: ").nth(1).unwrap().trim().to_owned();
+    assert!(
+        standin.process.terminate().success(),
+        "SIGTERM stops it cleanly"
+    );
+
+    let standin = start_standin(dir.path(), 1000);
+    let text = std::fs::read_to_string(&standin.kubeconfig).unwrap();
+    assert!(
+        text.contains(&format!("token: {token}\n")),
+        "the token is kept"
+    );
+    let maps: Api<ConfigMap> = Api::namespaced(client(&standin.kubeconfig).await, "default");
+    let again = maps.get("kept").await.unwrap();
+    assert_eq!(again.metadata.uid, kept.metadata.uid);
+    assert_eq!(
+        again.metadata.resource_version,
+        kept.metadata.resource_version
+    );
+    // Its watch history starts at the restart: an older version is refused, the list's
+    // version is served.
+    let older = kept.metadata.resource_version.clone().unwrap();
+    let events = watch_all(&maps, &older, 1).await;
+    assert!(
+        matches!(events.as_slice(), [WatchEvent::Error(status)] if status.code == 410),
+        "{events:?}"
+    );
+    let listed = maps.list(&Default::default()).await.unwrap();
+    let from = listed.metadata.resource_version.unwrap();
+    maps.create(&PostParams::default(), &config_map("later", "1"))
+        .await
+        .unwrap();
+    let seen: Vec<(String, String)> = watch_all(&maps, &from, 3)
+        .await
+        .iter()
+        .map(describe)
+        .collect();
+    assert_eq!(seen, [("ADDED".to_owned(), "later".to_owned())]);
 }

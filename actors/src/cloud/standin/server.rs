@@ -167,9 +167,10 @@ impl StandinServer {
         self.addr
     }
 
-    /// Stops serving (open watches end).
+    /// Stops serving at once (open watches end: their clients watch again elsewhere or
+    /// later, as after an API server restart).
     pub async fn stop(&self) {
-        self.handle.stop(true).await;
+        self.handle.stop(false).await;
     }
 }
 

@@ -6,6 +6,7 @@
 //! - [`demo`]: a cloud and N edges delivering one Pod each.
 //! - [`plug`]: extension modules on a process's hive, with their config sections
 //!   (docs/extending.md).
+//! - [`standin`]: `edgehive cluster`, the stand-in Kubernetes API server several clouds share.
 //! - [`admin`]: health, readiness, metrics and the supervision tree over HTTP.
 //!
 //! `cloud` and `demo` need the `cloud` feature (on by default); without it the binary is an
@@ -22,3 +23,5 @@ pub mod demo;
 pub mod edge;
 pub mod join;
 pub mod plug;
+#[cfg(feature = "cloud")]
+pub mod standin;

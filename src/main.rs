@@ -1,5 +1,5 @@
-//! `edgehive`: `cloud`, `edge`, `join`, `reset`, `token`, `status`, `demo`, `apply`, `delete` and
-//! `version`. The load tool is a binary of its own, `edgehive-loadtest` (`loadtest/`).
+//! `edgehive`: `cloud`, `edge`, `join`, `reset`, `token`, `status`, `demo`, `apply`, `delete`,
+//! `cluster` and `version`. The load tool is a binary of its own, `edgehive-loadtest` (`loadtest/`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -186,6 +186,24 @@ enum Command {
     Status {
         #[command(flatten)]
         admin: AdminArgs,
+    },
+    #[cfg(feature = "cloud")]
+    /// Serve a stand-in Kubernetes API server from an embedded cluster, for several clouds
+    /// to share through their kube adapter (CI, laptops; docs/kubernetes.md).
+    Cluster {
+        /// Where to listen, IP:PORT (port 0: a free one).
+        #[arg(long, default_value = "127.0.0.1:6443")]
+        listen: std::net::SocketAddr,
+        /// The cluster's SQLite file, CA and token go here.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Where to write the kubeconfig for clients (mode 0600; it holds the token).
+        #[arg(long)]
+        kubeconfig_out: PathBuf,
+        /// Changes of each kind kept for watches that resume from a resourceVersion; an
+        /// older one is answered 410 Gone (Expired).
+        #[arg(long, default_value_t = 1000)]
+        watch_history: usize,
     },
     /// Print the version.
     Version,
@@ -590,6 +608,31 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
                 object_name(deleted)
             );
             Ok(())
+        }
+        #[cfg(feature = "cloud")]
+        Command::Cluster {
+            listen,
+            data_dir,
+            kubeconfig_out,
+            watch_history,
+        } => {
+            let config = edgehive::standin::StandinConfig {
+                listen,
+                data_dir,
+                kubeconfig_out,
+                watch_history,
+            };
+            actix_rt::System::new().block_on(async {
+                let standin = edgehive::standin::StandinProcess::start(&config).await?;
+                println!(
+                    "edgehive cluster: Kubernetes API on https://{}, kubeconfig {}",
+                    standin.local_addr(),
+                    config.kubeconfig_out.display()
+                );
+                wait_for_signal().await?;
+                standin.stop().await;
+                Ok(())
+            })
         }
         #[cfg(feature = "cloud")]
         Command::Demo {

@@ -25,5 +25,6 @@ pub mod devicecontroller;
 pub mod dynamiccontroller;
 pub mod edgecontroller;
 pub(crate) mod outbox;
+pub mod standin;
 pub mod synccontroller;
 pub mod watcher;

@@ -240,6 +240,8 @@ pub struct KindWatcher {
     retry_at: Option<Instant>,
     seen: HashMap<Key, Seen>,
     pending: VecDeque<Change>,
+    /// The resourceVersion of the last complete list.
+    listed_version: String,
 }
 
 impl std::fmt::Debug for KindWatcher {
@@ -270,6 +272,7 @@ impl KindWatcher {
             retry_at: None,
             seen: HashMap::new(),
             pending: VecDeque::new(),
+            listed_version: String::new(),
         }
     }
 
@@ -295,6 +298,12 @@ impl KindWatcher {
     /// The kind it follows.
     pub fn kind(&self) -> &str {
         &self.kind
+    }
+
+    /// The resourceVersion of its last complete list (empty before the first): when it gives
+    /// [`Change::Synced`], what it has seen is the cluster as of this version.
+    pub fn listed_version(&self) -> &str {
+        &self.listed_version
     }
 
     /// How many objects it has seen (that the cluster had at its last list or event).
@@ -474,6 +483,7 @@ impl KindWatcher {
                 object,
             }));
         }
+        self.listed_version = version.to_owned();
         self.pending.push_back(Change::Synced);
     }
 }

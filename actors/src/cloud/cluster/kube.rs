@@ -171,7 +171,7 @@ fn copied(
 }
 
 /// Every kind the controllers read or write, by kind name.
-pub(crate) const KINDS: &[&str] = &[
+pub const KINDS: &[&str] = &[
     "Pod",
     "Node",
     "ConfigMap",

@@ -37,6 +37,7 @@ use super::link::{CloseSession, SessionHandle, WriteFrame};
 use super::pool::{Enqueued, NodePool};
 use crate::cloud::contract::application::SessionEnded;
 use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
+use crate::cloud::ownership::{NodeOwnerInfo, Ownership};
 use crate::hive::locks;
 use crate::hive::log::{clip, WarnBudget};
 use crate::hive::{ChildInfo, HiveError, ModuleState, Recipe, RefusalKind, Refused};
@@ -142,6 +143,9 @@ pub struct NodeInfo {
     pub restarts: u64,
     /// Messages waiting in the node actor's mailbox.
     pub mailbox_depth: i64,
+    /// The replica serving the node, when this process is one of several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<NodeOwnerInfo>,
 }
 
 impl NodeInfo {
@@ -354,6 +358,8 @@ impl NodeCell {
             });
             (replaced, new_store, previous)
         };
+        // A replica records that it serves the node (one write per session start).
+        hub.ownership.session_opened(&self.name, id);
         if let Some(replaced) = replaced {
             close(&replaced, "replaced by a new connection");
         }
@@ -382,6 +388,7 @@ impl NodeCell {
             hub.connected_changed(false);
             self.last_keepalive_ms.store(0, Ordering::Relaxed);
         }
+        hub.ownership.session_ended(&self.name, id);
         // The node's watches (MetaServer applications) end with the connection that made
         // them. Not running, or full: its next application drops what older connections
         // registered (see dynamiccontroller).
@@ -440,7 +447,7 @@ impl NodeCell {
         self.post(Crash);
     }
 
-    pub(crate) fn info(&self) -> NodeInfo {
+    pub(crate) fn info(&self, ownership: &Ownership) -> NodeInfo {
         let state = self.lock();
         let keepalive = self.last_keepalive_ms.load(Ordering::Relaxed);
         NodeInfo {
@@ -461,6 +468,7 @@ impl NodeCell {
             resends: state.pool.stats.resends,
             restarts: self.restarts.load(Ordering::Relaxed),
             mailbox_depth: self.depth.load(Ordering::Relaxed).max(0),
+            owner: ownership.owner(&self.name),
         }
     }
 
@@ -672,7 +680,10 @@ impl NodeActor {
         self.take_incoming(&mut state);
         let mut due = None;
         let mut lost = false;
-        if let Some(connection) = &state.connection {
+        // Only the replica serving the node writes to it (always so for a process alone); one
+        // that stepped down or lost the node keeps its pool and writes nothing.
+        let serving = state.connection.is_some() && self.hub.ownership.serves(&self.cell.name);
+        if let (Some(connection), true) = (&state.connection, serving) {
             let session = connection.session.write.clone();
             let stats = connection.stats.clone();
             let write = |frame: &NodeMessage| session.try_send(WriteFrame(frame.frame().clone()));

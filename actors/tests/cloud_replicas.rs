@@ -29,11 +29,12 @@ fn lease(identity: &str, address: SocketAddr) -> ReplicaOptions {
 }
 
 /// The names of the ObjectSync records a replica wrote: each write when it was asked for,
-/// and when the cluster answered it.
+/// and when the cluster answered it; and the names of the Leases it wrote.
 #[derive(Default)]
 struct Writes {
     asked: Vec<String>,
     done: Vec<String>,
+    leases: Vec<String>,
 }
 
 /// A replica's way to the cluster: the faulty port, recording its record writes.
@@ -49,6 +50,9 @@ impl Recording {
         name: &str,
         call: ClusterFuture<T>,
     ) -> ClusterFuture<T> {
+        if kind == "Lease" {
+            self.writes.lock().unwrap().leases.push(name.to_owned());
+        }
         if !kind.ends_with("ObjectSync") {
             return call;
         }
@@ -215,6 +219,14 @@ impl Replica {
             .count()
     }
 
+    /// Lease writes so far: this replica's own, and those of node Leases.
+    fn lease_writes(&self) -> (usize, usize) {
+        let writes = self.writes.lock().unwrap();
+        let own = format!("edgehive-replica.{}", self.name);
+        let mine = writes.leases.iter().filter(|name| **name == own).count();
+        (mine, writes.leases.len() - mine)
+    }
+
     async fn stop(self) {
         self.server.stop(false).await;
         self.hive.shutdown();
@@ -338,9 +350,24 @@ async fn a_pod_goes_once_from_the_replica_holding_the_session_and_the_other_writ
 
     // Several reconcile intervals later: each edge got its pod once, each record says what
     // was ACKed, and neither replica wrote a record of the other's node nor sent it anything.
+    // Meanwhile ownership cost each replica one write per 300 ms period (its Lease), however
+    // many nodes it serves, and one write per session start.
+    let (renewals_before, _) = a.lease_writes();
+    let window = Instant::now();
     assert!(pods_within(&mut on_a, Duration::from_secs(2), true)
         .await
         .is_empty());
+    let (renewals, node_leases) = a.lease_writes();
+    let periods = (window.elapsed().as_millis() / 300) as usize;
+    assert!(
+        renewals - renewals_before <= periods + 1,
+        "{} renewals in {periods} periods",
+        renewals - renewals_before
+    );
+    assert_eq!(
+        node_leases, 1,
+        "one node Lease write: its one session start"
+    );
     assert!(pods_within(&mut on_b, Duration::from_millis(200), true)
         .await
         .is_empty());

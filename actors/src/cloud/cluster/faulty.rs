@@ -1,5 +1,6 @@
 //! A cluster port with the faults a real API server's connection has, for tests (`test-hooks`):
-//! the embedded cluster, with watches that can be ended and lists that can fail or wait.
+//! the embedded cluster, with watches that can be ended, lists that can fail or wait, writes of
+//! some kinds that can wait, and the whole connection cut.
 
 use std::sync::{Arc, Mutex};
 

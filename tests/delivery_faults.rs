@@ -655,7 +655,7 @@ cloud_replicas`). Not yet on a real API server, nor with several processes.
 | # | scenario | fault staged | what is checked | outcome |
 | --- | --- | --- | --- | --- |
 | R1 | two replicas, an edge on each | none | each pod delivered once, by the replica holding the session; the other sends its node nothing and writes none of its records; records at the ACKed version; one Lease write per replica per period, one per session start | passed |
-| R2 | an edge moves from replica A to B | a second connection to B while A's is open | A closes its session, B serves the node; no version older than the edge had; the change after the move comes from B; A writes no record after the move | passed |
+| R2 | an edge moves from replica A to B | a second connection to B while A's is open | A closes its session, B serves the node; what the edge acknowledged to A is not sent again; the change after the move comes from B, once; A writes no record after the move | passed |
 | R3 | a replica cut off from the API server | every cluster call of A fails, its watches end, for longer than its Lease | A steps down within its renew deadline while B still sees its Lease fresh; nothing sent while down; B sees A dead after the lease duration; reconnected, A resends what was not ACKed and records the ACK | passed |
 | R4 | a late record write | A's record writes held while the edge moves to B and ACKs a newer version there | A's write lands late; the record keeps the newer acknowledged version | passed |
 "#;

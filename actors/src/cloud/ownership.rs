@@ -35,7 +35,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{json, Value};
 
 use crate::cloud::cluster::{ClusterError, EventType, SharedCluster};
-use crate::cloud::contract::ownership::{NodeOwner, ReplicaActing};
+use crate::cloud::contract::ownership::{NodeOwner, RecordsRead, ReplicaActing};
 use crate::cloud::contract::route;
 use crate::cloud::watcher::{KindWatcher, WatchMetrics};
 use crate::hive::locks;
@@ -546,23 +546,39 @@ impl Replica {
         self.tell_all(ReplicaActing { acting });
     }
 
-    fn tell_all<M>(&self, message: M)
+    /// Tells CloudHub the node's session may be written to, with nothing more acknowledged
+    /// than its pool knows.
+    fn records_read(&self, node: &str) {
+        let read = RecordsRead {
+            node: node.to_owned(),
+            acked: Vec::new(),
+        };
+        if let Err(refused) = self.hive.tell(route::CLOUDHUB, read) {
+            tracing::warn!(error = %refused.error, "ownership event not delivered");
+            self.metrics.count("event_undelivered");
+        }
+    }
+
+    /// Tells CloudHub and SyncController; says whether SyncController runs.
+    fn tell_all<M>(&self, message: M) -> bool
     where
         M: actix::Message<Result = ()> + Clone + Send + 'static,
     {
+        let mut sync_runs = true;
         for module in [route::CLOUDHUB, route::SYNCCONTROLLER] {
             match self.hive.tell(module, message.clone()) {
-                Ok(())
-                | Err(Refused {
+                Ok(()) => {}
+                Err(Refused {
                     error: HiveError::UnknownModule(_),
                     ..
-                }) => {}
+                }) => sync_runs &= module != route::SYNCCONTROLLER,
                 Err(refused) => {
                     tracing::warn!(%module, error = %refused.error, "ownership event not delivered");
                     self.metrics.count("event_undelivered");
                 }
             }
         }
+        sync_runs
     }
 
     /// The watch says `node`'s Lease names `holder`: applied unless this replica knows a newer
@@ -600,10 +616,14 @@ impl Replica {
             self.metrics.count("lost");
             tracing::info!(%node, "another replica serves this node now");
         }
-        self.tell_all(NodeOwner {
+        let sync_runs = self.tell_all(NodeOwner {
             node: node.to_owned(),
             mine,
         });
+        if mine && !sync_runs {
+            // No records to read: the node is served at once.
+            self.records_read(node);
+        }
     }
 
     /// Writes that this replica serves `node`, for session `session`, trying again while the
@@ -635,11 +655,8 @@ impl Replica {
                         replica.metrics.count(event);
                         tracing::info!(%node, session, event, "this replica serves the node");
                         if was_mine {
-                            // Still ours (a reconnect): the node is woken all the same.
-                            replica.tell_all(NodeOwner {
-                                node: node.clone(),
-                                mine: true,
-                            });
+                            // Still ours (a reconnect): the pool knows what the edge has.
+                            replica.records_read(&node);
                         } else {
                             replica.moved(&node, false, replica.holds(&node));
                         }

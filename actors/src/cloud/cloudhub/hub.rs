@@ -16,7 +16,7 @@ use super::metrics::CloudHubMetrics;
 use super::node::{NodeCell, NodeInfo, NodeRecipe};
 use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::pool::Enqueued;
-use crate::cloud::contract::ownership::{NodeOwner, ReplicaActing};
+use crate::cloud::contract::ownership::{NodeOwner, RecordsRead, ReplicaActing};
 use crate::cloud::contract::{route, DisconnectNode, Lane, NodeDeleted, Queued, ToNodes};
 use crate::cloud::ownership::Ownership;
 use crate::hive::locks;
@@ -39,6 +39,10 @@ pub(crate) struct Shared {
     /// The arbiters node actors run on (made with the first node), taken in turn.
     node_arbiters: Arc<OnceLock<Vec<actix::Arbiter>>>,
 }
+
+/// How long a replica's new session of a node waits for the node's records before it is
+/// written to all the same.
+const RECORDS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Arbiters (threads) CloudHub's node actors are spread over, as many as its WebSocket
 /// workers: the nodes' work (pools, ACKs, requests) uses every core instead of sharing
@@ -156,6 +160,7 @@ impl Module for CloudHubModule {
             .message::<DisconnectNode>()
             .message::<NodeDeleted>()
             .message::<NodeOwner>()
+            .message::<RecordsRead>()
             .message::<ReplicaActing>()
             .message::<ListNodes>();
         #[cfg(feature = "test-hooks")]
@@ -420,18 +425,38 @@ impl Handler<NodeOwner> for CloudHub {
 
     /// A replica now serves the node (its waiting messages go out), or another one does: its
     /// session here, if any, is closed (its edge is on the other replica now).
-    fn handle(&mut self, owner: NodeOwner, _: &mut Context<Self>) {
+    fn handle(&mut self, owner: NodeOwner, ctx: &mut Context<Self>) {
         let cell = self.shared.nodes().get(&owner.node).cloned();
         let Some(cell) = cell else {
             return;
         };
         if owner.mine {
             cell.wake();
+            // The records normally come within the moment; a SyncController that cannot read
+            // them does not keep the node waiting for ever (what it then sends again, the
+            // edge already has: it stores it once more).
+            ctx.run_later(RECORDS_WAIT, move |_, _| {
+                if cell.is_held() {
+                    tracing::warn!(node = %cell.name(), wait = ?RECORDS_WAIT, "the node's sync records were not read in time; serving it without them");
+                    cell.records_read(&[]);
+                }
+            });
         } else if cell.disconnect(
             "the node is served by another cloud replica",
             &self.shared.hub,
         ) {
             tracing::info!(node = %owner.node, "closed this replica's session: another replica serves the node");
+        }
+    }
+}
+
+impl Handler<RecordsRead> for CloudHub {
+    type Result = ();
+
+    fn handle(&mut self, read: RecordsRead, _: &mut Context<Self>) {
+        let cell = self.shared.nodes().get(&read.node).cloned();
+        if let Some(cell) = cell {
+            cell.records_read(&read.acked);
         }
     }
 }

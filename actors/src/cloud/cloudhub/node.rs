@@ -109,6 +109,9 @@ pub(crate) struct NodeCell {
     depth: AtomicI64,
     /// Unix ms of the last keepalive on the current connection; 0 when none yet.
     last_keepalive_ms: AtomicU64,
+    /// A replica's session waits for the node's records to be read (what the edge
+    /// acknowledged to another replica) before anything is written to it.
+    held: AtomicBool,
 }
 
 /// One node as the admin endpoint shows it.
@@ -189,6 +192,7 @@ impl NodeCell {
             handled: AtomicU64::new(0),
             depth: AtomicI64::new(0),
             last_keepalive_ms: AtomicU64::new(0),
+            held: AtomicBool::new(false),
         })
     }
 
@@ -358,7 +362,11 @@ impl NodeCell {
             });
             (replaced, new_store, previous)
         };
-        // A replica records that it serves the node (one write per session start).
+        // A replica records that it serves the node (one write per session start), and
+        // writes to it once it knows what the edge acknowledged elsewhere (`records_read`).
+        if hub.ownership.is_replica() {
+            self.held.store(true, Ordering::Release);
+        }
         hub.ownership.session_opened(&self.name, id);
         if let Some(replaced) = replaced {
             close(&replaced, "replaced by a new connection");
@@ -402,6 +410,24 @@ impl NodeCell {
             }
         }
         self.post(Detach);
+    }
+
+    /// The node's records were read (a replica came to serve it): what they say the edge
+    /// acknowledged is not sent again; the session is written to from now on.
+    pub(crate) fn records_read(&self, acked: &[(String, String)]) {
+        {
+            let mut state = self.lock();
+            for (key, version) in acked {
+                state.pool.note_acked(key, version);
+            }
+        }
+        self.held.store(false, Ordering::Release);
+        self.wake();
+    }
+
+    /// Whether the session waits for the node's records (see [`NodeCell::records_read`]).
+    pub(crate) fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
     }
 
     /// Whether the node has an admitted connection.
@@ -682,7 +708,9 @@ impl NodeActor {
         let mut lost = false;
         // Only the replica serving the node writes to it (always so for a process alone); one
         // that stepped down or lost the node keeps its pool and writes nothing.
-        let serving = state.connection.is_some() && self.hub.ownership.serves(&self.cell.name);
+        let serving = state.connection.is_some()
+            && !self.cell.is_held()
+            && self.hub.ownership.serves(&self.cell.name);
         if let (Some(connection), true) = (&state.connection, serving) {
             let session = connection.session.write.clone();
             let stats = connection.stats.clone();

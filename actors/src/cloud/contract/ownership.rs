@@ -17,6 +17,20 @@ pub struct NodeOwner {
     pub mine: bool,
 }
 
+/// SyncController read the records of a node this replica came to serve: the versions the
+/// node acknowledged (to another replica, before). CloudHub's pool of the node takes them as
+/// acknowledged, so what the edge already has is not sent again, and only then starts
+/// writing to the node's session. `acked` is empty when the replica served the node already
+/// (its pool knows) or keeps no records.
+#[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
+#[rtype(result = "()")]
+pub struct RecordsRead {
+    /// The node.
+    pub node: String,
+    /// Object key (UID) and acknowledged resourceVersion, per record.
+    pub acked: Vec<(String, String)>,
+}
+
 /// This replica renewed its Lease (`acting`: it acts for the nodes it serves) or could not
 /// renew it in time and stepped down (nothing is sent, resent, reconciled or written until it
 /// renews again).

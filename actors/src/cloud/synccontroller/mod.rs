@@ -55,7 +55,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{json, Value};
 
 use crate::cloud::cluster::{is_cluster_scoped, ClusterError, EventType, SharedCluster};
-use crate::cloud::contract::ownership::{NodeOwner, ReplicaActing};
+use crate::cloud::contract::ownership::{NodeOwner, RecordsRead, ReplicaActing};
 use crate::cloud::contract::{
     downstream, object_message, route, Acked, NodeMessage, ObjectId, Queued, ToNodes,
 };
@@ -601,13 +601,30 @@ impl SyncController {
             match result {
                 Ok(records) => {
                     let count = records.len();
+                    let mut acked: HashMap<String, Vec<(String, String)>> = HashMap::new();
                     for (node, object, status) in records {
                         if !act.ownership.serves(&node) {
                             continue;
                         }
+                        if status != records::QUEUED && !status.is_empty() {
+                            acked
+                                .entry(node.clone())
+                                .or_default()
+                                .push((object.uid.clone(), status.clone()));
+                        }
                         let kind = object.kind.clone();
                         act.records.loaded(&node, object, status);
                         act.follow_kind_of(&kind, ctx);
+                    }
+                    // CloudHub writes to their sessions once it knows what they have.
+                    for node in wanted.iter().filter(|node| act.ownership.serves(node)) {
+                        let read = RecordsRead {
+                            node: node.clone(),
+                            acked: acked.remove(node).unwrap_or_default(),
+                        };
+                        if let Err(refused) = act.hive.tell(route::CLOUDHUB, read) {
+                            tracing::warn!(%node, error = %refused.error, "cannot tell cloudhub the node's records were read");
+                        }
                     }
                     tracing::info!(nodes = wanted.len(), records = count, "serving nodes: their sync records read");
                     act.set_gauge();

@@ -540,8 +540,9 @@ impl SyncController {
                 for record in records {
                     match parse_record(&record) {
                         // A replica keeps the records of the nodes it serves (read again when
-                        // it comes to serve one).
-                        Some((node, _, _)) if !act.ownership.serves(&node) => {}
+                        // it comes to serve one), and those of deleted nodes, to remove them.
+                        Some((node, _, _))
+                            if !act.ownership.serves(&node) && nodes.contains(&node) => {}
                         Some((node, object, status)) => act.records.loaded(&node, object, status),
                         None => skipped += 1,
                     }
@@ -649,9 +650,11 @@ impl SyncController {
             return;
         }
         let mut writes = self.records.take_dirty(BATCH);
+        // Another replica writes the records of the nodes it serves; removing a deleted node's
+        // records (the only removals of a node not served here) is anyone's to do.
         let not_served: BTreeSet<String> = writes
             .iter()
-            .filter(|w| !self.ownership.serves(&w.node))
+            .filter(|w| w.want.is_some() && !self.ownership.serves(&w.node))
             .map(|w| w.node.clone())
             .collect();
         for node in &not_served {

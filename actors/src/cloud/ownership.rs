@@ -452,8 +452,9 @@ async fn renew_forever(replica: Arc<Replica>, mut lease: LeaseKeeper) {
 /// Follows the Leases: node Leases say who serves each node, replica Leases whether a
 /// replica is alive.
 async fn watch_leases(replica: Arc<Replica>) {
-    let mut watcher = KindWatcher::new(replica.cluster.clone(), MODULE, "Lease")
-        .counted(WatchMetrics::of(&replica.hive));
+    let cluster = replica.cluster.clone();
+    let metrics = WatchMetrics::of(&replica.hive);
+    let mut watcher = KindWatcher::new(cluster, MODULE, "Lease").counted(metrics);
     // Lease name → node, for deletes (which carry the identity only).
     let mut names: HashMap<String, String> = HashMap::new();
     loop {

@@ -606,3 +606,36 @@ async fn a_late_record_write_from_the_replica_that_lost_the_node_never_lowers_th
     a.stop().await;
     b.stop().await;
 }
+
+#[actix_rt::test]
+async fn a_cloud_alone_on_its_cluster_serves_every_node_and_writes_no_lease() {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-1");
+    let hive = Hive::new("cloud");
+    let server = start_cloudhub(&hive, test_options()).await.unwrap();
+    let port: SharedCluster = Arc::new(cluster.clone());
+    hive.start_module(EdgeControllerModule::new(&hive, port.clone()))
+        .unwrap();
+    hive.start_module(SyncControllerModule::new(
+        &hive,
+        port,
+        Duration::from_millis(300),
+    ))
+    .unwrap();
+    let mut edge = Edge::connect(server.local_addr(), "edge-1").await;
+    let web = pod(&cluster, "web", "edge-1");
+    let got = next_pod(&mut edge).await;
+    assert_pod_insert(&got, &web);
+    edge.ack(&got).await;
+    until_recorded(&cluster, "edge-1", &web, &rv(&web)).await;
+    // No replica: no Lease, no ownership metric, no owner shown.
+    assert!(cluster.list("Lease").0.is_empty());
+    assert!(!hive.metrics().encode().contains("edgehive_cloud_ownership"));
+    let info = hive
+        .call::<CloudHub, _>("cloudhub", ListNodes, DEADLINE)
+        .await
+        .unwrap();
+    assert!(info.iter().all(|node| node.owner.is_none()));
+    server.stop(false).await;
+    hive.shutdown();
+}

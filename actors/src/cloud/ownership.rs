@@ -190,7 +190,7 @@ struct Replica {
     metrics: Metrics,
 }
 
-/// Which replica serves which node; one per hive ([`Hive::shared`]). Without
+/// Which replica serves which node; one per hive ([`Ownership::of`]). Without
 /// [`start_replica`] the process serves every node and this costs one `OnceLock` read.
 #[derive(Default)]
 pub struct Ownership {

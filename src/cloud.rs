@@ -226,6 +226,21 @@ impl CloudProcess {
             cloud_secrets::keep_token_fresh(cluster.clone(), files, hub_config.token_refresh());
             Some(Arc::new(tls))
         };
+        // One replica of several: it serves the nodes whose sessions open here (started before
+        // CloudHub admits anyone, so no session is served without its claim).
+        let replica = hub_config
+            .replica_options()
+            .map_err(|message| anyhow::anyhow!("modules.cloudHub.replica: {message}"))?;
+        if let Some(options) = replica {
+            if embedded.is_some() {
+                anyhow::bail!(
+                    "modules.cloudHub.replica.enable needs kubeAPIConfig: replicas share a \
+                     Kubernetes cluster, and the embedded cluster belongs to one process"
+                );
+            }
+            edgehive_actors::cloud::ownership::start_replica(&hive, cluster.clone(), options)
+                .await?;
+        }
         let security = CloudHubSecurity {
             tls: tls.clone(),
             authorize: hub_config.authorization.enable,

@@ -636,8 +636,29 @@ fn table(rows: &[Row]) -> String {
             row.number, row.scenario, row.fault, row.changes, compared
         ));
     }
+    text.push_str(REPLICA_ROWS);
     text
 }
+
+/// The cloud replicas' scenarios, proved by `actors/tests/cloud_replicas.rs` (in-process
+/// replicas on one embedded cluster); kept here so this file stays the one writer of
+/// RELIABILITY.md.
+const REPLICA_ROWS: &str = r#"
+## Cloud replicas: who serves a node
+
+Two cloud replicas (CloudHub, EdgeController and SyncController each) share one embedded
+cluster in one process, each on its own WebSocket port, each reaching the cluster through a
+port whose connection can be cut and whose writes can be held; edges are WebSocket clients
+over loopback (`actors/tests/cloud_replicas.rs`, `cargo test -p edgehive-actors --test all
+cloud_replicas`). Not yet on a real API server, nor with several processes.
+
+| # | scenario | fault staged | what is checked | outcome |
+| --- | --- | --- | --- | --- |
+| R1 | two replicas, an edge on each | none | each pod delivered once, by the replica holding the session; the other sends its node nothing and writes none of its records; records at the ACKed version; one Lease write per replica per period, one per session start | passed |
+| R2 | an edge moves from replica A to B | a second connection to B while A's is open | A closes its session, B serves the node; what the edge acknowledged to A is not sent again; the change after the move comes from B, once; A writes no record after the move | passed |
+| R3 | a replica cut off from the API server | every cluster call of A fails, its watches end, for longer than its Lease | A steps down within its renew deadline while B still sees its Lease fresh; nothing sent while down; B sees A dead after the lease duration; reconnected, A resends what was not ACKed and records the ACK | passed |
+| R4 | a late record write | A's record writes held while the edge moves to B and ACKs a newer version there | A's write lands late; the record keeps the newer acknowledged version | passed |
+"#;
 
 /// The scenario numbers, in the order of the list below.
 const NUMBERS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11];

@@ -211,6 +211,21 @@ const NON_LITERAL_CALLS: &[(&str, &str, &str, &str)] = &[
     ("ClusterObjectSync", "", "create", "SyncController"),
     ("ClusterObjectSync", "", "delete", "SyncController"),
     ("ClusterObjectSync", "status", "patch", "SyncController"),
+    // synccontroller/mod.rs `write_checked` (replicas): read, then a status update at the
+    // version read.
+    ("ObjectSync", "", "get", "SyncController (replica)"),
+    ("ObjectSync", "status", "update", "SyncController (replica)"),
+    ("ClusterObjectSync", "", "get", "SyncController (replica)"),
+    (
+        "ClusterObjectSync",
+        "status",
+        "update",
+        "SyncController (replica)",
+    ),
+    // ownership.rs: a replica's Lease and the nodes' Leases (create, update at the version
+    // read).
+    ("Lease", "", "create", "ownership"),
+    ("Lease", "", "update", "ownership"),
 ];
 
 /// `(group, resource[/subresource], verb)` as RBAC names it.

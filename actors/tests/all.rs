@@ -17,6 +17,7 @@ mod cloud_hub;
 mod cloud_kube;
 mod cloud_kube_controllers;
 mod cloud_layering;
+mod cloud_replicas;
 mod cloud_watch_faults;
 mod cloudstream;
 mod devices_controller;

@@ -405,7 +405,8 @@ impl CloudHubConfig {
             self.token_refresh_duration,
             1..=MAX_TOKEN_REFRESH_HOURS,
             "hours",
-        )
+        )?;
+        self.replica.validate()
     }
 }
 
@@ -684,6 +685,77 @@ pub struct CloudHubConfig {
     pub token_refresh_duration: u64,
     /// Node identity checks on upstream messages.
     pub authorization: Authorization,
+    /// Several cloud replicas on one cluster, each node served by one (edgehive).
+    pub replica: ReplicaConfig,
+}
+
+/// `modules.cloudHub.replica`: this process as one of several cloud replicas sharing one
+/// Kubernetes cluster (edgehive).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ReplicaConfig {
+    /// Serve only the nodes whose sessions open here, recorded in the cluster's Leases.
+    pub enable: bool,
+    /// The replica's identity; empty: `$POD_NAME`, else the host name.
+    pub identity: String,
+    /// Where other replicas reach this one (`host:port`); empty: the first advertised
+    /// address and the WebSocket port.
+    pub address: String,
+    /// Seconds others wait after they last saw this replica's Lease renewed before counting
+    /// it dead.
+    pub lease_duration_seconds: u64,
+    /// Seconds this replica acts after its last renewal (less than leaseDurationSeconds).
+    pub renew_deadline_seconds: u64,
+    /// Seconds between renewals (less than renewDeadlineSeconds).
+    pub retry_period_seconds: u64,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        ReplicaConfig {
+            enable: false,
+            identity: String::new(),
+            address: String::new(),
+            lease_duration_seconds: 15,
+            renew_deadline_seconds: 10,
+            retry_period_seconds: 2,
+        }
+    }
+}
+
+impl ReplicaConfig {
+    fn validate(&self) -> Result<(), Refusal> {
+        within(
+            "modules.cloudHub.replica.leaseDurationSeconds",
+            self.lease_duration_seconds,
+            2..=3600,
+            "seconds",
+        )?;
+        within(
+            "modules.cloudHub.replica.renewDeadlineSeconds",
+            self.renew_deadline_seconds,
+            1..=self.lease_duration_seconds - 1,
+            "seconds (less than leaseDurationSeconds)",
+        )?;
+        within(
+            "modules.cloudHub.replica.retryPeriodSeconds",
+            self.retry_period_seconds,
+            1..=self.renew_deadline_seconds.saturating_sub(1).max(1),
+            "seconds (less than renewDeadlineSeconds)",
+        )?;
+        if self.retry_period_seconds >= self.renew_deadline_seconds {
+            return Err((
+                "modules.cloudHub.replica.retryPeriodSeconds",
+                "expected less than renewDeadlineSeconds".into(),
+            ));
+        }
+        if !self.identity.is_empty() {
+            if let Err(message) = edgehive_actors::identity::check_node_name(&self.identity) {
+                return Err(("modules.cloudHub.replica.identity", message));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `modules.cloudHub.authorization`.
@@ -760,6 +832,7 @@ impl Default for CloudHubConfig {
             edge_cert_signing_duration: 365,
             token_refresh_duration: 12,
             authorization: Authorization::default(),
+            replica: ReplicaConfig::default(),
         }
     }
 }
@@ -814,6 +887,46 @@ impl CloudHubConfig {
             }
         }
         Ok(ips)
+    }
+
+    /// The replica's options when `replica.enable`: the identity from the config, else
+    /// `$POD_NAME`, else the host name; the address from the config, else the first advertised
+    /// address with the WebSocket port.
+    pub fn replica_options(
+        &self,
+    ) -> Result<Option<edgehive_actors::cloud::ownership::ReplicaOptions>, String> {
+        let replica = &self.replica;
+        if !replica.enable {
+            return Ok(None);
+        }
+        let identity = if replica.identity.is_empty() {
+            std::env::var("POD_NAME")
+                .ok()
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+                .map(|name| name.trim().to_ascii_lowercase())
+                .filter(|name| !name.is_empty())
+                .ok_or("no identity: set modules.cloudHub.replica.identity or $POD_NAME")?
+        } else {
+            replica.identity.clone()
+        };
+        let address = if replica.address.is_empty() {
+            let ip = self
+                .advertise_ips()?
+                .into_iter()
+                .next()
+                .ok_or("no address")?;
+            std::net::SocketAddr::new(ip, self.websocket.port).to_string()
+        } else {
+            replica.address.clone()
+        };
+        Ok(Some(edgehive_actors::cloud::ownership::ReplicaOptions {
+            identity,
+            address,
+            lease_duration: Duration::from_secs(replica.lease_duration_seconds),
+            renew_deadline: Duration::from_secs(replica.renew_deadline_seconds),
+            retry_period: Duration::from_secs(replica.retry_period_seconds),
+        }))
     }
 
     /// The certificate server's options; its gate counts in `gate_metrics` (CloudHub's).

@@ -707,6 +707,40 @@ mod tests {
     }
 
     #[test]
+    fn replica_keys_are_read_and_a_replica_that_would_act_past_its_lease_is_refused() {
+        let config = cloud(
+            "modules:\n  cloudHub:\n    replica:\n      enable: true\n      identity: cloud-a\n      address: 10.0.0.5:10000\n",
+        )
+        .unwrap();
+        let options = config.modules.cloud_hub.replica_options().unwrap().unwrap();
+        assert_eq!(options.identity, "cloud-a");
+        assert_eq!(options.address, "10.0.0.5:10000");
+        assert_eq!(options.lease_duration.as_secs(), 15);
+        assert!(cloud("")
+            .unwrap()
+            .modules
+            .cloud_hub
+            .replica_options()
+            .unwrap()
+            .is_none());
+        for (yaml, key) in [
+            ("renewDeadlineSeconds: 15", "renewDeadlineSeconds"),
+            ("retryPeriodSeconds: 10", "retryPeriodSeconds"),
+            ("identity: Cloud_A", "identity"),
+        ] {
+            let error = cloud(&format!(
+                "modules:\n  cloudHub:\n    replica:\n      {yaml}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.starts_with(&format!("cloud.yaml: modules.cloudHub.replica.{key}: ")),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
     fn wrong_type_names_file_key_and_expectation() {
         let error = cloud("modules:\n  cloudHub:\n    nodeLimit: lots\n")
             .unwrap_err()

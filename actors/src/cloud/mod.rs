@@ -12,6 +12,7 @@
 //! resending until it is ACKed; the ACK becomes the node's ObjectSync record.
 //!
 //! Sibling modules never import each other: they share only `contract`, `outbox`, `cluster`,
+//! [`ownership`] (which replica serves which node, when several share the cluster),
 //! [`watcher`] (the one list→watch→relist machinery) and the hive; CloudHub alone is read by
 //! others, for what it defines once (`cloudstream` its connection gates, `dynamiccontroller`
 //! its `BindingView` of what is bound to a node), and imports none of them.
@@ -25,6 +26,7 @@ pub mod devicecontroller;
 pub mod dynamiccontroller;
 pub mod edgecontroller;
 pub(crate) mod outbox;
+pub mod ownership;
 pub mod standin;
 pub mod synccontroller;
 pub mod watcher;

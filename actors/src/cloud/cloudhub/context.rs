@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::metrics::CloudHubMetrics;
 use super::options::{CloudHubOptions, CloudHubSecurity};
+use crate::cloud::ownership::Ownership;
 use crate::hive::Hive;
 
 /// What every node actor shares with CloudHub.
@@ -16,6 +17,8 @@ pub(crate) struct HubContext {
     pub(crate) metrics: CloudHubMetrics,
     /// Nodes with an admitted connection (see [`NodeCell::admit`](super::node::NodeCell::admit)).
     pub(crate) connected: AtomicUsize,
+    /// Which nodes this process serves (all of them unless it is one replica of several).
+    pub(crate) ownership: std::sync::Arc<Ownership>,
 }
 
 impl HubContext {

@@ -16,7 +16,9 @@ use super::metrics::CloudHubMetrics;
 use super::node::{NodeCell, NodeInfo, NodeRecipe};
 use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::pool::Enqueued;
+use crate::cloud::contract::ownership::{NodeOwner, RecordsRead, ReplicaActing};
 use crate::cloud::contract::{route, DisconnectNode, Lane, NodeDeleted, Queued, ToNodes};
+use crate::cloud::ownership::Ownership;
 use crate::hive::locks;
 use crate::hive::{
     supervise_on, Accepts, ChildInfo, Envelope, Hive, HiveError, Module, RefusalKind, Refused,
@@ -37,6 +39,10 @@ pub(crate) struct Shared {
     /// The arbiters node actors run on (made with the first node), taken in turn.
     node_arbiters: Arc<OnceLock<Vec<actix::Arbiter>>>,
 }
+
+/// How long a replica's new session of a node waits for the node's records before it is
+/// written to all the same.
+const RECORDS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Arbiters (threads) CloudHub's node actors are spread over, as many as its WebSocket
 /// workers: the nodes' work (pools, ACKs, requests) uses every core instead of sharing
@@ -117,6 +123,7 @@ impl CloudHubModule {
                     security,
                     metrics,
                     connected: AtomicUsize::new(0),
+                    ownership: Ownership::of(hive),
                 }),
                 nodes: Arc::default(),
                 next_session_id: Arc::new(AtomicU64::new(1)),
@@ -152,6 +159,9 @@ impl Module for CloudHubModule {
             .message::<ToNodes>()
             .message::<DisconnectNode>()
             .message::<NodeDeleted>()
+            .message::<NodeOwner>()
+            .message::<RecordsRead>()
+            .message::<ReplicaActing>()
             .message::<ListNodes>();
         #[cfg(feature = "test-hooks")]
         accepts.message::<CrashNode>();
@@ -381,7 +391,14 @@ impl Handler<ListNodes> for CloudHub {
     type Result = MessageResult<ListNodes>;
 
     fn handle(&mut self, _: ListNodes, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.shared.cells().iter().map(|cell| cell.info()).collect())
+        let ownership = &self.shared.hub.ownership;
+        MessageResult(
+            self.shared
+                .cells()
+                .iter()
+                .map(|cell| cell.info(ownership))
+                .collect(),
+        )
     }
 }
 
@@ -400,6 +417,62 @@ impl Handler<NodeDeleted> for CloudHub {
     fn handle(&mut self, request: NodeDeleted, _: &mut Context<Self>) -> bool {
         let cell = self.shared.nodes().remove(&request.node);
         cell.map(|cell| cell.retire(&self.shared.hub)).is_some()
+    }
+}
+
+impl Handler<NodeOwner> for CloudHub {
+    type Result = ();
+
+    /// A replica now serves the node (its waiting messages go out), or another one does: its
+    /// session here, if any, is closed (its edge is on the other replica now).
+    fn handle(&mut self, owner: NodeOwner, ctx: &mut Context<Self>) {
+        let cell = self.shared.nodes().get(&owner.node).cloned();
+        let Some(cell) = cell else {
+            return;
+        };
+        if owner.mine {
+            cell.wake();
+            // The records normally come within the moment; a SyncController that cannot read
+            // them does not keep the node waiting for ever (what it then sends again, the
+            // edge already has: it stores it once more).
+            ctx.run_later(RECORDS_WAIT, move |_, _| {
+                if cell.is_held() {
+                    tracing::warn!(node = %cell.name(), wait = ?RECORDS_WAIT, "the node's sync records were not read in time; serving it without them");
+                    cell.records_read(&[]);
+                }
+            });
+        } else if cell.disconnect(
+            "the node is served by another cloud replica",
+            &self.shared.hub,
+        ) {
+            tracing::info!(node = %owner.node, "closed this replica's session: another replica serves the node");
+        }
+    }
+}
+
+impl Handler<RecordsRead> for CloudHub {
+    type Result = ();
+
+    fn handle(&mut self, read: RecordsRead, _: &mut Context<Self>) {
+        let cell = self.shared.nodes().get(&read.node).cloned();
+        if let Some(cell) = cell {
+            cell.records_read(&read.acked);
+        }
+    }
+}
+
+impl Handler<ReplicaActing> for CloudHub {
+    type Result = ();
+
+    /// Back from a step-down: every connected node drives again (one wake each, once per
+    /// renewal after a step-down, never on a timer).
+    fn handle(&mut self, acting: ReplicaActing, _: &mut Context<Self>) {
+        if acting.acting {
+            let cells: Vec<_> = self.shared.nodes().values().cloned().collect();
+            for cell in cells.iter().filter(|cell| cell.is_admitted()) {
+                cell.wake();
+            }
+        }
     }
 }
 

@@ -37,6 +37,7 @@ use super::link::{CloseSession, SessionHandle, WriteFrame};
 use super::pool::{Enqueued, NodePool};
 use crate::cloud::contract::application::SessionEnded;
 use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
+use crate::cloud::ownership::{NodeOwnerInfo, Ownership};
 use crate::hive::locks;
 use crate::hive::log::{clip, WarnBudget};
 use crate::hive::{ChildInfo, HiveError, ModuleState, Recipe, RefusalKind, Refused};
@@ -108,6 +109,9 @@ pub(crate) struct NodeCell {
     depth: AtomicI64,
     /// Unix ms of the last keepalive on the current connection; 0 when none yet.
     last_keepalive_ms: AtomicU64,
+    /// A replica's session waits for the node's records to be read (what the edge
+    /// acknowledged to another replica) before anything is written to it.
+    held: AtomicBool,
 }
 
 /// One node as the admin endpoint shows it.
@@ -142,6 +146,9 @@ pub struct NodeInfo {
     pub restarts: u64,
     /// Messages waiting in the node actor's mailbox.
     pub mailbox_depth: i64,
+    /// The replica serving the node, when this process is one of several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<NodeOwnerInfo>,
 }
 
 impl NodeInfo {
@@ -185,6 +192,7 @@ impl NodeCell {
             handled: AtomicU64::new(0),
             depth: AtomicI64::new(0),
             last_keepalive_ms: AtomicU64::new(0),
+            held: AtomicBool::new(false),
         })
     }
 
@@ -354,6 +362,12 @@ impl NodeCell {
             });
             (replaced, new_store, previous)
         };
+        // A replica records that it serves the node (one write per session start), and
+        // writes to it once it knows what the edge acknowledged elsewhere (`records_read`).
+        if hub.ownership.is_replica() {
+            self.held.store(true, Ordering::Release);
+        }
+        hub.ownership.session_opened(&self.name, id);
         if let Some(replaced) = replaced {
             close(&replaced, "replaced by a new connection");
         }
@@ -382,6 +396,7 @@ impl NodeCell {
             hub.connected_changed(false);
             self.last_keepalive_ms.store(0, Ordering::Relaxed);
         }
+        hub.ownership.session_ended(&self.name, id);
         // The node's watches (MetaServer applications) end with the connection that made
         // them. Not running, or full: its next application drops what older connections
         // registered (see dynamiccontroller).
@@ -395,6 +410,24 @@ impl NodeCell {
             }
         }
         self.post(Detach);
+    }
+
+    /// The node's records were read (a replica came to serve it): what they say the edge
+    /// acknowledged is not sent again; the session is written to from now on.
+    pub(crate) fn records_read(&self, acked: &[(String, String)]) {
+        {
+            let mut state = self.lock();
+            for (key, version) in acked {
+                state.pool.note_acked(key, version);
+            }
+        }
+        self.held.store(false, Ordering::Release);
+        self.wake();
+    }
+
+    /// Whether the session waits for the node's records (see [`NodeCell::records_read`]).
+    pub(crate) fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
     }
 
     /// Whether the node has an admitted connection.
@@ -440,7 +473,7 @@ impl NodeCell {
         self.post(Crash);
     }
 
-    pub(crate) fn info(&self) -> NodeInfo {
+    pub(crate) fn info(&self, ownership: &Ownership) -> NodeInfo {
         let state = self.lock();
         let keepalive = self.last_keepalive_ms.load(Ordering::Relaxed);
         NodeInfo {
@@ -461,6 +494,7 @@ impl NodeCell {
             resends: state.pool.stats.resends,
             restarts: self.restarts.load(Ordering::Relaxed),
             mailbox_depth: self.depth.load(Ordering::Relaxed).max(0),
+            owner: ownership.owner(&self.name),
         }
     }
 
@@ -672,7 +706,12 @@ impl NodeActor {
         self.take_incoming(&mut state);
         let mut due = None;
         let mut lost = false;
-        if let Some(connection) = &state.connection {
+        // Only the replica serving the node writes to it (always so for a process alone); one
+        // that stepped down or lost the node keeps its pool and writes nothing.
+        let serving = state.connection.is_some()
+            && !self.cell.is_held()
+            && self.hub.ownership.serves(&self.cell.name);
+        if let (Some(connection), true) = (&state.connection, serving) {
             let session = connection.session.write.clone();
             let stats = connection.stats.clone();
             let write = |frame: &NodeMessage| session.try_send(WriteFrame(frame.frame().clone()));

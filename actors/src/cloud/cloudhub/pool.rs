@@ -426,6 +426,18 @@ impl NodePool {
         false
     }
 
+    /// The edge acknowledged `version` of object `key` (to another replica: its record says
+    /// so): a version not newer waiting here is not sent.
+    pub(super) fn note_acked(&mut self, key: &str, version: &str) {
+        let newer = self
+            .acked
+            .get(key)
+            .is_none_or(|acked| is_newer(version, acked));
+        if newer {
+            self.acked.insert(key.to_owned(), version.to_owned());
+        }
+    }
+
     /// Forgets which versions the edge ACKed (its store was replaced): everything is sent
     /// again.
     pub(super) fn forget_acked(&mut self) {

@@ -495,12 +495,28 @@ impl EmbeddedCluster {
     }
 
     /// Replaces only the `status` of the stored object (the status subresource); metadata and
-    /// spec in `obj` are ignored. 404 if it does not exist.
+    /// spec in `obj` are ignored, except a resourceVersion, which must be the stored one (409
+    /// otherwise, as in Kubernetes). 404 if it does not exist.
     pub fn update_status(&self, obj: Value) -> Result<Value, ClusterError> {
         let mut obj = obj;
         let id = identify(&mut obj)?;
         let status = obj.get("status").cloned().unwrap_or(Value::Null);
+        let given = obj["metadata"]["resourceVersion"]
+            .as_str()
+            .filter(|given| !given.is_empty())
+            .map(str::to_owned);
         self.modify(&id.kind, Some(&id.namespace), &id.name, |current| {
+            let stored = current["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default();
+            if let Some(given) = given.filter(|given| given != stored) {
+                return Err(ClusterError::Conflict {
+                    kind: id.kind.clone(),
+                    key: id.display(),
+                    given,
+                    current: stored.to_owned(),
+                });
+            }
             current["status"] = status;
             Ok(())
         })

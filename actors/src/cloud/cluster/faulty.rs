@@ -1,5 +1,6 @@
 //! A cluster port with the faults a real API server's connection has, for tests (`test-hooks`):
-//! the embedded cluster, with watches that can be ended and lists that can fail or wait.
+//! the embedded cluster, with watches that can be ended, lists that can fail or wait, writes of
+//! some kinds that can wait, and the whole connection cut.
 
 use std::sync::{Arc, Mutex};
 
@@ -27,6 +28,16 @@ struct Control {
     closers: Vec<tokio::sync::oneshot::Sender<()>>,
     /// Lists wait for a permit of this before they answer.
     gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// The connection is cut: every call fails, every watch ends at once.
+    cut: bool,
+    /// Writes of these kinds wait for a permit of the semaphore before they are made.
+    held: Option<(Vec<String>, Arc<tokio::sync::Semaphore>)>,
+}
+
+fn unavailable<T: Send + 'static>() -> ClusterFuture<T> {
+    Box::pin(futures_util::future::ready(Err(ClusterError::Unavailable(
+        "connection to the API server cut".into(),
+    ))))
 }
 
 impl FaultyCluster {
@@ -58,6 +69,45 @@ impl FaultyCluster {
         lock(&self.control).gate = Some(gate);
     }
 
+    /// Cuts the connection (`true`): from now on every call fails (`Unavailable`) and every
+    /// watch ends, until it is restored (`false`).
+    pub fn cut(&self, cut: bool) {
+        lock(&self.control).cut = cut;
+        if cut {
+            self.close_watches();
+        }
+    }
+
+    /// From now on, a write (create, update, status update, patch, delete) of one of `kinds`
+    /// is made only once it gets a permit of `gate`.
+    pub fn hold_writes(&self, kinds: &[&str], gate: Arc<tokio::sync::Semaphore>) {
+        let kinds = kinds.iter().map(|kind| (*kind).to_owned()).collect();
+        lock(&self.control).held = Some((kinds, gate));
+    }
+
+    /// `call` unless the connection is cut; a write of a held kind waits for its permit.
+    fn guard<T: Send + 'static>(
+        &self,
+        kind: &str,
+        write: bool,
+        call: ClusterFuture<T>,
+    ) -> ClusterFuture<T> {
+        let control = lock(&self.control);
+        if control.cut {
+            return unavailable();
+        }
+        match &control.held {
+            Some((kinds, gate)) if write && kinds.iter().any(|held| held == kind) => {
+                let gate = gate.clone();
+                Box::pin(async move {
+                    let _open = gate.acquire().await;
+                    call.await
+                })
+            }
+            _ => call,
+        }
+    }
+
     /// Watches and lists asked for so far.
     pub fn counts(&self) -> (usize, usize) {
         let control = lock(&self.control);
@@ -70,11 +120,18 @@ impl ClusterPort for FaultyCluster {
         "faulty"
     }
     fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value> {
-        ClusterPort::get(&self.inner, kind, namespace, name)
+        self.guard(
+            kind,
+            false,
+            ClusterPort::get(&self.inner, kind, namespace, name),
+        )
     }
     fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)> {
         let mut control = lock(&self.control);
         control.lists += 1;
+        if control.cut {
+            return unavailable();
+        }
         if control.failing_lists > 0 {
             control.failing_lists -= 1;
             return Box::pin(futures_util::future::ready(Err(ClusterError::Unavailable(
@@ -94,17 +151,23 @@ impl ClusterPort for FaultyCluster {
         let (closer, closed) = tokio::sync::oneshot::channel();
         let mut control = lock(&self.control);
         control.watches += 1;
+        if control.cut {
+            return Box::pin(futures_util::stream::empty());
+        }
         control.closers.push(closer);
         Box::pin(ClusterPort::watch(&self.inner, kind).take_until(closed))
     }
     fn create(&self, obj: Value) -> ClusterFuture<Value> {
-        ClusterPort::create(&self.inner, obj)
+        let kind = kind_of(&obj);
+        self.guard(&kind, true, ClusterPort::create(&self.inner, obj))
     }
     fn update(&self, obj: Value) -> ClusterFuture<Value> {
-        ClusterPort::update(&self.inner, obj)
+        let kind = kind_of(&obj);
+        self.guard(&kind, true, ClusterPort::update(&self.inner, obj))
     }
     fn update_status(&self, obj: Value) -> ClusterFuture<Value> {
-        ClusterPort::update_status(&self.inner, obj)
+        let kind = kind_of(&obj);
+        self.guard(&kind, true, ClusterPort::update_status(&self.inner, obj))
     }
     fn patch(
         &self,
@@ -114,7 +177,11 @@ impl ClusterPort for FaultyCluster {
         patch: Value,
         status_only: bool,
     ) -> ClusterFuture<Value> {
-        ClusterPort::patch(&self.inner, kind, namespace, name, patch, status_only)
+        self.guard(
+            kind,
+            true,
+            ClusterPort::patch(&self.inner, kind, namespace, name, patch, status_only),
+        )
     }
     fn delete(
         &self,
@@ -123,9 +190,21 @@ impl ClusterPort for FaultyCluster {
         name: &str,
         uid: Option<&str>,
     ) -> ClusterFuture<Value> {
-        ClusterPort::delete(&self.inner, kind, namespace, name, uid)
+        self.guard(
+            kind,
+            true,
+            ClusterPort::delete(&self.inner, kind, namespace, name, uid),
+        )
     }
     fn create_token(&self, namespace: &str, name: &str, request: Value) -> ClusterFuture<Value> {
-        ClusterPort::create_token(&self.inner, namespace, name, request)
+        self.guard(
+            "TokenRequest",
+            true,
+            ClusterPort::create_token(&self.inner, namespace, name, request),
+        )
     }
+}
+
+fn kind_of(obj: &Value) -> String {
+    obj["kind"].as_str().unwrap_or_default().to_owned()
 }

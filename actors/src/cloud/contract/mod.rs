@@ -12,6 +12,7 @@ pub(crate) mod application;
 pub(crate) mod downstream;
 pub mod extension;
 mod object_id;
+pub mod ownership;
 pub(crate) mod request;
 pub(crate) mod twin;
 

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use edgehive_protocols::object::meta_str;
+use edgehive_protocols::object::{is_newer, meta_str};
 use edgehive_protocols::{Message, Operation, ResourceType};
 use futures_util::StreamExt;
 use prometheus_client::metrics::counter::Counter;
@@ -55,9 +55,11 @@ use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{json, Value};
 
 use crate::cloud::cluster::{is_cluster_scoped, ClusterError, EventType, SharedCluster};
+use crate::cloud::contract::ownership::{NodeOwner, RecordsRead, ReplicaActing};
 use crate::cloud::contract::{
     downstream, object_message, route, Acked, NodeMessage, ObjectId, Queued, ToNodes,
 };
+use crate::cloud::ownership::Ownership;
 use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
 use crate::hive::{Accepts, Envelope, Hive, Module};
 use cache::ClusterCache;
@@ -193,6 +195,8 @@ impl Module for SyncControllerModule {
             last_run: None,
             suspects: BTreeSet::new(),
             suspects_due: None,
+            ownership: Ownership::of(hive),
+            to_load: BTreeSet::new(),
         }
     }
 
@@ -200,6 +204,8 @@ impl Module for SyncControllerModule {
         accepts
             .message::<Acked>()
             .message::<Queued>()
+            .message::<NodeOwner>()
+            .message::<ReplicaActing>()
             .message::<SyncView>();
     }
 }
@@ -227,6 +233,11 @@ pub struct SyncController {
     /// confirmed on the run at `suspects_due`.
     suspects: BTreeSet<String>,
     suspects_due: Option<Instant>,
+    /// Whose records this process keeps and writes: every node's when it is alone; a
+    /// replica, those of the nodes it serves, and nothing while it stepped down.
+    ownership: Arc<Ownership>,
+    /// Nodes served since the last read of records: their records are read together.
+    to_load: BTreeSet<String>,
 }
 
 impl Actor for SyncController {
@@ -400,6 +411,61 @@ async fn confirm_gone(
     }
 }
 
+/// How many times a replica's record write reads again after a conflict.
+const CONFLICT_RETRIES: usize = 5;
+
+/// A replica's record write: the record is read, and written (at the version read) only when
+/// `write.want` is newer than what it says; a conflict is read and decided again. Returns what
+/// the record says afterwards: never lower than it was (another replica's late write cannot
+/// move an acknowledged version backwards).
+async fn write_checked(
+    cluster: SharedCluster,
+    write: Write,
+) -> Result<Option<String>, ClusterError> {
+    let Some(want) = write.want.clone() else {
+        // A delete's ACK or a deleted node: the object or node is gone for good.
+        return self::write(cluster, write).await;
+    };
+    let (kind, namespace) = record_kind(&write.object);
+    let name = record_name(&write.node, &write.object.uid);
+    for _ in 0..CONFLICT_RETRIES {
+        let mut current = match cluster.get(kind, namespace, &name).await {
+            Ok(current) => current,
+            Err(ClusterError::NotFound { .. }) => {
+                match cluster
+                    .create(record_object(&write.node, &write.object, &want))
+                    .await
+                {
+                    Ok(created) if created["status"]["objectResourceVersion"] == want.as_str() => {
+                        return Ok(Some(want))
+                    }
+                    // Made without its status (a real API server), or by another replica
+                    // meanwhile: read it and decide.
+                    Ok(_) | Err(ClusterError::AlreadyExists { .. }) => continue,
+                    Err(error) => return Err(error),
+                }
+            }
+            Err(error) => return Err(error),
+        };
+        let stored = current["status"]["objectResourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if stored == want || is_newer(&stored, &want) {
+            return Ok(Some(stored));
+        }
+        current["status"] = json!({"objectResourceVersion": want});
+        match cluster.update_status(current).await {
+            Ok(_) => return Ok(Some(want)),
+            Err(ClusterError::Conflict { .. } | ClusterError::NotFound { .. }) => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Err(ClusterError::Unavailable(format!(
+        "the record {name} kept changing while it was written"
+    )))
+}
+
 /// Makes the cluster's record say `write.want`; returns what it says afterwards.
 async fn write(cluster: SharedCluster, write: Write) -> Result<Option<String>, ClusterError> {
     let (kind, namespace) = record_kind(&write.object);
@@ -473,6 +539,10 @@ impl SyncController {
                 let mut skipped = 0;
                 for record in records {
                     match parse_record(&record) {
+                        // A replica keeps the records of the nodes it serves (read again when
+                        // it comes to serve one), and those of deleted nodes, to remove them.
+                        Some((node, _, _))
+                            if !act.ownership.serves(&node) && nodes.contains(&node) => {}
                         Some((node, object, status)) => act.records.loaded(&node, object, status),
                         None => skipped += 1,
                     }
@@ -496,20 +566,115 @@ impl SyncController {
         }));
     }
 
-    fn flush(&mut self, ctx: &mut Context<Self>) {
-        if self.flushing || self.records.dirty() == 0 {
+    /// `node` came to be served here (a replica): its records are read from the cluster with
+    /// those of the other nodes that came meanwhile, one list of each record kind for all of
+    /// them (a failover moves many nodes at once).
+    fn load_node(&mut self, node: String, ctx: &mut Context<Self>) {
+        let first = self.to_load.is_empty();
+        self.to_load.insert(node);
+        if first {
+            ctx.run_later(FLUSH_INTERVAL, |act, ctx| act.load_nodes(ctx));
+        }
+    }
+
+    fn load_nodes(&mut self, ctx: &mut Context<Self>) {
+        let wanted = std::mem::take(&mut self.to_load);
+        if wanted.is_empty() {
             return;
         }
-        let writes = self.records.take_dirty(BATCH);
+        let cluster = self.cluster.clone();
+        let fut = async move {
+            let listed = async {
+                let (namespaced, _) = cluster.list("ObjectSync").await?;
+                let (clustered, _) = cluster.list("ClusterObjectSync").await?;
+                let records: Vec<_> = namespaced
+                    .iter()
+                    .chain(clustered.iter())
+                    .filter_map(parse_record)
+                    .filter(|(node, _, _)| wanted.contains(node))
+                    .collect();
+                Ok::<_, ClusterError>(records)
+            }
+            .await;
+            (listed, wanted)
+        };
+        ctx.spawn(fut.into_actor(self).map(|(result, wanted), act, ctx| {
+            match result {
+                Ok(records) => {
+                    let count = records.len();
+                    let mut acked: HashMap<String, Vec<(String, String)>> = HashMap::new();
+                    for (node, object, status) in records {
+                        if !act.ownership.serves(&node) {
+                            continue;
+                        }
+                        if status != records::QUEUED && !status.is_empty() {
+                            acked
+                                .entry(node.clone())
+                                .or_default()
+                                .push((object.uid.clone(), status.clone()));
+                        }
+                        let kind = object.kind.clone();
+                        act.records.loaded(&node, object, status);
+                        act.follow_kind_of(&kind, ctx);
+                    }
+                    // CloudHub writes to their sessions once it knows what they have.
+                    for node in wanted.iter().filter(|node| act.ownership.serves(node)) {
+                        let read = RecordsRead {
+                            node: node.clone(),
+                            acked: acked.remove(node).unwrap_or_default(),
+                        };
+                        if let Err(refused) = act.hive.tell(route::CLOUDHUB, read) {
+                            tracing::warn!(%node, error = %refused.error, "cannot tell cloudhub the node's records were read");
+                        }
+                    }
+                    tracing::info!(nodes = wanted.len(), records = count, "serving nodes: their sync records read");
+                    act.set_gauge();
+                    act.wake(ctx);
+                }
+                Err(error) => {
+                    tracing::warn!(nodes = wanted.len(), %error, "cannot read the sync records of nodes served now; trying again");
+                    for node in wanted {
+                        if act.ownership.serves(&node) {
+                            act.to_load.insert(node);
+                        }
+                    }
+                    ctx.run_later(Duration::from_secs(1), |act, ctx| act.load_nodes(ctx));
+                }
+            }
+        }));
+    }
+
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        // A replica that stepped down writes nothing (its resumption wakes it).
+        if self.flushing || self.records.dirty() == 0 || !self.ownership.acting() {
+            return;
+        }
+        let mut writes = self.records.take_dirty(BATCH);
+        // Another replica writes the records of the nodes it serves; removing a deleted node's
+        // records (the only removals of a node not served here) is anyone's to do.
+        let not_served: BTreeSet<String> = writes
+            .iter()
+            .filter(|w| w.want.is_some() && !self.ownership.serves(&w.node))
+            .map(|w| w.node.clone())
+            .collect();
+        for node in &not_served {
+            self.records.release_node(node);
+        }
+        writes.retain(|w| !not_served.contains(&w.node));
         if writes.is_empty() {
             return;
         }
         self.flushing = true;
         let cluster = self.cluster.clone();
+        let checked = self.ownership.is_replica();
         let fut = async move {
             let mut results = Vec::with_capacity(writes.len());
             for w in writes {
-                let result = write(cluster.clone(), w.clone()).await;
+                let result = if checked {
+                    write_checked(cluster.clone(), w.clone()).await
+                } else {
+                    write(cluster.clone(), w.clone()).await
+                };
                 results.push((w, result));
             }
             results
@@ -650,7 +815,7 @@ impl SyncController {
     /// what looks owed (or gone) is confirmed against the cluster, then sent. See [`cache`].
     fn reconcile(&mut self, ctx: &mut Context<Self>) {
         // While a run or the load is under way, its end arranges the next wake-up.
-        if self.reconciling || !self.loaded {
+        if self.reconciling || !self.loaded || !self.ownership.acting() {
             return;
         }
         let started = Instant::now();
@@ -707,8 +872,10 @@ impl SyncController {
             let (mut objects, mut sent, mut refused, mut unconfirmed) = (0, 0, 0, 0);
             let gone_set: HashSet<&String> = gone.iter().collect();
             for (mut plan, outcome) in confirmed {
-                // Nothing goes to a node just found deleted: it would bring its cell back.
-                plan.nodes.retain(|node| !gone_set.contains(node));
+                // Nothing goes to a node just found deleted: it would bring its cell back; nor
+                // to one another replica serves now.
+                plan.nodes
+                    .retain(|node| !gone_set.contains(node) && act.ownership.serves(node));
                 if plan.nodes.is_empty() {
                     continue;
                 }
@@ -849,6 +1016,10 @@ impl Handler<Acked> for SyncController {
     type Result = ();
 
     fn handle(&mut self, acked: Acked, ctx: &mut Context<Self>) {
+        if !self.ownership.serves(&acked.node) {
+            // Another replica serves the node now: its record is that replica's to write.
+            return;
+        }
         self.records.acked(
             &acked.node,
             &acked.key,
@@ -868,11 +1039,40 @@ impl Handler<Queued> for SyncController {
 
     fn handle(&mut self, queued: Queued, ctx: &mut Context<Self>) {
         for node in &queued.nodes {
+            if !self.ownership.serves(node) {
+                continue;
+            }
             self.records
                 .queued(node, &queued.object, queued.resource_version.as_deref());
         }
         self.follow_kind_of(&queued.object.kind, ctx);
         self.wake(ctx);
+    }
+}
+
+impl Handler<NodeOwner> for SyncController {
+    type Result = ();
+
+    /// A replica came to serve the node: its records are read from the cluster (as another
+    /// replica left them); or it no longer does: they are forgotten here, unwritten.
+    fn handle(&mut self, owner: NodeOwner, ctx: &mut Context<Self>) {
+        if owner.mine {
+            self.load_node(owner.node, ctx);
+        } else {
+            self.records.release_node(&owner.node);
+            self.set_gauge();
+        }
+    }
+}
+
+impl Handler<ReplicaActing> for SyncController {
+    type Result = ();
+
+    /// Back from a step-down: what waited is written and judged.
+    fn handle(&mut self, acting: ReplicaActing, ctx: &mut Context<Self>) {
+        if acting.acting {
+            self.wake(ctx);
+        }
     }
 }
 

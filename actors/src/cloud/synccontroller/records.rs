@@ -448,6 +448,18 @@ impl Records {
         }
     }
 
+    /// Forgets `node`'s records without writing anything: another replica serves the node now
+    /// and keeps them (read again from the cluster if the node comes back).
+    pub(crate) fn release_node(&mut self, node: &str) {
+        let uids: Vec<String> = match self.nodes.get(node) {
+            Some(records) => records.keys().cloned().collect(),
+            None => return,
+        };
+        for uid in uids {
+            self.forget(node, &uid);
+        }
+    }
+
     /// Up to `max` dirty records to write now.
     pub(crate) fn take_dirty(&mut self, max: usize) -> Vec<Write> {
         let mut writes = Vec::new();
@@ -525,6 +537,13 @@ impl Records {
         };
         if let Ok(stored) = stored {
             record.stored = stored;
+        }
+        // The cluster's record is newer than what this process knows (another replica wrote
+        // it): what it says was acknowledged stands, and is never written back lower.
+        if let (Some(want), Some(stored)) = (&record.want, &record.stored) {
+            if is_newer(stored, want) {
+                record.want = Some(stored.clone());
+            }
         }
         if record.want.is_none() && record.stored.is_none() {
             let node = write.node.clone();

@@ -1,0 +1,779 @@
+//! Which cloud replica serves which node, when several share one cluster (ARCHITECTURE.md,
+//! "Replicas: who serves a node").
+//!
+//! A process alone on its cluster (the default, and always with the embedded cluster) serves
+//! every node: [`Ownership::serves`] is `true`, nothing is written, nothing is counted.
+//! With `modules.cloudHub.replica.enable`, [`start_replica`] gives the process an identity
+//! and two kinds of `coordination.k8s.io/v1` Lease in the `kubeedge` namespace:
+//!
+//! - its own, `edgehive-replica.{identity}`, renewed every `retryPeriod`: one write per
+//!   replica per period, whatever the number of nodes. A replica that has not renewed it for
+//!   `renewDeadline` (shorter than `leaseDuration`) steps down: it sends nothing downstream,
+//!   resends nothing, reconciles nothing and writes no ObjectSync until it renews again
+//!   ([`ReplicaActing`]). Others count it dead once they have not seen it renewed for
+//!   `leaseDuration`, so it has stopped before anyone may think so.
+//! - one per node, `node.{node}` (the node's name in the `edgehive.io/node` annotation),
+//!   written when a session of the node opens on a replica: holder = the replica, its address
+//!   in `edgehive.io/address` (where another replica will forward to it). Never renewed: its
+//!   holder is alive while its replica's Lease is fresh.
+//!
+//! A replica serves a node when it acts and the node's Lease names it. All replicas watch the
+//! Leases ([`KindWatcher`]); one that sees a node's Lease move to another replica stops
+//! serving it (CloudHub closes its session, SyncController forgets its records:
+//! [`NodeOwner`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use edgehive_protocols::object::{is_newer, meta_str, rfc3339};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde_json::{json, Value};
+
+use crate::cloud::cluster::{ClusterError, EventType, SharedCluster};
+use crate::cloud::contract::ownership::{NodeOwner, RecordsRead, ReplicaActing};
+use crate::cloud::contract::route;
+use crate::cloud::watcher::{KindWatcher, WatchMetrics};
+use crate::hive::locks;
+use crate::hive::{Hive, HiveError, Refused};
+
+/// The namespace of the Leases (KubeEdge's).
+pub const LEASE_NAMESPACE: &str = "kubeedge";
+/// The annotation naming the node a node Lease is for.
+pub const NODE_ANNOTATION: &str = "edgehive.io/node";
+/// The annotation with the holder's address, for forwarding.
+pub const ADDRESS_ANNOTATION: &str = "edgehive.io/address";
+/// The prefix of a replica's Lease name.
+const REPLICA_PREFIX: &str = "edgehive-replica.";
+/// The prefix of a node's Lease name.
+const NODE_PREFIX: &str = "node.";
+/// The watch metrics' module label.
+const MODULE: &str = "ownership";
+
+/// How a replica identifies itself and keeps its Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaOptions {
+    /// The replica's identity (its Lease's holder); unique among the replicas.
+    pub identity: String,
+    /// Where other replicas reach it (`host:port`), recorded with every node it serves.
+    pub address: String,
+    /// How long others wait, after they last saw the Lease renewed, before they count the
+    /// replica dead.
+    pub lease_duration: Duration,
+    /// How long the replica acts after its last renewal; shorter than `lease_duration`.
+    pub renew_deadline: Duration,
+    /// How often the Lease is renewed (one write each).
+    pub retry_period: Duration,
+}
+
+impl Default for ReplicaOptions {
+    fn default() -> Self {
+        ReplicaOptions {
+            identity: String::new(),
+            address: String::new(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why replica options cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReplicaError {
+    /// The options contradict each other, or the identity is not a valid name.
+    #[error("modules.cloudHub.replica: {0}")]
+    Invalid(String),
+}
+
+impl ReplicaOptions {
+    fn check(&self) -> Result<(), ReplicaError> {
+        crate::identity::check_node_name(&self.identity)
+            .map_err(|why| ReplicaError::Invalid(format!("identity: {why}")))?;
+        if self.identity.len() + REPLICA_PREFIX.len() > 253 {
+            return Err(ReplicaError::Invalid("identity too long".into()));
+        }
+        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
+            return Err(ReplicaError::Invalid(
+                "retryPeriodSeconds must be shorter than renewDeadlineSeconds".into(),
+            ));
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return Err(ReplicaError::Invalid(
+                "renewDeadlineSeconds must be shorter than leaseDurationSeconds".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A node's owner as this replica last saw it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeOwnerInfo {
+    /// The replica holding the node's session.
+    pub replica: String,
+    /// Its address, for forwarding.
+    pub address: String,
+    /// Whether its Lease is fresh (for this replica: whether it acts).
+    pub alive: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Holder {
+    replica: String,
+    address: String,
+    /// The node Lease's resourceVersion this was read from (older events are ignored).
+    version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    event: String,
+}
+
+#[derive(Clone, Default)]
+struct Metrics {
+    events: Family<EventLabels, Counter>,
+    acting: Gauge,
+    served: Gauge,
+}
+
+impl Metrics {
+    fn register(&self, hive: &Hive) {
+        let registry = hive.metrics();
+        registry.register(
+            "edgehive_cloud_ownership",
+            "Ownership events of this replica: claimed (a node's session opened here), \
+             taken_over (claimed from another replica), lost (another replica took a node), \
+             step_down (its Lease not renewed in time), resumed (renewed again), \
+             renew_failed, claim_failed",
+            self.events.clone(),
+        );
+        registry.register(
+            "edgehive_cloud_ownership_acting",
+            "1 while this replica's Lease is fresh and it acts for its nodes",
+            self.acting.clone(),
+        );
+        registry.register(
+            "edgehive_cloud_ownership_nodes",
+            "Nodes whose Lease names this replica",
+            self.served.clone(),
+        );
+    }
+
+    fn count(&self, event: &str) {
+        self.events
+            .get_or_create(&EventLabels {
+                event: event.to_owned(),
+            })
+            .inc();
+    }
+}
+
+/// One replica among several: its identity, its Lease's state, and the nodes' holders.
+struct Replica {
+    hive: Hive,
+    cluster: SharedCluster,
+    options: ReplicaOptions,
+    acting: AtomicBool,
+    /// The node's holder, from this replica's writes and the watch.
+    holders: Mutex<HashMap<String, Holder>>,
+    /// Sessions open here, by node (their id): a claim is written for each.
+    sessions: Mutex<HashMap<String, u64>>,
+    /// Other replicas' Leases: the resourceVersion seen and when it was first seen.
+    replicas: Mutex<HashMap<String, (String, Instant)>>,
+    metrics: Metrics,
+}
+
+/// Which replica serves which node; one per hive ([`Ownership::of`]). Without
+/// [`start_replica`] the process serves every node and this costs one `OnceLock` read.
+#[derive(Default)]
+pub struct Ownership {
+    replica: OnceLock<Arc<Replica>>,
+}
+
+impl std::fmt::Debug for Ownership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ownership")
+            .field("replica", &self.replica.get().map(|r| &r.options.identity))
+            .finish()
+    }
+}
+
+impl Ownership {
+    /// The hive's ownership.
+    pub fn of(hive: &Hive) -> Arc<Ownership> {
+        hive.shared::<Ownership>()
+    }
+
+    /// Whether this process is one replica among several (else it serves every node).
+    pub fn is_replica(&self) -> bool {
+        self.replica.get().is_some()
+    }
+
+    /// Whether this process acts now (a replica: its Lease is fresh).
+    pub fn acting(&self) -> bool {
+        self.replica
+            .get()
+            .is_none_or(|replica| replica.acting.load(Ordering::Acquire))
+    }
+
+    /// Whether this process sends `node` what it is owed, resends, reconciles its records and
+    /// writes them: always when alone; a replica when it acts and the node's Lease names it.
+    pub fn serves(&self, node: &str) -> bool {
+        let Some(replica) = self.replica.get() else {
+            return true;
+        };
+        replica.acting.load(Ordering::Acquire) && replica.holds(node)
+    }
+
+    /// The node's owner as last seen (`None` when alone, or when no replica claimed it).
+    pub fn owner(&self, node: &str) -> Option<NodeOwnerInfo> {
+        let replica = self.replica.get()?;
+        let holder = locks::lock(&replica.holders).get(node).cloned()?;
+        let alive = replica.alive(&holder.replica);
+        Some(NodeOwnerInfo {
+            replica: holder.replica,
+            address: holder.address,
+            alive,
+        })
+    }
+
+    /// A session of `node` opened here (id `session`): a replica records that it serves the
+    /// node (one write), and serves it once that is written.
+    pub fn session_opened(&self, node: &str, session: u64) {
+        if let Some(replica) = self.replica.get() {
+            locks::lock(&replica.sessions).insert(node.to_owned(), session);
+            Replica::claim(replica.clone(), node.to_owned(), session);
+        }
+    }
+
+    /// Session `session` of `node` ended here. The node's Lease stays: this replica serves
+    /// the node (its records, what it is owed) until another claims it.
+    pub fn session_ended(&self, node: &str, session: u64) {
+        if let Some(replica) = self.replica.get() {
+            let mut sessions = locks::lock(&replica.sessions);
+            if sessions.get(node) == Some(&session) {
+                sessions.remove(node);
+            }
+        }
+    }
+}
+
+/// Starts `hive`'s replica: its Lease (renewed on this arbiter every `retry_period`) and the
+/// watch of the Leases. Returns once the first renewal was tried; the replica acts from its
+/// first renewal on.
+pub async fn start_replica(
+    hive: &Hive,
+    cluster: SharedCluster,
+    options: ReplicaOptions,
+) -> Result<(), ReplicaError> {
+    options.check()?;
+    let metrics = Metrics::default();
+    metrics.register(hive);
+    let replica = Arc::new(Replica {
+        hive: hive.clone(),
+        cluster,
+        options,
+        acting: AtomicBool::new(false),
+        holders: Mutex::default(),
+        sessions: Mutex::default(),
+        replicas: Mutex::default(),
+        metrics,
+    });
+    if Ownership::of(hive).replica.set(replica.clone()).is_err() {
+        return Err(ReplicaError::Invalid(
+            "a replica is already started in this process".into(),
+        ));
+    }
+    tracing::info!(identity = %replica.options.identity, address = %replica.options.address, "cloud replica: serving the nodes whose sessions open here");
+    let mut lease = LeaseKeeper::default();
+    lease.renew_once(&replica).await;
+    actix::spawn(renew_forever(replica.clone(), lease));
+    actix::spawn(watch_leases(replica));
+    Ok(())
+}
+
+/// `time` as a Kubernetes MicroTime (RFC 3339, microseconds).
+fn micro_time(time: SystemTime) -> String {
+    let since = time
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let seconds = rfc3339(since.as_secs());
+    let base = seconds.trim_end_matches('Z');
+    format!("{base}.{:06}Z", since.subsec_micros())
+}
+
+/// FNV-1a, 64 bits: the same in every build, so every replica names a node's Lease alike.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The name of `node`'s Lease: `node.{node}`, or for a name too long for that, its first 200
+/// characters and a hash.
+pub fn node_lease_name(node: &str) -> String {
+    if node.len() + NODE_PREFIX.len() <= 253 {
+        format!("{NODE_PREFIX}{node}")
+    } else {
+        let head: String = node.chars().take(200).collect();
+        format!(
+            "{NODE_PREFIX}{}.{:016x}",
+            head.trim_end_matches('.'),
+            fnv1a(node)
+        )
+    }
+}
+
+/// The name of replica `identity`'s Lease.
+pub fn replica_lease_name(identity: &str) -> String {
+    format!("{REPLICA_PREFIX}{identity}")
+}
+
+/// The Lease of this replica as last written, so a renewal is one update, not a read and a
+/// write.
+#[derive(Default)]
+struct LeaseKeeper {
+    last: Option<Value>,
+    /// When the last renewal that succeeded was sent.
+    renewed: Option<Instant>,
+}
+
+impl LeaseKeeper {
+    async fn write(&mut self, replica: &Replica) -> Result<(), ClusterError> {
+        let options = &replica.options;
+        let name = replica_lease_name(&options.identity);
+        let now = micro_time(SystemTime::now());
+        let seconds = options.lease_duration.as_secs().max(1);
+        let lease = match self.last.take() {
+            Some(lease) => lease,
+            None => match replica
+                .cluster
+                .get("Lease", Some(LEASE_NAMESPACE), &name)
+                .await
+            {
+                Ok(lease) => lease,
+                Err(ClusterError::NotFound { .. }) => {
+                    let lease = json!({
+                        "apiVersion": "coordination.k8s.io/v1",
+                        "kind": "Lease",
+                        "metadata": {"name": name, "namespace": LEASE_NAMESPACE,
+                            "labels": {"edgehive.io/lease": "replica"},
+                            "annotations": {ADDRESS_ANNOTATION: options.address}},
+                        "spec": {"holderIdentity": options.identity,
+                            "leaseDurationSeconds": seconds,
+                            "acquireTime": now, "renewTime": now, "leaseTransitions": 0},
+                    });
+                    self.last = Some(replica.cluster.create(lease).await?);
+                    return Ok(());
+                }
+                Err(error) => return Err(error),
+            },
+        };
+        let mut lease = lease;
+        lease["spec"]["holderIdentity"] = json!(options.identity);
+        lease["spec"]["leaseDurationSeconds"] = json!(seconds);
+        lease["spec"]["renewTime"] = json!(now);
+        lease["metadata"]["annotations"][ADDRESS_ANNOTATION] = json!(options.address);
+        // A conflict (someone else wrote it: a replica with the same identity, an
+        // operator) is read again on the next renewal.
+        self.last = Some(replica.cluster.update(lease).await?);
+        Ok(())
+    }
+
+    /// One renewal, bounded by the time left before the replica must step down.
+    async fn renew_once(&mut self, replica: &Replica) {
+        let started = Instant::now();
+        let limit = replica.options.renew_deadline;
+        let outcome = tokio::time::timeout(limit, self.write(replica)).await;
+        match outcome {
+            Ok(Ok(())) => {
+                self.renewed = Some(started);
+                replica.set_acting(true);
+            }
+            Ok(Err(error)) => {
+                replica.metrics.count("renew_failed");
+                tracing::warn!(identity = %replica.options.identity, %error, "cannot renew this replica's Lease");
+            }
+            Err(_) => {
+                replica.metrics.count("renew_failed");
+                tracing::warn!(identity = %replica.options.identity, "renewing this replica's Lease timed out");
+            }
+        }
+        self.check_deadline(replica);
+    }
+
+    /// Steps down when the last good renewal was sent `renew_deadline` ago or more.
+    fn check_deadline(&self, replica: &Replica) {
+        let fresh = self
+            .renewed
+            .is_some_and(|at| at.elapsed() < replica.options.renew_deadline);
+        if !fresh {
+            replica.set_acting(false);
+        }
+    }
+}
+
+/// Renews the Lease every `retry_period`; between renewals, and while one waits on the
+/// cluster, steps down at the deadline.
+async fn renew_forever(replica: Arc<Replica>, mut lease: LeaseKeeper) {
+    let period = replica.options.retry_period;
+    loop {
+        let next = Instant::now() + period;
+        // The deadline may fall while waiting: look at it then, too.
+        if let Some(renewed) = lease.renewed {
+            let deadline = renewed + replica.options.renew_deadline;
+            if deadline < next {
+                tokio::time::sleep_until(deadline.into()).await;
+                lease.check_deadline(&replica);
+            }
+        }
+        tokio::time::sleep_until(next.into()).await;
+        // A renewal that hangs must not keep the replica acting past its deadline.
+        let deadline = lease.renewed.map(|at| at + replica.options.renew_deadline);
+        let renew = lease.renew_once(&replica);
+        tokio::pin!(renew);
+        if let Some(deadline) = deadline {
+            tokio::select! {
+                () = &mut renew => continue,
+                () = tokio::time::sleep_until(deadline.into()) => replica.set_acting(false),
+            }
+        }
+        renew.await;
+    }
+}
+
+/// Follows the Leases: node Leases say who serves each node, replica Leases whether a
+/// replica is alive.
+async fn watch_leases(replica: Arc<Replica>) {
+    let cluster = replica.cluster.clone();
+    let metrics = WatchMetrics::of(&replica.hive);
+    let mut watcher = KindWatcher::new(cluster, MODULE, "Lease").counted(metrics);
+    // Lease name → node, for deletes (which carry the identity only).
+    let mut names: HashMap<String, String> = HashMap::new();
+    loop {
+        let Some(event) = watcher.next().await.into_event() else {
+            continue;
+        };
+        let lease = &event.object;
+        if meta_str(lease, "namespace") != LEASE_NAMESPACE {
+            continue;
+        }
+        let name = meta_str(lease, "name").to_owned();
+        if let Some(identity) = name.strip_prefix(REPLICA_PREFIX) {
+            replica.replica_seen(identity, lease, event.event_type);
+            continue;
+        }
+        if !name.starts_with(NODE_PREFIX) {
+            continue;
+        }
+        if event.event_type == EventType::Deleted {
+            if let Some(node) = names.remove(&name) {
+                replica.holder_gone(&node);
+            }
+            continue;
+        }
+        let Some(node) = lease["metadata"]["annotations"][NODE_ANNOTATION].as_str() else {
+            continue;
+        };
+        names.insert(name, node.to_owned());
+        let holder = Holder {
+            replica: lease["spec"]["holderIdentity"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            address: lease["metadata"]["annotations"][ADDRESS_ANNOTATION]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            version: meta_str(lease, "resourceVersion").to_owned(),
+        };
+        replica.holder_seen(node, holder);
+    }
+}
+
+impl Replica {
+    fn holds(&self, node: &str) -> bool {
+        locks::lock(&self.holders)
+            .get(node)
+            .is_some_and(|holder| holder.replica == self.options.identity)
+    }
+
+    /// Whether `identity`'s Lease is fresh: this replica's when it acts, another's when it
+    /// was seen renewed within its `leaseDuration`.
+    fn alive(&self, identity: &str) -> bool {
+        if identity == self.options.identity {
+            return self.acting.load(Ordering::Acquire);
+        }
+        locks::lock(&self.replicas)
+            .get(identity)
+            .is_some_and(|(_, seen)| seen.elapsed() < self.options.lease_duration)
+    }
+
+    fn replica_seen(&self, identity: &str, lease: &Value, event: EventType) {
+        let mut replicas = locks::lock(&self.replicas);
+        if event == EventType::Deleted {
+            replicas.remove(identity);
+            return;
+        }
+        let version = meta_str(lease, "resourceVersion");
+        let renewed = replicas
+            .get(identity)
+            .is_none_or(|(seen, _)| seen != version);
+        if renewed {
+            replicas.insert(identity.to_owned(), (version.to_owned(), Instant::now()));
+        }
+    }
+
+    fn set_acting(&self, acting: bool) {
+        if self.acting.swap(acting, Ordering::AcqRel) == acting {
+            return;
+        }
+        self.metrics.acting.set(i64::from(acting));
+        let identity = &self.options.identity;
+        if acting {
+            self.metrics.count("resumed");
+            tracing::info!(%identity, "replica Lease renewed: acting for the nodes it serves");
+        } else {
+            self.metrics.count("step_down");
+            tracing::warn!(%identity, renew_deadline = ?self.options.renew_deadline, "replica Lease not renewed in time: stepping down (nothing sent, resent, reconciled or written until it is)");
+        }
+        self.tell_all(ReplicaActing { acting });
+    }
+
+    /// Tells CloudHub the node's session may be written to, with nothing more acknowledged
+    /// than its pool knows.
+    fn records_read(&self, node: &str) {
+        let read = RecordsRead {
+            node: node.to_owned(),
+            acked: Vec::new(),
+        };
+        if let Err(refused) = self.hive.tell(route::CLOUDHUB, read) {
+            tracing::warn!(error = %refused.error, "ownership event not delivered");
+            self.metrics.count("event_undelivered");
+        }
+    }
+
+    /// Tells CloudHub and SyncController; says whether SyncController runs.
+    fn tell_all<M>(&self, message: M) -> bool
+    where
+        M: actix::Message<Result = ()> + Clone + Send + 'static,
+    {
+        let mut sync_runs = true;
+        for module in [route::CLOUDHUB, route::SYNCCONTROLLER] {
+            match self.hive.tell(module, message.clone()) {
+                Ok(()) => {}
+                Err(Refused {
+                    error: HiveError::UnknownModule(_),
+                    ..
+                }) => sync_runs &= module != route::SYNCCONTROLLER,
+                Err(refused) => {
+                    tracing::warn!(%module, error = %refused.error, "ownership event not delivered");
+                    self.metrics.count("event_undelivered");
+                }
+            }
+        }
+        sync_runs
+    }
+
+    /// The watch says `node`'s Lease names `holder`: applied unless this replica knows a newer
+    /// version of it.
+    fn holder_seen(&self, node: &str, holder: Holder) {
+        let (was_mine, mine) = {
+            let mut holders = locks::lock(&self.holders);
+            let known = holders.get(node);
+            if known.is_some_and(|known| !is_newer(&holder.version, &known.version)) {
+                return;
+            }
+            let was_mine = known.is_some_and(|known| known.replica == self.options.identity);
+            let mine = holder.replica == self.options.identity;
+            holders.insert(node.to_owned(), holder);
+            (was_mine, mine)
+        };
+        self.moved(node, was_mine, mine);
+    }
+
+    fn holder_gone(&self, node: &str) {
+        let was_mine = locks::lock(&self.holders)
+            .remove(node)
+            .is_some_and(|holder| holder.replica == self.options.identity);
+        self.moved(node, was_mine, false);
+    }
+
+    fn moved(&self, node: &str, was_mine: bool, mine: bool) {
+        if was_mine == mine {
+            return;
+        }
+        if mine {
+            self.metrics.served.inc();
+        } else {
+            self.metrics.served.dec();
+            self.metrics.count("lost");
+            tracing::info!(%node, "another replica serves this node now");
+        }
+        let sync_runs = self.tell_all(NodeOwner {
+            node: node.to_owned(),
+            mine,
+        });
+        if mine && !sync_runs {
+            // No records to read: the node is served at once.
+            self.records_read(node);
+        }
+    }
+
+    /// Writes that this replica serves `node`, for session `session`, trying again while the
+    /// session is the node's here.
+    fn claim(replica: Arc<Replica>, node: String, session: u64) {
+        actix::spawn(async move {
+            let mut wait = Duration::from_millis(100);
+            loop {
+                let current = locks::lock(&replica.sessions).get(&node) == Some(&session);
+                if !current {
+                    return;
+                }
+                match replica.write_claim(&node).await {
+                    Ok((holder, previous)) => {
+                        let was_mine = {
+                            let mut holders = locks::lock(&replica.holders);
+                            let known = holders.get(&node);
+                            let was_mine = known
+                                .is_some_and(|known| known.replica == replica.options.identity);
+                            if known.is_none_or(|known| is_newer(&holder.version, &known.version)) {
+                                holders.insert(node.clone(), holder);
+                            }
+                            was_mine
+                        };
+                        let event = match previous {
+                            Some(other) if other != replica.options.identity => "taken_over",
+                            _ => "claimed",
+                        };
+                        replica.metrics.count(event);
+                        tracing::info!(%node, session, event, "this replica serves the node");
+                        if was_mine {
+                            // Still ours (a reconnect): the pool knows what the edge has.
+                            replica.records_read(&node);
+                        } else {
+                            replica.moved(&node, false, replica.holds(&node));
+                        }
+                        return;
+                    }
+                    Err(error) => {
+                        replica.metrics.count("claim_failed");
+                        tracing::warn!(%node, %error, retry_in = ?wait, "cannot record that this replica serves the node");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(replica.options.retry_period);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Makes `node`'s Lease name this replica: created, or updated at the version read (a
+    /// conflict is read again and decided again). Returns what it now says and the holder it
+    /// replaced.
+    async fn write_claim(&self, node: &str) -> Result<(Holder, Option<String>), ClusterError> {
+        let name = node_lease_name(node);
+        let identity = &self.options.identity;
+        for _ in 0..5 {
+            let now = micro_time(SystemTime::now());
+            let written = match self
+                .cluster
+                .get("Lease", Some(LEASE_NAMESPACE), &name)
+                .await
+            {
+                Err(ClusterError::NotFound { .. }) => {
+                    let lease = json!({
+                        "apiVersion": "coordination.k8s.io/v1",
+                        "kind": "Lease",
+                        "metadata": {"name": name, "namespace": LEASE_NAMESPACE,
+                            "labels": {"edgehive.io/lease": "node"},
+                            "annotations": {NODE_ANNOTATION: node,
+                                ADDRESS_ANNOTATION: self.options.address}},
+                        "spec": {"holderIdentity": identity, "acquireTime": now,
+                            "renewTime": now, "leaseTransitions": 0,
+                            "leaseDurationSeconds": self.options.lease_duration.as_secs().max(1)},
+                    });
+                    match self.cluster.create(lease).await {
+                        Ok(created) => Ok((created, None)),
+                        Err(ClusterError::AlreadyExists { .. }) => continue,
+                        Err(error) => Err(error),
+                    }
+                }
+                Err(error) => Err(error),
+                Ok(mut lease) => {
+                    let previous = lease["spec"]["holderIdentity"].as_str().map(str::to_owned);
+                    if previous.as_deref() != Some(identity.as_str()) {
+                        let transitions = lease["spec"]["leaseTransitions"].as_u64().unwrap_or(0);
+                        lease["spec"]["leaseTransitions"] = json!(transitions + 1);
+                    }
+                    lease["spec"]["holderIdentity"] = json!(identity);
+                    lease["spec"]["acquireTime"] = json!(now);
+                    lease["spec"]["renewTime"] = json!(now);
+                    lease["metadata"]["annotations"][ADDRESS_ANNOTATION] =
+                        json!(self.options.address);
+                    lease["metadata"]["annotations"][NODE_ANNOTATION] = json!(node);
+                    match self.cluster.update(lease).await {
+                        Ok(updated) => Ok((updated, previous)),
+                        Err(ClusterError::Conflict { .. }) => continue,
+                        Err(error) => Err(error),
+                    }
+                }
+            };
+            let (lease, previous) = written?;
+            let holder = Holder {
+                replica: identity.clone(),
+                address: self.options.address.clone(),
+                version: meta_str(&lease, "resourceVersion").to_owned(),
+            };
+            return Ok((holder, previous));
+        }
+        Err(ClusterError::Unavailable(format!(
+            "the Lease {LEASE_NAMESPACE}/{name} kept changing under this replica's claim"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_micro_time_has_six_digits_of_fraction() {
+        let time = SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_042);
+        assert_eq!(micro_time(time), "2023-11-14T22:13:20.000042Z");
+    }
+
+    #[test]
+    fn a_node_lease_name_stays_a_valid_name() {
+        assert_eq!(node_lease_name("edge-1"), "node.edge-1");
+        let long = format!("{}.{}", "a".repeat(63), "b".repeat(63)).repeat(2);
+        let name = node_lease_name(&long);
+        assert!(name.len() <= 253, "{}", name.len());
+        assert_ne!(name, node_lease_name(&format!("{long}x")));
+    }
+
+    #[test]
+    fn options_that_would_act_past_the_lease_are_refused() {
+        let good = ReplicaOptions {
+            identity: "cloud-a".into(),
+            ..ReplicaOptions::default()
+        };
+        assert_eq!(good.check(), Ok(()));
+        let late = ReplicaOptions {
+            renew_deadline: Duration::from_secs(15),
+            ..good.clone()
+        };
+        assert!(late.check().is_err());
+        let bad_name = ReplicaOptions {
+            identity: "Cloud_A".into(),
+            ..good
+        };
+        assert!(bad_name.check().is_err());
+    }
+}

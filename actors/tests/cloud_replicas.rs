@@ -1,0 +1,641 @@
+//! Two cloud replicas (two hives, each with CloudHub, EdgeController and SyncController on a
+//! WebSocket port of its own) sharing ONE embedded cluster, as two processes share an API
+//! server: each node is served by the replica holding its session (issue 24, ownership).
+//! Edges are hand-rolled WebSocket clients over loopback; the cluster is the real embedded
+//! one, each replica reaching it through a `FaultyCluster` (its connection can be cut, its
+//! record writes held) and a wrapper that records which replica wrote which ObjectSync.
+
+use std::sync::{Arc, Mutex};
+
+use edgehive_actors::cloud::cloudhub::CloudHubServer;
+use edgehive_actors::cloud::cluster::{
+    ClusterFuture, ClusterPort, FaultyCluster, SharedCluster, Watch,
+};
+use edgehive_actors::cloud::ownership::{start_replica, ReplicaOptions};
+use edgehive_actors::cloud::synccontroller::SyncControllerModule;
+
+use crate::cloud_support::*;
+
+/// How long others wait for a renewal before they count a replica dead.
+const LEASE_DURATION: Duration = Duration::from_secs(8);
+
+/// Renewed every 300 ms, acting for 3 s after a renewal, dead for others after 8 s (wide
+/// margins: a loaded machine must not make a replica step down, nor look dead, by accident).
+fn lease(identity: &str, address: SocketAddr) -> ReplicaOptions {
+    ReplicaOptions {
+        identity: identity.into(),
+        address: address.to_string(),
+        lease_duration: LEASE_DURATION,
+        renew_deadline: Duration::from_secs(3),
+        retry_period: Duration::from_millis(300),
+    }
+}
+
+/// The names of the ObjectSync records a replica wrote: each write when it was asked for,
+/// and when the cluster answered it; and the names of the Leases it wrote.
+#[derive(Default)]
+struct Writes {
+    asked: Vec<String>,
+    done: Vec<String>,
+    leases: Vec<String>,
+}
+
+/// A replica's way to the cluster: the faulty port, recording its record writes.
+struct Recording {
+    inner: SharedCluster,
+    writes: Arc<Mutex<Writes>>,
+}
+
+impl Recording {
+    fn record<T: Send + 'static>(
+        &self,
+        kind: &str,
+        name: &str,
+        call: ClusterFuture<T>,
+    ) -> ClusterFuture<T> {
+        if kind == "Lease" {
+            self.writes.lock().unwrap().leases.push(name.to_owned());
+        }
+        if !kind.ends_with("ObjectSync") {
+            return call;
+        }
+        self.writes.lock().unwrap().asked.push(name.to_owned());
+        let (writes, name) = (self.writes.clone(), name.to_owned());
+        Box::pin(async move {
+            let result = call.await;
+            writes.lock().unwrap().done.push(name);
+            result
+        })
+    }
+}
+
+fn named(obj: &Value) -> (String, String) {
+    (
+        obj["kind"].as_str().unwrap_or_default().to_owned(),
+        obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+impl ClusterPort for Recording {
+    fn adapter(&self) -> &'static str {
+        "recording"
+    }
+    fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value> {
+        self.inner.get(kind, namespace, name)
+    }
+    fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)> {
+        self.inner.list(kind)
+    }
+    fn watch(&self, kind: &str) -> Watch {
+        self.inner.watch(kind)
+    }
+    fn create(&self, obj: Value) -> ClusterFuture<Value> {
+        let (kind, name) = named(&obj);
+        self.record(&kind, &name, self.inner.create(obj))
+    }
+    fn update(&self, obj: Value) -> ClusterFuture<Value> {
+        let (kind, name) = named(&obj);
+        self.record(&kind, &name, self.inner.update(obj))
+    }
+    fn update_status(&self, obj: Value) -> ClusterFuture<Value> {
+        let (kind, name) = named(&obj);
+        self.record(&kind, &name, self.inner.update_status(obj))
+    }
+    fn patch(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        patch: Value,
+        status_only: bool,
+    ) -> ClusterFuture<Value> {
+        let call = self.inner.patch(kind, namespace, name, patch, status_only);
+        self.record(kind, name, call)
+    }
+    fn delete(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        uid: Option<&str>,
+    ) -> ClusterFuture<Value> {
+        let call = self.inner.delete(kind, namespace, name, uid);
+        self.record(kind, name, call)
+    }
+    fn create_token(&self, namespace: &str, name: &str, request: Value) -> ClusterFuture<Value> {
+        self.inner.create_token(namespace, name, request)
+    }
+}
+
+/// One cloud replica: its hive, its WebSocket server, its (faulty) way to the shared cluster
+/// and the record writes it made.
+struct Replica {
+    name: &'static str,
+    hive: Hive,
+    server: CloudHubServer,
+    faulty: FaultyCluster,
+    writes: Arc<Mutex<Writes>>,
+}
+
+impl Replica {
+    async fn start(name: &'static str, cluster: &EmbeddedCluster, hub: CloudHubOptions) -> Self {
+        let hive = Hive::new(name);
+        let faulty = FaultyCluster::new(cluster.clone());
+        let writes = Arc::new(Mutex::new(Writes::default()));
+        let port: SharedCluster = Arc::new(Recording {
+            inner: Arc::new(faulty.clone()),
+            writes: writes.clone(),
+        });
+        let server = start_cloudhub(&hive, hub).await.unwrap();
+        start_replica(&hive, port.clone(), lease(name, server.local_addr()))
+            .await
+            .unwrap();
+        hive.start_module(EdgeControllerModule::new(&hive, port.clone()))
+            .unwrap();
+        hive.start_module(SyncControllerModule::new(
+            &hive,
+            port,
+            Duration::from_millis(300),
+        ))
+        .unwrap();
+        Replica {
+            name,
+            hive,
+            server,
+            faulty,
+            writes,
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    async fn node(&self, node: &str) -> Option<NodeInfo> {
+        self.hive
+            .call::<CloudHub, _>("cloudhub", ListNodes, DEADLINE)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|info| info.node == node)
+    }
+
+    /// The replica serving `node` as this one sees it.
+    async fn owner_of(&self, node: &str) -> Option<String> {
+        self.node(node)
+            .await
+            .and_then(|info| info.owner)
+            .map(|owner| owner.replica)
+    }
+
+    /// Waits until this replica sees `owner` serving `node`.
+    async fn sees_owner(&self, node: &str, owner: &str) {
+        let start = Instant::now();
+        while self.owner_of(node).await.as_deref() != Some(owner) {
+            assert!(
+                start.elapsed() < 2 * DEADLINE,
+                "{} does not see {owner} serving {node}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn ownership_events(&self, event: &str) -> u64 {
+        metric_sum(
+            &self.hive.metrics().encode(),
+            &format!("edgehive_cloud_ownership_total{{event=\"{event}\"}}"),
+        )
+    }
+
+    /// Record writes for `node` asked of the cluster so far.
+    fn record_writes(&self, node: &str) -> usize {
+        let prefix = format!("{node}.");
+        let writes = self.writes.lock().unwrap();
+        writes
+            .asked
+            .iter()
+            .filter(|name| name.starts_with(&prefix))
+            .count()
+    }
+
+    /// Lease writes so far: this replica's own, and those of node Leases.
+    fn lease_writes(&self) -> (usize, usize) {
+        let writes = self.writes.lock().unwrap();
+        let own = format!("edgehive-replica.{}", self.name);
+        let mine = writes.leases.iter().filter(|name| **name == own).count();
+        (mine, writes.leases.len() - mine)
+    }
+
+    async fn stop(self) {
+        self.server.stop(false).await;
+        self.hive.shutdown();
+    }
+}
+
+fn edge_node(cluster: &EmbeddedCluster, name: &str) {
+    cluster
+        .create(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"node-role.kubernetes.io/edge": ""}}
+        }))
+        .unwrap();
+}
+
+fn pod(cluster: &EmbeddedCluster, name: &str, node: &str) -> Value {
+    cluster
+        .create(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx"}]}
+        }))
+        .unwrap()
+}
+
+fn update_pod(cluster: &EmbeddedCluster, pod: &Value, image: &str) -> Value {
+    let mut changed = pod.clone();
+    changed["spec"]["containers"][0]["image"] = json!(image);
+    cluster.update(changed).unwrap()
+}
+
+fn rv(obj: &Value) -> String {
+    obj["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// What `node`'s ObjectSync record of `pod` says, if there is one.
+fn record(cluster: &EmbeddedCluster, node: &str, pod: &Value) -> Option<String> {
+    let name = format!("{node}.{}", pod["metadata"]["uid"].as_str().unwrap());
+    cluster
+        .get("ObjectSync", Some("default"), &name)
+        .map(|record| {
+            record["status"]["objectResourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+}
+
+async fn until_recorded(cluster: &EmbeddedCluster, node: &str, pod: &Value, version: &str) {
+    let start = Instant::now();
+    while record(cluster, node, pod).as_deref() != Some(version) {
+        assert!(
+            start.elapsed() < 2 * DEADLINE,
+            "{node}'s record of the pod is {:?}, not {version}",
+            record(cluster, node, pod)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The next pod message the edge gets (other messages skipped).
+async fn next_pod(edge: &mut Edge) -> Message {
+    loop {
+        let (_, message) = edge.next_message().await;
+        if message.resource().contains("/pod/") {
+            return message;
+        }
+    }
+}
+
+/// The pod messages the edge gets within `window` (ACKed as they come when `ack`).
+async fn pods_within(edge: &mut Edge, window: Duration, ack: bool) -> Vec<Message> {
+    let deadline = Instant::now() + window;
+    let mut pods = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match edge.next_frame(left).await {
+            Some(Frame::Text(bytes)) => {
+                let message = decode(&bytes).unwrap();
+                if message.resource().contains("/pod/") {
+                    if ack {
+                        edge.ack(&message).await;
+                    }
+                    pods.push(message);
+                }
+            }
+            Some(Frame::Close(_)) | None => break,
+            Some(_) => {}
+        }
+    }
+    pods
+}
+
+#[actix_rt::test]
+async fn a_pod_goes_once_from_the_replica_holding_the_session_and_the_other_writes_no_record() {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-a");
+    edge_node(&cluster, "edge-b");
+    let a = Replica::start("cloud-a", &cluster, test_options()).await;
+    let b = Replica::start("cloud-b", &cluster, test_options()).await;
+    let mut on_a = Edge::connect(a.addr(), "edge-a").await;
+    let mut on_b = Edge::connect(b.addr(), "edge-b").await;
+    a.sees_owner("edge-a", "cloud-a").await;
+    b.sees_owner("edge-b", "cloud-b").await;
+
+    let pod_a = pod(&cluster, "web-a", "edge-a");
+    let pod_b = pod(&cluster, "web-b", "edge-b");
+    // Each replica knows the other's node now (its pod waits there): it sees who serves it.
+    a.sees_owner("edge-b", "cloud-b").await;
+    b.sees_owner("edge-a", "cloud-a").await;
+    let got = next_pod(&mut on_a).await;
+    assert_pod_insert(&got, &pod_a);
+    on_a.ack(&got).await;
+    let got = next_pod(&mut on_b).await;
+    assert_pod_insert(&got, &pod_b);
+    on_b.ack(&got).await;
+    until_recorded(&cluster, "edge-a", &pod_a, &rv(&pod_a)).await;
+    until_recorded(&cluster, "edge-b", &pod_b, &rv(&pod_b)).await;
+
+    // Several reconcile intervals later: each edge got its pod once, each record says what
+    // was ACKed, and neither replica wrote a record of the other's node nor sent it anything.
+    // Meanwhile ownership cost each replica one write per 300 ms period (its Lease), however
+    // many nodes it serves, and one write per session start.
+    let (renewals_before, _) = a.lease_writes();
+    let window = Instant::now();
+    assert!(pods_within(&mut on_a, Duration::from_secs(2), true)
+        .await
+        .is_empty());
+    let (renewals, node_leases) = a.lease_writes();
+    let periods = (window.elapsed().as_millis() / 300) as usize;
+    assert!(
+        renewals - renewals_before <= periods + 1,
+        "{} renewals in {periods} periods",
+        renewals - renewals_before
+    );
+    assert_eq!(
+        node_leases, 1,
+        "one node Lease write: its one session start"
+    );
+    assert!(pods_within(&mut on_b, Duration::from_millis(200), true)
+        .await
+        .is_empty());
+    assert_eq!(record(&cluster, "edge-a", &pod_a), Some(rv(&pod_a)));
+    assert_eq!(record(&cluster, "edge-b", &pod_b), Some(rv(&pod_b)));
+    assert_eq!(
+        b.record_writes("edge-a"),
+        0,
+        "cloud-b wrote edge-a's record"
+    );
+    assert_eq!(
+        a.record_writes("edge-b"),
+        0,
+        "cloud-a wrote edge-b's record"
+    );
+    assert!(a.record_writes("edge-a") > 0);
+    assert!(b.record_writes("edge-b") > 0);
+    // The other replica keeps the pod for the node (in case the edge comes to it) and has
+    // sent nothing.
+    assert_eq!(b.node("edge-a").await.map(|info| info.sent), Some(0));
+    assert_eq!(a.node("edge-b").await.map(|info| info.sent), Some(0));
+    assert_eq!(a.ownership_events("claimed"), 1);
+    assert_eq!(b.ownership_events("claimed"), 1);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[actix_rt::test]
+async fn an_edge_that_moves_to_another_replica_is_served_there_and_the_first_closes_its_session() {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-1");
+    let a = Replica::start("cloud-a", &cluster, test_options()).await;
+    let b = Replica::start("cloud-b", &cluster, test_options()).await;
+    let mut first = Edge::connect(a.addr(), "edge-1").await;
+    a.sees_owner("edge-1", "cloud-a").await;
+    let web = pod(&cluster, "web", "edge-1");
+    b.sees_owner("edge-1", "cloud-a").await;
+    let got = next_pod(&mut first).await;
+    assert_pod_insert(&got, &web);
+    first.ack(&got).await;
+    until_recorded(&cluster, "edge-1", &web, &rv(&web)).await;
+    let a_writes = a.record_writes("edge-1");
+
+    // The edge connects to cloud-b (cloud-a's session is still open): cloud-b serves it,
+    // cloud-a closes its session, saying why.
+    let mut second = Edge::connect(b.addr(), "edge-1").await;
+    let reason = first
+        .expect_close()
+        .await
+        .and_then(|reason| reason.description);
+    assert!(
+        reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("another cloud replica"),
+        "{reason:?}"
+    );
+    a.sees_owner("edge-1", "cloud-b").await;
+    b.sees_owner("edge-1", "cloud-b").await;
+
+    // cloud-b held the pod for the node all along; the record says the edge has it: it is
+    // not sent again.
+    assert!(
+        pods_within(&mut second, Duration::from_secs(1), true)
+            .await
+            .is_empty(),
+        "cloud-b sent again what the edge acknowledged to cloud-a"
+    );
+    // The pod changes: the edge gets the change from cloud-b, once.
+    let web2 = update_pod(&cluster, &web, "nginx:2");
+    let got = next_pod(&mut second).await;
+    assert_eq!(got.resource_version(), Some(rv(&web2).as_str()));
+    second.ack(&got).await;
+    until_recorded(&cluster, "edge-1", &web, &rv(&web2)).await;
+    // Quiet afterwards: nothing more to the edge, the record stays, cloud-a wrote no record
+    // since the move.
+    assert!(pods_within(&mut second, Duration::from_secs(2), true)
+        .await
+        .is_empty());
+    assert_eq!(record(&cluster, "edge-1", &web), Some(rv(&web2)));
+    assert_eq!(
+        a.record_writes("edge-1"),
+        a_writes,
+        "cloud-a wrote after the move"
+    );
+    assert_eq!(b.ownership_events("taken_over"), 1);
+    assert_eq!(a.ownership_events("lost"), 1);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_replica_cut_off_from_the_cluster_stops_sending_before_its_lease_expires_and_resumes_after(
+) {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-1");
+    // Resent every RETRY until ACKed, for as long as the test needs.
+    let hub = CloudHubOptions {
+        ack_max_sends: 10_000,
+        ..test_options()
+    };
+    let a = Replica::start("cloud-a", &cluster, hub).await;
+    let b = Replica::start("cloud-b", &cluster, test_options()).await;
+    let mut edge = Edge::connect(a.addr(), "edge-1").await;
+    a.sees_owner("edge-1", "cloud-a").await;
+    let web = pod(&cluster, "web", "edge-1");
+    b.sees_owner("edge-1", "cloud-a").await;
+    // Not ACKed: cloud-a sends it again and again.
+    let first = next_pod(&mut edge).await;
+    assert_pod_insert(&first, &web);
+    let again = next_pod(&mut edge).await;
+    assert_eq!(again.id(), first.id());
+
+    // Cut off: cloud-a cannot renew its Lease. It steps down within its renew deadline,
+    // while cloud-b still sees its Lease fresh (before anyone may count it dead).
+    let cut_at = Instant::now();
+    a.faulty.cut(true);
+    while a.ownership_events("step_down") == 0 {
+        assert!(
+            cut_at.elapsed() < LEASE_DURATION,
+            "cloud-a did not step down before its Lease expired"
+        );
+        // Reading what it still resends meanwhile.
+        pods_within(&mut edge, Duration::from_millis(20), false).await;
+    }
+    let owner = b.node("edge-1").await.and_then(|info| info.owner).unwrap();
+    assert_eq!(owner.replica, "cloud-a");
+    assert!(
+        owner.alive,
+        "cloud-b saw cloud-a's Lease expire before it stepped down"
+    );
+    // Stepped down: nothing more goes to the edge (the resends every 300 ms stop).
+    // (A resend already written when it stepped down may still arrive.)
+    pods_within(&mut edge, Duration::from_millis(300), false).await;
+    assert!(
+        pods_within(&mut edge, Duration::from_secs(2), false)
+            .await
+            .is_empty(),
+        "a replica that stepped down kept sending"
+    );
+    // Others count it dead once its Lease is not renewed for leaseDuration.
+    let start = Instant::now();
+    while b
+        .node("edge-1")
+        .await
+        .and_then(|info| info.owner)
+        .is_some_and(|owner| owner.alive)
+    {
+        assert!(
+            start.elapsed() < 2 * DEADLINE,
+            "cloud-b never saw cloud-a dead"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Back: it renews, acts again and the edge gets the pod it has not ACKed.
+    a.faulty.cut(false);
+    let resent = next_pod(&mut edge).await;
+    assert_eq!(resent.id(), first.id());
+    edge.ack(&resent).await;
+    assert!(
+        a.ownership_events("resumed") >= 2,
+        "the first renewal, then this one"
+    );
+    until_recorded(&cluster, "edge-1", &web, &rv(&web)).await;
+    b.sees_owner("edge-1", "cloud-a").await;
+    assert!(b
+        .node("edge-1")
+        .await
+        .and_then(|info| info.owner)
+        .is_some_and(|owner| owner.alive));
+    a.stop().await;
+    b.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_late_record_write_from_the_replica_that_lost_the_node_never_lowers_the_acknowledged_version(
+) {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-1");
+    let a = Replica::start("cloud-a", &cluster, test_options()).await;
+    let b = Replica::start("cloud-b", &cluster, test_options()).await;
+    // cloud-a's record writes hang (a slow API server) until released.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    a.faulty
+        .hold_writes(&["ObjectSync", "ClusterObjectSync"], gate.clone());
+    let mut first = Edge::connect(a.addr(), "edge-1").await;
+    a.sees_owner("edge-1", "cloud-a").await;
+    let web = pod(&cluster, "web", "edge-1");
+    b.sees_owner("edge-1", "cloud-a").await;
+    let got = next_pod(&mut first).await;
+    first.ack(&got).await;
+    // cloud-a's write of the record is on its way.
+    let start = Instant::now();
+    while a.record_writes("edge-1") == 0 {
+        assert!(start.elapsed() < DEADLINE, "cloud-a never wrote the record");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The edge moves to cloud-b and ACKs a newer version there.
+    let mut second = Edge::connect(b.addr(), "edge-1").await;
+    first.expect_close().await;
+    a.sees_owner("edge-1", "cloud-b").await;
+    let web2 = update_pod(&cluster, &web, "nginx:2");
+    loop {
+        let got = next_pod(&mut second).await;
+        second.ack(&got).await;
+        if got.resource_version() == Some(rv(&web2).as_str()) {
+            break;
+        }
+    }
+    until_recorded(&cluster, "edge-1", &web, &rv(&web2)).await;
+
+    // cloud-a's write lands late: the record keeps the newer acknowledged version.
+    gate.add_permits(1_000);
+    let start = Instant::now();
+    while a.writes.lock().unwrap().done.is_empty() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "cloud-a's held write never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let watch_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < watch_until {
+        assert_eq!(
+            record(&cluster, "edge-1", &web),
+            Some(rv(&web2)),
+            "a late write moved the acknowledged version back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_cloud_alone_on_its_cluster_serves_every_node_and_writes_no_lease() {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-1");
+    let hive = Hive::new("cloud");
+    let server = start_cloudhub(&hive, test_options()).await.unwrap();
+    let port: SharedCluster = Arc::new(cluster.clone());
+    hive.start_module(EdgeControllerModule::new(&hive, port.clone()))
+        .unwrap();
+    hive.start_module(SyncControllerModule::new(
+        &hive,
+        port,
+        Duration::from_millis(300),
+    ))
+    .unwrap();
+    let mut edge = Edge::connect(server.local_addr(), "edge-1").await;
+    let web = pod(&cluster, "web", "edge-1");
+    let got = next_pod(&mut edge).await;
+    assert_pod_insert(&got, &web);
+    edge.ack(&got).await;
+    until_recorded(&cluster, "edge-1", &web, &rv(&web)).await;
+    // No replica: no Lease, no ownership metric, no owner shown.
+    assert!(cluster.list("Lease").0.is_empty());
+    assert!(!hive.metrics().encode().contains("edgehive_cloud_ownership"));
+    let info = hive
+        .call::<CloudHub, _>("cloudhub", ListNodes, DEADLINE)
+        .await
+        .unwrap();
+    assert!(info.iter().all(|node| node.owner.is_none()));
+    server.stop(false).await;
+    hive.shutdown();
+}

@@ -1,0 +1,261 @@
+//! An edge with a list of cloud addresses (`modules.edgeHub.websocket.servers`) fails over by
+//! itself: real `edgehive cloud` and `edgehive edge` processes on loopback. A second cloud
+//! takes over the first's embedded cluster (same SQLite file: the "replica takes over" case
+//! with one shared cluster) after a SIGKILL, and the edge ends with exactly the cluster's
+//! objects, each version written once; an address that is dead from the start is passed
+//! over, and one that comes up later does not pull the edge away from the cloud it is on.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::process::{banner_field, http, spawn, start_plain_cloud, PlainCloud, Process};
+use support::views::{converged, edge_view, get, metric};
+
+/// How long anything may take to converge on a loaded machine.
+const CONVERGE: Duration = Duration::from_secs(60);
+
+/// A port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn manifests(dir: &Path, node: &str) -> PathBuf {
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("node.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: default\ndata:\n  mode: first\n"
+        ),
+    )
+    .unwrap();
+    manifests
+}
+
+fn pod_yaml(node: &str, name: &str, image: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n\
+         spec:\n  nodeName: {node}\n  containers:\n  - name: c\n    image: {image}\n\
+         \x20   envFrom:\n    - configMapRef:\n        name: cfg\n---\n"
+    )
+}
+
+fn apply(admin: &str, yaml: &str) {
+    let (status, body) = http(admin, "POST", "/api/v1/apply", yaml).unwrap();
+    assert_eq!(status, 200, "{body}");
+}
+
+fn delete_pod(admin: &str, name: &str) {
+    let path = format!("/api/v1/objects/pods/default/{name}");
+    let (status, body) = http(admin, "DELETE", &path, "").unwrap();
+    assert_eq!(status, 200, "{body}");
+}
+
+/// An edge process of `node` dialing `servers` in turn (plain ws://, keepalive 1 s,
+/// reconnecting within 20–200 ms), storing in `dir/edge.db`.
+struct Edge {
+    process: Process,
+    admin: String,
+    db: PathBuf,
+}
+
+impl Edge {
+    fn start(dir: &Path, node: &str, servers: &[&str]) -> Edge {
+        let db = dir.join("edge.db");
+        let config = dir.join("edge.yaml");
+        let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
+        std::fs::write(
+            &config,
+            format!(
+                "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
+                 modules:\n  edged:\n    hostnameOverride: {node}\n  edgeHub:\n    heartbeat: 1\n\
+                 \x20   reconnectMinMillis: 20\n    reconnectMaxMillis: 200\n\
+                 \x20   websocket:\n      servers: [{}]\n      insecurePlaintext: true\n",
+                db.display(),
+                list.join(", ")
+            ),
+        )
+        .unwrap();
+        let (process, banner) = spawn(&["edge", "--config", config.to_str().unwrap()]);
+        Edge {
+            process,
+            admin: banner_field(&banner, "admin on http://", '\n').to_owned(),
+            db,
+        }
+    }
+
+    /// EdgeHub's status: `connected`, `server`, `server_switches`, `connects`.
+    fn hub(&self) -> Value {
+        get(&self.admin, "/api/v1/edgehub").unwrap_or(Value::Null)
+    }
+
+    fn connected_to(&self) -> Option<String> {
+        let hub = self.hub();
+        if hub["connected"] != true {
+            return None;
+        }
+        hub["server"].as_str().map(str::to_owned)
+    }
+
+    fn pods(&self) -> Vec<String> {
+        edge_view(&self.db)
+            .map(|view| view["pod"].iter().map(|(name, ..)| name.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    fn written(&self) -> u64 {
+        metric(&self.admin, "edgehive_metamanager_rows_written_total")
+    }
+}
+
+fn wait(what: &str, mut check: impl FnMut() -> Option<String>) {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let Some(why) = check() else { return };
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {CONVERGE:?} waiting for {what}: {why}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn converge(what: &str, admin: &str, node: &str, db: &Path) -> usize {
+    let mut compared = 0;
+    wait(what, || match converged(admin, node, db) {
+        Ok(objects) => {
+            compared = objects;
+            None
+        }
+        Err(why) => Some(why),
+    });
+    compared
+}
+
+/// Starts a plain cloud on `dir`'s embedded cluster (`dir/cluster.db`) at `port`.
+fn cloud(dir: &Path, manifests: &Path, port: u16) -> PlainCloud {
+    start_plain_cloud(dir, manifests, port)
+}
+
+#[test]
+fn the_edge_fails_over_to_the_next_cloud_on_the_same_cluster_and_misses_nothing() {
+    let node = "failover-a";
+    let shared = tempfile::tempdir().unwrap();
+    let edge_dir = tempfile::tempdir().unwrap();
+    let manifests = manifests(shared.path(), node);
+    let a = cloud(shared.path(), &manifests, 0);
+    let b_address = format!("127.0.0.1:{}", free_port());
+    let edge = Edge::start(edge_dir.path(), node, &[&a.websocket, &b_address]);
+
+    // Delivered through A.
+    apply(
+        &a.admin,
+        &format!(
+            "{}{}",
+            pod_yaml(node, "web", "nginx:1"),
+            pod_yaml(node, "old", "nginx:1")
+        ),
+    );
+    let before = converge("the pods through A", &a.admin, node, &edge.db);
+    assert_eq!(before, 3, "two pods and their ConfigMap");
+    assert_eq!(edge.connected_to().as_deref(), Some(a.websocket.as_str()));
+    let written_before = edge.written();
+    let stale_before = metric(&edge.admin, "edgehive_metamanager_stale_writes_total");
+
+    // A dies; B starts on the same cluster file (its cloud.yaml rewritten for B's port) and
+    // the node's objects change at once, whether or not the edge is back yet.
+    drop(a.process);
+    let b_port: u16 = b_address.rsplit(':').next().unwrap().parse().unwrap();
+    let b = cloud(shared.path(), &manifests, b_port);
+    assert_eq!(b.websocket, b_address);
+    apply(
+        &b.admin,
+        &format!(
+            "{}{}",
+            pod_yaml(node, "web", "nginx:2"),
+            pod_yaml(node, "new", "nginx:1")
+        ),
+    );
+    delete_pod(&b.admin, "old");
+
+    wait("the edge to switch to B by itself", || {
+        (edge.connected_to().as_deref() != Some(b_address.as_str()))
+            .then(|| format!("{}", edge.hub()))
+    });
+    let after = converge("the changes through B", &b.admin, node, &edge.db);
+    assert_eq!(after, 3, "web (updated), new, and their ConfigMap");
+    assert_eq!(edge.pods(), ["new", "web"]);
+    let hub = edge.hub();
+    assert_eq!(hub["server_switches"], 1, "{hub}");
+    assert_eq!(
+        metric(&edge.admin, "edgehive_edgehub_server_switches_total"),
+        1
+    );
+
+    // Each version once: after the switch the edge writes the two new versions (web's
+    // update, new) and nothing older. B may resend the ConfigMap at the version A had
+    // delivered and the edge acknowledged (its pool starts empty; the records say it was
+    // ACKed): the store keeps the row as it is and no watcher hears of it, but it is a
+    // second delivery, allowed here once and no more.
+    let written = edge.written() - written_before;
+    assert!(
+        (2..=3).contains(&written),
+        "rows written after the switch: {written}"
+    );
+    assert_eq!(
+        metric(&edge.admin, "edgehive_metamanager_stale_writes_total"),
+        stale_before,
+        "no older version resent"
+    );
+    assert_eq!(metric(&edge.admin, "edgehive_metamanager_deletes_total"), 1);
+}
+
+#[test]
+fn an_edge_joins_through_the_second_address_when_the_first_is_dead_and_stays_there() {
+    let node = "failover-b";
+    let dir_b = tempfile::tempdir().unwrap();
+    let dir_a = tempfile::tempdir().unwrap();
+    let edge_dir = tempfile::tempdir().unwrap();
+    let dead_port = free_port();
+    let dead = format!("127.0.0.1:{dead_port}");
+    let b = cloud(dir_b.path(), &manifests(dir_b.path(), node), 0);
+    let edge = Edge::start(edge_dir.path(), node, &[&dead, &b.websocket]);
+
+    apply(&b.admin, &pod_yaml(node, "first", "nginx:1"));
+    converge("the pod through B", &b.admin, node, &edge.db);
+    assert_eq!(edge.connected_to().as_deref(), Some(b.websocket.as_str()));
+    let hub = edge.hub();
+    assert_eq!(hub["connects"], 1, "{hub}");
+    assert_eq!(hub["server_switches"], 0, "the first connect is no switch");
+
+    // The first address comes up (a cloud of its own that knows the node): the edge stays.
+    let a = cloud(dir_a.path(), &manifests(dir_a.path(), node), dead_port);
+    assert_eq!(a.websocket, dead);
+    apply(&b.admin, &pod_yaml(node, "second", "nginx:1"));
+    converge("the second pod through B", &b.admin, node, &edge.db);
+    // Many reconnect periods (20–200 ms) with both up: no dial, no switch.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert_eq!(edge.connected_to().as_deref(), Some(b.websocket.as_str()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let hub = edge.hub();
+    assert_eq!(hub["connects"], 1, "{hub}");
+    assert_eq!(hub["server_switches"], 0, "{hub}");
+    let on_a = get(&a.admin, "/api/v1/nodes").unwrap();
+    assert!(
+        !on_a["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|n| n["node"] == node && n["connected"] == true),
+        "the edge never went to A: {on_a}"
+    );
+    assert_eq!(edge.pods(), ["first", "second"]);
+    drop(edge.process);
+}

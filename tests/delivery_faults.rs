@@ -636,8 +636,25 @@ fn table(rows: &[Row]) -> String {
             row.number, row.scenario, row.fault, row.changes, compared
         ));
     }
+    text.push_str(FAILOVER);
     text
 }
+
+/// RELIABILITY.md's section for `tests/edge_failover.rs`, whose scenarios run as tests of
+/// their own (each asserts what its row says).
+const FAILOVER: &str = "
+## Failover between clouds
+
+`tests/edge_failover.rs` (`cargo test --test all edge_failover`), the same real processes and
+the same end state (the edge's store equal to the cluster for its node, ObjectSync records at
+the acknowledged versions, nothing waiting in the node's pool), with an edge that names two
+clouds (`modules.edgeHub.websocket.servers`) and fails over by itself.
+
+| scenario | fault staged | changes while faulted | checked at the end | outcome |
+| --- | --- | --- | --- | --- |
+| a replica takes over the cluster | cloud A SIGKILLed; cloud B started on A's embedded cluster (same SQLite file) at the edge's second address | 1 pod updated, 1 created, 1 deleted, at once | 3 equal; the edge on B after 1 switch; only the 2 new versions written after it (and at most one resend of the ConfigMap's acknowledged version, stored as it was), nothing older, 1 delete | passed |
+| first address dead | nothing listens at the edge's first address; a cloud comes up there later | 1 pod created after it came up | the edge joined through the second address and stayed there: 1 connect, 0 switches, never on the first | passed |
+";
 
 /// The scenario numbers, in the order of the list below.
 const NUMBERS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11];

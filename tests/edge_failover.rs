@@ -264,3 +264,74 @@ fn an_edge_joins_through_the_second_address_when_the_first_is_dead_and_stays_the
     assert_eq!(edge.pods(), ["first", "second"]);
     drop(edge.process);
 }
+
+/// A loopback listener that accepts and at once closes every connection (a WebSocket dial
+/// to it fails), counting them.
+fn closing_listener() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let count = std::sync::Arc::new(AtomicU64::new(0));
+    let counted = count.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            counted.fetch_add(1, Ordering::AcqRel);
+            drop(stream);
+        }
+    });
+    (address, count)
+}
+
+#[test]
+fn dead_addresses_are_dialed_once_a_round_not_in_a_loop() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let (first, first_dials) = closing_listener();
+    let (second, second_dials) = closing_listener();
+    let db = dir.path().join("edge.db");
+    let config = dir.path().join("edge.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
+             modules:\n  edged:\n    hostnameOverride: dead-ends\n  edgeHub:\n\
+             \x20   reconnectMinMillis: 200\n    reconnectMaxMillis: 200\n\
+             \x20   websocket:\n      servers: [\"{first}\", \"{second}\"]\n      insecurePlaintext: true\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let (edge, banner) = spawn(&["edge", "--config", config.to_str().unwrap()]);
+    let admin = banner_field(&banner, "admin on http://", '\n').to_owned();
+    wait("both addresses dialed a few times", || {
+        let (a, b) = (
+            first_dials.load(Ordering::Acquire),
+            second_dials.load(Ordering::Acquire),
+        );
+        (a < 3 || b < 3).then(|| format!("{a} and {b} dials"))
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let hub = get(&admin, "/api/v1/edgehub").unwrap();
+    drop(edge);
+    let elapsed = started.elapsed();
+    // One round (each address once) per wait of 150–200 ms: at most one dial of each per
+    // 150 ms since the start, however slow the machine (a slower one dials less).
+    let most = elapsed.as_millis() as u64 / 150 + 1;
+    for (address, dials) in [(&first, &first_dials), (&second, &second_dials)] {
+        let dials = dials.load(Ordering::Acquire);
+        assert!(
+            dials <= most,
+            "{address}: {dials} dials in {elapsed:?} (at most {most})"
+        );
+    }
+    // Each round dials both: the counts stay within one of each other.
+    let (a, b) = (
+        first_dials.load(Ordering::Acquire),
+        second_dials.load(Ordering::Acquire),
+    );
+    assert!(a.abs_diff(b) <= 1, "{a} and {b} dials");
+    assert_eq!(hub["connected"], false, "{hub}");
+    assert_eq!(hub["connects"], 0, "{hub}");
+    assert!(hub["last_error"].as_str().is_some(), "{hub}");
+}

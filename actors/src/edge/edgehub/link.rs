@@ -1,6 +1,6 @@
-//! The link: dial CloudHub, serve the connection (cloud frames to the edge modules, the
-//! heartbeat, the outbox up through the rate limit), and dial again after a jittered,
-//! doubling backoff when it ends.
+//! The link: dial CloudHub (each of several addresses in turn), serve the connection (cloud
+//! frames to the edge modules, the heartbeat, the outbox up through the rate limit), and dial
+//! again after a jittered, doubling backoff when it ends.
 
 use std::sync::Arc;
 use std::time::Duration;

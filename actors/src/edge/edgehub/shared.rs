@@ -265,3 +265,46 @@ impl Shared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Shared {
+        Shared {
+            state: Mutex::new(HubState::default()),
+            outbox_ready: Notify::new(),
+            replies_ready: Notify::new(),
+            pending: Mutex::new(HashMap::new()),
+            metrics: HubMetrics::default(),
+            outbox_capacity: 8,
+            identity: Mutex::new(None),
+            connection: Arc::new(CloudConnection::default()),
+        }
+    }
+
+    #[test]
+    fn rounds_start_where_a_connection_worked_and_move_on_once_it_is_lost() {
+        let hub = shared();
+        assert_eq!(hub.round_start(2), 0, "the first address first");
+        // The first is dead; the second answers: no switch, that is where we are.
+        hub.connected_to(1, "b:1");
+        assert_eq!(hub.round_start(2), 1);
+        assert_eq!(hub.status().server.as_deref(), Some("b:1"));
+        assert_eq!(hub.status().server_switches, 0);
+        // Lost: the next round starts with the one after it, wrapping around.
+        hub.lost(1, 2);
+        assert_eq!(hub.round_start(2), 0);
+        assert_eq!(hub.status().server, None);
+        hub.connected_to(0, "a:1");
+        assert_eq!(hub.status().server_switches, 1);
+        assert_eq!(hub.metrics.switches.get(), 1);
+        // Back on the same address after a loss: no switch.
+        hub.lost(0, 2);
+        hub.connected_to(0, "a:1");
+        assert_eq!(hub.status().server_switches, 1);
+        // One address (a VIP): always it.
+        hub.lost(0, 1);
+        assert_eq!(hub.round_start(1), 0);
+    }
+}

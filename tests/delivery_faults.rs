@@ -542,6 +542,7 @@ clouds (`modules.edgeHub.websocket.servers`) and fails over by itself.
 | scenario | fault staged | changes while faulted | checked at the end | outcome |
 | --- | --- | --- | --- | --- |
 | a replica takes over the cluster | cloud A SIGKILLed; cloud B started on A's embedded cluster (same SQLite file) at the edge's second address | 1 pod updated, 1 created, 1 deleted, at once | 3 equal; the edge on B after 1 switch; the 2 new versions written after it, nothing older, 1 delete; B resends some versions A had delivered and the edge acknowledged (at most one each, stored as they were: B's pool starts empty) | passed |
+| replicas share the CA | TLS: the edge bootstraps its certificate with the first certificate server of its list dead; cloud A SIGKILLed, B started on A's folder (same CA, certificates, cluster) | 1 pod updated, 1 created | equal through B, which takes the certificate A's CA signed; 1 switch | passed |
 | first address dead | nothing listens at the edge's first address; a cloud comes up there later | 1 pod created after it came up | the edge joined through the second address and stayed there: 1 connect, 0 switches, never on the first | passed |
 ";
 

@@ -335,3 +335,105 @@ fn dead_addresses_are_dialed_once_a_round_not_in_a_loop() {
     assert_eq!(hub["connects"], 0, "{hub}");
     assert!(hub["last_error"].as_str().is_some(), "{hub}");
 }
+
+/// `cloud.yaml` for a mutual-TLS cloud on loopback: WebSocket on `port`, the certificate
+/// server on `https`, its CA, server certificate and embedded cluster all in `dir` (so a
+/// second cloud started on `dir` has the same identity and the same cluster).
+fn tls_cloud(dir: &Path, manifests: &Path, port: u16, https: u16) -> (Process, String, String) {
+    let config = dir.join("cloud.yaml");
+    let pki = dir.join("pki");
+    std::fs::write(
+        &config,
+        format!(
+            "commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+             embeddedCluster:\n  database: \"{}\"\n\
+             modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: {port}\n\
+             \x20   https:\n      address: 127.0.0.1\n      port: {https}\n\
+             \x20   tlsCAFile: {pki}/ca.crt\n    tlsCAKeyFile: {pki}/ca.key\n\
+             \x20   tlsCertFile: {pki}/server.crt\n    tlsPrivateKeyFile: {pki}/server.key\n",
+            dir.join("cluster.db").display(),
+            pki = pki.display()
+        ),
+    )
+    .unwrap();
+    let (process, banner) = spawn(&[
+        "cloud",
+        "--config",
+        config.to_str().unwrap(),
+        "--manifests",
+        manifests.to_str().unwrap(),
+    ]);
+    (
+        process,
+        banner_field(&banner, "WebSocket on ", ',').to_owned(),
+        banner_field(&banner, "admin on http://", ',').to_owned(),
+    )
+}
+
+/// The replicas share the CA and certificates as they share the cluster: an edge that has
+/// no certificate gets it from the second certificate server of its list (the first is
+/// dead), and the certificate A's CA signed opens B's door after A is killed.
+#[test]
+fn a_tls_edge_bootstraps_from_the_next_certificate_server_and_keeps_its_identity_across_the_switch()
+{
+    let node = "failover-tls";
+    let shared = tempfile::tempdir().unwrap();
+    let edge_dir = tempfile::tempdir().unwrap();
+    let manifests = manifests(shared.path(), node);
+    let (a_https, b_port, b_https, dead) = (free_port(), free_port(), free_port(), free_port());
+    let (a, a_ws, a_admin) = tls_cloud(shared.path(), &manifests, 0, a_https);
+    let token = std::process::Command::new(support::process::BIN)
+        .args(["token", "--config"])
+        .arg(shared.path().join("cloud.yaml"))
+        .output()
+        .unwrap();
+    assert!(token.status.success(), "{token:?}");
+    let token = String::from_utf8(token.stdout).unwrap().trim().to_owned();
+    let b_ws = format!("127.0.0.1:{b_port}");
+
+    let edge = edge_dir.path();
+    let db = edge.join("edge.db");
+    let config = edge.join("edge.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "database:\n  dataSource: {db}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
+             modules:\n  edged:\n    hostnameOverride: {node}\n  edgeHub:\n    heartbeat: 1\n\
+             \x20   reconnectMinMillis: 20\n    reconnectMaxMillis: 200\n    token: {token}\n\
+             \x20   httpServers: [\"https://127.0.0.1:{dead}\", \"https://127.0.0.1:{a_https}\", \"https://127.0.0.1:{b_https}\"]\n\
+             \x20   tlsCaFile: {dir}/ca.crt\n    tlsCertFile: {dir}/node.crt\n    tlsPrivateKeyFile: {dir}/node.key\n\
+             \x20   websocket:\n      servers: [\"{a_ws}\", \"{b_ws}\"]\n",
+            db = db.display(),
+            dir = edge.display()
+        ),
+    )
+    .unwrap();
+    let (edge_process, banner) = spawn(&["edge", "--config", config.to_str().unwrap()]);
+    let edge = Edge {
+        process: edge_process,
+        admin: banner_field(&banner, "admin on http://", '\n').to_owned(),
+        db,
+    };
+    apply(&a_admin, &pod_yaml(node, "web", "nginx:1"));
+    converge("the pod through A over TLS", &a_admin, node, &edge.db);
+    assert_eq!(edge.connected_to().as_deref(), Some(a_ws.as_str()));
+    assert!(edge_dir.path().join("node.crt").exists());
+
+    drop(a);
+    let (_b, b_started_ws, b_admin) = tls_cloud(shared.path(), &manifests, b_port, b_https);
+    assert_eq!(b_started_ws, b_ws);
+    apply(
+        &b_admin,
+        &format!(
+            "{}{}",
+            pod_yaml(node, "web", "nginx:2"),
+            pod_yaml(node, "new", "nginx:1")
+        ),
+    );
+    wait("the edge on B with A's certificate", || {
+        (edge.connected_to().as_deref() != Some(b_ws.as_str())).then(|| format!("{}", edge.hub()))
+    });
+    converge("the changes through B over TLS", &b_admin, node, &edge.db);
+    assert_eq!(edge.pods(), ["new", "web"]);
+    assert_eq!(edge.hub()["server_switches"], 1);
+}

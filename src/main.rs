@@ -548,7 +548,7 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
                 println!(
                     "edgehive edge {}: cloud {}, admin on http://{}",
                     edge.node_name(),
-                    config.modules.edge_hub.websocket.server,
+                    config.cloud_addresses().join(" "),
                     edge.admin_addr()
                 );
                 wait_for_signal().await?;

@@ -19,6 +19,7 @@ mod devices_end_to_end;
 mod dynamiccontroller;
 mod edge_api;
 mod edge_autonomy;
+mod edge_failover;
 mod edge_metaserver;
 mod edge_rss;
 mod edgestream;

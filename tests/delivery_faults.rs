@@ -12,46 +12,16 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::process::{banner_field, http, spawn, start_plain_cloud, Process};
 use support::proxy::{Proxy, Upstream};
+use support::views::{self, get, metric, View};
 
 /// How long a scenario may take to converge after its fault ends.
 const CONVERGE: Duration = Duration::from_secs(60);
-
-// ---------------------------------------------------------------- HTTP and JSON helpers
-
-fn get(addr: &str, path: &str) -> Option<Value> {
-    let (status, body) = http(addr, "GET", path, "")?;
-    if status != 200 {
-        return None;
-    }
-    serde_json::from_str(&body).ok()
-}
-
-fn metric(addr: &str, name: &str) -> u64 {
-    let text = http(addr, "GET", "/metrics", "")
-        .map(|r| r.1)
-        .unwrap_or_default();
-    support::metric_sum(&text, name)
-}
-
-/// (name, uid, resourceVersion)
-type Identity = (String, String, String);
-
-fn identity(obj: &Value) -> Identity {
-    let meta = &obj["metadata"];
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-    (
-        text(&meta["name"]),
-        text(&meta["uid"]),
-        text(&meta["resourceVersion"]),
-    )
-}
 
 // ---------------------------------------------------------------- the rig
 
@@ -177,53 +147,9 @@ impl Rig {
         self.apply(&yaml);
     }
 
-    /// What the cluster holds for the node: its pods and the ConfigMaps they use.
-    fn cluster_view(&self) -> Option<BTreeMap<String, Vec<Identity>>> {
-        let pods = get(&self.cloud_admin, "/api/v1/objects/pods")?;
-        let mut mine: Vec<Identity> = pods["items"]
-            .as_array()?
-            .iter()
-            .filter(|p| p["spec"]["nodeName"] == self.node.as_str())
-            .map(identity)
-            .collect();
-        mine.sort();
-        let cms = get(&self.cloud_admin, "/api/v1/objects/configmaps")?;
-        let mut used: Vec<Identity> = if mine.is_empty() {
-            Vec::new()
-        } else {
-            cms["items"].as_array()?.iter().map(identity).collect()
-        };
-        used.sort();
-        Some(BTreeMap::from([
-            ("configmap".into(), used),
-            ("pod".into(), mine),
-        ]))
-    }
-
     /// What the edge's store holds, read from its SQLite file (one row per key).
-    fn edge_view(&self) -> Option<BTreeMap<String, Vec<Identity>>> {
-        let conn = rusqlite::Connection::open_with_flags(
-            &self.edge_db,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-        )
-        .ok()?;
-        let mut view = BTreeMap::new();
-        for kind in ["configmap", "pod"] {
-            let mut statement = conn
-                .prepare("SELECT value FROM meta WHERE type = ?1")
-                .ok()?;
-            let rows = statement
-                .query_map([kind], |row| row.get::<_, String>(0))
-                .ok()?;
-            let mut objects: Vec<Identity> = rows
-                .filter_map(Result::ok)
-                .filter_map(|text| serde_json::from_str::<Value>(&text).ok())
-                .map(|v| identity(&v))
-                .collect();
-            objects.sort();
-            view.insert(kind.to_owned(), objects);
-        }
-        Some(view)
+    fn edge_view(&self) -> Option<View> {
+        views::edge_view(&self.edge_db)
     }
 
     /// Waits until the edge's store equals the cluster's view and nothing is left behind;
@@ -244,44 +170,7 @@ impl Rig {
     }
 
     fn check(&self) -> Result<usize, String> {
-        let cluster = self.cluster_view().ok_or("cluster unreadable")?;
-        let edge = self.edge_view().ok_or("edge store unreadable")?;
-        if cluster != edge {
-            return Err(format!("cluster {cluster:?} != edge {edge:?}"));
-        }
-        let nodes = get(&self.cloud_admin, "/api/v1/nodes").ok_or("no /api/v1/nodes")?;
-        let entry = nodes["nodes"]
-            .as_array()
-            .and_then(|n| n.iter().find(|n| n["node"] == self.node.as_str()))
-            .cloned()
-            .unwrap_or(Value::Null);
-        if entry["ackQueue"].as_u64().unwrap_or(0) != 0 || !entry["inFlight"].is_null() {
-            return Err(format!("pool not empty: {entry}"));
-        }
-        let sync = get(&self.cloud_admin, &format!("/api/v1/sync/{}", self.node))
-            .ok_or("no /api/v1/sync")?;
-        let mut records: Vec<Identity> = sync["objects"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .filter(|r| r["acknowledgedVersion"] == r["recordedVersion"])
-            .map(|r| {
-                let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-                (
-                    text(&r["name"]),
-                    text(&r["uid"]),
-                    text(&r["acknowledgedVersion"]),
-                )
-            })
-            .collect();
-        records.sort();
-        let mut expected: Vec<Identity> = cluster.values().flatten().cloned().collect();
-        expected.sort();
-        if records != expected || sync["unwritten"] != 0 {
-            return Err(format!("records {sync} != objects {expected:?}"));
-        }
-        Ok(expected.len())
+        views::converged(&self.cloud_admin, &self.node, &self.edge_db)
     }
 
     fn wait_for_with(
@@ -637,6 +526,7 @@ fn table(rows: &[Row]) -> String {
         ));
     }
     text.push_str(REPLICA_ROWS);
+    text.push_str(FAILOVER);
     text
 }
 
@@ -659,6 +549,23 @@ cloud_replicas`). Not yet on a real API server, nor with several processes.
 | R3 | a replica cut off from the API server | every cluster call of A fails, its watches end, for longer than its Lease | A steps down within its renew deadline while B still sees its Lease fresh; nothing sent while down; B sees A dead after the lease duration; reconnected, A resends what was not ACKed and records the ACK | passed |
 | R4 | a late record write | A's record writes held while the edge moves to B and ACKs a newer version there | A's write lands late; the record keeps the newer acknowledged version | passed |
 "#;
+
+/// RELIABILITY.md's section for `tests/edge_failover.rs`, whose scenarios run as tests of
+/// their own (each asserts what its row says).
+const FAILOVER: &str = "
+## Failover between clouds
+
+`tests/edge_failover.rs` (`cargo test --test all edge_failover`), the same real processes and
+the same end state (the edge's store equal to the cluster for its node, ObjectSync records at
+the acknowledged versions, nothing waiting in the node's pool), with an edge that names two
+clouds (`modules.edgeHub.websocket.servers`) and fails over by itself.
+
+| scenario | fault staged | changes while faulted | checked at the end | outcome |
+| --- | --- | --- | --- | --- |
+| a replica takes over the cluster | cloud A SIGKILLed; cloud B started on A's embedded cluster (same SQLite file) at the edge's second address | 1 pod updated, 1 created, 1 deleted, at once | 3 equal; the edge on B after 1 switch; the 2 new versions written after it, nothing older, 1 delete; B resends some versions A had delivered and the edge acknowledged (at most one each, stored as they were: B's pool starts empty) | passed |
+| replicas share the CA | TLS: the edge bootstraps its certificate with the first certificate server of its list dead; cloud A SIGKILLed, B started on A's folder (same CA, certificates, cluster) | 1 pod updated, 1 created | equal through B, which takes the certificate A's CA signed; 1 switch | passed |
+| first address dead | nothing listens at the edge's first address; a cloud comes up there later | 1 pod created after it came up | the edge joined through the second address and stayed there: 1 connect, 0 switches, never on the first | passed |
+";
 
 /// The scenario numbers, in the order of the list below.
 const NUMBERS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11];

@@ -627,6 +627,7 @@ fn edge_beside_a_fake_tunnel(
         cert_file: dir.path().join("node.crt"),
         key_file: dir.path().join("node.key"),
         http_server: String::new(),
+        http_servers: Vec::new(),
         token: String::new(),
     };
     std::fs::write(&tls.ca_file, ca.cert_pem()).unwrap();

@@ -28,6 +28,10 @@
 //! sessions, node actors and controllers, without sockets, HTTP or TLS, so a fleet can be
 //! larger than the file limit allows sockets. Its figures are the whole process's.
 //!
+//! Several clouds (`--cloud A --cloud B`, or `--cloud A,B`: replicas sharing one cluster)
+//! split the fleet round-robin, edge `i` on address `i mod n`; the report's `clouds` says how
+//! many edges each address was given and how many had connected when the hold began.
+//!
 //! Progress goes to standard error; the result is one JSON line, with the machine it ran on
 //! (and, with `--markdown`, the machine and a table row).
 
@@ -82,8 +86,9 @@ pub enum Scenario {
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// `host:port` of CloudHub's WebSocket server.
-    pub cloud: String,
+    /// `host:port` of CloudHub's WebSocket server, one per cloud: edge `i` dials
+    /// `clouds[i % clouds.len()]`.
+    pub clouds: Vec<String>,
     /// How many edges.
     pub edges: usize,
     /// Node names are `{prefix}{index}`.
@@ -108,7 +113,7 @@ pub struct LoadOptions {
     /// `fanout`: changes in all.
     pub changes: u64,
     /// Run the cloud in this process and link the fleet to it over channels instead of
-    /// sockets (`cloud`, `ca` and `cloud_pid` are then ignored).
+    /// sockets (`clouds`, `ca` and `cloud_pid` are then ignored).
     pub in_process: bool,
 }
 
@@ -129,6 +134,9 @@ pub struct LoadReport {
     /// Whether the cloud ran in the tool's process with the fleet linked over channels (no
     /// sockets, HTTP or TLS; the figures are then the whole process's, fleet included).
     pub in_process: bool,
+    /// Per cloud address, in the order given: the edges it was given and how many of them
+    /// were connected when the hold began (empty in-process).
+    pub clouds: Vec<CloudShare>,
     /// Seconds until every edge was connected (or gave up).
     pub connect_seconds: f64,
     /// Seconds held.
@@ -160,6 +168,18 @@ pub struct LoadReport {
     pub changes: Option<ChangeReport>,
     /// Where the run was measured.
     pub machine: Machine,
+}
+
+/// One cloud address's share of the fleet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudShare {
+    /// `host:port`.
+    pub address: String,
+    /// Edges assigned to it (round-robin).
+    pub edges: usize,
+    /// Of those, connected when the hold began.
+    pub connected: usize,
 }
 
 /// The machine a run was measured on, as Linux describes it (`None` where it does not say).
@@ -475,7 +495,15 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         ),
         _ => (Due::default(), None),
     };
+    if in_process.is_none() && options.clouds.is_empty() {
+        anyhow::bail!("--cloud HOST:PORT (one or more) is needed unless --in-process");
+    }
     let fleet = Arc::new(Fleet::new(options.edges, due));
+    let per_cloud: Arc<Vec<AtomicUsize>> = Arc::new(
+        (0..options.clouds.len())
+            .map(|_| AtomicUsize::new(0))
+            .collect(),
+    );
     let (storm, storm_signal) = watch::channel(0u64);
     let peak = options
         .cloud_pid
@@ -495,7 +523,13 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
             });
             Connecting::Thread(tool)
         }
-        None => Connecting::Tasks(socket_fleet(&options, ca.as_ref(), &fleet, &storm_signal)?),
+        None => Connecting::Tasks(socket_fleet(
+            &options,
+            ca.as_ref(),
+            &fleet,
+            &per_cloud,
+            &storm_signal,
+        )?),
     };
     // Progress, until every edge connected or failed.
     loop {
@@ -513,6 +547,19 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     }
     let connect_seconds = started.elapsed().as_secs_f64();
     let connected = fleet.connected.load(Ordering::Relaxed);
+    let clouds = match &in_process {
+        Some(_) => Vec::new(),
+        None => options
+            .clouds
+            .iter()
+            .enumerate()
+            .map(|(index, address)| CloudShare {
+                address: address.clone(),
+                edges: edges_of(index, options.clouds.len(), options.edges),
+                connected: per_cloud[index].load(Ordering::Relaxed),
+            })
+            .collect(),
+    };
     let frames_before = fleet.frames_in.load(Ordering::Relaxed);
     let cpu_before = options.cloud_pid.and_then(cpu_ticks);
     let tool_before = cpu_ticks(std::process::id());
@@ -559,6 +606,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         failed: fleet.failed.load(Ordering::Relaxed),
         tls: ca.is_some(),
         in_process: in_process.is_some(),
+        clouds,
         connect_seconds,
         hold_seconds,
         frames_received_while_holding: fleet.frames_in.load(Ordering::Relaxed) - frames_before,
@@ -584,12 +632,20 @@ enum Connecting {
     Thread(actix_rt::Arbiter),
 }
 
-/// Dials every edge over WebSocket (TLS when `ca` is given), at most `--concurrency` at once;
-/// each edge runs [`edge`] and, in a storm, dials again when told.
+/// How many of `edges` edges, assigned round-robin over `clouds` addresses, go to the one at
+/// `index`.
+fn edges_of(index: usize, clouds: usize, edges: usize) -> usize {
+    edges / clouds + usize::from(index < edges % clouds)
+}
+
+/// Dials every edge over WebSocket (TLS when `ca` is given), at most `--concurrency` at once,
+/// edge `i` to cloud `i mod n` (counted in `per_cloud` while connected); each edge runs
+/// [`edge`] and, in a storm, dials again when told.
 fn socket_fleet(
     options: &LoadOptions,
     ca: Option<&Arc<CertAuthority>>,
     fleet: &Arc<Fleet>,
+    per_cloud: &Arc<Vec<AtomicUsize>>,
     storm_signal: &watch::Receiver<u64>,
 ) -> anyhow::Result<Vec<actix_rt::task::JoinHandle<()>>> {
     let gate = Arc::new(Semaphore::new(options.concurrency.max(1)));
@@ -601,11 +657,12 @@ fn socket_fleet(
             None => awc::Client::new(),
         };
         let scheme = if ca.is_some() { "wss" } else { "ws" };
+        let cloud = index % options.clouds.len();
         let url = format!(
             "{scheme}://{}/e632aba927ea4ac2b575ec1603d56f10/{node}/events",
-            options.cloud
+            options.clouds[cloud]
         );
-        let (fleet, gate) = (fleet.clone(), gate.clone());
+        let (fleet, gate, per_cloud) = (fleet.clone(), gate.clone(), per_cloud.clone());
         let heartbeat = options.heartbeat;
         let mut storm = storm_signal.clone();
         let prefix = options.prefix.clone();
@@ -623,8 +680,10 @@ fn socket_fleet(
                         drop(permit);
                         first = false;
                         fleet.connected.fetch_add(1, Ordering::Relaxed);
+                        per_cloud[cloud].fetch_add(1, Ordering::Relaxed);
                         let me = (prefix.as_str(), index);
                         let stormed = edge(socket, heartbeat, &fleet, me, &mut storm).await;
+                        per_cloud[cloud].fetch_sub(1, Ordering::Relaxed);
                         fleet.connected.fetch_sub(1, Ordering::Relaxed);
                         if !stormed {
                             return;

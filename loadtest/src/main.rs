@@ -27,9 +27,10 @@ struct Cli {
     /// Log lines on standard error as text, or as one JSON object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
-    /// CloudHub's WebSocket address, HOST:PORT.
-    #[arg(long, required_unless_present_any = ["in_process", "tunnel"])]
-    cloud: Option<String>,
+    /// CloudHub's WebSocket address, HOST:PORT. Several clouds (replicas sharing one cluster):
+    /// repeat it or separate them with commas; the fleet is split round-robin over them.
+    #[arg(long, value_delimiter = ',', required_unless_present_any = ["in_process", "tunnel"])]
+    cloud: Vec<String>,
     /// Run the cloud in this process (embedded cluster in a temporary SQLite file) and link
     /// the fleet to it over channels instead of sockets: past the file limit's reach.
     /// The cloud's figures are then the whole process's.
@@ -181,7 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         admin: cli.admin,
         rate: cli.rate,
         changes: cli.changes,
-        cloud: cli.cloud.unwrap_or_default(),
+        clouds: cli.cloud,
         in_process: cli.in_process,
         edges: cli.edges,
         prefix: cli.prefix,

@@ -6,22 +6,13 @@ use crate::support;
 use std::process::Command;
 
 use serde_json::Value;
-use support::{start_plain_cloud, start_stream_cloud, PlainCloud, TOOL};
+use support::{http_json, start_plain_cloud, start_stream_cloud, PlainCloud, TOOL};
 
 #[test]
 fn a_small_fleet_connects_holds_and_acks_every_pod() {
     const EDGES: usize = 20;
     let dir = tempfile::tempdir().unwrap();
-    let manifests = dir.path().join("manifests");
-    std::fs::create_dir(&manifests).unwrap();
-    let mut objects = String::new();
-    for i in 0..EDGES {
-        objects.push_str(&format!(
-            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: load-{i}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n\
-             ---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: p-{i}\n  namespace: default\nspec:\n  nodeName: load-{i}\n  containers:\n  - name: c\n    image: nginx\n"
-        ));
-    }
-    std::fs::write(manifests.join("fleet.yaml"), objects).unwrap();
+    let manifests = fleet_manifests(dir.path(), EDGES);
     let PlainCloud {
         process: cloud,
         websocket,
@@ -56,6 +47,81 @@ fn a_small_fleet_connects_holds_and_acks_every_pod() {
     assert!(report["cloudRssKib"].as_u64().unwrap() > 0, "{report}");
     assert!(report["cloudCpuPercent"].as_f64().is_some(), "{report}");
     cloud.terminate();
+}
+
+/// `dir/manifests` holding Nodes `load-0` … and a pod `p-{i}` on each.
+fn fleet_manifests(dir: &std::path::Path, edges: usize) -> std::path::PathBuf {
+    let manifests = dir.join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    let mut objects = String::new();
+    for i in 0..edges {
+        objects.push_str(&format!(
+            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: load-{i}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n\
+             ---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: p-{i}\n  namespace: default\nspec:\n  nodeName: load-{i}\n  containers:\n  - name: c\n    image: nginx\n"
+        ));
+    }
+    std::fs::write(manifests.join("fleet.yaml"), objects).unwrap();
+    manifests
+}
+
+/// A fleet spread over two clouds (each knowing every node, as replicas of one cluster
+/// would): every edge links and ACKs its pod, the edges alternate between the addresses, and
+/// the report says how many went where.
+#[test]
+fn a_fleet_over_two_clouds_links_every_edge_and_splits_them_round_robin() {
+    const EDGES: usize = 11;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = start_plain_cloud(dir_a.path(), &fleet_manifests(dir_a.path(), EDGES));
+    let b = start_plain_cloud(dir_b.path(), &fleet_manifests(dir_b.path(), EDGES));
+    let report = run_tool(&[
+        "--cloud",
+        &a.websocket,
+        "--cloud",
+        &b.websocket,
+        "--edges",
+        &EDGES.to_string(),
+        "--heartbeat",
+        "1",
+        "--hold",
+        "2",
+    ]);
+    assert_eq!(report["connected"], EDGES, "{report}");
+    assert_eq!(report["failed"], 0, "{report}");
+    assert_eq!(report["acksSent"], EDGES, "one pod per edge: {report}");
+    let clouds = &report["clouds"];
+    assert_eq!(clouds[0]["address"], a.websocket.as_str(), "{report}");
+    assert_eq!(clouds[0]["edges"], 6, "{report}");
+    assert_eq!(clouds[0]["connected"], 6, "{report}");
+    assert_eq!(clouds[1]["address"], b.websocket.as_str(), "{report}");
+    assert_eq!(clouds[1]["edges"], 5, "{report}");
+    assert_eq!(clouds[1]["connected"], 5, "{report}");
+    // Each cloud saw its own half: even nodes on A, odd on B, each pod ACKed where sent.
+    for (cloud, parity) in [(&a, 0), (&b, 1)] {
+        let nodes = http_json(&cloud.admin, "/api/v1/nodes");
+        for i in 0..EDGES {
+            let name = format!("load-{i}");
+            let acked = nodes["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["node"] == name.as_str())
+                .map_or(0, |n| n["acked"].as_u64().unwrap_or(0));
+            let mine = i % 2 == parity;
+            assert_eq!(
+                acked,
+                u64::from(mine),
+                "{name} on {}: {nodes}",
+                cloud.websocket
+            );
+        }
+    }
+
+    // The comma form is the same list.
+    let both = format!("{},{}", a.websocket, b.websocket);
+    let report = run_tool(&["--cloud", &both, "--edges", "4", "--hold", "1"]);
+    assert_eq!(report["clouds"][0]["edges"], 2, "{report}");
+    assert_eq!(report["clouds"][1]["edges"], 2, "{report}");
+    assert_eq!(report["connected"], 4, "{report}");
 }
 
 /// A cloud process with an empty cluster (the tool creates the fleet's Nodes itself) and the

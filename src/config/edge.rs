@@ -229,18 +229,15 @@ impl EdgeHubConfig {
             1..=1_000_000,
             "messages",
         )?;
-        host_port(
-            "modules.edgeHub.websocket.server",
-            &self.websocket.server,
-            1..=u16::MAX,
-        )?;
+        self.validate_servers()?;
         if !self.websocket.insecure_plaintext {
-            url(
-                "modules.edgeHub.httpServer",
-                &self.http_server,
-                &["https"],
-                false,
-            )?;
+            if self.http_servers.is_empty() {
+                url(HTTP_SERVER, &self.http_server, &["https"], false)?;
+            }
+            for (index, entry) in self.http_servers.iter().enumerate() {
+                url(HTTP_SERVERS, entry, &["https"], false)
+                    .map_err(|(key, message)| (key, format!("entry {}: {message}", index + 1)))?;
+            }
             for (key, path) in [
                 ("modules.edgeHub.tlsCaFile", &self.tls_ca_file),
                 ("modules.edgeHub.tlsCertFile", &self.tls_cert_file),
@@ -256,6 +253,82 @@ impl EdgeHubConfig {
         }
         Ok(())
     }
+}
+
+const SERVER: &str = "modules.edgeHub.websocket.server";
+const SERVERS: &str = "modules.edgeHub.websocket.servers";
+const HTTP_SERVER: &str = "modules.edgeHub.httpServer";
+const HTTP_SERVERS: &str = "modules.edgeHub.httpServers";
+/// Most addresses in `websocket.servers` or `httpServers`.
+pub const MAX_CLOUD_ADDRESSES: usize = 16;
+
+impl EdgeHubConfig {
+    /// `websocket.server`/`servers` and `httpServer`/`httpServers`: each list at most
+    /// [`MAX_CLOUD_ADDRESSES`] distinct entries, and, given beside its list (which wins), the
+    /// one address one of the list's entries. An `httpServer` left at its default counts as
+    /// not given.
+    fn validate_servers(&self) -> Result<(), Refusal> {
+        let websocket = &self.websocket;
+        if websocket.servers.is_empty() {
+            host_port(SERVER, &websocket.server, 1..=u16::MAX)?;
+        }
+        list_shape(SERVERS, &websocket.servers)?;
+        for (index, entry) in websocket.servers.iter().enumerate() {
+            host_port(SERVERS, entry, 1..=u16::MAX)
+                .map_err(|(key, message)| (key, format!("entry {}: {message}", index + 1)))?;
+        }
+        if !websocket.servers.is_empty()
+            && !websocket.server.is_empty()
+            && !websocket.servers.contains(&websocket.server)
+        {
+            return Err((
+                SERVER,
+                format!(
+                    "{:?} is not in {SERVERS}, which wins when both are given: list it there, or \
+                     leave {SERVER} out",
+                    websocket.server
+                ),
+            ));
+        }
+        if self.http_servers.is_empty() {
+            return Ok(());
+        }
+        list_shape(HTTP_SERVERS, &self.http_servers)?;
+        let default = EdgeHubConfig::default().http_server;
+        if self.http_server != default && !self.http_servers.contains(&self.http_server) {
+            return Err((
+                HTTP_SERVER,
+                format!(
+                    "{:?} is not in {HTTP_SERVERS}, which wins when both are given: list it \
+                     there, or leave {HTTP_SERVER} out",
+                    self.http_server
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A list of cloud addresses: 1 to [`MAX_CLOUD_ADDRESSES`] entries, none twice.
+fn list_shape(key: &'static str, entries: &[String]) -> Result<(), Refusal> {
+    if entries.len() > MAX_CLOUD_ADDRESSES {
+        return Err((
+            key,
+            format!(
+                "expected at most {MAX_CLOUD_ADDRESSES} addresses, found {}",
+                entries.len()
+            ),
+        ));
+    }
+    for (index, entry) in entries.iter().enumerate() {
+        if entries[..index].contains(entry) {
+            return Err((
+                key,
+                format!("entry {}: {entry:?} is listed twice", index + 1),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Shortest and longest `nodeStatusUpdateFrequency`.
@@ -609,6 +682,10 @@ pub struct EdgeHubConfig {
     pub tls_private_key_file: PathBuf,
     /// The cloud's certificate server, `https://host:10002`.
     pub http_server: String,
+    /// (edgehive) Several clouds' certificate servers, asked in turn when bootstrapping;
+    /// empty: `http_server`. Wins over `http_server`, which must then be one of them or
+    /// left at its default.
+    pub http_servers: Vec<String>,
     /// The join token (`edgehive token` on the cloud, or `keadm gettoken` on KubeEdge);
     /// needed only while the node has no certificate.
     pub token: String,
@@ -626,6 +703,7 @@ impl Default for EdgeHubConfig {
             websocket: EdgeWebSocket {
                 enable: true,
                 server: options.server,
+                servers: Vec::new(),
                 insecure_plaintext: false,
             },
             message_qps: options.message_qps,
@@ -634,6 +712,7 @@ impl Default for EdgeHubConfig {
             tls_cert_file: "/etc/kubeedge/certs/server.crt".into(),
             tls_private_key_file: "/etc/kubeedge/certs/server.key".into(),
             http_server: "https://127.0.0.1:10002".into(),
+            http_servers: Vec::new(),
             token: String::new(),
         }
     }
@@ -646,8 +725,14 @@ pub struct EdgeWebSocket {
     /// Whether to connect over WebSocket (the only transport).
     #[serde(default = "yes")]
     pub enable: bool,
-    /// `host:port` of the cloud's WebSocket listener.
+    /// `host:port` of the cloud's WebSocket listener (or of a load balancer or VIP in front
+    /// of several clouds). May be left out when `servers` is given.
+    #[serde(default)]
     pub server: String,
+    /// (edgehive) Several clouds' `host:port`, dialed in turn: a failed dial or a lost
+    /// connection moves to the next. Wins over `server`, which must then be one of them.
+    #[serde(default)]
+    pub servers: Vec<String>,
     /// (edgehive) Dial plain `ws://` with no certificate; the cloud must allow it too
     /// (`modules.cloudHub.websocket.insecurePlaintext`). Only for local development and tests.
     #[serde(default)]
@@ -659,10 +744,7 @@ impl EdgeConfig {
     pub fn node_options(&self) -> NodeOptions {
         let edged = &self.modules.edged;
         let kubelet = &edged.tailored_kubelet_config;
-        let mut options = NodeOptions::new(
-            self.node_name(),
-            self.modules.edge_hub.websocket.server.clone(),
-        );
+        let mut options = NodeOptions::new(self.node_name(), self.cloud_addresses()[0].clone());
         options.namespace = edged.register_node_namespace.clone();
         options.register = kubelet.register_node;
         options.labels = edged.tailored_kubelet_flag.node_labels.clone();
@@ -675,11 +757,28 @@ impl EdgeConfig {
         options
     }
 
+    /// The cloud addresses EdgeHub dials, in order: `websocket.servers`, or
+    /// `websocket.server` alone (never empty).
+    pub fn cloud_addresses(&self) -> Vec<String> {
+        let websocket = &self.modules.edge_hub.websocket;
+        if websocket.servers.is_empty() {
+            vec![websocket.server.clone()]
+        } else {
+            websocket.servers.clone()
+        }
+    }
+
     /// The EdgeHub module's options.
     pub fn edge_hub_options(&self) -> EdgeHubOptions {
         let hub = &self.modules.edge_hub;
+        let servers = self.cloud_addresses();
         EdgeHubOptions {
-            server: hub.websocket.server.clone(),
+            server: servers[0].clone(),
+            servers: if hub.websocket.servers.is_empty() {
+                Vec::new()
+            } else {
+                servers
+            },
             project_id: hub.project_id.clone(),
             node_name: self.node_name().to_owned(),
             heartbeat: Duration::from_secs(hub.heartbeat),
@@ -694,12 +793,151 @@ impl EdgeConfig {
                 ca_file: hub.tls_ca_file.clone(),
                 cert_file: hub.tls_cert_file.clone(),
                 key_file: hub.tls_private_key_file.clone(),
-                http_server: hub.http_server.clone(),
+                http_server: hub.http_servers.first().unwrap_or(&hub.http_server).clone(),
+                http_servers: hub.http_servers.clone(),
                 token: hub.token.clone(),
             }),
             // A cloud reply later than this goes to MetaManager, which stores and ACKs it.
             request_timeout: self.remote_query_timeout(),
             ..EdgeHubOptions::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edge(text: &str) -> Result<EdgeConfig, String> {
+        EdgeConfig::from_text(Path::new("edge.yaml"), text).map_err(|error| error.to_string())
+    }
+
+    const NODE: &str = "modules:\n  edged:\n    hostnameOverride: e1\n  edgeHub:\n";
+
+    #[test]
+    fn a_list_of_cloud_addresses_is_dialed_in_its_order() {
+        let config = edge(&format!(
+            "{NODE}    httpServers: [\"https://10.0.0.1:10002\", \"https://10.0.0.2:10002\"]\n\
+             \x20   websocket:\n      servers: [\"10.0.0.1:10000\", \"cloud-b.example:10000\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            config.cloud_addresses(),
+            ["10.0.0.1:10000", "cloud-b.example:10000"]
+        );
+        let hub = config.edge_hub_options();
+        assert_eq!(hub.servers, ["10.0.0.1:10000", "cloud-b.example:10000"]);
+        assert_eq!(hub.server, "10.0.0.1:10000");
+        let tls = hub.tls.unwrap();
+        assert_eq!(
+            tls.http_servers,
+            ["https://10.0.0.1:10002", "https://10.0.0.2:10002"]
+        );
+        assert_eq!(config.node_options().cloud_server, "10.0.0.1:10000");
+
+        // `server` beside the list: allowed as one of its entries; the list still wins.
+        let both = edge(&format!(
+            "{NODE}    websocket:\n      server: 10.0.0.2:10000\n      servers: [10.0.0.1:10000, 10.0.0.2:10000]\n"
+        ))
+        .unwrap();
+        assert_eq!(both.cloud_addresses(), ["10.0.0.1:10000", "10.0.0.2:10000"]);
+
+        // The one key alone (a VIP) works as it always did: no list.
+        let vip = edge(&format!(
+            "{NODE}    websocket:\n      server: 10.0.0.9:10000\n"
+        ))
+        .unwrap();
+        assert_eq!(vip.cloud_addresses(), ["10.0.0.9:10000"]);
+        assert!(vip.edge_hub_options().servers.is_empty());
+        assert_eq!(vip.edge_hub_options().server, "10.0.0.9:10000");
+    }
+
+    #[test]
+    fn bad_cloud_address_lists_are_refused_naming_the_key_and_entry() {
+        let many: Vec<String> = (1..=17).map(|i| format!("\"10.0.0.{i}:10000\"")).collect();
+        for (yaml, expected) in [
+            (
+                "    websocket:\n      servers: [10.0.0.1:10000, no-port]\n".to_owned(),
+                "edge.yaml: modules.edgeHub.websocket.servers: entry 2: expected HOST:PORT",
+            ),
+            (
+                "    websocket:\n      servers: [\"10.0.0.1:0\"]\n".to_owned(),
+                "edge.yaml: modules.edgeHub.websocket.servers: entry 1: expected HOST:PORT",
+            ),
+            (
+                "    websocket:\n      servers: [\"\"]\n".to_owned(),
+                "edge.yaml: modules.edgeHub.websocket.servers: entry 1: expected HOST:PORT",
+            ),
+            (
+                "    websocket:\n      servers: [10.0.0.1:10000, 10.0.0.1:10000]\n".to_owned(),
+                "edge.yaml: modules.edgeHub.websocket.servers: entry 2: \"10.0.0.1:10000\" is listed twice",
+            ),
+            (
+                format!("    websocket:\n      servers: [{}]\n", many.join(", ")),
+                "edge.yaml: modules.edgeHub.websocket.servers: expected at most 16 addresses, found 17",
+            ),
+            (
+                "    websocket:\n      servers: 10.0.0.1:10000\n".to_owned(),
+                "edge.yaml: modules.edgeHub.websocket.servers: invalid type",
+            ),
+            (
+                "    websocket:\n      server: 10.0.0.9:10000\n      servers: [10.0.0.1:10000]\n"
+                    .to_owned(),
+                "edge.yaml: modules.edgeHub.websocket.server: \"10.0.0.9:10000\" is not in modules.edgeHub.websocket.servers, which wins",
+            ),
+            (
+                "    websocket:\n      insecurePlaintext: false\n".to_owned(),
+                "edge.yaml: modules.edgeHub.websocket.server: expected HOST:PORT",
+            ),
+            (
+                "    httpServers: [\"https://10.0.0.1:10002\", \"http://10.0.0.2:10002\"]\n"
+                    .to_owned(),
+                "edge.yaml: modules.edgeHub.httpServers: entry 2: expected a URL https://HOST:PORT",
+            ),
+            (
+                "    httpServer: https://10.0.0.9:10002\n    httpServers: [\"https://10.0.0.1:10002\"]\n"
+                    .to_owned(),
+                "edge.yaml: modules.edgeHub.httpServer: \"https://10.0.0.9:10002\" is not in modules.edgeHub.httpServers",
+            ),
+        ] {
+            let error = edge(&format!("{NODE}{yaml}")).unwrap_err();
+            assert!(error.starts_with(expected), "{yaml}: {error}");
+        }
+    }
+
+    /// KubeEdge's file names the VIP; a file of edgehive keys adds a list without it: a
+    /// contradiction, refused naming the file that sets the list's rival.
+    #[test]
+    fn a_list_laid_over_a_different_server_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeedge = dir.path().join("edgecore.yaml");
+        let ours = dir.path().join("edgehive.yaml");
+        std::fs::write(
+            &kubeedge,
+            format!("{NODE}    websocket:\n      server: 10.0.0.9:10000\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            &ours,
+            "modules:\n  edgeHub:\n    websocket:\n      servers: [10.0.0.1:10000, 10.0.0.2:10000]\n",
+        )
+        .unwrap();
+        let error = EdgeConfig::load_files(&[kubeedge.clone(), ours.clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("modules.edgeHub.websocket.server: \"10.0.0.9:10000\" is not in"),
+            "{error}"
+        );
+        std::fs::write(
+            &ours,
+            "modules:\n  edgeHub:\n    websocket:\n      servers: [10.0.0.9:10000, 10.0.0.2:10000]\n",
+        )
+        .unwrap();
+        let config = EdgeConfig::load_files(&[kubeedge, ours]).unwrap();
+        assert_eq!(
+            config.cloud_addresses(),
+            ["10.0.0.9:10000", "10.0.0.2:10000"]
+        );
     }
 }

@@ -118,6 +118,7 @@ impl EdgeConfig {
                 cert_file: self.modules.edge_hub.tls_cert_file.clone(),
                 key_file: self.modules.edge_hub.tls_private_key_file.clone(),
                 http_server: self.modules.edge_hub.http_server.clone(),
+                http_servers: Vec::new(),
                 token: String::new(),
             });
         let mut options = EdgeStreamOptions::new(self.node_name(), &stream.server, tls);

@@ -4,6 +4,7 @@
 
 pub mod process;
 pub mod proxy;
+pub mod views;
 
 use std::net::SocketAddr;
 use std::path::Path;

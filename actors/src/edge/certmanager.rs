@@ -14,6 +14,10 @@
 //! 4. write the certificate PEM at `tlsCertFile` and the key as `EC PRIVATE KEY` PEM (mode
 //!    0600) at `tlsPrivateKeyFile`.
 //!
+//! With several certificate servers (`httpServers`, replicas sharing one CA), the bootstrap
+//! asks them in turn: one that cannot be reached or answers an error passes to the next; a
+//! CA that does not match the token, or a local failure, ends the attempt.
+//!
 //! Unlike edgecore, a failure does not panic: EdgeHub reports it and tries again after its
 //! reconnect backoff. The token is not erased from the config file (edgehive never rewrites
 //! its config); once the certificate exists it is no longer read.
@@ -42,8 +46,12 @@ pub struct EdgeTlsOptions {
     pub cert_file: PathBuf,
     /// `tlsPrivateKeyFile`: its key, `EC PRIVATE KEY` PEM.
     pub key_file: PathBuf,
-    /// `httpServer`: the cloud's certificate server, e.g. `https://10.0.0.1:10002`.
+    /// `httpServer`: the cloud's certificate server, e.g. `https://10.0.0.1:10002`; asked
+    /// alone when [`http_servers`](Self::http_servers) is empty.
     pub http_server: String,
+    /// Several clouds' certificate servers, asked in turn until one answers (one that cannot
+    /// be reached or answers an error passes to the next). Empty: `http_server`.
+    pub http_servers: Vec<String>,
     /// `token`: the join token, needed only while the node has no certificate.
     pub token: String,
 }
@@ -147,9 +155,37 @@ fn load_existing(
     }))
 }
 
+/// Bootstraps from each certificate server in turn until one answers; see the
+/// [module docs](self).
 async fn bootstrap(options: &EdgeTlsOptions, node: &str) -> Result<EdgeIdentity, CertManagerError> {
+    let servers = if options.http_servers.is_empty() {
+        std::slice::from_ref(&options.http_server)
+    } else {
+        options.http_servers.as_slice()
+    };
+    let mut failure = None;
+    for server in servers {
+        match bootstrap_from(options, node, server).await {
+            Err(error @ CertManagerError::Server { .. }) => {
+                tracing::warn!(%server, %error, "certificate server failed; trying the next");
+                failure = Some(error);
+            }
+            outcome => return outcome,
+        }
+    }
+    Err(failure.unwrap_or_else(|| CertManagerError::Server {
+        url: String::new(),
+        message: "no certificate server configured".into(),
+    }))
+}
+
+async fn bootstrap_from(
+    options: &EdgeTlsOptions,
+    node: &str,
+    server: &str,
+) -> Result<EdgeIdentity, CertManagerError> {
     let token = options.token.trim();
-    let base = options.http_server.trim_end_matches('/');
+    let base = server.trim_end_matches('/');
     let ca_url = format!("{base}/ca.crt");
     let insecure = client(tls::unverified_client_config()?);
     let ca_der = fetch(insecure.get(&ca_url), &ca_url, None).await?;

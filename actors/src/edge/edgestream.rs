@@ -1207,6 +1207,7 @@ mod tests {
                 cert_file: "c".into(),
                 key_file: "k".into(),
                 http_server: String::new(),
+                http_servers: Vec::new(),
                 token: String::new(),
             },
         );

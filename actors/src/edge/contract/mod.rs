@@ -378,6 +378,11 @@ pub struct EdgeHubStatus {
     pub outbox: usize,
     /// Why the last connection attempt or connection failed.
     pub last_error: Option<String>,
+    /// The cloud address (`host:port`) of the connection up now; `None` while disconnected.
+    pub server: Option<String>,
+    /// Connects to another cloud address than the one connected to before (a list of
+    /// addresses, `modules.edgeHub.websocket.servers`, failing over).
+    pub server_switches: u64,
 }
 
 #[cfg(test)]

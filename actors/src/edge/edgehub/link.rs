@@ -1,6 +1,6 @@
-//! The link: dial CloudHub, serve the connection (cloud frames to the edge modules, the
-//! heartbeat, the outbox up through the rate limit), and dial again after a jittered,
-//! doubling backoff when it ends.
+//! The link: dial CloudHub (each of several addresses in turn), serve the connection (cloud
+//! frames to the edge modules, the heartbeat, the outbox up through the rate limit), and dial
+//! again after a jittered, doubling backoff when it ends.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,30 +40,25 @@ const STABLE_CONNECTION: Duration = Duration::from_secs(10);
 
 impl Link {
     /// Dial, serve, back off, repeat; forever (until the actor stops and drops this future).
+    ///
+    /// With several cloud addresses each round dials them in turn, starting with the one that
+    /// worked last (or, once its connection was lost, the one after it), until one answers;
+    /// the backoff is waited once per round, so dead addresses are never dialed in a hot loop.
     pub(super) async fn run(self) {
         let min = self.options.reconnect_min.max(MIN_RECONNECT);
         let max = self.options.reconnect_max.max(min);
+        let servers = self.options.addresses();
         let mut backoff = min;
         loop {
-            match self.connect().await {
-                Ok(framed) => {
-                    let connected_at = tokio::time::Instant::now();
-                    self.shared.set_connected(true, None);
-                    tracing::info!(url = %events_url(&self.options), "connected to the cloud");
-                    self.broadcast_connection(ConnectionState::Connected).await;
-                    let reason = self.serve(framed).await;
-                    // Only a connection that lasted starts the backoff again: one the cloud
-                    // closes at once (node limit, refused identity) keeps doubling it.
-                    if connected_at.elapsed() >= STABLE_CONNECTION {
+            // The node's identity is the same whichever cloud answers: got once per round.
+            match self.client().await {
+                Ok(client) => {
+                    if self.round(&client, &servers).await {
                         backoff = min;
                     }
-                    tracing::warn!(%reason, "connection to the cloud lost");
-                    self.shared.set_connected(false, Some(reason));
-                    self.broadcast_connection(ConnectionState::Disconnected)
-                        .await;
                 }
                 Err(error) => {
-                    tracing::warn!(url = %events_url(&self.options), %error, "cannot connect to the cloud");
+                    tracing::warn!(%error, "no certificate to dial the cloud with");
                     self.shared.record_error(error);
                 }
             }
@@ -72,39 +67,78 @@ impl Link {
         }
     }
 
+    /// One round: dials `servers` in turn from where the last round left off until one
+    /// answers, and serves that connection until it ends. `true` when the connection lasted
+    /// (the backoff starts again); a connection the cloud closes at once (node limit, refused
+    /// identity) keeps doubling it.
+    async fn round(&self, client: &awc::Client, servers: &[String]) -> bool {
+        let count = servers.len();
+        let start = self.shared.round_start(count);
+        for step in 0..count {
+            let index = (start + step) % count;
+            let server = &servers[index];
+            let url = events_url(&self.options, server);
+            let framed = match self.connect(client, &url).await {
+                Ok(framed) => framed,
+                Err(error) => {
+                    tracing::warn!(%url, %error, "cannot connect to the cloud");
+                    self.shared.record_error(error);
+                    continue;
+                }
+            };
+            let connected_at = tokio::time::Instant::now();
+            self.shared.connected_to(index, server);
+            self.shared.set_connected(true, None);
+            tracing::info!(%url, "connected to the cloud");
+            self.broadcast_connection(ConnectionState::Connected).await;
+            let reason = self.serve(framed).await;
+            tracing::warn!(%url, %reason, "connection to the cloud lost");
+            self.shared.lost(index, count);
+            self.shared.set_connected(false, Some(reason));
+            self.broadcast_connection(ConnectionState::Disconnected)
+                .await;
+            return connected_at.elapsed() >= STABLE_CONNECTION;
+        }
+        false
+    }
+
+    /// The WebSocket client: with TLS, presenting the node's certificate (loaded, or
+    /// bootstrapped with the join token, once).
+    async fn client(&self) -> Result<awc::Client, String> {
+        let Some(tls) = &self.options.tls else {
+            return Ok(awc::Client::new());
+        };
+        let cached = lock(&self.shared.identity).clone();
+        let identity = match cached {
+            Some(identity) => identity,
+            None => {
+                let identity = ensure_identity(tls, &self.options.node_name)
+                    .await
+                    .map_err(|error| format!("certificate: {error}"))?;
+                *lock(&self.shared.identity) = Some(identity.clone());
+                identity
+            }
+        };
+        let config = identity
+            .client_config()
+            .map_err(|error| format!("certificate: {error}"))?;
+        Ok(awc::Client::builder()
+            .connector(awc::Connector::new().rustls_0_23(Arc::new(config)))
+            .finish())
+    }
+
     async fn connect(
         &self,
+        client: &awc::Client,
+        url: &str,
     ) -> Result<
         impl futures_util::Stream<Item = Result<Frame, awc::error::WsProtocolError>>
             + futures_util::Sink<WsMessage, Error = awc::error::WsProtocolError>
             + Unpin,
         String,
     > {
-        let url = events_url(&self.options);
-        let client = match &self.options.tls {
-            None => awc::Client::new(),
-            Some(tls) => {
-                let cached = lock(&self.shared.identity).clone();
-                let identity = match cached {
-                    Some(identity) => identity,
-                    None => {
-                        let identity = ensure_identity(tls, &self.options.node_name)
-                            .await
-                            .map_err(|error| format!("certificate: {error}"))?;
-                        *lock(&self.shared.identity) = Some(identity.clone());
-                        identity
-                    }
-                };
-                let config = identity
-                    .client_config()
-                    .map_err(|error| format!("certificate: {error}"))?;
-                awc::Client::builder()
-                    .connector(awc::Connector::new().rustls_0_23(Arc::new(config)))
-                    .finish()
-            }
-        };
         let mut request = client
-            .ws(url.as_str())
+            .ws(url)
             .max_frame_size(self.options.max_frame_bytes)
             .header("node_id", self.options.node_name.as_str())
             .header("project_id", self.options.project_id.as_str())

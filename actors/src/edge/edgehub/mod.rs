@@ -5,7 +5,9 @@
 //! the outbox of messages the modules sent to `websocket`. It publishes the connection state
 //! ([`CloudConnection`], the edge's one copy, which the modules follow) and tells extension
 //! modules with `node/connection`; when the connection ends it waits a jittered, doubling
-//! backoff and dials again.
+//! backoff and dials again. Given several cloud addresses (`websocket.servers`) it dials them
+//! in turn, one round per backoff, from the one that worked (the one after it once its
+//! connection was lost), and says in its status which one it is on.
 //!
 //! It types each cloud message once, on entry, for the built-in modules (the contract's
 //! `MetaRequest`,
@@ -23,8 +25,8 @@
 //! Module messages go up through a token bucket (`messageQPS`, `messageBurst`), as in
 //! KubeEdge; keepalives and ACK-less control frames are not throttled.
 //!
-//! - `options`: its settings; `link`: the dial–serve–reconnect loop; `bucket`: the
-//!   upstream rate limit.
+//! - `options`: its settings; `link`: the dial–serve–reconnect loop over the addresses;
+//!   `bucket`: the upstream rate limit.
 
 mod bucket;
 mod link;

@@ -12,8 +12,12 @@ pub const DEFAULT_PROJECT_ID: &str = "e632aba927ea4ac2b575ec1603d56f10";
 /// EdgeHub's settings (edgecore's `modules.edgeHub`).
 #[derive(Debug, Clone)]
 pub struct EdgeHubOptions {
-    /// CloudHub's WebSocket address, `host:port`.
+    /// CloudHub's WebSocket address, `host:port` (one cloud, or a load balancer or VIP in
+    /// front of several); dialed alone when [`servers`](Self::servers) is empty.
     pub server: String,
+    /// Several clouds' WebSocket addresses, `host:port`, dialed in turn: a failed dial or a
+    /// lost connection moves to the next, one round of them per backoff. Empty: `server`.
+    pub servers: Vec<String>,
     /// `projectID`, part of the URL and sent as the `project_id` header.
     pub project_id: String,
     /// This edge node's name, part of the URL and sent as the `node_id` header.
@@ -46,6 +50,7 @@ impl Default for EdgeHubOptions {
     fn default() -> Self {
         EdgeHubOptions {
             server: "127.0.0.1:10000".to_owned(),
+            servers: Vec::new(),
             project_id: DEFAULT_PROJECT_ID.to_owned(),
             node_name: default_node_name(),
             heartbeat: Duration::from_secs(15),
@@ -72,13 +77,24 @@ fn default_node_name() -> String {
         .unwrap_or_else(|| "edge-node".to_owned())
 }
 
-/// The URL EdgeHub dials: `wss://` with TLS, `ws://` without. CloudHub accepts any path;
-/// identity travels in headers (and, with TLS, in the client certificate).
-pub(crate) fn events_url(options: &EdgeHubOptions) -> String {
+impl EdgeHubOptions {
+    /// The addresses EdgeHub dials in turn: [`servers`](Self::servers), or `server` alone.
+    pub(crate) fn addresses(&self) -> Vec<String> {
+        if self.servers.is_empty() {
+            vec![self.server.clone()]
+        } else {
+            self.servers.clone()
+        }
+    }
+}
+
+/// The URL EdgeHub dials at `server`: `wss://` with TLS, `ws://` without. CloudHub accepts
+/// any path; identity travels in headers (and, with TLS, in the client certificate).
+pub(crate) fn events_url(options: &EdgeHubOptions, server: &str) -> String {
     let scheme = if options.tls.is_some() { "wss" } else { "ws" };
     format!(
-        "{scheme}://{}/{}/{}/events",
-        options.server, options.project_id, options.node_name
+        "{scheme}://{server}/{}/{}/events",
+        options.project_id, options.node_name
     )
 }
 
@@ -94,8 +110,22 @@ mod tests {
             ..EdgeHubOptions::default()
         };
         assert_eq!(
-            events_url(&options),
+            events_url(&options, &options.server),
             "ws://10.0.0.1:10000/e632aba927ea4ac2b575ec1603d56f10/edge-1/events"
         );
+    }
+
+    #[test]
+    fn the_list_replaces_the_one_server() {
+        let one = EdgeHubOptions {
+            server: "10.0.0.1:10000".into(),
+            ..EdgeHubOptions::default()
+        };
+        assert_eq!(one.addresses(), ["10.0.0.1:10000"]);
+        let several = EdgeHubOptions {
+            servers: vec!["10.0.0.2:10000".into(), "10.0.0.3:10000".into()],
+            ..one
+        };
+        assert_eq!(several.addresses(), ["10.0.0.2:10000", "10.0.0.3:10000"]);
     }
 }

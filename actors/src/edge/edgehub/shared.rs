@@ -32,6 +32,7 @@ pub(super) struct HubMetrics {
     pub(super) unroutable: Counter,
     pub(super) undelivered: Counter,
     pub(super) connects: Counter,
+    pub(super) switches: Counter,
     pub(super) connected: Gauge,
     pub(super) outbox: Gauge,
 }
@@ -66,6 +67,11 @@ impl HubMetrics {
             metrics.connects.clone(),
         );
         registry.register(
+            "edgehive_edgehub_server_switches",
+            "Connects to another cloud address than the one connected to before",
+            metrics.switches.clone(),
+        );
+        registry.register(
             "edgehive_edgehub_connected",
             "1 while connected to the cloud",
             metrics.connected.clone(),
@@ -83,6 +89,15 @@ impl HubMetrics {
 pub(super) struct HubState {
     pub(super) connects: u64,
     pub(super) last_error: Option<String>,
+    /// The cloud address of the connection up now.
+    pub(super) server: Option<String>,
+    /// The cloud address of the last connection (up or not): a connect elsewhere is a switch.
+    pub(super) last_server: Option<String>,
+    /// Connects to another address than the last one.
+    pub(super) switches: u64,
+    /// Where in the address list the next round of dials starts: the address that worked,
+    /// or the one after it once its connection was lost.
+    pub(super) next_server: usize,
     /// Overflow policy: when full, the oldest message is dropped and counted. The cloud
     /// resends what the edge has not acknowledged, so the newest messages are the valuable ones.
     pub(super) outbox: VecDeque<Message>,
@@ -204,6 +219,36 @@ impl Shared {
         self.connection.publish(now)
     }
 
+    /// Where the next round of dials starts in a list of `count` addresses.
+    pub(super) fn round_start(&self, count: usize) -> usize {
+        lock(&self.state).next_server % count.max(1)
+    }
+
+    /// Records a connect to `server`, the address at `index` of the list; a connect to
+    /// another address than the last one counts as a switch.
+    pub(super) fn connected_to(&self, index: usize, server: &str) {
+        let mut state = lock(&self.state);
+        if state
+            .last_server
+            .as_deref()
+            .is_some_and(|last| last != server)
+        {
+            state.switches += 1;
+            self.metrics.switches.inc();
+        }
+        state.next_server = index;
+        state.server = Some(server.to_owned());
+        state.last_server = Some(server.to_owned());
+    }
+
+    /// Records that the connection to the address at `index` of a list of `count` ended: the
+    /// next round starts with the address after it.
+    pub(super) fn lost(&self, index: usize, count: usize) {
+        let mut state = lock(&self.state);
+        state.server = None;
+        state.next_server = (index + 1) % count.max(1);
+    }
+
     pub(super) fn record_error(&self, error: String) {
         lock(&self.state).last_error = Some(error);
     }
@@ -215,6 +260,51 @@ impl Shared {
             connects: state.connects,
             outbox: state.outbox.len(),
             last_error: state.last_error.clone(),
+            server: state.server.clone(),
+            server_switches: state.switches,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Shared {
+        Shared {
+            state: Mutex::new(HubState::default()),
+            outbox_ready: Notify::new(),
+            replies_ready: Notify::new(),
+            pending: Mutex::new(HashMap::new()),
+            metrics: HubMetrics::default(),
+            outbox_capacity: 8,
+            identity: Mutex::new(None),
+            connection: Arc::new(CloudConnection::default()),
+        }
+    }
+
+    #[test]
+    fn rounds_start_where_a_connection_worked_and_move_on_once_it_is_lost() {
+        let hub = shared();
+        assert_eq!(hub.round_start(2), 0, "the first address first");
+        // The first is dead; the second answers: no switch, that is where we are.
+        hub.connected_to(1, "b:1");
+        assert_eq!(hub.round_start(2), 1);
+        assert_eq!(hub.status().server.as_deref(), Some("b:1"));
+        assert_eq!(hub.status().server_switches, 0);
+        // Lost: the next round starts with the one after it, wrapping around.
+        hub.lost(1, 2);
+        assert_eq!(hub.round_start(2), 0);
+        assert_eq!(hub.status().server, None);
+        hub.connected_to(0, "a:1");
+        assert_eq!(hub.status().server_switches, 1);
+        assert_eq!(hub.metrics.switches.get(), 1);
+        // Back on the same address after a loss: no switch.
+        hub.lost(0, 2);
+        hub.connected_to(0, "a:1");
+        assert_eq!(hub.status().server_switches, 1);
+        // One address (a VIP): always it.
+        hub.lost(0, 1);
+        assert_eq!(hub.round_start(1), 0);
     }
 }

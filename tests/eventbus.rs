@@ -20,7 +20,8 @@ use support::*;
 struct Broker {
     child: Child,
     port: u16,
-    _dir: tempfile::TempDir,
+    /// Its config and log.
+    dir: tempfile::TempDir,
 }
 
 fn mosquitto_binary() -> Option<PathBuf> {
@@ -49,39 +50,52 @@ impl Broker {
     }
 
     fn start_on(port: u16) -> Option<Broker> {
+        Broker::start_with(port, "", tempfile::tempdir().unwrap())
+    }
+
+    /// A broker on `port` with `more` lines of config (more listeners) in `dir`.
+    fn start_with(port: u16, more: &str, dir: tempfile::TempDir) -> Option<Broker> {
         let Some(binary) = mosquitto_binary() else {
             eprintln!("SKIPPED: the mosquitto binary is not installed (apt-get install mosquitto); EventBus is not tested");
             return None;
         };
-        let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("mosquitto.conf");
+        // `user`: started as root, mosquitto would switch to the user `mosquitto`, who
+        // cannot read the test's files.
         std::fs::write(
             &config,
-            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
+            format!(
+                "user {}\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n{more}",
+                current_user()
+            ),
         )
         .unwrap();
         let child = Command::new(binary)
             .arg("-c")
             .arg(&config)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("mosquitto.log")).unwrap())
             .spawn()
             .unwrap();
+        let mut broker = Broker { child, port, dir };
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not listen on {addr}"
-            );
+            let exited = broker.child.try_wait().unwrap();
+            if exited.is_some() || Instant::now() >= deadline {
+                let log = std::fs::read_to_string(broker.dir.path().join("mosquitto.log"));
+                panic!("mosquitto did not listen on {addr} ({exited:?}): {log:?}");
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Some(Broker {
-            child,
-            port,
-            _dir: dir,
-        })
+        Some(broker)
     }
+}
+
+/// The user the tests run as.
+fn current_user() -> String {
+    let output = Command::new("id").arg("-un").output().unwrap();
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
 }
 
 impl Drop for Broker {
@@ -595,4 +609,119 @@ fn an_internal_broker_mode_is_refused_naming_the_key() {
     // Off, nothing about it is checked (KubeEdge's minimal config has mqttMode 2 anyway).
     let yaml = "modules:\n  eventBus:\n    enable: false\n    mqttMode: 0\n";
     EdgeConfig::from_text_with_extensions(Path::new("edge.yaml"), yaml, &[]).unwrap();
+}
+
+/// Writes `cert` and `key` as PEM files `{name}.crt`, `{name}.key` in `dir`.
+fn write_pair(
+    dir: &Path,
+    name: &str,
+    pair: edgehive_actors::identity::certs::DerPair,
+) -> (PathBuf, PathBuf) {
+    let (cert_file, key_file) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    pair.write(&cert_file, &key_file).unwrap();
+    (cert_file, key_file)
+}
+
+fn tls_edge_config(
+    dir: &Path,
+    node: &str,
+    port: u16,
+    ca: &Path,
+    pair: Option<&(PathBuf, PathBuf)>,
+) -> EdgeConfig {
+    // No cloud: EventBus and DeviceTwin do not need it.
+    let mut config = edge_config(node, "127.0.0.1:9".parse().unwrap(), dir);
+    config.modules.event_bus.enable = true;
+    config.modules.event_bus.mqtt_server_external = format!("ssl://127.0.0.1:{port}");
+    let tls = &mut config.modules.event_bus.event_bus_tls;
+    tls.enable = true;
+    tls.tls_mqtt_ca_file = ca.to_owned();
+    (tls.tls_mqtt_cert_file, tls.tls_mqtt_private_key_file) = match pair {
+        Some((cert, key)) => (cert.clone(), key.clone()),
+        None => (PathBuf::new(), PathBuf::new()),
+    };
+    config
+}
+
+#[actix_rt::test]
+async fn eventbus_tls_reaches_a_broker_it_trusts_with_its_certificate_and_no_other() {
+    use edgehive_actors::identity::certs::{CertAuthority, DerPair};
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path();
+    let ca = CertAuthority::generate().unwrap();
+    let ca_file = files.join("ca.crt");
+    std::fs::write(&ca_file, ca.cert_pem()).unwrap();
+    let (cert, key) = ca
+        .issue_server_cert(&["127.0.0.1".parse().unwrap()], &[])
+        .unwrap();
+    let server = write_pair(files, "server", DerPair::of_key(cert, &key).unwrap());
+    let (cert, key) = ca.issue_client_cert("edge-tls").unwrap();
+    let client = write_pair(files, "client", DerPair::of_key(cert, &key).unwrap());
+    let other = CertAuthority::generate().unwrap();
+    let other_ca = files.join("other-ca.crt");
+    std::fs::write(&other_ca, other.cert_pem()).unwrap();
+
+    // Plain for the mapper, TLS with client certificates for the edge.
+    let (plain, tls_port) = (free_port(), free_port());
+    let more = format!(
+        "listener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
+        ca_file.display(),
+        server.0.display(),
+        server.1.display()
+    );
+    let Some(broker) = Broker::start_with(plain, &more, tempfile::tempdir().unwrap()) else {
+        return;
+    };
+    let tls_addr = SocketAddr::from(([127, 0, 0, 1], tls_port));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect_timeout(&tls_addr, Duration::from_secs(1)).is_err() {
+        assert!(Instant::now() < deadline, "mosquitto's TLS listener");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let edge_dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(&tls_edge_config(
+        edge_dir.path(),
+        "edge-tls",
+        tls_port,
+        &ca_file,
+        Some(&client),
+    ))
+    .await
+    .unwrap();
+    wait_bus_state(&edge, "connected", 1).await;
+    let mut mapper = Mapper::connect(broker.port, "mapper-tls").await;
+    let members = mapper
+        .ask(
+            "$hw/events/node/edge-tls/membership/get",
+            &json!({"event_id": "t-1"}),
+            "$hw/events/node/edge-tls/membership/get/result",
+            |answer| answer["event_id"] == "t-1",
+        )
+        .await;
+    assert_eq!(members["devices"], json!([]), "{members}");
+
+    // A broker whose certificate the edge does not trust, and a broker that wants a client
+    // certificate the edge does not present: not connected, and the state says why.
+    for (node, ca, pair) in [
+        ("edge-untrusting", &other_ca, Some(&client)),
+        ("edge-anonymous", &ca_file, None),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let refused = EdgeProcess::start(&tls_edge_config(dir.path(), node, tls_port, ca, pair))
+            .await
+            .unwrap();
+        let status = wait_bus_state(&refused, "disconnected", 0).await;
+        assert!(status["lastError"].is_string(), "{status}");
+        // It keeps trying and never connects.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let status = bus_state(&refused).await;
+        assert_eq!(status["connects"], 0, "{node}: {status}");
+        refused.stop().await;
+    }
+    assert_eq!(bus_state(&edge).await["state"], "connected");
+    edge.stop().await;
 }

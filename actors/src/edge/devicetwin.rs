@@ -628,13 +628,14 @@ async fn apply_membership(shared: &Shared, added: Vec<Value>, removed: Vec<Strin
         tracing::error!(%error, "could not remove devices");
     }
     if !added_ids.is_empty() || !removed.is_empty() {
-        for id in &added_ids {
-            shared.changes.send(TwinChange::Device(id.clone()));
-        }
+        // The membership first: a mapper learns of a device before its delta.
         shared.changes.send(TwinChange::Membership {
-            added: added_ids,
+            added: added_ids.clone(),
             removed,
         });
+        for id in added_ids {
+            shared.changes.send(TwinChange::Device(id));
+        }
     }
 }
 

@@ -540,6 +540,22 @@ async fn any_bytes_on_device_topics_are_answered_with_an_error_counted_and_nothi
         .await
         .expect("the large payload refused");
 
+    // The same from other connections.
+    let mut others = Vec::new();
+    for n in 0..4 {
+        others.push(Mapper::connect(broker.port, &format!("junk-{n}")).await);
+    }
+    for other in &others {
+        for payload in &junk {
+            other.publish(UPDATE, payload.clone()).await;
+        }
+    }
+    let expected = (3 * 4 * junk.len() + others.len() * junk.len()) as u64;
+    eventually("every junk message counted", WITHIN, || async {
+        let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
+        (refused(&metrics, "invalid_json") >= expected).then_some(())
+    })
+    .await;
     let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
     assert!(
         refused(&metrics, "invalid_json") >= 3 * 4 * junk.len() as u64,

@@ -210,8 +210,14 @@ impl Shared {
         }
     }
 
-    /// Queues `payload` for `topic`; dropped (and counted) when the queue is full.
+    /// Queues `payload` for `topic`; dropped (and counted) when the broker is not connected
+    /// (the answer would be stale, and the queue must stay free for the subscription after
+    /// the next connect) or the queue is full.
     fn publish(&self, client: &AsyncClient, topic: String, payload: Value) {
+        if locks::lock(&self.status).state != "connected" {
+            self.metrics.publish_dropped.inc();
+            return;
+        }
         let bytes = payload.to_string().into_bytes();
         match client.try_publish(topic, self.qos(), self.options.retain, bytes) {
             Ok(()) => {
@@ -411,21 +417,39 @@ async fn connection_loop(
 ) {
     let mut backoff = BACKOFF_MIN;
     let mut logged_down = false;
+    // Subscribing after a connect, until the request is queued (the queue may be full).
+    let mut subscribe = false;
     loop {
+        if subscribe {
+            let filters = topics(&shared.node_name)
+                .into_iter()
+                .map(|topic| rumqttc::SubscribeFilter::new(topic, shared.qos()));
+            match client.try_subscribe_many(filters) {
+                Ok(()) => subscribe = false,
+                Err(error) => tracing::debug!(%error, "eventbus: subscribing again"),
+            }
+        }
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
                 backoff = BACKOFF_MIN;
                 logged_down = false;
                 shared.metrics.connects.inc();
                 shared.set_state("subscribing", None);
-                let filters = topics(&shared.node_name)
-                    .into_iter()
-                    .map(|topic| rumqttc::SubscribeFilter::new(topic, shared.qos()));
-                if let Err(error) = client.try_subscribe_many(filters) {
-                    tracing::warn!(%error, "eventbus: cannot subscribe");
-                }
+                subscribe = true;
             }
-            Ok(Event::Incoming(Packet::SubAck(_))) => {
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                let refused = ack
+                    .return_codes
+                    .iter()
+                    .filter(|code| matches!(code, rumqttc::SubscribeReasonCode::Failure))
+                    .count();
+                if refused > 0 {
+                    // An ACL on the broker: say so, and do not claim to serve the topics.
+                    let error = format!("the broker refused {refused} of EventBus's subscriptions");
+                    tracing::error!(%error, "eventbus");
+                    shared.set_state("subscribing", Some(error));
+                    continue;
+                }
                 shared.set_state("connected", None);
                 tracing::info!(broker = %locks::lock(&shared.status).broker, "eventbus connected to the MQTT broker and subscribed");
             }
@@ -449,6 +473,7 @@ async fn connection_loop(
                     logged_down = true;
                 }
                 shared.set_state("disconnected", Some(text));
+                subscribe = false;
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }

@@ -1,4 +1,4 @@
-//! The edge process: EdgeHub, MetaManager and DeviceTwin on one hive, the SQLite store, and
+//! The edge process: EdgeHub, MetaManager, DeviceTwin and EventBus on one hive, the SQLite store, and
 //! the admin endpoint with the edge's local API:
 //!
 //! | route | what |
@@ -9,6 +9,7 @@
 //! | `GET /api/v1/devices`, `GET /api/v1/devices/{ns}/{name}` | devices with their twins |
 //! | `PUT /api/v1/devices/{ns}/{name}/twins/{property}` | a mapper reports a value (body: the value) |
 //! | `PUT /api/v1/devices/{ns}/{name}/state` | a mapper reports the device state (body: the state) |
+//! | `GET /api/v1/eventbus` | EventBus's MQTT broker connection: state (`connecting`, `connected`, `disconnected`), broker, connects, last error, topics |
 //! | `GET /api/v1/node` | the node module: registered, last status and lease renewal, reports waiting |
 //! | `PUT /api/v1/pods/{ns}/{name}/status` | a runtime reports a pod's status (body: a PodStatus); 202, sent up as `podstatus` |
 //! | `DELETE /api/v1/pods/{ns}/{name}` | a runtime confirms a terminating pod is gone; 202, the cloud then removes it from the cluster |
@@ -33,6 +34,7 @@ use edgehive_actors::edge::edged::{
     ConfirmPodDeletion, GetNodeStatus, NodeError, NodeModule, ReportPodStatus,
 };
 use edgehive_actors::edge::edgehub::{self, EdgeHubModule, EdgeHubStatus, GetEdgeHubStatus};
+use edgehive_actors::edge::eventbus::{self, EventBusModule, GetEventBusStatus};
 use edgehive_actors::edge::metamanager::MetaManagerModule;
 use edgehive_actors::edge::metaserver::MetaServer;
 use edgehive_actors::edge::store::MetaStore;
@@ -96,6 +98,22 @@ impl EdgeProcess {
         } else {
             None
         };
+        // EventBus serves DeviceTwin's topics: without DeviceTwin it has nothing to serve.
+        let event_bus = match (config.event_bus_options(), &twins) {
+            (Some(options), Some(twins)) => {
+                hive.start_module(EventBusModule::new(
+                    options,
+                    twins.clone(),
+                    node_name.clone(),
+                ))?;
+                true
+            }
+            (Some(_), None) => {
+                tracing::warn!("modules.eventBus is enabled but modules.deviceTwin is not: EventBus not started");
+                false
+            }
+            _ => false,
+        };
         let node_module = config.modules.edged.enable;
         if node_module {
             hive.start_module(NodeModule::new(config.node_options(), store.clone()))?;
@@ -158,6 +176,9 @@ impl EdgeProcess {
                     .route("/api/v1/meta", web::get().to(list_meta))
                     .route("/api/v1/meta/{ns}/{type}/{name}", web::get().to(get_meta))
                     .route("/api/v1/edgehub", web::get().to(edgehub_status));
+                if event_bus {
+                    routes.route("/api/v1/eventbus", web::get().to(eventbus_status));
+                }
                 if node_module {
                     routes
                         .route("/api/v1/node", web::get().to(node_status))
@@ -314,6 +335,21 @@ async fn get_meta(
 /// `GET /api/v1/edgehub`: the connection to the cloud.
 async fn edgehub_status(hive: web::Data<Hive>) -> HttpResponse {
     match hub_status(&hive).await {
+        Ok(status) => HttpResponse::Ok().json(status),
+        Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
+    }
+}
+
+/// `GET /api/v1/eventbus`: EventBus's connection to the node's MQTT broker.
+async fn eventbus_status(hive: web::Data<Hive>) -> HttpResponse {
+    match hive
+        .ask(
+            eventbus::MODULE_NAME,
+            GetEventBusStatus,
+            Duration::from_secs(5),
+        )
+        .await
+    {
         Ok(status) => HttpResponse::Ok().json(status),
         Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
     }

@@ -24,6 +24,7 @@ mod edge_metaserver;
 mod edge_rss;
 mod edgestream;
 mod end_to_end;
+mod eventbus;
 mod handshake_flood;
 mod join;
 mod join_service;

@@ -41,7 +41,8 @@ impl Schema for EdgeConfig {
         "modules.metaManager.metaServer.tlsPrivateKeyFile",
         "modules.deviceTwin.dmiSockPath",
         "modules.edged",
-        "modules.eventBus",
+        "modules.eventBus.mqttServerInternal",
+        "modules.eventBus.mqttPubClientID",
         "modules.serviceBus",
         "modules.taskManager",
         "modules.dbTest",
@@ -173,6 +174,7 @@ impl Validate for EdgeConfig {
             "seconds",
         )?;
         self.modules.edge_stream.validate()?;
+        self.modules.event_bus.validate()?;
         self.modules.meta_manager.meta_server.validate()?;
         self.modules.edged.validate()
     }
@@ -517,6 +519,8 @@ pub struct EdgeModules {
     pub edged: Edged,
     /// `modules.edgeStream`: the stream tunnel for `kubectl logs`.
     pub edge_stream: super::EdgeStreamConfig,
+    /// `modules.eventBus`: the MQTT client serving DeviceTwin's topics to mappers.
+    pub event_bus: super::EventBusConfig,
     /// Extension modules' sections, `modules.<name>` by name, as written (the names given to
     /// `load_files_with_extensions`); the process's plug reads them
     /// ([`crate::plug::Plug::section`]) and refuses one it does not.

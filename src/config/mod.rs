@@ -16,6 +16,7 @@ mod cloud;
 #[cfg(feature = "cloud")]
 mod cloud_stream;
 mod edge;
+mod edge_eventbus;
 mod edge_stream;
 mod meta_server;
 
@@ -24,6 +25,7 @@ pub use cloud::*;
 #[cfg(feature = "cloud")]
 pub use cloud_stream::*;
 pub use edge::*;
+pub use edge_eventbus::*;
 pub use edge_stream::*;
 pub use meta_server::*;
 
@@ -818,9 +820,14 @@ mod tests {
                 "modules.dbTest",
                 "modules.edgeHub.quic",
                 "modules.edged.tailoredKubeletConfig.cgroupDriver",
-                "modules.eventBus",
+                "modules.eventBus.mqttServerInternal",
             ],
         );
+        // KubeEdge's EventBus section is read: enabled, the external broker on 1883.
+        assert!(edge.modules.event_bus.enable);
+        let bus = edge.event_bus_options().unwrap();
+        assert_eq!((bus.host.as_str(), bus.port), ("127.0.0.1", 1883));
+        assert!(bus.tls.is_none());
         let (edge, ignored) = parse_reporting::<EdgeConfig>(
             Path::new("edgecore.yaml"),
             &read("edgecore-v1.22.0-minconfig.yaml"),
@@ -828,7 +835,11 @@ mod tests {
         .unwrap();
         assert_eq!(edge.node_name(), "vm");
         assert!(!edge.modules.device_twin.enable);
-        listed(&ignored, &["modules.edgeHub.enable", "modules.eventBus"]);
+        listed(
+            &ignored,
+            &["modules.edgeHub.enable", "modules.eventBus.mqttPubClientID"],
+        );
+        assert!(!edge.modules.event_bus.enable);
         // And edgehive's own defaults.
         CloudConfig::default().validate().unwrap();
         EdgeConfig::default().validate().unwrap();

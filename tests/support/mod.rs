@@ -61,6 +61,9 @@ pub fn edge_config(node: &str, cloud: SocketAddr, dir: &Path) -> EdgeConfig {
     config.modules.edge_hub.websocket.insecure_plaintext = true;
     config.database.data_source = dir.join(format!("{node}.db"));
     config.admin.bind_address = "127.0.0.1:0".into();
+    // No MQTT broker unless a test starts one (tests/eventbus.rs): a broker on the default
+    // port would otherwise be shared by every test's edge.
+    config.modules.event_bus.enable = false;
     config
 }
 

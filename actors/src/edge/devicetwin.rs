@@ -16,6 +16,8 @@
 //!   The answer's device list is the full set, except for devices added, changed or removed
 //!   after the request was made (the answer may be older: it travels on the no-ACK lane,
 //!   which Device inserts overtake); its confirmation is counted once it is applied.
+//! - What it commits (a reading, a Device object, a membership change) it tells on the
+//!   hive's [`TwinChanges`], which EventBus follows to publish deltas and membership updates.
 //! - It takes [`TwinMessage`]s, typed by EdgeHub (or from an extension's envelope, with the
 //!   same function) and by MetaManager for Device objects; its uploads are the contract's
 //!   `Upload`s, which EdgeHub writes.
@@ -33,8 +35,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 
 use super::contract::{
-    changes, route, CloudConnection, ConnectionState, ToCloud, TwinBody, TwinMessage, TwinReply,
-    Upload,
+    changes, route, CloudConnection, ConnectionState, ToCloud, TwinBody, TwinChange, TwinChanges,
+    TwinMessage, TwinReply, Upload,
 };
 use super::deliver::tell_with_retry;
 use super::store::StoreError;
@@ -200,6 +202,8 @@ struct Shared {
     /// made: its answer may have been computed before, so it does not undo them.
     settled: Arc<Mutex<HashSet<String>>>,
     metrics: TwinMetrics,
+    /// Where committed changes are told (EventBus follows them).
+    changes: Arc<TwinChanges>,
 }
 
 impl Shared {
@@ -269,6 +273,7 @@ impl Module for DeviceTwinModule {
                     loaded: AtomicBool::new(false),
                     settled: Arc::default(),
                     metrics: TwinMetrics::register(hive),
+                    changes: TwinChanges::of(hive),
                 })
             })
             .clone();
@@ -374,6 +379,7 @@ impl Handler<ReportTwin> for DeviceTwin {
                 now_ms(),
             );
             upload(&hive, &shared, sent.clone()).await?;
+            shared.changes.send(TwinChange::Device(report.id));
             Ok(sent.into_message())
         })
     }
@@ -539,7 +545,12 @@ async fn on_message(shared: &Shared, msg: TwinMessage) -> Option<TwinReply> {
                 Ok(())
             } else {
                 shared.settle(&id);
-                apply_device_object(shared, id, delete, object).await
+                let existed = matches!(shared.store.get(id.clone()).await, Ok(Some(_)));
+                let applied = apply_device_object(shared, id.clone(), delete, object).await;
+                if applied.is_ok() {
+                    tell_device_change(shared, id, existed, delete);
+                }
+                applied
             };
             Some(match outcome {
                 Ok(()) => TwinReply::Done(msg.origin),
@@ -565,11 +576,32 @@ async fn on_message(shared: &Shared, msg: TwinMessage) -> Option<TwinReply> {
     }
 }
 
+/// Tells the followers what a committed Device object changed.
+fn tell_device_change(shared: &Shared, id: String, existed: bool, delete: bool) {
+    let change = match (existed, delete) {
+        (true, true) => TwinChange::Membership {
+            added: Vec::new(),
+            removed: vec![id],
+        },
+        (false, true) => return,
+        (false, false) => {
+            shared.changes.send(TwinChange::Membership {
+                added: vec![id.clone()],
+                removed: Vec::new(),
+            });
+            TwinChange::Device(id)
+        }
+        (true, false) => TwinChange::Device(id),
+    };
+    shared.changes.send(change);
+}
+
 async fn apply_membership(shared: &Shared, added: Vec<Value>, removed: Vec<String>) {
     let added: Vec<DeviceSpec> = added
         .iter()
         .filter_map(DeviceSpec::from_membership)
         .collect();
+    let added_ids: Vec<String> = added.iter().map(|device| device.id.clone()).collect();
     if let Err(error) = shared.store.upsert_devices(added).await {
         tracing::error!(%error, "could not store added devices");
     }
@@ -592,8 +624,18 @@ async fn apply_membership(shared: &Shared, added: Vec<Value>, removed: Vec<Strin
             tracing::warn!(%error, "cannot forget an upload of a removed device");
         }
     }
-    if let Err(error) = shared.store.remove_devices(removed).await {
+    if let Err(error) = shared.store.remove_devices(removed.clone()).await {
         tracing::error!(%error, "could not remove devices");
+    }
+    if !added_ids.is_empty() || !removed.is_empty() {
+        // The membership first: a mapper learns of a device before its delta.
+        shared.changes.send(TwinChange::Membership {
+            added: added_ids.clone(),
+            removed,
+        });
+        for id in added_ids {
+            shared.changes.send(TwinChange::Device(id));
+        }
     }
 }
 

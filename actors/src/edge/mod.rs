@@ -3,7 +3,8 @@
 //! acknowledges it only once it is committed, [`devicetwin`] keeps devices and their twins in
 //! [`twin_store`], [`edged`] registers the node, reports its status and carries a runtime's
 //! pod reports, [`watch`] turns the store's changes into a watch stream, and [`metaserver`] serves the
-//! store (and, online, the cloud) to the node's applications in the Kubernetes API's shape.
+//! store (and, online, the cloud) to the node's applications in the Kubernetes API's shape;
+//! [`eventbus`] serves DeviceTwin's MQTT topics to mappers through the node's broker.
 
 pub mod certmanager;
 pub mod contract;
@@ -12,6 +13,7 @@ pub mod devicetwin;
 pub mod edged;
 pub mod edgehub;
 pub mod edgestream;
+pub mod eventbus;
 mod kubelet_http;
 pub mod metamanager;
 pub mod metaserver;

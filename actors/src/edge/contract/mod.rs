@@ -20,6 +20,7 @@ mod connection_state;
 mod meta;
 mod origin;
 mod twin;
+mod twin_changes;
 
 pub use connection_state::ConnectionState;
 pub use meta::{CloudObject, Query, Target};
@@ -28,6 +29,7 @@ pub(crate) use origin::CloudReply;
 pub use origin::Origin;
 pub(crate) use twin::Upload;
 pub use twin::{TwinBody, TwinMessage, TwinReply};
+pub use twin_changes::{TwinChange, TwinChanges};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +61,8 @@ pub mod route {
     pub(crate) const TWIN_GROUP: &str = "twin";
     /// The group of extension modules that take `user` messages (KubeEdge's EventBus).
     pub(crate) const BUS_GROUP: &str = "bus";
+    /// EventBus's module name (the MQTT client to the node's broker), in group `bus`.
+    pub const EVENTBUS: &str = "eventbus";
     /// The node module's name (KubeEdge's `edged`).
     pub(crate) const EDGED: &str = "edged";
     /// The node module's group.
@@ -78,6 +82,25 @@ pub mod route {
             Some(Group::Twin) => Some(TWIN_GROUP),
             Some(Group::User) => Some(BUS_GROUP),
             _ => None,
+        }
+    }
+}
+
+/// What an envelope to a `bus` module (EventBus) carries, typed once here.
+#[derive(Debug)]
+pub enum BusMessage {
+    /// EdgeHub's `node/connection` announcement (or why its content is not one).
+    Connection(Result<ConnectionState, String>),
+    /// A message from the cloud (a Router rule's), by its id.
+    Cloud(String),
+}
+
+impl BusMessage {
+    /// Types `message`.
+    pub fn of(message: &Message) -> BusMessage {
+        match ConnectionState::of(message) {
+            Some(state) => BusMessage::Connection(state),
+            None => BusMessage::Cloud(message.id().to_owned()),
         }
     }
 }

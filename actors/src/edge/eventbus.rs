@@ -1,0 +1,908 @@
+//! EventBus (module `eventbus`, group `bus`): the edge's MQTT client to the node's broker
+//! (KubeEdge's external broker mode), serving the DeviceTwin topics MQTT mappers use, so a
+//! mapper written for edgecore works against this edge unchanged.
+//!
+//! | a mapper publishes | EventBus answers on |
+//! | --- | --- |
+//! | `$hw/events/device/{device}/twin/update` | `.../twin/update/result` (and `.../twin/update/delta` while a desired value differs) |
+//! | `$hw/events/device/{device}/twin/get` | `.../twin/get/result` |
+//! | `$hw/events/device/{device}/state/update` | `.../state/update/result` |
+//! | `$hw/events/node/{node}/membership/get` | `.../membership/get/result` |
+//!
+//! And unasked: `$hw/events/device/{device}/twin/update/delta` when the cloud changes a
+//! desired value, `$hw/events/node/{node}/membership/updated` when devices are added or removed.
+//!
+//! `{device}` is the Device's name (one MQTT topic level; KubeEdge's device id). Reports go to
+//! DeviceTwin as the local API's do ([`ReportTwin`], [`ReportState`]): stored, sent up to the
+//! cloud until confirmed; DeviceTwin's committed changes come back through [`TwinChanges`].
+//! Payloads are KubeEdge's JSON (`event_id`, `timestamp`, `twin: {name: {actual: {value}}}`);
+//! one that is not (any bytes) is answered with an error result where the topic has one, and
+//! counted in `edgehive_eventbus_refused_total{reason}`.
+//!
+//! The broker may be down: the client retries with backoff (from 200 ms to 10 s), subscribes
+//! again after every connect (a clean session), and shows its state on the admin endpoint
+//! (`GET /api/v1/eventbus`); nothing else on the edge waits for it. Rule topics (Router) and
+//! the upload topics are not served (see docs/eventbus.md).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::{Actor, AsyncContext, Context, Handler};
+use edgehive_protocols::Message;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS, Transport};
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use tokio::sync::{broadcast, mpsc};
+
+use super::contract::{route, BusMessage, TwinChange, TwinChanges};
+use super::devicetwin::{ReportState, ReportTwin, TwinError};
+use super::twin_store::{DeviceView, TwinStore};
+use crate::hive::locks;
+use crate::hive::{Accepts, Envelope, Hive, Module};
+
+/// beehive name of the module.
+pub const MODULE_NAME: &str = route::EVENTBUS;
+/// The largest payload taken from a device topic; a larger one is refused (`too_large`).
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// The largest MQTT packet the client reads; a larger one drops the connection (the broker
+/// then delivers it to no one: the session is clean).
+const MAX_PACKET_BYTES: usize = 1024 * 1024;
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// How long a report may wait for DeviceTwin.
+const TWIN_TIMEOUT: Duration = Duration::from_secs(10);
+const DEVICE_PREFIX: &str = "$hw/events/device/";
+const NODE_PREFIX: &str = "$hw/events/node/";
+
+/// How EventBus reaches the broker (`modules.eventBus`).
+#[derive(Debug, Clone)]
+pub struct EventBusOptions {
+    /// The broker's host (`mqttServerExternal`).
+    pub host: String,
+    /// The broker's port.
+    pub port: u16,
+    /// `mqttQOS` of what EventBus publishes and subscribes (0, 1 or 2).
+    pub qos: u8,
+    /// `mqttRetain` of what EventBus publishes.
+    pub retain: bool,
+    /// `mqttSessionQueueSize`: messages waiting to be published, and device messages
+    /// waiting to be handled, at most each.
+    pub queue_size: usize,
+    /// The MQTT client id.
+    pub client_id: String,
+    /// `mqttUsername` and `mqttPassword`, if set.
+    pub credentials: Option<(String, String)>,
+    /// `eventBusTLS`, when enabled.
+    pub tls: Option<EventBusTls>,
+}
+
+/// `modules.eventBus.eventBusTLS`: PEM files.
+#[derive(Debug, Clone)]
+pub struct EventBusTls {
+    /// The CA the broker's certificate must chain to.
+    pub ca_file: std::path::PathBuf,
+    /// The client certificate, if the broker asks for one (with `key_file`).
+    pub cert_file: Option<std::path::PathBuf>,
+    /// The client certificate's P-256 key.
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+/// The broker connection as the admin endpoint shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EventBusStatus {
+    /// `connecting`, `subscribing` (connected, topics not yet acknowledged), `connected`
+    /// (and subscribed) or `disconnected`.
+    pub state: &'static str,
+    /// `host:port`.
+    pub broker: String,
+    /// Connects since the process started.
+    pub connects: u64,
+    /// The last connection error, if any.
+    #[serde(rename = "lastError")]
+    pub last_error: Option<String>,
+    /// The topics subscribed after each connect.
+    pub topics: Vec<String>,
+}
+
+/// Asks EventBus for its [`EventBusStatus`].
+#[derive(Debug)]
+pub struct GetEventBusStatus;
+
+impl actix::Message for GetEventBusStatus {
+    type Result = EventBusStatus;
+}
+
+/// Label set of `edgehive_eventbus_refused_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Default)]
+struct BusMetrics {
+    connected: Gauge,
+    connects: Counter,
+    received: Counter,
+    published: Counter,
+    publish_dropped: Counter,
+    refused: Family<ReasonLabels, Counter>,
+}
+
+impl BusMetrics {
+    fn register(hive: &Hive) -> BusMetrics {
+        let metrics = BusMetrics::default();
+        let registry = hive.metrics();
+        registry.register(
+            "edgehive_eventbus_connected",
+            "1 while EventBus is connected to the MQTT broker",
+            metrics.connected.clone(),
+        );
+        registry.register(
+            "edgehive_eventbus_connects",
+            "Connects of EventBus to the MQTT broker",
+            metrics.connects.clone(),
+        );
+        registry.register(
+            "edgehive_eventbus_received",
+            "MQTT messages EventBus took from device topics",
+            metrics.received.clone(),
+        );
+        registry.register(
+            "edgehive_eventbus_published",
+            "MQTT messages EventBus published (results, deltas, membership)",
+            metrics.published.clone(),
+        );
+        registry.register(
+            "edgehive_eventbus_publish_dropped",
+            "MQTT messages EventBus dropped because its publish queue was full (broker down)",
+            metrics.publish_dropped.clone(),
+        );
+        registry.register(
+            "edgehive_eventbus_refused",
+            "MQTT messages EventBus refused, by reason (invalid_json, bad_topic, too_large, unknown_device, ambiguous_device, unknown_property, no_value, busy, twin_unavailable, store, cloud_message_not_built)",
+            metrics.refused.clone(),
+        );
+        metrics
+    }
+
+    fn refuse(&self, reason: &str) {
+        self.refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+}
+
+/// State that outlives a restart of the actor.
+#[derive(Debug)]
+struct Shared {
+    options: EventBusOptions,
+    node_name: String,
+    twins: TwinStore,
+    status: Mutex<EventBusStatus>,
+    metrics: BusMetrics,
+    changes: Arc<TwinChanges>,
+}
+
+impl Shared {
+    fn set_state(&self, state: &'static str, error: Option<String>) {
+        let mut status = locks::lock(&self.status);
+        status.state = state;
+        if state == "connected" {
+            status.connects += 1;
+        }
+        if error.is_some() {
+            status.last_error = error;
+        }
+        self.metrics.connected.set(i64::from(state == "connected"));
+    }
+
+    fn qos(&self) -> QoS {
+        match self.options.qos {
+            0 => QoS::AtMostOnce,
+            1 => QoS::AtLeastOnce,
+            _ => QoS::ExactlyOnce,
+        }
+    }
+
+    /// Queues `payload` for `topic`; dropped (and counted) when the broker is not connected
+    /// (the answer would be stale, and the queue must stay free for the subscription after
+    /// the next connect) or the queue is full.
+    fn publish(&self, client: &AsyncClient, topic: String, payload: Value) {
+        if locks::lock(&self.status).state != "connected" {
+            self.metrics.publish_dropped.inc();
+            return;
+        }
+        let bytes = payload.to_string().into_bytes();
+        match client.try_publish(topic, self.qos(), self.options.retain, bytes) {
+            Ok(()) => {
+                self.metrics.published.inc();
+            }
+            Err(error) => {
+                self.metrics.publish_dropped.inc();
+                tracing::debug!(%error, "eventbus publish dropped");
+            }
+        }
+    }
+}
+
+/// The EventBus recipe.
+#[derive(Debug)]
+pub struct EventBusModule {
+    options: EventBusOptions,
+    node_name: String,
+    twins: TwinStore,
+    shared: std::sync::OnceLock<Arc<Shared>>,
+}
+
+impl EventBusModule {
+    /// EventBus for node `node_name`, reading devices from `twins` (DeviceTwin's tables).
+    pub fn new(options: EventBusOptions, twins: TwinStore, node_name: impl Into<String>) -> Self {
+        EventBusModule {
+            options,
+            node_name: node_name.into(),
+            twins,
+            shared: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl Module for EventBusModule {
+    type Actor = EventBus;
+
+    fn name(&self) -> &str {
+        MODULE_NAME
+    }
+
+    fn group(&self) -> &str {
+        route::BUS_GROUP
+    }
+
+    fn accepts(&self, accepts: &mut Accepts<EventBus>) {
+        accepts.message::<GetEventBusStatus>();
+    }
+
+    fn create(&self, hive: &Hive) -> EventBus {
+        let shared = self
+            .shared
+            .get_or_init(|| {
+                Arc::new(Shared {
+                    status: Mutex::new(EventBusStatus {
+                        state: "connecting",
+                        broker: format!("{}:{}", self.options.host, self.options.port),
+                        connects: 0,
+                        last_error: None,
+                        topics: topics(&self.node_name),
+                    }),
+                    options: self.options.clone(),
+                    node_name: self.node_name.clone(),
+                    twins: self.twins.clone(),
+                    metrics: BusMetrics::register(hive),
+                    changes: TwinChanges::of(hive),
+                })
+            })
+            .clone();
+        // Subscribed here, not when the actor starts: a change in between is not missed.
+        let changes = Some(shared.changes.subscribe());
+        EventBus {
+            hive: hive.clone(),
+            shared,
+            changes,
+        }
+    }
+}
+
+/// The EventBus actor; see the [module docs](self).
+#[derive(Debug)]
+pub struct EventBus {
+    hive: Hive,
+    shared: Arc<Shared>,
+    changes: Option<broadcast::Receiver<TwinChange>>,
+}
+
+impl Actor for EventBus {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let Some(changes) = self.changes.take() else {
+            return;
+        };
+        let (hive, shared) = (self.hive.clone(), self.shared.clone());
+        // Ends with the actor (a restart builds a new client).
+        ctx.spawn(actix::fut::wrap_future(async move {
+            run(hive, shared, changes).await;
+        }));
+    }
+}
+
+impl Handler<GetEventBusStatus> for EventBus {
+    type Result = actix::MessageResult<GetEventBusStatus>;
+
+    fn handle(&mut self, _: GetEventBusStatus, _: &mut Context<Self>) -> Self::Result {
+        actix::MessageResult(locks::lock(&self.shared.status).clone())
+    }
+}
+
+impl Handler<Envelope> for EventBus {
+    type Result = Option<Message>;
+
+    /// The cloud's `user` messages (Router's rules) are not bridged yet: counted. The
+    /// connection announcements every `bus` module gets are not needed.
+    fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Option<Message> {
+        if let BusMessage::Cloud(id) = BusMessage::of(&envelope.into_message()) {
+            self.shared.metrics.refuse("cloud_message_not_built");
+            tracing::debug!(
+                id,
+                "eventbus: rule messages from the cloud are not bridged to MQTT yet"
+            );
+        }
+        None
+    }
+}
+
+/// The topics EventBus subscribes to.
+fn topics(node: &str) -> Vec<String> {
+    vec![
+        format!("{DEVICE_PREFIX}+/twin/update"),
+        format!("{DEVICE_PREFIX}+/twin/get"),
+        format!("{DEVICE_PREFIX}+/state/update"),
+        format!("{NODE_PREFIX}{node}/membership/get"),
+    ]
+}
+
+/// The MQTT options of `options`, or why they cannot be built (a TLS file).
+fn mqtt_options(options: &EventBusOptions) -> Result<MqttOptions, String> {
+    let mut mqtt = MqttOptions::new(&options.client_id, &options.host, options.port);
+    mqtt.set_keep_alive(Duration::from_secs(30))
+        .set_clean_session(true)
+        .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES);
+    if let Some((user, password)) = &options.credentials {
+        mqtt.set_credentials(user, password);
+    }
+    if let Some(tls) = &options.tls {
+        use crate::identity::{certs, tls as edge_tls};
+        let ca = certs::read_pem(&tls.ca_file, "CERTIFICATE").map_err(|e| e.to_string())?;
+        let mut config = match (&tls.cert_file, &tls.key_file) {
+            (Some(cert), Some(key)) => {
+                let cert = certs::read_pem(cert, "CERTIFICATE").map_err(|e| e.to_string())?;
+                let key = certs::read_key(key).map_err(|e| e.to_string())?;
+                edge_tls::edge_client_config(&ca, &cert, &key).map_err(|e| e.to_string())?
+            }
+            _ => edge_tls::ca_only_client_config(&ca).map_err(|e| e.to_string())?,
+        };
+        config.alpn_protocols.clear();
+        mqtt.set_transport(Transport::Tls(rumqttc::TlsConfiguration::Rustls(Arc::new(
+            config,
+        ))));
+    }
+    Ok(mqtt)
+}
+
+/// One device message taken off the connection, for the worker.
+struct Incoming {
+    topic: String,
+    /// As received: any bytes.
+    payload: Vec<u8>,
+}
+
+async fn run(hive: Hive, shared: Arc<Shared>, changes: broadcast::Receiver<TwinChange>) {
+    let mqtt = match mqtt_options(&shared.options) {
+        Ok(mqtt) => mqtt,
+        Err(error) => {
+            tracing::error!(%error, "eventbus: cannot set up the broker connection");
+            shared.set_state("disconnected", Some(error));
+            return;
+        }
+    };
+    let capacity = shared.options.queue_size.max(1);
+    let (client, eventloop) = AsyncClient::new(mqtt, capacity);
+    let (incoming, work) = mpsc::channel(capacity);
+    let worker = work_loop(&hive, &shared, &client, work, changes);
+    let connection = connection_loop(&shared, &client, eventloop, incoming);
+    futures_util::future::join(worker, connection).await;
+}
+
+/// Polls the connection: connects (again, with backoff), subscribes after each connect, and
+/// hands device messages to the worker.
+async fn connection_loop(
+    shared: &Shared,
+    client: &AsyncClient,
+    mut eventloop: EventLoop,
+    incoming: mpsc::Sender<Incoming>,
+) {
+    let mut backoff = BACKOFF_MIN;
+    let mut logged_down = false;
+    // Subscribing after a connect, until the request is queued (the queue may be full).
+    let mut subscribe = false;
+    loop {
+        if subscribe {
+            let filters = topics(&shared.node_name)
+                .into_iter()
+                .map(|topic| rumqttc::SubscribeFilter::new(topic, shared.qos()));
+            match client.try_subscribe_many(filters) {
+                Ok(()) => subscribe = false,
+                Err(error) => tracing::debug!(%error, "eventbus: subscribing again"),
+            }
+        }
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                backoff = BACKOFF_MIN;
+                logged_down = false;
+                shared.metrics.connects.inc();
+                shared.set_state("subscribing", None);
+                subscribe = true;
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                let refused = ack
+                    .return_codes
+                    .iter()
+                    .filter(|code| matches!(code, rumqttc::SubscribeReasonCode::Failure))
+                    .count();
+                if refused > 0 {
+                    // An ACL on the broker: say so, and do not claim to serve the topics.
+                    let error = format!("the broker refused {refused} of EventBus's subscriptions");
+                    tracing::error!(%error, "eventbus");
+                    shared.set_state("subscribing", Some(error));
+                    continue;
+                }
+                shared.set_state("connected", None);
+                tracing::info!(broker = %locks::lock(&shared.status).broker, "eventbus connected to the MQTT broker and subscribed");
+            }
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                shared.metrics.received.inc();
+                let message = Incoming {
+                    topic: publish.topic,
+                    payload: publish.payload.to_vec(),
+                };
+                if incoming.try_send(message).is_err() {
+                    shared.metrics.refuse("busy");
+                }
+            }
+            Ok(_) => {}
+            Err(error) => {
+                let text = error.to_string();
+                if logged_down {
+                    tracing::debug!(error = %text, "eventbus: MQTT broker still unreachable");
+                } else {
+                    tracing::warn!(error = %text, "eventbus: MQTT broker unreachable; retrying");
+                    logged_down = true;
+                }
+                shared.set_state("disconnected", Some(text));
+                subscribe = false;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// Handles device messages one at a time, and publishes what DeviceTwin changed.
+async fn work_loop(
+    hive: &Hive,
+    shared: &Shared,
+    client: &AsyncClient,
+    mut work: mpsc::Receiver<Incoming>,
+    mut changes: broadcast::Receiver<TwinChange>,
+) {
+    loop {
+        tokio::select! {
+            message = work.recv() => {
+                let Some(message) = message else { return };
+                handle_device_message(hive, shared, client, message).await;
+            }
+            change = changes.recv() => match change {
+                Ok(change) => publish_change(shared, client, change).await,
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "eventbus fell behind DeviceTwin's changes");
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+/// What a device topic asks.
+#[derive(Debug, PartialEq)]
+enum Request<'a> {
+    TwinUpdate(&'a str),
+    TwinGet(&'a str),
+    StateUpdate(&'a str),
+    MembershipGet,
+}
+
+/// The request `topic` makes, or `None` for a topic EventBus does not serve.
+fn parse_topic<'a>(topic: &'a str, node: &str) -> Option<Request<'a>> {
+    if let Some(rest) = topic.strip_prefix(DEVICE_PREFIX) {
+        let (device, action) = rest.split_once('/')?;
+        if device.is_empty() {
+            return None;
+        }
+        return match action {
+            "twin/update" => Some(Request::TwinUpdate(device)),
+            "twin/get" => Some(Request::TwinGet(device)),
+            "state/update" => Some(Request::StateUpdate(device)),
+            _ => None,
+        };
+    }
+    let rest = topic.strip_prefix(NODE_PREFIX)?;
+    (rest.strip_prefix(node)? == "/membership/get").then_some(Request::MembershipGet)
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(edgehive_protocols::object::now_ms()).unwrap_or(i64::MAX)
+}
+
+/// KubeEdge's error result: `{event_id, timestamp, code, reason}`.
+fn error_result(event_id: &str, code: u16, reason: &str) -> Value {
+    json!({"event_id": event_id, "timestamp": now_ms(), "code": code, "reason": reason})
+}
+
+/// A refusal: counted, and answered on `topic` if the request has a result topic.
+struct Refusal {
+    reason: &'static str,
+    code: u16,
+    text: String,
+}
+
+impl Refusal {
+    fn new(reason: &'static str, code: u16, text: impl Into<String>) -> Self {
+        Refusal {
+            reason,
+            code,
+            text: text.into(),
+        }
+    }
+}
+
+async fn handle_device_message(
+    hive: &Hive,
+    shared: &Shared,
+    client: &AsyncClient,
+    message: Incoming,
+) {
+    let Some(request) = parse_topic(&message.topic, &shared.node_name) else {
+        shared.metrics.refuse("bad_topic");
+        return;
+    };
+    let result_topic = format!("{}/result", message.topic);
+    if message.payload.len() > MAX_PAYLOAD_BYTES {
+        shared.metrics.refuse("too_large");
+        let text = format!("the payload is larger than {MAX_PAYLOAD_BYTES} bytes");
+        shared.publish(client, result_topic, error_result("", 400, &text));
+        return;
+    }
+    // KubeEdge's payloads are JSON objects; `event_id` is echoed in the answer.
+    let body: Result<Map<String, Value>, String> = serde_json::from_slice(&message.payload)
+        .map_err(|error| format!("the payload is not a JSON object: {error}"));
+    let event_id = body
+        .as_ref()
+        .ok()
+        .and_then(|body| body.get("event_id")?.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let outcome = match body {
+        Err(text) => Err(Refusal::new("invalid_json", 400, text)),
+        Ok(body) => match request {
+            Request::TwinUpdate(device) => twin_update(hive, shared, device, &body).await,
+            Request::TwinGet(device) => twin_get(shared, device, &event_id).await,
+            Request::StateUpdate(device) => state_update(hive, shared, device, &body).await,
+            Request::MembershipGet => membership_get(shared, &event_id).await,
+        },
+    };
+    match outcome {
+        Ok((answer, device)) => {
+            shared.publish(client, result_topic, answer);
+            if let Some(id) = device {
+                // After a reading, the desired values it does not meet yet (as edgecore).
+                publish_delta(shared, client, &id).await;
+            }
+        }
+        Err(refusal) => {
+            shared.metrics.refuse(refusal.reason);
+            tracing::debug!(topic = %message.topic, reason = refusal.reason, text = %refusal.text, "eventbus refused a device message");
+            shared.publish(
+                client,
+                result_topic,
+                error_result(&event_id, refusal.code, &refusal.text),
+            );
+        }
+    }
+}
+
+/// The answer to publish and the device (`{ns}/{name}`) whose delta follows, if any.
+type Answer = Result<(Value, Option<String>), Refusal>;
+
+/// The device named `name` on this edge (the topic names devices by name).
+async fn find_device(shared: &Shared, name: &str) -> Result<DeviceView, Refusal> {
+    let devices = shared
+        .twins
+        .list()
+        .await
+        .map_err(|error| Refusal::new("store", 500, error.to_string()))?;
+    let mut matching = devices.into_iter().filter(|device| device.name == name);
+    let Some(device) = matching.next() else {
+        return Err(Refusal::new(
+            "unknown_device",
+            404,
+            format!("device {name} is not on this node"),
+        ));
+    };
+    if matching.next().is_some() {
+        return Err(Refusal::new(
+            "ambiguous_device",
+            409,
+            format!("more than one namespace has a device {name} on this node"),
+        ));
+    }
+    Ok(device)
+}
+
+fn twin_error(error: TwinError) -> Refusal {
+    match error {
+        TwinError::UnknownDevice(_) => Refusal::new("unknown_device", 404, error.to_string()),
+        TwinError::UnknownProperty(..) => Refusal::new("unknown_property", 404, error.to_string()),
+        TwinError::Busy => Refusal::new("busy", 503, error.to_string()),
+        TwinError::Store(_) => Refusal::new("store", 500, error.to_string()),
+    }
+}
+
+async fn twin_update(
+    hive: &Hive,
+    shared: &Shared,
+    name: &str,
+    body: &Map<String, Value>,
+) -> Answer {
+    let device = find_device(shared, name).await?;
+    let Some(twins) = body.get("twin").and_then(Value::as_object) else {
+        return Err(Refusal::new(
+            "no_value",
+            400,
+            "the update has no \"twin\" object",
+        ));
+    };
+    let mut reports = Vec::new();
+    for (property, twin) in twins {
+        let value = match twin.pointer("/actual/value") {
+            Some(Value::String(value)) => value.clone(),
+            Some(Value::Number(value)) => value.to_string(),
+            Some(Value::Bool(value)) => value.to_string(),
+            _ => {
+                return Err(Refusal::new(
+                    "no_value",
+                    400,
+                    format!(
+                        "twin {property:?} has no actual.value (a mapper reports actual values)"
+                    ),
+                ))
+            }
+        };
+        if !device.twin.contains_key(property) {
+            return Err(Refusal::new(
+                "unknown_property",
+                404,
+                format!("device {name} has no property {property}"),
+            ));
+        }
+        reports.push((property.clone(), value));
+    }
+    if reports.is_empty() {
+        return Err(Refusal::new("no_value", 400, "the update's twin is empty"));
+    }
+    for (property, value) in reports {
+        let report = ReportTwin {
+            id: device.id.clone(),
+            property,
+            value,
+        };
+        hive.ask(route::TWIN, report, TWIN_TIMEOUT)
+            .await
+            .map_err(|error| Refusal::new("twin_unavailable", 503, error.to_string()))?
+            .map_err(twin_error)?;
+    }
+    let updated = shared
+        .twins
+        .get(device.id.clone())
+        .await
+        .map_err(|error| Refusal::new("store", 500, error.to_string()))?;
+    let reported: Map<String, Value> = updated
+        .map(|view| view.twin)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(property, _)| twins.contains_key(property))
+        .collect();
+    Ok((
+        json!({"event_id": event_id_of(body), "timestamp": now_ms(), "twin": reported}),
+        Some(device.id),
+    ))
+}
+
+fn event_id_of(body: &Map<String, Value>) -> &str {
+    body.get("event_id")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+async fn twin_get(shared: &Shared, name: &str, event_id: &str) -> Answer {
+    let device = find_device(shared, name).await?;
+    Ok((
+        json!({"event_id": event_id, "timestamp": now_ms(), "twin": device.twin}),
+        None,
+    ))
+}
+
+async fn state_update(
+    hive: &Hive,
+    shared: &Shared,
+    name: &str,
+    body: &Map<String, Value>,
+) -> Answer {
+    let device = find_device(shared, name).await?;
+    let Some(state) = body
+        .get("state")
+        .and_then(Value::as_str)
+        .filter(|state| !state.is_empty())
+    else {
+        return Err(Refusal::new(
+            "no_value",
+            400,
+            "the update has no \"state\" string",
+        ));
+    };
+    let report = ReportState {
+        id: device.id.clone(),
+        state: state.to_owned(),
+    };
+    hive.ask(route::TWIN, report, TWIN_TIMEOUT)
+        .await
+        .map_err(|error| Refusal::new("twin_unavailable", 503, error.to_string()))?
+        .map_err(twin_error)?;
+    let updated = shared
+        .twins
+        .get(device.id.clone())
+        .await
+        .map_err(|error| Refusal::new("store", 500, error.to_string()))?
+        .unwrap_or(device);
+    Ok((
+        json!({
+            "event_id": event_id_of(body),
+            "timestamp": now_ms(),
+            "device": {
+                "name": updated.name,
+                "state": updated.state,
+                "last_online": updated.last_online,
+            },
+        }),
+        None,
+    ))
+}
+
+/// A device as the membership topics show it: KubeEdge's Device shape, its id the name
+/// the device topics use.
+fn device_json(device: &DeviceView) -> Value {
+    let mut value = json!({
+        "id": device.name,
+        "name": device.name,
+        "twin": device.twin,
+    });
+    for (key, field) in [
+        ("description", &device.description),
+        ("state", &device.state),
+        ("last_online", &device.last_online),
+    ] {
+        if !field.is_empty() {
+            value[key] = json!(field);
+        }
+    }
+    value
+}
+
+async fn membership_get(shared: &Shared, event_id: &str) -> Answer {
+    let devices = shared
+        .twins
+        .list()
+        .await
+        .map_err(|error| Refusal::new("store", 500, error.to_string()))?;
+    let devices: Vec<Value> = devices.iter().map(device_json).collect();
+    Ok((
+        json!({"event_id": event_id, "timestamp": now_ms(), "devices": devices}),
+        None,
+    ))
+}
+
+/// The desired values device `id` does not meet yet (`{property: desired}`), with its twins.
+fn delta_of(device: &DeviceView) -> Option<Value> {
+    let delta: Map<String, Value> = device
+        .twin
+        .iter()
+        .filter_map(|(property, twin)| {
+            let expected = twin.pointer("/expected/value")?.as_str()?;
+            let actual = twin.pointer("/actual/value").and_then(Value::as_str);
+            (actual != Some(expected)).then(|| (property.clone(), json!(expected)))
+        })
+        .collect();
+    (!delta.is_empty()).then(|| {
+        json!({
+            "event_id": uuid::Uuid::new_v4().to_string(),
+            "timestamp": now_ms(),
+            "twin": device.twin,
+            "delta": delta,
+        })
+    })
+}
+
+async fn publish_delta(shared: &Shared, client: &AsyncClient, id: &str) {
+    match shared.twins.get(id.to_owned()).await {
+        Ok(Some(device)) => {
+            if let Some(delta) = delta_of(&device) {
+                let topic = format!("{DEVICE_PREFIX}{}/twin/update/delta", device.name);
+                shared.publish(client, topic, delta);
+            }
+        }
+        Ok(None) => {}
+        Err(error) => tracing::warn!(%error, id, "eventbus cannot read a changed device"),
+    }
+}
+
+async fn publish_change(shared: &Shared, client: &AsyncClient, change: TwinChange) {
+    match change {
+        TwinChange::Device(id) => publish_delta(shared, client, &id).await,
+        TwinChange::Membership { added, removed } => {
+            let mut added_devices = Vec::new();
+            for id in added {
+                if let Ok(Some(device)) = shared.twins.get(id).await {
+                    added_devices.push(device_json(&device));
+                }
+            }
+            let removed_devices: Vec<Value> = removed
+                .iter()
+                .map(|id| {
+                    let name = id.rsplit('/').next().unwrap_or_default();
+                    json!({"id": name, "name": name})
+                })
+                .collect();
+            let topic = format!("{NODE_PREFIX}{}/membership/updated", shared.node_name);
+            shared.publish(
+                client,
+                topic,
+                json!({
+                    "event_id": uuid::Uuid::new_v4().to_string(),
+                    "timestamp": now_ms(),
+                    "added_devices": added_devices,
+                    "removed_devices": removed_devices,
+                }),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_name_the_device_and_the_request() {
+        assert_eq!(
+            parse_topic("$hw/events/device/sensor-1/twin/update", "n1"),
+            Some(Request::TwinUpdate("sensor-1"))
+        );
+        assert_eq!(
+            parse_topic("$hw/events/device/s/state/update", "n1"),
+            Some(Request::StateUpdate("s"))
+        );
+        assert_eq!(
+            parse_topic("$hw/events/node/n1/membership/get", "n1"),
+            Some(Request::MembershipGet)
+        );
+        assert_eq!(parse_topic("$hw/events/node/n2/membership/get", "n1"), None);
+        assert_eq!(parse_topic("$hw/events/device//twin/update", "n1"), None);
+        assert_eq!(
+            parse_topic("$hw/events/device/s/twin/update/result", "n1"),
+            None
+        );
+    }
+}

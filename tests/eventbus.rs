@@ -1,0 +1,743 @@
+//! EventBus against a real MQTT broker (mosquitto, started by each test on a free loopback
+//! port): what a mapper written for edgecore notices on the `$hw/events/...` topics, and
+//! what reaches the cloud's cluster. Each test is skipped, saying so, when the `mosquitto`
+//! binary is not installed (`apt-get install mosquitto`; `.ci/run` installs it).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support;
+
+use edgehive::config::EdgeConfig;
+use edgehive::edge::EdgeProcess;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use serde_json::{json, Value};
+use support::*;
+
+/// A mosquitto process on 127.0.0.1:`port`, killed when dropped.
+struct Broker {
+    child: Child,
+    port: u16,
+    /// Its config and log.
+    dir: tempfile::TempDir,
+}
+
+fn mosquitto_binary() -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect())
+        .unwrap_or_default();
+    candidates.extend(["/usr/sbin".into(), "/usr/local/sbin".into()]);
+    candidates
+        .into_iter()
+        .map(|dir| dir.join("mosquitto"))
+        .find(|path| path.is_file())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Broker {
+    /// A broker on a free port; `None` (the test is skipped) without mosquitto.
+    fn start() -> Option<Broker> {
+        Broker::start_on(free_port())
+    }
+
+    fn start_on(port: u16) -> Option<Broker> {
+        Broker::start_with(port, "", tempfile::tempdir().unwrap())
+    }
+
+    /// A broker on `port` with `more` lines of config (more listeners) in `dir`.
+    fn start_with(port: u16, more: &str, dir: tempfile::TempDir) -> Option<Broker> {
+        let Some(binary) = mosquitto_binary() else {
+            eprintln!("SKIPPED: the mosquitto binary is not installed (apt-get install mosquitto); EventBus is not tested");
+            return None;
+        };
+        let config = dir.path().join("mosquitto.conf");
+        // `user`: started as root, mosquitto would switch to the user `mosquitto`, who
+        // cannot read the test's files.
+        std::fs::write(
+            &config,
+            format!(
+                "user {}\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n{more}",
+                current_user()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("mosquitto.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let mut broker = Broker { child, port, dir };
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err() {
+            let exited = broker.child.try_wait().unwrap();
+            if exited.is_some() || Instant::now() >= deadline {
+                let log = std::fs::read_to_string(broker.dir.path().join("mosquitto.log"));
+                panic!("mosquitto did not listen on {addr} ({exited:?}): {log:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(broker)
+    }
+}
+
+/// The user the tests run as.
+fn current_user() -> String {
+    let output = Command::new("id").arg("-un").output().unwrap();
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A mapper's MQTT client: subscribed to everything under `$hw/events/`.
+struct Mapper {
+    client: AsyncClient,
+    received: tokio::sync::mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+}
+
+impl Mapper {
+    async fn connect(port: u16, id: &str) -> Mapper {
+        let mut options = MqttOptions::new(id, "127.0.0.1", port);
+        options.set_max_packet_size(1 << 20, 1 << 20);
+        let (client, mut eventloop) = AsyncClient::new(options, 100);
+        let (sender, received) = tokio::sync::mpsc::unbounded_channel();
+        let (subscribed, on_subscribed) = tokio::sync::oneshot::channel();
+        let mut subscribed = Some(subscribed);
+        client
+            .subscribe("$hw/events/#", QoS::AtLeastOnce)
+            .await
+            .unwrap();
+        actix_rt::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        if let Some(subscribed) = subscribed.take() {
+                            let _ = subscribed.send(());
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::Publish(publish))) => {
+                        if sender
+                            .send((publish.topic, publish.payload.to_vec()))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        tokio::time::timeout(WITHIN, on_subscribed)
+            .await
+            .expect("the mapper subscribed")
+            .unwrap();
+        Mapper { client, received }
+    }
+
+    async fn publish(&self, topic: &str, payload: impl Into<Vec<u8>>) {
+        self.client
+            .publish(topic, QoS::AtLeastOnce, false, payload.into())
+            .await
+            .unwrap();
+    }
+
+    /// The next message on `topic` that `accept` takes, within `within`.
+    async fn next_on(
+        &mut self,
+        topic: &str,
+        within: Duration,
+        accept: impl Fn(&Value) -> bool,
+    ) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let (got, payload) = tokio::time::timeout_at(deadline, self.received.recv())
+                .await
+                .ok()??;
+            if got == topic {
+                if let Ok(value) = serde_json::from_slice::<Value>(&payload) {
+                    if accept(&value) {
+                        return Some(value);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Publishes `payload` on `topic` until an answer on `answer_topic` that `accept` takes
+    /// comes (EventBus may still be subscribing when the test starts).
+    async fn ask(
+        &mut self,
+        topic: &str,
+        payload: &Value,
+        answer_topic: &str,
+        accept: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            self.publish(topic, payload.to_string()).await;
+            if let Some(answer) = self
+                .next_on(answer_topic, Duration::from_secs(2), &accept)
+                .await
+            {
+                return answer;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no answer on {answer_topic} to {payload} on {topic}"
+            );
+        }
+    }
+}
+
+fn bus_config(
+    node: &str,
+    cloud: &edgehive::cloud::CloudProcess,
+    dir: &Path,
+    port: u16,
+) -> EdgeConfig {
+    let mut config = edge_config(node, cloud.websocket_addr(), dir);
+    config.modules.event_bus.enable = true;
+    config.modules.event_bus.mqtt_server_external = format!("tcp://127.0.0.1:{port}");
+    config
+}
+
+async fn bus_state(edge: &EdgeProcess) -> Value {
+    http_json(edge.admin_addr(), "/api/v1/eventbus").await
+}
+
+async fn wait_bus_state(edge: &EdgeProcess, state: &str, connects: u64) -> Value {
+    eventually(
+        &format!("EventBus {state}"),
+        Duration::from_secs(60),
+        || async {
+            let status = bus_state(edge).await;
+            (status["state"] == state && status["connects"].as_u64() >= Some(connects))
+                .then_some(status)
+        },
+    )
+    .await
+}
+
+fn device(name: &str, node: &str, desired: &str) -> Value {
+    json!({"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "Device",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"deviceModelRef": {"name": "thermo-model"}, "nodeName": node,
+                 "properties": [{"name": "temperature", "desired": {"value": desired}}]}})
+}
+
+/// The cloud, its cluster with a node and a device on it (desired temperature 20), and the
+/// edge with EventBus on `broker`; returns once the device is on the edge.
+async fn cloud_and_edge(
+    node: &str,
+    dir: &Path,
+    port: u16,
+) -> (edgehive::cloud::CloudProcess, EdgeProcess) {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(edge_node(node)).unwrap();
+    let edge = EdgeProcess::start(&bus_config(node, &cloud, dir, port))
+        .await
+        .unwrap();
+    cluster
+        .apply(
+            json!({"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "DeviceModel",
+            "metadata": {"name": "thermo-model", "namespace": "default"},
+            "spec": {"properties": [{"name": "temperature", "type": "INT"}]}}),
+        )
+        .unwrap();
+    cluster.apply(device("thermo-1", node, "20")).unwrap();
+    let admin = edge.admin_addr();
+    eventually("the device on the edge", WITHIN, || async {
+        let (status, body) = http_get(admin, "/api/v1/devices/default/thermo-1").await;
+        (status == 200 && body.contains("\"20\"")).then_some(())
+    })
+    .await;
+    (cloud, edge)
+}
+
+fn twin_update(event_id: &str, value: &str) -> Value {
+    json!({"event_id": event_id, "timestamp": 1,
+        "twin": {"temperature": {"actual": {"value": value}, "metadata": {"type": "int"}}}})
+}
+
+async fn reported_in_cluster(cloud: &edgehive::cloud::CloudProcess, name: &str, value: &str) {
+    let cluster = cloud.cluster().unwrap().clone();
+    eventually(
+        &format!("{name}'s reported value {value} in the DeviceStatus"),
+        WITHIN,
+        || async {
+            let status = cluster.get("DeviceStatus", Some("default"), name)?;
+            (status["status"]["twins"][0]["reported"]["value"] == value).then_some(())
+        },
+    )
+    .await;
+}
+
+const UPDATE: &str = "$hw/events/device/thermo-1/twin/update";
+
+#[actix_rt::test]
+async fn a_mapper_on_mqtt_reports_reads_and_follows_its_devices_as_with_edgecore() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, edge) = cloud_and_edge("edge-mqtt", dir.path(), broker.port).await;
+    let mut mapper = Mapper::connect(broker.port, "mapper-1").await;
+
+    // A reading: answered on .../twin/update/result, sent up to the cluster, and since the
+    // desired value (20) is not met, a delta follows.
+    let result = mapper
+        .ask(
+            UPDATE,
+            &twin_update("e-1", "21"),
+            &format!("{UPDATE}/result"),
+            |answer| answer["event_id"] == "e-1",
+        )
+        .await;
+    assert_eq!(
+        result["twin"]["temperature"]["actual"]["value"], "21",
+        "{result}"
+    );
+    assert!(result.get("code").is_none(), "{result}");
+    let delta = mapper
+        .next_on(&format!("{UPDATE}/delta"), WITHIN, |delta| {
+            delta["delta"]["temperature"] == "20"
+        })
+        .await
+        .expect("a delta: desired 20, reported 21");
+    assert_eq!(delta["twin"]["temperature"]["expected"]["value"], "20");
+    reported_in_cluster(&cloud, "thermo-1", "21").await;
+
+    // twin/get answers with the stored twin.
+    let got = mapper
+        .ask(
+            "$hw/events/device/thermo-1/twin/get",
+            &json!({"event_id": "g-1"}),
+            "$hw/events/device/thermo-1/twin/get/result",
+            |answer| answer["event_id"] == "g-1",
+        )
+        .await;
+    assert_eq!(got["twin"]["temperature"]["actual"]["value"], "21", "{got}");
+    assert_eq!(
+        got["twin"]["temperature"]["expected"]["value"], "20",
+        "{got}"
+    );
+
+    // state/update is stored and answered.
+    let state = mapper
+        .ask(
+            "$hw/events/device/thermo-1/state/update",
+            &json!({"event_id": "s-1", "timestamp": 1, "state": "online"}),
+            "$hw/events/device/thermo-1/state/update/result",
+            |answer| answer["event_id"] == "s-1",
+        )
+        .await;
+    assert_eq!(state["device"]["state"], "online", "{state}");
+    let shown = http_json(edge.admin_addr(), "/api/v1/devices/default/thermo-1").await;
+    assert_eq!(shown["state"], "online", "{shown}");
+
+    // membership/get lists the node's devices.
+    let members = mapper
+        .ask(
+            "$hw/events/node/edge-mqtt/membership/get",
+            &json!({"event_id": "m-1"}),
+            "$hw/events/node/edge-mqtt/membership/get/result",
+            |answer| answer["event_id"] == "m-1",
+        )
+        .await;
+    let devices = members["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 1, "{members}");
+    assert_eq!(devices[0]["id"], "thermo-1");
+    assert_eq!(devices[0]["twin"]["temperature"]["actual"]["value"], "21");
+
+    // The cloud changes the desired value: a delta with the new one.
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster
+        .apply(device("thermo-1", "edge-mqtt", "25"))
+        .unwrap();
+    mapper
+        .next_on(&format!("{UPDATE}/delta"), WITHIN, |delta| {
+            delta["delta"]["temperature"] == "25"
+        })
+        .await
+        .expect("a delta with the cloud's new desired value 25");
+
+    // The cloud adds a device to the node: membership/updated names it.
+    cluster.apply(device("thermo-2", "edge-mqtt", "7")).unwrap();
+    let updated = mapper
+        .next_on(
+            "$hw/events/node/edge-mqtt/membership/updated",
+            WITHIN,
+            |update| {
+                update["added_devices"]
+                    .as_array()
+                    .is_some_and(|added| added.iter().any(|d| d["id"] == "thermo-2"))
+            },
+        )
+        .await
+        .expect("membership/updated with thermo-2");
+    assert!(updated["removed_devices"].as_array().unwrap().is_empty());
+
+    let status = bus_state(&edge).await;
+    assert_eq!(status["state"], "connected", "{status}");
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_broker_down_and_back_is_reconnected_and_a_report_after_it_reaches_the_cluster() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let port = broker.port;
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, edge) = cloud_and_edge("edge-flap", dir.path(), port).await;
+    wait_bus_state(&edge, "connected", 1).await;
+
+    drop(broker);
+    let down = wait_bus_state(&edge, "disconnected", 1).await;
+    assert!(down["lastError"].is_string(), "{down}");
+    // Nothing else on the edge waits for the broker.
+    let hub = http_json(edge.admin_addr(), "/api/v1/edgehub").await;
+    assert_eq!(hub["connected"], true, "{hub}");
+
+    let broker = Broker::start_on(port).expect("mosquitto again on the same port");
+    wait_bus_state(&edge, "connected", 2).await;
+    let mut mapper = Mapper::connect(broker.port, "mapper-2").await;
+    let result = mapper
+        .ask(
+            UPDATE,
+            &twin_update("after", "30"),
+            &format!("{UPDATE}/result"),
+            |answer| answer["event_id"] == "after",
+        )
+        .await;
+    assert_eq!(result["twin"]["temperature"]["actual"]["value"], "30");
+    reported_in_cluster(&cloud, "thermo-1", "30").await;
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+fn refused(metrics: &str, reason: &str) -> u64 {
+    let prefix = format!("edgehive_eventbus_refused_total{{reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[actix_rt::test]
+async fn any_bytes_on_device_topics_are_answered_with_an_error_counted_and_nothing_breaks() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, edge) = cloud_and_edge("edge-junk", dir.path(), broker.port).await;
+    let mut mapper = Mapper::connect(broker.port, "mapper-3").await;
+    // EventBus is subscribed once a valid update is answered.
+    mapper
+        .ask(
+            UPDATE,
+            &twin_update("first", "1"),
+            &format!("{UPDATE}/result"),
+            |answer| answer["event_id"] == "first",
+        )
+        .await;
+
+    let all_bytes: Vec<u8> = (0..=255u8).collect();
+    let junk: Vec<Vec<u8>> = vec![
+        all_bytes.clone(),
+        vec![0xff, 0xfe, 0x00],
+        b"{\"twin\": ".to_vec(),
+        b"[1, 2, 3]".to_vec(),
+        b"\"a string\"".to_vec(),
+        Vec::new(),
+    ];
+    let topics = [
+        "$hw/events/device/thermo-1/twin/update",
+        "$hw/events/device/thermo-1/twin/get",
+        "$hw/events/device/thermo-1/state/update",
+        "$hw/events/node/edge-junk/membership/get",
+    ];
+    for _round in 0..3 {
+        for topic in topics {
+            for payload in &junk {
+                mapper.publish(topic, payload.clone()).await;
+                let answer = mapper
+                    .next_on(&format!("{topic}/result"), WITHIN, |answer| {
+                        answer["code"] == 400
+                    })
+                    .await;
+                assert!(answer.is_some(), "no error result on {topic}/result");
+            }
+        }
+    }
+    // Valid JSON that is not a report of a declared property, and a device not on the node.
+    let wrong = [
+        (UPDATE, json!({"event_id": "w-1", "twin": 5}), 400),
+        (
+            UPDATE,
+            json!({"event_id": "w-2", "twin": {"temperature": {"expected": {"value": "3"}}}}),
+            400,
+        ),
+        (
+            UPDATE,
+            twin_update("w-3", "1")
+                .to_string()
+                .replace("temperature", "humidity")
+                .parse()
+                .unwrap(),
+            404,
+        ),
+        (
+            "$hw/events/device/nobody/twin/update",
+            twin_update("w-4", "1"),
+            404,
+        ),
+        (
+            "$hw/events/device/nobody/twin/get",
+            json!({"event_id": "w-5"}),
+            404,
+        ),
+    ];
+    for (topic, payload, code) in wrong {
+        let event_id = payload["event_id"].clone();
+        let answer = mapper
+            .ask(topic, &payload, &format!("{topic}/result"), |answer| {
+                answer["event_id"] == event_id
+            })
+            .await;
+        assert_eq!(answer["code"], code, "{topic} {payload}: {answer}");
+        assert!(answer["reason"].is_string(), "{answer}");
+    }
+    // A payload over the limit.
+    let large = vec![b'x'; edgehive_actors::edge::eventbus::MAX_PAYLOAD_BYTES + 1];
+    mapper.publish(UPDATE, large).await;
+    mapper
+        .next_on(&format!("{UPDATE}/result"), WITHIN, |answer| {
+            answer["code"] == 400
+                && answer["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("larger"))
+        })
+        .await
+        .expect("the large payload refused");
+
+    // The same from other connections.
+    let mut others = Vec::new();
+    for n in 0..4 {
+        others.push(Mapper::connect(broker.port, &format!("junk-{n}")).await);
+    }
+    for other in &others {
+        for payload in &junk {
+            other.publish(UPDATE, payload.clone()).await;
+        }
+    }
+    let expected = (3 * 4 * junk.len() + others.len() * junk.len()) as u64;
+    eventually("every junk message counted", WITHIN, || async {
+        let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
+        (refused(&metrics, "invalid_json") >= expected).then_some(())
+    })
+    .await;
+    let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
+    assert!(
+        refused(&metrics, "invalid_json") >= 3 * 4 * junk.len() as u64,
+        "{metrics}"
+    );
+    assert!(refused(&metrics, "unknown_device") >= 2, "{metrics}");
+    assert!(refused(&metrics, "too_large") >= 1, "{metrics}");
+
+    // Nothing broke: a valid report still goes through, to the cluster too.
+    let result = mapper
+        .ask(
+            UPDATE,
+            &twin_update("after-junk", "42"),
+            &format!("{UPDATE}/result"),
+            |answer| answer["event_id"] == "after-junk",
+        )
+        .await;
+    assert_eq!(result["twin"]["temperature"]["actual"]["value"], "42");
+    reported_in_cluster(&cloud, "thermo-1", "42").await;
+    assert_eq!(bus_state(&edge).await["state"], "connected");
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn an_edge_without_a_broker_runs_and_shows_eventbus_disconnected() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = start_cloud().await;
+    // Nothing listens there.
+    let port = free_port();
+    let edge = EdgeProcess::start(&bus_config("edge-nobroker", &cloud, dir.path(), port))
+        .await
+        .unwrap();
+    let status = wait_bus_state(&edge, "disconnected", 0).await;
+    assert_eq!(status["broker"], format!("127.0.0.1:{port}"));
+    assert!(status["lastError"].is_string(), "{status}");
+    let hub = eventually("the edge connected to the cloud", WITHIN, || async {
+        let hub = http_json(edge.admin_addr(), "/api/v1/edgehub").await;
+        (hub["connected"] == true).then_some(hub)
+    })
+    .await;
+    assert_eq!(hub["connected"], true);
+    let (status, _) = http_get(edge.admin_addr(), "/api/v1/devices").await;
+    assert_eq!(status, 200);
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+#[test]
+fn an_internal_broker_mode_is_refused_naming_the_key() {
+    for mode in [0, 1] {
+        let yaml = format!("modules:\n  eventBus:\n    mqttMode: {mode}\n");
+        let error = EdgeConfig::from_text_with_extensions(Path::new("edge.yaml"), &yaml, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("modules.eventBus.mqttMode"), "{error}");
+        assert!(error.contains("external broker"), "{error}");
+    }
+    let yaml = "modules:\n  eventBus:\n    mqttServerExternal: 127.0.0.1\n";
+    let error = EdgeConfig::from_text_with_extensions(Path::new("edge.yaml"), yaml, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("modules.eventBus.mqttServerExternal"),
+        "{error}"
+    );
+    // Off, nothing about it is checked (KubeEdge's minimal config has mqttMode 2 anyway).
+    let yaml = "modules:\n  eventBus:\n    enable: false\n    mqttMode: 0\n";
+    EdgeConfig::from_text_with_extensions(Path::new("edge.yaml"), yaml, &[]).unwrap();
+}
+
+/// Writes `cert` and `key` as PEM files `{name}.crt`, `{name}.key` in `dir`.
+fn write_pair(
+    dir: &Path,
+    name: &str,
+    pair: edgehive_actors::identity::certs::DerPair,
+) -> (PathBuf, PathBuf) {
+    let (cert_file, key_file) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    pair.write(&cert_file, &key_file).unwrap();
+    (cert_file, key_file)
+}
+
+fn tls_edge_config(
+    dir: &Path,
+    node: &str,
+    port: u16,
+    ca: &Path,
+    pair: Option<&(PathBuf, PathBuf)>,
+) -> EdgeConfig {
+    // No cloud: EventBus and DeviceTwin do not need it.
+    let mut config = edge_config(node, "127.0.0.1:9".parse().unwrap(), dir);
+    config.modules.event_bus.enable = true;
+    config.modules.event_bus.mqtt_server_external = format!("ssl://127.0.0.1:{port}");
+    let tls = &mut config.modules.event_bus.event_bus_tls;
+    tls.enable = true;
+    tls.tls_mqtt_ca_file = ca.to_owned();
+    (tls.tls_mqtt_cert_file, tls.tls_mqtt_private_key_file) = match pair {
+        Some((cert, key)) => (cert.clone(), key.clone()),
+        None => (PathBuf::new(), PathBuf::new()),
+    };
+    config
+}
+
+#[actix_rt::test]
+async fn eventbus_tls_reaches_a_broker_it_trusts_with_its_certificate_and_no_other() {
+    use edgehive_actors::identity::certs::{CertAuthority, DerPair};
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path();
+    let ca = CertAuthority::generate().unwrap();
+    let ca_file = files.join("ca.crt");
+    std::fs::write(&ca_file, ca.cert_pem()).unwrap();
+    let (cert, key) = ca
+        .issue_server_cert(&["127.0.0.1".parse().unwrap()], &[])
+        .unwrap();
+    let server = write_pair(files, "server", DerPair::of_key(cert, &key).unwrap());
+    let (cert, key) = ca.issue_client_cert("edge-tls").unwrap();
+    let client = write_pair(files, "client", DerPair::of_key(cert, &key).unwrap());
+    let other = CertAuthority::generate().unwrap();
+    let other_ca = files.join("other-ca.crt");
+    std::fs::write(&other_ca, other.cert_pem()).unwrap();
+
+    // Plain for the mapper, TLS with client certificates for the edge.
+    let (plain, tls_port) = (free_port(), free_port());
+    let more = format!(
+        "listener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
+        ca_file.display(),
+        server.0.display(),
+        server.1.display()
+    );
+    let Some(broker) = Broker::start_with(plain, &more, tempfile::tempdir().unwrap()) else {
+        return;
+    };
+    let tls_addr = SocketAddr::from(([127, 0, 0, 1], tls_port));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect_timeout(&tls_addr, Duration::from_secs(1)).is_err() {
+        assert!(Instant::now() < deadline, "mosquitto's TLS listener");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let edge_dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(&tls_edge_config(
+        edge_dir.path(),
+        "edge-tls",
+        tls_port,
+        &ca_file,
+        Some(&client),
+    ))
+    .await
+    .unwrap();
+    wait_bus_state(&edge, "connected", 1).await;
+    let mut mapper = Mapper::connect(broker.port, "mapper-tls").await;
+    let members = mapper
+        .ask(
+            "$hw/events/node/edge-tls/membership/get",
+            &json!({"event_id": "t-1"}),
+            "$hw/events/node/edge-tls/membership/get/result",
+            |answer| answer["event_id"] == "t-1",
+        )
+        .await;
+    assert_eq!(members["devices"], json!([]), "{members}");
+
+    // A broker whose certificate the edge does not trust, and a broker that wants a client
+    // certificate the edge does not present: not connected, and the state says why.
+    for (node, ca, pair) in [
+        ("edge-untrusting", &other_ca, Some(&client)),
+        ("edge-anonymous", &ca_file, None),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let refused = EdgeProcess::start(&tls_edge_config(dir.path(), node, tls_port, ca, pair))
+            .await
+            .unwrap();
+        let status = wait_bus_state(&refused, "disconnected", 0).await;
+        assert!(status["lastError"].is_string(), "{status}");
+        // It keeps trying and never connects.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let status = bus_state(&refused).await;
+        assert_eq!(status["connects"], 0, "{node}: {status}");
+        refused.stop().await;
+    }
+    assert_eq!(bus_state(&edge).await["state"], "connected");
+    edge.stop().await;
+}

@@ -39,7 +39,9 @@ use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource};
 use serde_json::{json, Map, Value};
 
-use super::crds::{ClusterObjectSync, Device, DeviceModel, DeviceStatus, ObjectSync, APPS_GROUP};
+use super::crds::{
+    ClusterObjectSync, Device, DeviceModel, DeviceStatus, ObjectSync, APPS_GROUP, RULES_GROUP,
+};
 use super::{ClusterError, ClusterFuture, ClusterPort, EventType, Watch, WatchError, WatchEvent};
 
 /// How the cloud reaches the API server: KubeEdge's `kubeAPIConfig` keys.
@@ -155,7 +157,11 @@ fn copied(
     namespaced: bool,
     status_subresource: bool,
 ) -> KindInfo {
-    let version = super::crds::APPS_VERSION;
+    let version = if group == RULES_GROUP {
+        super::crds::RULES_VERSION
+    } else {
+        super::crds::APPS_VERSION
+    };
     KindInfo {
         resource: ApiResource {
             group: group.to_owned(),
@@ -231,12 +237,18 @@ pub fn kind_info(kind: &str) -> Option<KindInfo> {
             true,
             true,
         ),
+        // KubeEdge's Rule CRD has no status subresource: its status is patched on the object.
+        "Rule" => copied(RULES_GROUP, "Rule", "rules", true, false),
+        "RuleEndpoint" => copied(RULES_GROUP, "RuleEndpoint", "ruleendpoints", true, false),
         _ => return None,
     })
 }
 
 /// The custom kinds the NodeGroup and EdgeApplication controllers need (checked at start).
 pub const NODE_GROUP_KINDS: &[&str] = &["NodeGroup", "EdgeApplication"];
+
+/// The custom kinds the Router extension needs (checked at start when `modules.router` is on).
+pub const ROUTER_KINDS: &[&str] = &["Rule", "RuleEndpoint"];
 
 /// The custom kinds the DeviceController needs (checked at start).
 pub const DEVICE_KINDS: &[&str] = &["Device", "DeviceModel", "DeviceStatus"];

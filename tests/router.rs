@@ -189,15 +189,13 @@ fn upload(topic: &str, payload: &str) -> Message {
     )
 }
 
+/// What a target got: `METHOD path`, body, Content-Type.
+type Seen = Arc<Mutex<Vec<(String, Vec<u8>, Option<String>)>>>;
+
 /// A local HTTP server (the rules' REST targets): `/fast/..` records the body at once,
 /// `/slow/..` only once `release` is notified. Returns its address and the bodies by path.
-async fn target_server(
-    release: Arc<tokio::sync::Notify>,
-) -> (
-    SocketAddr,
-    Arc<Mutex<Vec<(String, Vec<u8>, Option<String>)>>>,
-) {
-    let got: Arc<Mutex<Vec<(String, Vec<u8>, Option<String>)>>> = Arc::default();
+async fn target_server(release: Arc<tokio::sync::Notify>) -> (SocketAddr, Seen) {
+    let got: Seen = Arc::default();
     let seen = got.clone();
     let server = HttpServer::new(move || {
         let seen = seen.clone();
@@ -307,12 +305,15 @@ async fn a_post_reaches_the_edge_as_kubeedges_publish_and_an_edge_upload_reaches
     edge.hive()
         .send(edge_route::EDGEHUB, upload("default/test-1", payload))
         .unwrap();
-    let (line, received, _) = eventually("the target gets the message", WITHIN, || async {
-        got.lock().unwrap().first().cloned()
-    })
-    .await;
+    let (line, received, content_type) =
+        eventually("the target gets the message", WITHIN, || async {
+            got.lock().unwrap().first().cloned()
+        })
+        .await;
     assert_eq!(line, "POST /fast/test-1");
     assert_eq!(received, payload.as_bytes());
+    // KubeEdge's REST target sends the bare body: no Content-Type.
+    assert_eq!(content_type, None);
 
     // Both rules' status counts, written back on the Rule (KubeEdge's fields).
     eventually("the statuses are written", WITHIN, || async {

@@ -566,3 +566,36 @@ pub fn start(plug: &crate::plug::Plug) -> anyhow::Result<Option<RouterHandle>> {
     tracing::info!(%addr, "router: REST port listening");
     Ok(Some(RouterHandle { addr, server }))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::CloudConfig;
+
+    fn section(file: &str, text: &str) -> RouterConfig {
+        let config =
+            CloudConfig::from_text_with_extensions(Path::new(file), text, &[ROUTER]).unwrap();
+        serde_json::from_value(config.modules.extensions[ROUTER].clone()).unwrap()
+    }
+
+    #[test]
+    fn the_shipped_section_and_kubeedges_router_keys_are_read() {
+        let shipped = section("config/cloud.yaml", include_str!("../../config/cloud.yaml"));
+        let defaults = RouterConfig::default();
+        assert!(!shipped.enable);
+        assert_eq!(shipped.port, 9443);
+        assert_eq!(shipped.address, defaults.address);
+        assert_eq!(shipped.max_message_bytes, defaults.max_message_bytes);
+        assert_eq!(shipped.queue_length, defaults.queue_length);
+        // cloudcore's printed defaults (KubeEdge v1.22.0) load as they are.
+        let kubeedge = section(
+            "cloudcore.yaml",
+            include_str!("../../tests/kubeedge_config/cloudcore-v1.22.0-defaultconfig.yaml"),
+        );
+        assert!(!kubeedge.enable);
+        assert_eq!(kubeedge.address, "0.0.0.0");
+        assert_eq!((kubeedge.port, kubeedge.rest_timeout), (9443, 60));
+    }
+}

@@ -3,15 +3,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-/// A lock that survives a panic of another holder (the data are counters and specs).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// The hive's one lock helper: the Router's locks guard counters, specs and maps, whole
+/// after any panic of a holder.
+pub(crate) use edgehive_actors::hive::locks::lock;
 
 /// A RuleEndpoint's type (`spec.ruleEndpointType`).
 #[derive(Debug, Clone, PartialEq, Eq)]

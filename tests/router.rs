@@ -75,7 +75,6 @@ modules:
     enable: true
     address: 127.0.0.1
     port: 0
-    restTimeout: 5
     statusInterval: 1
 {router}"#
     )
@@ -565,6 +564,97 @@ async fn refused_router_requests_are_counted_by_reason_every_time_and_the_router
                 .as_str()
                 .is_some_and(|e| e.contains("not an eventbus")))
         .then_some(())
+    })
+    .await;
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_post_for_a_servicebus_rule_gets_the_edges_http_answer_and_a_silent_edge_gets_408() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, router) = start_cloud("    restTimeout: 2\n").await;
+    let (edge, mut rx) = start_edge("edge-b", &cloud, dir.path()).await;
+    // KubeEdge's servicebus example: the port on the node in the endpoint's properties.
+    let manifests = [
+        endpoint("rest", "rest"),
+        "apiVersion: rules.kubeedge.io/v1\nkind: RuleEndpoint\nmetadata:\n  name: sb\nspec:\n  ruleEndpointType: servicebus\n  properties: {\"service_port\": \"8080\"}\n---\n".to_owned(),
+        rule("call", "rest", r#"{"path":"/call"}"#, "sb", r#"{"path":"/hello"}"#),
+    ]
+    .concat();
+    apply(&cloud, &manifests).await;
+    let addr = router.addr();
+    // Loaded once a call for a node that does not exist is refused as such, not for its path.
+    eventually("the servicebus rule is loaded", WITHIN, || async {
+        let (status, body) = post(addr, "/edge-nobody/default/call", "x").await;
+        (status == 404 && body.contains("no such edge node")).then_some(())
+    })
+    .await;
+
+    // The edge's ServiceBus stand-in answers each request with 201 and a body.
+    let caller = actix_rt::spawn(async move {
+        let mut response = awc::Client::default()
+            .post(format!("http://{addr}/edge-b/default/call/x"))
+            .insert_header(("Content-Type", "application/json"))
+            .send_body(r#"{"a":1}"#)
+            .await
+            .unwrap();
+        let body = response.body().await.unwrap();
+        (response.status().as_u16(), body.to_vec())
+    });
+    let request = next_of(&mut rx, "POST").await;
+    assert_eq!(
+        request.source().map(|s| s.as_str()),
+        Some("router_servicebus")
+    );
+    assert_eq!(request.group(), Some(&Group::User));
+    assert_eq!(request.resource(), "8080:/hello/x");
+    let content = request.content_json().unwrap();
+    assert_eq!(content["method"], "POST");
+    assert_eq!(
+        content["header"]["Content-Type"],
+        json!(["application/json"])
+    );
+    assert_eq!(
+        b64.decode(content["body"].as_str().unwrap()).unwrap(),
+        br#"{"a":1}"#
+    );
+    let answer = Message::response_to(
+        &request,
+        json!({"header": {}, "status_code": 201, "body": b64.encode("created")}),
+    );
+    edge.hive().send(edge_route::EDGEHUB, answer).unwrap();
+    let (status, body) = caller.await.unwrap();
+    assert_eq!((status, body.as_slice()), (201, b"created".as_slice()));
+
+    // An answer to nothing the router waits for is counted and dropped, every time.
+    for _ in 0..3 {
+        let stray = Message::response_to(&request, json!({"status_code": 200}));
+        edge.hive().send(edge_route::EDGEHUB, stray).unwrap();
+    }
+    let admin = cloud.admin_addr();
+    eventually("stray answers are counted", WITHIN, || async {
+        let metrics = http_get(admin, "/metrics").await.1;
+        (metric_sum(
+            &metrics,
+            "edgehive_router_refused_total{reason=\"no_request\"}",
+        ) == 3)
+            .then_some(())
+    })
+    .await;
+
+    // A silent edge: 408 after restTimeout, as KubeEdge; the rule's status counts both.
+    let (status, body) = post(addr, "/edge-b/default/call", "x").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (408, "wait to get response time out")
+    );
+    eventually("the rule's status", WITHIN, || async {
+        let status = rule_status(&cloud, "call").await;
+        (status["successMessages"] == 1 && status["failMessages"] == 1).then_some(())
     })
     .await;
     router.stop().await;

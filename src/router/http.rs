@@ -11,8 +11,8 @@ use edgehive_actors::cloud::contract::{route, ToNodes};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use super::rules::{is_clean_segment, is_object_name, EndpointType, RuleState};
-use super::{Shared, EVENTBUS_SOURCE};
+use super::rules::{is_clean_segment, is_object_name, lock, EndpointType, RuleState};
+use super::{Shared, EVENTBUS_SOURCE, SERVICEBUS_SOURCE};
 
 /// The label every edge node has (KubeEdge's); the REST port sends to no other node.
 const EDGE_LABEL: &str = "node-role.kubernetes.io/edge";
@@ -121,9 +121,9 @@ async fn rest_call(
     };
     let rule = &resolved.rule;
     let keep = shared.config.max_errors;
-    let topic = match resolved.target {
+    let target = match resolved.target {
         EndpointType::EventBus => match resolved.spec.target_resource.get("topic") {
-            Some(topic) if !topic.is_empty() => topic.clone(),
+            Some(topic) if !topic.is_empty() => Target::EventBus(topic.clone()),
             _ => {
                 rule.failed("targetResource has no \"topic\"".to_owned(), keep);
                 return refuse(
@@ -134,10 +134,27 @@ async fn rest_call(
                 );
             }
         },
+        EndpointType::ServiceBus => match resolved.spec.target_resource.get("path") {
+            Some(path) => {
+                let port = shared
+                    .endpoint_property(namespace, &resolved.spec.target, "service_port")
+                    .unwrap_or_default();
+                Target::ServiceBus(format!("{port}:{path}"))
+            }
+            None => {
+                rule.failed("targetResource has no \"path\"".to_owned(), keep);
+                return refuse(
+                    shared,
+                    "unsupported_target",
+                    501,
+                    "the rule's target has no path",
+                );
+            }
+        },
         _ => {
             rule.failed(
                 format!(
-                    "target {:?} is not an eventbus RuleEndpoint (servicebus is not built)",
+                    "target {:?} is not an eventbus or servicebus RuleEndpoint",
                     resolved.spec.target
                 ),
                 keep,
@@ -146,7 +163,7 @@ async fn rest_call(
                 shared,
                 "unsupported_target",
                 501,
-                "the rule's target is not an eventbus RuleEndpoint",
+                "the rule's target is not an eventbus or servicebus RuleEndpoint",
             );
         }
     };
@@ -174,37 +191,164 @@ async fn rest_call(
             "too many messages for this rule",
         );
     }
-    // KubeEdge's resource: node/{node}/{topic}, or with the rest of the path after it.
-    let resource = if param.is_empty() {
-        topic
+    match target {
+        Target::EventBus(topic) => {
+            // KubeEdge's resource: node/{node}/{topic}, or with the rest of the path after it.
+            let resource = join(&topic, &param);
+            let message = to_node(
+                node,
+                EVENTBUS_SOURCE,
+                "user",
+                "publish",
+                &resource,
+                Value::String(String::from_utf8_lossy(&body).into_owned()),
+            );
+            match hand_to_cloudhub(shared, message).await {
+                Ok(()) => {
+                    rule.succeeded();
+                    shared.metrics.outcome("rest_to_eventbus", true);
+                    HttpResponse::Ok().body("message delivered")
+                }
+                Err(error) => {
+                    rule.failed(error, keep);
+                    shared.metrics.outcome("rest_to_eventbus", false);
+                    refuse(shared, "cloudhub_busy", 503, "the cloud is busy; try again")
+                }
+            }
+        }
+        Target::ServiceBus(target) => {
+            let resource = join(&target, &param);
+            call_servicebus(shared, &request, rule, node, &resource, &body).await
+        }
+    }
+}
+
+/// A rule's target for a REST call: an EventBus topic, or a ServiceBus `{port}:{path}`.
+enum Target {
+    EventBus(String),
+    ServiceBus(String),
+}
+
+/// `base`, then the rest of the REST path after it (KubeEdge's `param`).
+fn join(base: &str, param: &str) -> String {
+    if param.is_empty() {
+        base.to_owned()
     } else {
-        format!("{}/{}", topic.trim_end_matches('/'), param)
-    };
-    let message = to_node(
-        node,
-        EVENTBUS_SOURCE,
-        "user",
-        "publish",
-        &resource,
-        Value::String(String::from_utf8_lossy(&body).into_owned()),
-    );
+        format!("{}/{}", base.trim_end_matches('/'), param)
+    }
+}
+
+/// Gives `message` to CloudHub for its node (the node's pool and actor), waiting at most
+/// `restTimeout` for room.
+async fn hand_to_cloudhub(
+    shared: &Shared,
+    message: edgehive_protocols::Message,
+) -> Result<(), String> {
     let Some(delivery) = ToNodes::from_message(message) else {
-        return refuse(shared, "bad_path", 404, "no node in the path");
+        return Err("no node in the message".to_owned());
     };
-    match shared
+    shared
         .hive
         .ask(route::CLOUDHUB, delivery, shared.config.rest_timeout())
         .await
-    {
-        Ok(()) => {
-            rule.succeeded();
-            shared.metrics.outcome("rest_to_eventbus", true);
-            HttpResponse::Ok().body("message delivered")
+        .map_err(|error| format!("cloudhub did not take the message: {error}"))
+}
+
+/// A header name as Go writes it (`content-type` → `Content-Type`).
+fn canonical(name: &str) -> String {
+    name.split('-')
+        .map(|part| {
+            let mut chars = part.chars();
+            match chars.next() {
+                Some(first) => {
+                    first.to_ascii_uppercase().to_string() + &chars.as_str().to_ascii_lowercase()
+                }
+                None => String::new(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// rest → servicebus: KubeEdge's request message (source `router_servicebus`, operation the
+/// HTTP method, resource `{port}:{path}`, content `{header, body (base64), method, url}`)
+/// to `node`, and the edge's answer (`{header, status_code, body}`, parent = the request)
+/// back to the caller, within `restTimeout` (408 otherwise, as KubeEdge).
+async fn call_servicebus(
+    shared: &Shared,
+    request: &HttpRequest,
+    rule: &RuleState,
+    node: &str,
+    resource: &str,
+    body: &[u8],
+) -> HttpResponse {
+    use base64::Engine as _;
+    let keep = shared.config.max_errors;
+    let mut header = serde_json::Map::new();
+    for (name, value) in request.headers() {
+        if name.as_str() == "host" {
+            continue; // Go keeps it out of Header too.
         }
-        Err(error) => {
-            rule.failed(format!("cloudhub did not take the message: {error}"), keep);
-            shared.metrics.outcome("rest_to_eventbus", false);
-            refuse(shared, "cloudhub_busy", 503, "the cloud is busy; try again")
+        let values = header
+            .entry(canonical(name.as_str()))
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(values) = values {
+            values.push(Value::String(
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            ));
+        }
+    }
+    let method = request.method().as_str().to_owned();
+    let content = serde_json::json!({
+        "header": header,
+        "body": base64::engine::general_purpose::STANDARD.encode(body),
+        "method": method,
+        "url": "",
+    });
+    let message = to_node(node, SERVICEBUS_SOURCE, "user", &method, resource, content);
+    let id = message.id().to_owned();
+    let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
+    lock(&shared.pending).insert(id.clone(), answer_tx);
+    if let Err(error) = hand_to_cloudhub(shared, message).await {
+        lock(&shared.pending).remove(&id);
+        rule.failed(error, keep);
+        shared.metrics.outcome("rest_to_servicebus", false);
+        return refuse(shared, "cloudhub_busy", 503, "the cloud is busy; try again");
+    }
+    let answer = tokio::time::timeout(shared.config.rest_timeout(), answer_rx).await;
+    lock(&shared.pending).remove(&id);
+    let Ok(Ok(answer)) = answer else {
+        rule.failed(
+            "no answer from the edge's ServiceBus in time".to_owned(),
+            keep,
+        );
+        shared.metrics.outcome("rest_to_servicebus", false);
+        return HttpResponse::RequestTimeout().body("wait to get response time out");
+    };
+    let parsed = answer.content_json().ok().and_then(|content| {
+        let status = actix_web::http::StatusCode::from_u16(
+            u16::try_from(content["status_code"].as_u64()?).ok()?,
+        )
+        .ok()?;
+        let body = match &content["body"] {
+            Value::Null => Vec::new(),
+            Value::String(text) => base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .ok()?,
+            _ => return None,
+        };
+        Some((status, body))
+    });
+    match parsed {
+        Some((status, body)) => {
+            rule.succeeded();
+            shared.metrics.outcome("rest_to_servicebus", true);
+            HttpResponse::build(status).body(body)
+        }
+        None => {
+            rule.failed("the edge's answer is not an HTTP response".to_owned(), keep);
+            shared.metrics.outcome("rest_to_servicebus", false);
+            HttpResponse::InternalServerError().body("invalid response")
         }
     }
 }

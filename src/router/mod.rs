@@ -15,6 +15,11 @@
 //!   with `sourceResource` `{topic, node_name}` (that node only) and whose target is a `rest`
 //!   one with `targetResource.resource` (a URL): the content is POSTed there, by the rule's
 //!   own worker from its own bounded queue, so a slow target holds up only its rule.
+//! - **rest → servicebus**: the same POST for a Rule whose target is a `servicebus`
+//!   RuleEndpoint (`properties.service_port`, `targetResource.path`): KubeEdge's request
+//!   (source `router_servicebus`, operation the HTTP method, resource `{port}:{path}`,
+//!   content `{header, body, method, url}`) to the node, and its ServiceBus's `response`
+//!   (`{header, status_code, body}`) answered to the caller, or 408 after `restTimeout`.
 //! - Every rule has a token bucket (`messagesPerSecond`, `burst`), messages are at most
 //!   `maxMessageBytes`; a refusal is counted in `edgehive_router_refused_total{reason}`.
 //! - Each Rule's `status` (`successMessages`, `failMessages`, the last `maxErrors` `errors`)
@@ -30,7 +35,7 @@ use std::time::Duration;
 
 use actix::{Actor, Context, Handler};
 use edgehive_actors::cloud::cluster::{EventType, SharedCluster};
-use edgehive_actors::cloud::contract::extension::to_node;
+use edgehive_actors::cloud::contract::extension::{claim_upstream_group, to_node};
 use edgehive_actors::cloud::contract::{route, ToNodes};
 use edgehive_actors::cloud::watcher::{Change, KindWatcher, WatchMetrics};
 use edgehive_actors::hive::{Envelope, Hive, Module};
@@ -48,6 +53,9 @@ pub const ROUTER: &str = route::ROUTER;
 
 /// The source module of the messages the Router sends an edge's EventBus (KubeEdge's).
 pub const EVENTBUS_SOURCE: &str = "router_eventbus";
+
+/// The source module of the requests the Router sends an edge's ServiceBus (KubeEdge's).
+pub const SERVICEBUS_SOURCE: &str = "router_servicebus";
 
 /// `modules.router` in `cloud.yaml`: KubeEdge's keys (`enable`, `address`, `port`,
 /// `restTimeout`) and edgehive's limits.
@@ -128,12 +136,13 @@ impl RouterMetrics {
             "edgehive_router_refused",
             "Router messages refused, by reason (bad_path, no_rule, unknown_node, \
              unsupported_target, rate_limited, too_large, queue_full, cloudhub_busy, \
-             not_upload)",
+             not_upload, no_request, empty, bad_body)",
             metrics.refused.clone(),
         );
         hive.metrics().register(
             "edgehive_router_messages",
-            "Router messages by direction (rest_to_eventbus, eventbus_to_rest) and result \
+            "Router messages by direction (rest_to_eventbus, eventbus_to_rest, \
+             rest_to_servicebus) and result \
              (success, fail)",
             metrics.messages.clone(),
         );
@@ -158,6 +167,9 @@ impl RouterMetrics {
     }
 }
 
+/// A RuleEndpoint: its type and `spec.properties`.
+type Endpoint = (EndpointType, HashMap<String, String>);
+
 /// What the REST port, the module and the watch share.
 struct Shared {
     config: RouterConfig,
@@ -165,7 +177,10 @@ struct Shared {
     cluster: SharedCluster,
     metrics: RouterMetrics,
     rules: Mutex<HashMap<Key, Arc<RuleState>>>,
-    endpoints: Mutex<HashMap<Key, EndpointType>>,
+    endpoints: Mutex<HashMap<Key, Endpoint>>,
+    /// servicebus calls waiting for the edge's answer, by the request's message id (at most
+    /// `maxConnections`: one per REST call in flight).
+    pending: Mutex<HashMap<String, tokio::sync::oneshot::Sender<Message>>>,
 }
 
 /// A rule resolved for one message.
@@ -179,7 +194,14 @@ impl Shared {
     fn endpoint(&self, namespace: &str, name: &str) -> Option<EndpointType> {
         lock(&self.endpoints)
             .get(&(namespace.to_owned(), name.to_owned()))
-            .cloned()
+            .map(|(kind, _)| kind.clone())
+    }
+
+    /// A RuleEndpoint's `spec.properties` (a servicebus one's `service_port`).
+    fn endpoint_property(&self, namespace: &str, name: &str, key: &str) -> Option<String> {
+        lock(&self.endpoints)
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .and_then(|(_, properties)| properties.get(key).cloned())
     }
 
     /// The REST-source rule of `namespace` that matches `path` best, and the rest of the
@@ -339,13 +361,23 @@ impl Shared {
                 endpoints.remove(&key);
             }
             EventType::Added | EventType::Modified => {
-                endpoints.insert(key, endpoint_type(object));
+                endpoints.insert(key, (endpoint_type(object), rules::properties(object)));
             }
         }
     }
 
-    /// An edge's upload: an eventbus-source rule's message for its REST target.
-    fn on_upload(&self, message: Message) {
+    /// An edge's `user` message: a servicebus answer for a waiting REST call, or an upload
+    /// (an eventbus-source rule's message for its REST target).
+    fn on_message(&self, message: Message) {
+        if let Some(parent) = message.parent_id() {
+            let waiting = lock(&self.pending).remove(parent);
+            match waiting {
+                // The caller may have given up (timed out) meanwhile: nothing to do then.
+                Some(waiting) => drop(waiting.send(message)),
+                None => self.metrics.refuse("no_request"),
+            }
+            return;
+        }
         if message.operation() != Some(&Operation::Upload) {
             self.metrics.refuse("not_upload");
             return;
@@ -532,7 +564,7 @@ impl Handler<Envelope> for RouterActor {
     type Result = Option<Message>;
 
     fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Option<Message> {
-        self.shared.on_upload(envelope.into_message());
+        self.shared.on_message(envelope.into_message());
         None
     }
 }
@@ -556,7 +588,11 @@ pub fn start(plug: &crate::plug::Plug) -> anyhow::Result<Option<RouterHandle>> {
         cluster: cluster.clone(),
         rules: Mutex::new(HashMap::new()),
         endpoints: Mutex::new(HashMap::new()),
+        pending: Mutex::new(HashMap::new()),
     });
+    // Every `user` message of an edge, not only uploads (KubeEdge's fixed route to
+    // `router`): a servicebus answer is a `response`.
+    claim_upstream_group(&hive, "user", ROUTER)?;
     hive.start_module(RouterModule {
         shared: shared.clone(),
     })?;

@@ -52,6 +52,11 @@ pub(crate) fn endpoint_type(object: &Value) -> EndpointType {
     EndpointType::parse(object["spec"]["ruleEndpointType"].as_str().unwrap_or(""))
 }
 
+/// A RuleEndpoint's `spec.properties`.
+pub(crate) fn properties(object: &Value) -> HashMap<String, String> {
+    string_map(&object["spec"]["properties"])
+}
+
 /// A Rule's spec: endpoint names and their resources (KubeEdge's string maps).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RuleSpec {

@@ -661,3 +661,140 @@ async fn a_post_for_a_servicebus_rule_gets_the_edges_http_answer_and_a_silent_ed
     edge.stop().await;
     cloud.stop().await;
 }
+
+/// The real `edgehive cloud` binary on the stand-in API server (`edgehive cluster`): its kube
+/// adapter lists and watches KubeEdge's Rules and RuleEndpoints and merge-patches a Rule's
+/// status, and the binary's banner names the router's port.
+#[actix_rt::test]
+async fn the_cloud_binary_routes_by_rules_on_an_api_server_and_writes_their_status_there() {
+    use crate::support::process::{banner_field, spawn_logged};
+    use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let (_standin, banner) = spawn_logged(
+        &[
+            "cluster",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().join("standin").to_str().unwrap(),
+            "--kubeconfig-out",
+            kubeconfig.to_str().unwrap(),
+        ],
+        &dir.path().join("standin.log"),
+    );
+    assert!(banner.contains("Kubernetes API on https://"), "{banner}");
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let create = |kind: &str, plural: &str, object: Value| {
+        let client = client.clone();
+        let (group, version) = match kind {
+            "Node" => ("", "v1"),
+            _ => ("rules.kubeedge.io", "v1"),
+        };
+        let resource = ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: if group.is_empty() {
+                version.to_owned()
+            } else {
+                format!("{group}/{version}")
+            },
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let cluster_scoped = kind == "Node";
+        async move {
+            let object: DynamicObject = serde_json::from_value(object).unwrap();
+            let api: Api<DynamicObject> = if cluster_scoped {
+                Api::all_with(client, &resource)
+            } else {
+                Api::namespaced_with(client, "default", &resource)
+            };
+            api.create(&PostParams::default(), &object).await.unwrap();
+        }
+    };
+    create("Node", "nodes", edge_node("edge-k")).await;
+    for (name, kind) in [("rest", "rest"), ("bus", "eventbus")] {
+        create(
+            "RuleEndpoint",
+            "ruleendpoints",
+            json!({"apiVersion": "rules.kubeedge.io/v1", "kind": "RuleEndpoint",
+                   "metadata": {"name": name, "namespace": "default"},
+                   "spec": {"ruleEndpointType": kind, "properties": {}}}),
+        )
+        .await;
+    }
+    create(
+        "Rule",
+        "rules",
+        json!({"apiVersion": "rules.kubeedge.io/v1", "kind": "Rule",
+               "metadata": {"name": "to-edge", "namespace": "default"},
+               "spec": {"source": "rest", "sourceResource": {"path": "/a"},
+                        "target": "bus", "targetResource": {"topic": "t"}}}),
+    )
+    .await;
+
+    let cloud_yaml = dir.path().join("cloud.yaml");
+    std::fs::write(
+        &cloud_yaml,
+        format!(
+            "kubeAPIConfig:\n  kubeConfig: {}\n\
+             commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+             modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n      insecurePlaintext: true\n  \
+             router:\n    enable: true\n    address: 127.0.0.1\n    port: 0\n    statusInterval: 1\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let (_cloud, banner) = spawn_logged(
+        &["cloud", "--config", cloud_yaml.to_str().unwrap()],
+        &dir.path().join("cloud.log"),
+    );
+    let websocket: SocketAddr = banner_field(&banner, "WebSocket on ", ',').parse().unwrap();
+    let router: SocketAddr = banner_field(&banner, "router on http://", '\n')
+        .trim()
+        .parse()
+        .unwrap();
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let edge = EdgeProcess::start_with(&edge_config("edge-k", websocket, dir.path()), |plug| {
+        plug.hive().start_module(CaptureModule(tx))?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let (status, _) = eventually("the rule is served", WITHIN, || async {
+        let answer = post(router, "/edge-k/default/a", "from the api server's rule").await;
+        (answer.0 != 404).then_some(answer)
+    })
+    .await;
+    assert_eq!(status, 200);
+    let publish = next_of(&mut rx, "publish").await;
+    assert_eq!(publish.resource(), "t");
+    assert_eq!(publish.content_str(), Some("from the api server's rule"));
+
+    let rules = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        "default",
+        &ApiResource {
+            group: "rules.kubeedge.io".into(),
+            version: "v1".into(),
+            api_version: "rules.kubeedge.io/v1".into(),
+            kind: "Rule".into(),
+            plural: "rules".into(),
+        },
+    );
+    eventually("the status on the API server", WITHIN, || async {
+        let rule = rules.get("to-edge").await.ok()?;
+        (rule.data["status"]["successMessages"] == 1).then_some(())
+    })
+    .await;
+    edge.stop().await;
+}

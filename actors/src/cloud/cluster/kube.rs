@@ -200,6 +200,8 @@ pub const KINDS: &[&str] = &[
     "NodeGroup",
     "EdgeApplication",
     "Deployment",
+    "Rule",
+    "RuleEndpoint",
 ];
 
 /// The adapter's facts about `kind`, if it is one of `KINDS`.
@@ -246,9 +248,6 @@ pub fn kind_info(kind: &str) -> Option<KindInfo> {
 
 /// The custom kinds the NodeGroup and EdgeApplication controllers need (checked at start).
 pub const NODE_GROUP_KINDS: &[&str] = &["NodeGroup", "EdgeApplication"];
-
-/// The custom kinds the Router extension needs (checked at start when `modules.router` is on).
-pub const ROUTER_KINDS: &[&str] = &["Rule", "RuleEndpoint"];
 
 /// The custom kinds the DeviceController needs (checked at start).
 pub const DEVICE_KINDS: &[&str] = &["Device", "DeviceModel", "DeviceStatus"];

@@ -449,7 +449,7 @@ async fn a_slow_rest_target_does_not_delay_another_rules_target_and_its_overflow
 async fn refused_router_requests_are_counted_by_reason_every_time_and_the_router_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     let (cloud, router) =
-        start_cloud("    maxMessageBytes: 1024\n    burst: 10\n    messagesPerSecond: 1\n").await;
+        start_cloud("    maxMessageBytes: 1024\n    burst: 20\n    messagesPerSecond: 1\n").await;
     let (edge, mut rx) = start_edge("edge-t", &cloud, dir.path()).await;
     // A Node that is not an edge node.
     cloud
@@ -529,16 +529,20 @@ async fn refused_router_requests_are_counted_by_reason_every_time_and_the_router
             }
         }
     }
-    // The rate limit: a burst of 10, then one a second; the rest refused.
+    // The rate limit: a burst of 20, then one a second; the rest refused, for a node that
+    // exists or not (the bucket comes before the node is looked up).
     let mut limited = 0;
     let started = std::time::Instant::now();
-    for _ in 0..40 {
-        if post(addr, "/edge-t/default/limited", "x").await.0 == 429 {
-            limited += 1;
+    for n in 0..60 {
+        let node = if n % 2 == 0 { "edge-t" } else { "edge-nobody" };
+        match post(addr, &format!("/{node}/default/limited"), "x").await.0 {
+            429 => limited += 1,
+            404 => *expected.entry("unknown_node").or_default() += 1,
+            status => assert_eq!(status, 200),
         }
     }
     let refilled = started.elapsed().as_secs() + 1;
-    assert!(limited + 10 + refilled >= 40, "{limited} of 40 refused");
+    assert!(limited + 20 + refilled >= 60, "{limited} of 60 refused");
     assert!(limited > 0);
     *expected.entry("rate_limited").or_default() += limited;
     let after = http_get(admin, "/metrics").await.1;

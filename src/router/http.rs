@@ -167,21 +167,20 @@ async fn rest_call(
             );
         }
     };
-    if !is_edge_node(shared, node).await {
-        return refuse(shared, "unknown_node", 404, "no such edge node");
-    }
     let limit = shared.config.max_message_bytes;
-    let body =
-        match tokio::time::timeout(shared.config.rest_timeout(), read_body(payload, limit)).await {
-            Ok(Ok(Some(body))) => body,
-            Ok(Ok(None)) => {
-                rule.failed(format!("message larger than {limit} bytes"), keep);
-                return refuse(shared, "too_large", 413, "the message is too large");
-            }
-            Ok(Err(_)) | Err(_) => {
-                return refuse(shared, "bad_body", 400, "Request error,body is null");
-            }
-        };
+    let too_large = |rule: &RuleState| {
+        rule.failed(format!("message larger than {limit} bytes"), keep);
+        refuse(shared, "too_large", 413, "the message is too large")
+    };
+    // A declared length over the limit is refused before anything else is spent on it.
+    let declared = request
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return too_large(rule);
+    }
+    // The rule's bucket before the node is looked up: a flood costs the cluster nothing.
     if !shared.admit(rule) {
         rule.failed("rate limited".to_owned(), keep);
         return refuse(
@@ -191,6 +190,17 @@ async fn rest_call(
             "too many messages for this rule",
         );
     }
+    if !is_edge_node(shared, node).await {
+        return refuse(shared, "unknown_node", 404, "no such edge node");
+    }
+    let body =
+        match tokio::time::timeout(shared.config.rest_timeout(), read_body(payload, limit)).await {
+            Ok(Ok(Some(body))) => body,
+            Ok(Ok(None)) => return too_large(rule),
+            Ok(Err(_)) | Err(_) => {
+                return refuse(shared, "bad_body", 400, "Request error,body is null");
+            }
+        };
     match target {
         Target::EventBus(topic) => {
             // KubeEdge's resource: node/{node}/{topic}, or with the rest of the path after it.

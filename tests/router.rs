@@ -331,6 +331,24 @@ async fn a_post_reaches_the_edge_as_kubeedges_publish_and_an_edge_upload_reaches
     let unsubscribe = next_of(&mut rx, "unsubscribe").await;
     assert_eq!(unsubscribe.resource(), "default/test-1");
 
+    // A rule that comes before its eventbus endpoint subscribes once the endpoint comes.
+    apply(
+        &cloud,
+        &rule(
+            "late",
+            "late-bus",
+            r#"{"topic": "late", "node_name": "edge-r"}"#,
+            "my-rest",
+            r#"{"resource": "http://127.0.0.1:9/"}"#,
+        ),
+    )
+    .await;
+    apply(&cloud, &endpoint("late-bus", "eventbus")).await;
+    assert_eq!(
+        next_of(&mut rx, "subscribe").await.resource(),
+        "default/late"
+    );
+
     router.stop().await;
     edge.stop().await;
     cloud.stop().await;

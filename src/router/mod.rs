@@ -351,18 +351,41 @@ impl Shared {
     }
 
     /// A RuleEndpoint's change from the watch.
+    /// The rules of an endpoint that became (or stopped being) an eventbus one are
+    /// subscribed (unsubscribed) on their node: a rule may come before its endpoint.
     fn on_endpoint(&self, event_type: EventType, object: &Value) {
         let Some(key) = key_of(object) else {
             return;
         };
-        let mut endpoints = lock(&self.endpoints);
-        match event_type {
-            EventType::Deleted => {
-                endpoints.remove(&key);
+        let eventbus = |this: &Self| this.endpoint(&key.0, &key.1) == Some(EndpointType::EventBus);
+        let was = eventbus(self);
+        {
+            let mut endpoints = lock(&self.endpoints);
+            match event_type {
+                EventType::Deleted => {
+                    endpoints.remove(&key);
+                }
+                EventType::Added | EventType::Modified => {
+                    endpoints.insert(
+                        key.clone(),
+                        (endpoint_type(object), rules::properties(object)),
+                    );
+                }
             }
-            EventType::Added | EventType::Modified => {
-                endpoints.insert(key, (endpoint_type(object), rules::properties(object)));
-            }
+        }
+        let is = eventbus(self);
+        if was == is {
+            return;
+        }
+        let operation = if is { "subscribe" } else { "unsubscribe" };
+        let sources: Vec<RuleSpec> = lock(&self.rules)
+            .iter()
+            .filter(|((namespace, _), _)| *namespace == key.0)
+            .map(|(_, rule)| lock(&rule.spec).clone())
+            .filter(|spec| spec.source == key.1)
+            .collect();
+        for spec in sources {
+            self.subscription(&key.0, &spec, operation);
         }
     }
 

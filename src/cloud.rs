@@ -296,7 +296,7 @@ impl CloudProcess {
                 ),
             )?;
         }
-        let extensions = Plug::new(&hive, &config.modules.extensions);
+        let extensions = Plug::new(&hive, &config.modules.extensions).with_cluster(cluster.clone());
         plug(&extensions)?;
         extensions.finish()?;
         let routes_hive = hive.clone();

@@ -6,6 +6,8 @@
 //! - [`demo`]: a cloud and N edges delivering one Pod each.
 //! - [`plug`]: extension modules on a process's hive, with their config sections
 //!   (docs/extending.md).
+//! - [`router`]: KubeEdge's Router (Rules: REST ↔ the edges' EventBus), a cloud extension
+//!   (docs/router.md).
 //! - [`standin`]: `edgehive cluster`, the stand-in Kubernetes API server several clouds share.
 //! - [`admin`]: health, readiness, metrics and the supervision tree over HTTP.
 //!
@@ -23,5 +25,7 @@ pub mod demo;
 pub mod edge;
 pub mod join;
 pub mod plug;
+#[cfg(feature = "cloud")]
+pub mod router;
 #[cfg(feature = "cloud")]
 pub mod standin;

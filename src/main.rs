@@ -393,11 +393,18 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
         }
         #[cfg(feature = "cloud")]
         Command::Cloud { config, manifests } => {
-            let config = CloudConfig::load_files(&config)?;
+            // `modules.router` is the Router extension's section (KubeEdge's key).
+            let config =
+                CloudConfig::load_files_with_extensions(&config, &[edgehive::router::ROUTER])?;
             actix_rt::System::new().block_on(async {
-                let cloud = CloudProcess::start(&config, manifests.as_deref()).await?;
+                let mut router = None;
+                let cloud = CloudProcess::start_with(&config, manifests.as_deref(), |plug| {
+                    router = edgehive::router::start(plug)?;
+                    Ok(())
+                })
+                .await?;
                 println!(
-                    "edgehive cloud: WebSocket on {}, admin on http://{}{}{}",
+                    "edgehive cloud: WebSocket on {}, admin on http://{}{}{}{}",
                     cloud.websocket_addr(),
                     cloud.admin_addr(),
                     match cloud.cert_server_addr() {
@@ -409,9 +416,16 @@ fn run(command: Command, log_format: LogFormat) -> anyhow::Result<()> {
                         ", stream tunnels on {}, streams on https://{}",
                         stream.tunnel_addr(),
                         stream.stream_addr()
+                    )),
+                    router.as_ref().map_or(String::new(), |router| format!(
+                        ", router on http://{}",
+                        router.addr()
                     ))
                 );
                 wait_for_signal().await?;
+                if let Some(router) = &router {
+                    router.stop().await;
+                }
                 cloud.stop().await;
                 Ok(())
             })

@@ -13,15 +13,27 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
+#[cfg(feature = "cloud")]
+use edgehive_actors::cloud::cluster::SharedCluster;
 use edgehive_actors::hive::Hive;
 use serde::de::DeserializeOwned;
 
 /// What a plug gets: the hive to start its modules on and its modules' config sections.
-#[derive(Debug)]
 pub struct Plug<'a> {
     hive: &'a Hive,
     sections: &'a BTreeMap<String, serde_json::Value>,
     read: RefCell<BTreeSet<String>>,
+    #[cfg(feature = "cloud")]
+    cluster: Option<SharedCluster>,
+}
+
+impl std::fmt::Debug for Plug<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plug")
+            .field("hive", self.hive)
+            .field("sections", self.sections)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> Plug<'a> {
@@ -31,7 +43,25 @@ impl<'a> Plug<'a> {
             hive,
             sections,
             read: RefCell::new(BTreeSet::new()),
+            #[cfg(feature = "cloud")]
+            cluster: None,
         }
+    }
+
+    /// The plug of a cloud, whose modules may read and write `cluster`.
+    #[cfg(feature = "cloud")]
+    pub(crate) fn with_cluster(mut self, cluster: SharedCluster) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// On the cloud, the cluster the built-in controllers use (the embedded one or the API
+    /// server `kubeAPIConfig` names): an extension follows its kinds with
+    /// `edgehive_actors::cloud::watcher::KindWatcher` and writes objects through it. `None`
+    /// on the edge.
+    #[cfg(feature = "cloud")]
+    pub fn cluster(&self) -> Option<&SharedCluster> {
+        self.cluster.as_ref()
     }
 
     /// The process's hive: start modules with [`Hive::start_module`], talk to the built-in

@@ -248,7 +248,8 @@ fn grant(kind: &str, subresource: &str, verb: &str) -> Grant {
 fn literal_calls() -> BTreeMap<Grant, String> {
     let mut found = BTreeMap::new();
     let mut files = Vec::new();
-    let mut dirs = vec![root().join("actors/src/cloud")];
+    // The Router extension (src/router/) follows and writes its rules like a controller.
+    let mut dirs = vec![root().join("actors/src/cloud"), root().join("src/router")];
     // The binary's own cluster calls (cloudcore's Secrets).
     files.push(root().join("src/cloud_secrets.rs"));
     while let Some(dir) = dirs.pop() {

@@ -187,35 +187,68 @@ fn a_kubeedge_device_reads_into_the_typed_device_and_back() {
 
 #[test]
 fn copied_kubeedge_crds_agree_with_the_adapters_kinds() {
-    // (kind, CRD name, scope), as in KubeEdge's v1.22.0 apps CRDs (copied, not generated).
+    // (kind, CRD name, group, version, scope, status subresource), as in KubeEdge's v1.22.0
+    // apps and router CRDs (copied, not generated).
     let kubeedge = [
-        ("NodeGroup", "nodegroups.apps.kubeedge.io", "Cluster"),
+        (
+            "NodeGroup",
+            "nodegroups.apps.kubeedge.io",
+            "apps.kubeedge.io",
+            "v1alpha1",
+            "Cluster",
+            true,
+        ),
         (
             "EdgeApplication",
             "edgeapplications.apps.kubeedge.io",
+            "apps.kubeedge.io",
+            "v1alpha1",
             "Namespaced",
+            true,
+        ),
+        (
+            "Rule",
+            "rules.rules.kubeedge.io",
+            "rules.kubeedge.io",
+            "v1",
+            "Namespaced",
+            false,
+        ),
+        (
+            "RuleEndpoint",
+            "ruleendpoints.rules.kubeedge.io",
+            "rules.kubeedge.io",
+            "v1",
+            "Namespaced",
+            false,
         ),
     ];
     assert_eq!(COPIED_CRDS.len(), kubeedge.len());
-    for (kind, name, scope) in kubeedge {
+    for (kind, name, group, version_name, scope, status) in kubeedge {
         let (_, file) = COPIED_CRDS.iter().find(|(k, _)| *k == kind).unwrap();
         let text = std::fs::read_to_string(crds_dir().join(file)).unwrap();
         let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
             serde_yaml_ng::from_str(&text).unwrap();
         assert_eq!(crd.metadata.name.as_deref(), Some(name));
-        assert_eq!(crd.spec.group, "apps.kubeedge.io");
+        assert_eq!(crd.spec.group, group);
         assert_eq!(crd.spec.names.kind, kind);
         assert_eq!(crd.spec.scope, scope, "{kind}");
         let version = &crd.spec.versions[0];
-        assert_eq!(version.name, "v1alpha1", "{kind}");
-        assert!(version
-            .subresources
-            .as_ref()
-            .is_some_and(|s| s.status.is_some()));
+        assert_eq!(version.name, version_name, "{kind}");
+        assert_eq!(
+            version
+                .subresources
+                .as_ref()
+                .is_some_and(|s| s.status.is_some()),
+            status,
+            "{kind}"
+        );
         let info = kind_info(kind).unwrap();
         assert_eq!(info.crd.as_deref(), Some(name));
+        assert_eq!(info.resource.group, group);
+        assert_eq!(info.resource.version, version_name);
         assert_eq!(info.resource.plural, crd.spec.names.plural);
         assert_eq!(info.namespaced, scope == "Namespaced", "{kind}");
-        assert!(info.status_subresource, "{kind}");
+        assert_eq!(info.status_subresource, status, "{kind}");
     }
 }

@@ -7,24 +7,25 @@
 //! each critical section updates without calling anything that can panic half-way (a map
 //! insert or remove, a field or whole-entry assignment, a counter), so the data behind a
 //! poisoned lock is consistent and is used as is. A lock whose critical section could leave
-//! its data torn must not use these helpers.
+//! its data torn must not use these helpers. Public so extension modules (the `edgehive`
+//! crate's Router) take their locks the same one way (`actors/tests/invariants.rs`).
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// `mutex.lock()`, taking the guard from a poisoned lock (see the module docs).
-pub(crate) fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// `lock.read()`, taking the guard from a poisoned lock (see the module docs).
-pub(crate) fn read<T: ?Sized>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+pub fn read<T: ?Sized>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// `lock.write()`, taking the guard from a poisoned lock (see the module docs).
-pub(crate) fn write<T: ?Sized>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+pub fn write<T: ?Sized>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

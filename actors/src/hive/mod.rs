@@ -50,7 +50,7 @@
 
 mod envelope;
 mod error;
-pub(crate) mod locks;
+pub mod locks;
 pub(crate) mod log;
 mod metrics;
 mod module;

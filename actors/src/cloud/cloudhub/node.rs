@@ -36,6 +36,7 @@ use super::limits::{self, WriteBudget};
 use super::link::{CloseSession, SessionHandle, WriteFrame};
 use super::pool::{Enqueued, NodePool};
 use crate::cloud::contract::application::SessionEnded;
+use crate::cloud::contract::extension;
 use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
 use crate::cloud::ownership::{NodeOwnerInfo, Ownership};
 use crate::hive::locks;
@@ -859,12 +860,26 @@ impl NodeActor {
         }
     }
 
+    /// Whether `response` is not an ACK but an answer for the extension that claimed its
+    /// group: its parent is not the message in flight.
+    fn for_an_extension(&self, response: &Message) -> bool {
+        if extension::claimant(&self.hub.hive, response).is_none() {
+            return false;
+        }
+        let parent = response.parent_id().unwrap_or_default();
+        !self.cell.lock().pool.in_flight_is(parent)
+    }
+
     /// Handles what the edge sent (`bytes`: its frame's length).
     fn on_edge_message(&mut self, message: Message, bytes: usize, ctx: &mut Context<Self>) {
         let cell = self.cell.clone();
         let node = cell.name.as_str();
         match message.operation() {
-            Some(Operation::Response) => {
+            // An answer to a message of the cloud's: an ACK, unless it matches nothing in
+            // flight and an extension claimed its group (the Router's servicebus answers,
+            // KubeEdge's `router_servicebus` responses): then it goes upstream like any
+            // message of that group, below.
+            Some(Operation::Response) if !self.for_an_extension(&message) => {
                 let parent = message.parent_id().unwrap_or_default();
                 let acked = {
                     let mut state = self.cell.lock();

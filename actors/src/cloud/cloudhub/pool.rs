@@ -318,14 +318,17 @@ impl NodePool {
         }
     }
 
+    /// Whether the message in flight (waiting for its ACK) is `id`.
+    pub(super) fn in_flight_is(&self, id: &str) -> bool {
+        self.in_flight
+            .as_ref()
+            .is_some_and(|flight| flight.message.id() == id)
+    }
+
     /// The edge ACKed `parent_id`. Returns the message it ACKed if that is the one in flight
     /// (anything else is ignored, as KubeEdge does).
     pub(super) fn ack(&mut self, parent_id: &str) -> Option<Arc<NodeMessage>> {
-        let matches = self
-            .in_flight
-            .as_ref()
-            .is_some_and(|flight| flight.message.id() == parent_id);
-        if !matches {
+        if !self.in_flight_is(parent_id) {
             return None;
         }
         let flight = self.in_flight.take()?;

@@ -13,7 +13,8 @@
 //!
 //! NodeGroup and EdgeApplication (`apps.kubeedge.io/v1alpha1`, docs/nodegroups.md) have no
 //! type here: their CRDs are KubeEdge's v1.22.0 files copied as they are ([`COPIED_CRDS`]),
-//! and the controllers read those objects as JSON.
+//! and the controllers read those objects as JSON. So are Rule and RuleEndpoint
+//! (`rules.kubeedge.io/v1`), which the Router extension reads.
 
 use std::collections::BTreeMap;
 
@@ -28,11 +29,18 @@ use serde_json::Value;
 pub const APPS_GROUP: &str = "apps.kubeedge.io";
 /// Their version.
 pub const APPS_VERSION: &str = "v1alpha1";
+/// The API group of KubeEdge's Router rules (Rule, RuleEndpoint; docs/router.md), whose
+/// CRDs are KubeEdge's files copied as they are.
+pub const RULES_GROUP: &str = "rules.kubeedge.io";
+/// Their version.
+pub const RULES_VERSION: &str = "v1";
 /// KubeEdge's CRD files in `config/crds/` that are copies of KubeEdge's own (v1.22.0), not
 /// generated from a type here: kind and file.
 pub const COPIED_CRDS: &[(&str, &str)] = &[
     ("NodeGroup", "apps_v1alpha1_nodegroup.yaml"),
     ("EdgeApplication", "apps_v1alpha1_edgeapplication.yaml"),
+    ("Rule", "rules_v1_rule.yaml"),
+    ("RuleEndpoint", "rules_v1_ruleendpoint.yaml"),
 ];
 
 /// Schema of a free-form object whose fields the API server must keep.

@@ -39,7 +39,9 @@ use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource};
 use serde_json::{json, Map, Value};
 
-use super::crds::{ClusterObjectSync, Device, DeviceModel, DeviceStatus, ObjectSync, APPS_GROUP};
+use super::crds::{
+    ClusterObjectSync, Device, DeviceModel, DeviceStatus, ObjectSync, APPS_GROUP, RULES_GROUP,
+};
 use super::{ClusterError, ClusterFuture, ClusterPort, EventType, Watch, WatchError, WatchEvent};
 
 /// How the cloud reaches the API server: KubeEdge's `kubeAPIConfig` keys.
@@ -155,7 +157,11 @@ fn copied(
     namespaced: bool,
     status_subresource: bool,
 ) -> KindInfo {
-    let version = super::crds::APPS_VERSION;
+    let version = if group == RULES_GROUP {
+        super::crds::RULES_VERSION
+    } else {
+        super::crds::APPS_VERSION
+    };
     KindInfo {
         resource: ApiResource {
             group: group.to_owned(),
@@ -194,6 +200,8 @@ pub const KINDS: &[&str] = &[
     "NodeGroup",
     "EdgeApplication",
     "Deployment",
+    "Rule",
+    "RuleEndpoint",
 ];
 
 /// The adapter's facts about `kind`, if it is one of `KINDS`.
@@ -231,6 +239,9 @@ pub fn kind_info(kind: &str) -> Option<KindInfo> {
             true,
             true,
         ),
+        // KubeEdge's Rule CRD has no status subresource: its status is patched on the object.
+        "Rule" => copied(RULES_GROUP, "Rule", "rules", true, false),
+        "RuleEndpoint" => copied(RULES_GROUP, "RuleEndpoint", "ruleendpoints", true, false),
         _ => return None,
     })
 }

@@ -56,7 +56,9 @@ fn claimable(group: &Group) -> bool {
 }
 
 /// Routes every upstream message of `group` to the module named `module` (an extension
-/// started on `hive`, before or after the claim). A message for a claimed group whose module
+/// started on `hive`, before or after the claim), and the edges' `response`s of that group
+/// that are not the ACK of the message CloudHub has in flight to their node (answers to
+/// the extension's own requests). A message for a claimed group whose module
 /// is not running is dropped and counted like any message without a route
 /// (`edgehive_cloudhub_dropped_messages_total{reason="no_route"}`).
 pub fn claim_upstream_group(hive: &Hive, group: &str, module: &str) -> Result<(), ClaimError> {

@@ -396,8 +396,9 @@ pub mod route {
     pub const NODEGROUPCONTROLLER: &str = "nodegroupcontroller";
     /// SyncController's module name (KubeEdge's; reserved).
     pub const SYNCCONTROLLER: &str = "synccontroller";
-    /// The router module that takes `user`-group uploads (KubeEdge's; an extension).
-    pub(crate) const ROUTER: &str = "router";
+    /// The router module that takes `user`-group uploads (KubeEdge's; an extension, see the
+    /// `edgehive` crate's `router`).
+    pub const ROUTER: &str = "router";
     /// The group of task managers (KubeEdge's; extensions).
     pub(crate) const TASKMANAGER: &str = "taskmanager";
     /// The edge module whose upstream messages go to DeviceController.

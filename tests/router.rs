@@ -1,0 +1,822 @@
+//! Router (`modules.router`, docs/router.md), a cloud extension: KubeEdge's Rules and
+//! RuleEndpoints, applied as KubeEdge ships them, route a POST on the cloud's REST port to a
+//! connected edge as KubeEdge's `publish` message (through the node's actor), and an edge's
+//! EventBus upload to a real local HTTP server; a slow target holds up only its own rule;
+//! refusals are counted by reason and repeated; each Rule's status counts what happened.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::{Actor, Context, Handler};
+use actix_web::{web, App, HttpResponse, HttpServer};
+use edgehive::cloud::CloudProcess;
+use edgehive::config::CloudConfig;
+use edgehive::edge::EdgeProcess;
+use edgehive::router::RouterHandle;
+use edgehive_actors::edge::contract::route as edge_route;
+use edgehive_actors::hive::{Envelope, Hive, Module};
+use edgehive_protocols::{Group, Message, ModuleName, Operation};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::support::{
+    admin_client, edge_config, edge_node, eventually, http_get, metric_sum, WITHIN,
+};
+
+/// The edge-side stand-in for EventBus (group `bus`): every `user` message the edge gets
+/// from the cloud.
+struct CaptureModule(mpsc::UnboundedSender<Message>);
+
+impl Module for CaptureModule {
+    type Actor = Capture;
+    fn name(&self) -> &str {
+        "capture"
+    }
+    fn group(&self) -> &str {
+        // The edge group of cloud `user` messages (KubeEdge's EventBus group).
+        "bus"
+    }
+    fn create(&self, _: &Hive) -> Capture {
+        Capture(self.0.clone())
+    }
+}
+
+struct Capture(mpsc::UnboundedSender<Message>);
+
+impl Actor for Capture {
+    type Context = Context<Self>;
+}
+
+impl Handler<Envelope> for Capture {
+    type Result = Option<Message>;
+    fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Option<Message> {
+        let _ = self.0.send(envelope.into_message());
+        None
+    }
+}
+
+fn cloud_yaml(router: &str) -> String {
+    format!(
+        r#"
+commonConfig:
+  monitorServer:
+    bindAddress: 127.0.0.1:0
+embeddedCluster:
+  database: ""
+modules:
+  cloudHub:
+    websocket:
+      address: 127.0.0.1
+      port: 0
+      insecurePlaintext: true
+  router:
+    enable: true
+    address: 127.0.0.1
+    port: 0
+    statusInterval: 1
+{router}"#
+    )
+}
+
+/// A cloud with the Router plugged in, as `edgehive cloud` starts it.
+async fn start_cloud(router: &str) -> (CloudProcess, RouterHandle) {
+    let config = CloudConfig::from_text_with_extensions(
+        Path::new("cloud.yaml"),
+        &cloud_yaml(router),
+        &[edgehive::router::ROUTER],
+    )
+    .unwrap();
+    let mut handle = None;
+    let cloud = CloudProcess::start_with(&config, None, |plug| {
+        handle = edgehive::router::start(plug)?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    (cloud, handle.expect("modules.router.enable: true"))
+}
+
+/// An edge whose `user` messages from the cloud land in the returned channel.
+async fn start_edge(
+    node: &str,
+    cloud: &CloudProcess,
+    dir: &Path,
+) -> (EdgeProcess, mpsc::UnboundedReceiver<Message>) {
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let edge = EdgeProcess::start_with(&edge_config(node, cloud.websocket_addr(), dir), |plug| {
+        plug.hive().start_module(CaptureModule(tx))?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    eventually("the edge connects", WITHIN, || async {
+        edge.status().await.unwrap().connected.then_some(())
+    })
+    .await;
+    (edge, rx)
+}
+
+/// `edgehive apply`'s endpoint, with KubeEdge's manifests as they are.
+async fn apply(cloud: &CloudProcess, yaml: &str) {
+    let mut response = admin_client()
+        .post(format!("http://{}/api/v1/apply", cloud.admin_addr()))
+        .send_body(yaml.to_owned())
+        .await
+        .unwrap();
+    let body = response.body().await.unwrap();
+    assert_eq!(response.status(), 200, "{}", String::from_utf8_lossy(&body));
+}
+
+fn endpoint(name: &str, kind: &str) -> String {
+    format!(
+        "apiVersion: rules.kubeedge.io/v1\nkind: RuleEndpoint\nmetadata:\n  name: {name}\n  labels:\n    description: test\nspec:\n  ruleEndpointType: \"{kind}\"\n  properties: {{}}\n---\n"
+    )
+}
+
+fn rule(
+    name: &str,
+    source: &str,
+    source_resource: &str,
+    target: &str,
+    target_resource: &str,
+) -> String {
+    format!(
+        "apiVersion: rules.kubeedge.io/v1\nkind: Rule\nmetadata:\n  name: {name}\n  labels:\n    description: test\nspec:\n  source: \"{source}\"\n  sourceResource: {source_resource}\n  target: \"{target}\"\n  targetResource: {target_resource}\n---\n"
+    )
+}
+
+/// A POST to the router; status and body.
+async fn post(router: SocketAddr, path: &str, body: impl Into<Vec<u8>>) -> (u16, String) {
+    let mut response = awc::Client::default()
+        .post(format!("http://{router}{path}"))
+        .insert_header(("Content-Type", "application/json"))
+        .send_body(body.into())
+        .await
+        .unwrap();
+    let body = response.body().limit(1 << 20).await.unwrap();
+    (
+        response.status().as_u16(),
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// The next message the edge got of `operation`, within [`WITHIN`].
+async fn next_of(rx: &mut mpsc::UnboundedReceiver<Message>, operation: &str) -> Message {
+    tokio::time::timeout(WITHIN, async {
+        loop {
+            let message = rx.recv().await.expect("the edge runs");
+            if message.operation().map(|o| o.as_str()) == Some(operation) {
+                return message;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {operation} message reached the edge"))
+}
+
+/// What KubeEdge's EventBus sends up for an MQTT message on `topic` (`{namespace}/{topic}`).
+fn upload(topic: &str, payload: &str) -> Message {
+    Message::new(
+        ModuleName::from("bus"),
+        Group::User,
+        Operation::Upload,
+        topic,
+        json!(payload),
+    )
+}
+
+/// What a target got: `METHOD path`, body, Content-Type.
+type Seen = Arc<Mutex<Vec<(String, Vec<u8>, Option<String>)>>>;
+
+/// A local HTTP server (the rules' REST targets): `/fast/..` records the body at once,
+/// `/slow/..` only once `release` is notified. Returns its address and the bodies by path.
+async fn target_server(release: Arc<tokio::sync::Notify>) -> (SocketAddr, Seen) {
+    let got: Seen = Arc::default();
+    let seen = got.clone();
+    let server = HttpServer::new(move || {
+        let seen = seen.clone();
+        let release = release.clone();
+        App::new().default_service(web::to(
+            move |request: actix_web::HttpRequest, body: web::Bytes| {
+                let seen = seen.clone();
+                let release = release.clone();
+                async move {
+                    if request.path().starts_with("/slow") {
+                        release.notified().await;
+                    }
+                    let content_type = request
+                        .headers()
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    seen.lock().unwrap().push((
+                        format!("{} {}", request.method(), request.path()),
+                        body.to_vec(),
+                        content_type,
+                    ));
+                    HttpResponse::Ok().finish()
+                }
+            },
+        ))
+    })
+    .workers(2)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_rt::spawn(server.run());
+    (addr, got)
+}
+
+async fn rule_status(cloud: &CloudProcess, name: &str) -> Value {
+    cloud
+        .cluster()
+        .unwrap()
+        .get("Rule", Some("default"), name)
+        .map(|rule| rule["status"].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[actix_rt::test]
+async fn a_post_reaches_the_edge_as_kubeedges_publish_and_an_edge_upload_reaches_the_rules_rest_target(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, router) = start_cloud("").await;
+    let (edge, mut rx) = start_edge("edge-r", &cloud, dir.path()).await;
+    let (target, got) = target_server(Arc::new(tokio::sync::Notify::new())).await;
+
+    // KubeEdge's own example manifests (docs: router), applied as they are.
+    let manifests = [
+        endpoint("my-rest", "rest"),
+        endpoint("my-eventbus", "eventbus"),
+        rule(
+            "my-rule",
+            "my-rest",
+            r#"{"path":"/a"}"#,
+            "my-eventbus",
+            r#"{"topic":"test"}"#,
+        ),
+        rule(
+            "my-rule-eventbus-rest",
+            "my-eventbus",
+            r#"{"topic": "test-1","node_name": "edge-r"}"#,
+            "my-rest",
+            &format!(r#"{{"resource":"http://{target}/fast/test-1"}}"#),
+        ),
+    ]
+    .concat();
+    apply(&cloud, &manifests).await;
+
+    // The eventbus-source rule makes the edge's EventBus subscribe to `{namespace}/{topic}`.
+    let subscribe = next_of(&mut rx, "subscribe").await;
+    assert_eq!(subscribe.resource(), "default/test-1");
+    assert_eq!(
+        subscribe.source().map(|s| s.as_str()),
+        Some("router_eventbus")
+    );
+    assert_eq!(subscribe.group(), Some(&Group::User));
+
+    // rest → eventbus: KubeEdge's curl, once the rule is loaded.
+    let body = r#"{"message":"hello"}"#;
+    let (status, answer) = eventually("the rest rule is served", WITHIN, || async {
+        let (status, answer) = post(router.addr(), "/edge-r/default/a", body).await;
+        (status != 404).then_some((status, answer))
+    })
+    .await;
+    assert_eq!((status, answer.as_str()), (200, "message delivered"));
+    let publish = next_of(&mut rx, "publish").await;
+    let golden: Value =
+        serde_json::from_str(include_str!("router_data/publish_frame.json")).unwrap();
+    let frame = serde_json::to_value(&publish).unwrap();
+    assert_eq!(frame["route"], golden["route"], "{frame}");
+    assert_eq!(frame["content"], golden["content"], "{frame}");
+    assert_eq!(frame["header"]["msg_id"].as_str().map(str::len), Some(36));
+    // The rest of the path goes after the topic, as in KubeEdge.
+    let (status, _) = post(router.addr(), "/edge-r/default/a/b/c", "x").await;
+    assert_eq!(status, 200);
+    assert_eq!(next_of(&mut rx, "publish").await.resource(), "test/b/c");
+
+    // eventbus → rest: the body of the MQTT message is POSTed to the rule's target.
+    let payload = r#"{"edgemsg":"msgtocloud"}"#;
+    edge.hive()
+        .send(edge_route::EDGEHUB, upload("default/test-1", payload))
+        .unwrap();
+    let (line, received, content_type) =
+        eventually("the target gets the message", WITHIN, || async {
+            got.lock().unwrap().first().cloned()
+        })
+        .await;
+    assert_eq!(line, "POST /fast/test-1");
+    assert_eq!(received, payload.as_bytes());
+    // KubeEdge's REST target sends the bare body: no Content-Type.
+    assert_eq!(content_type, None);
+
+    // Both rules' status counts, written back on the Rule (KubeEdge's fields).
+    eventually("the statuses are written", WITHIN, || async {
+        let rest = rule_status(&cloud, "my-rule").await;
+        let bus = rule_status(&cloud, "my-rule-eventbus-rest").await;
+        (rest["successMessages"] == 2 && bus["successMessages"] == 1).then_some(())
+    })
+    .await;
+
+    // Deleting the rule unsubscribes the edge.
+    cloud
+        .cluster()
+        .unwrap()
+        .delete("Rule", Some("default"), "my-rule-eventbus-rest")
+        .unwrap();
+    let unsubscribe = next_of(&mut rx, "unsubscribe").await;
+    assert_eq!(unsubscribe.resource(), "default/test-1");
+
+    // A rule that comes before its eventbus endpoint subscribes once the endpoint comes.
+    apply(
+        &cloud,
+        &rule(
+            "late",
+            "late-bus",
+            r#"{"topic": "late", "node_name": "edge-r"}"#,
+            "my-rest",
+            r#"{"resource": "http://127.0.0.1:9/"}"#,
+        ),
+    )
+    .await;
+    apply(&cloud, &endpoint("late-bus", "eventbus")).await;
+    assert_eq!(
+        next_of(&mut rx, "subscribe").await.resource(),
+        "default/late"
+    );
+
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_slow_rest_target_does_not_delay_another_rules_target_and_its_overflow_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, router) = start_cloud("    queueLength: 2\n").await;
+    let (edge, mut rx) = start_edge("edge-s", &cloud, dir.path()).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (target, got) = target_server(release.clone()).await;
+    let manifests = [
+        endpoint("rest", "rest"),
+        endpoint("bus", "eventbus"),
+        rule(
+            "slow",
+            "bus",
+            r#"{"topic":"slow","node_name":"edge-s"}"#,
+            "rest",
+            &format!(r#"{{"resource":"http://{target}/slow"}}"#),
+        ),
+        rule(
+            "fast",
+            "bus",
+            r#"{"topic":"fast","node_name":"edge-s"}"#,
+            "rest",
+            &format!(r#"{{"resource":"http://{target}/fast"}}"#),
+        ),
+    ]
+    .concat();
+    apply(&cloud, &manifests).await;
+    next_of(&mut rx, "subscribe").await;
+    next_of(&mut rx, "subscribe").await;
+
+    // The slow target holds its first message; two more wait in its queue; the rest of a
+    // burst of ten is refused, counted.
+    for n in 0..10 {
+        edge.hive()
+            .send(
+                edge_route::EDGEHUB,
+                upload("default/slow", &format!("s{n}")),
+            )
+            .unwrap();
+    }
+    let admin = cloud.admin_addr();
+    eventually("the slow rule's overflow is refused", WITHIN, || async {
+        let metrics = http_get(admin, "/metrics").await.1;
+        (metric_sum(
+            &metrics,
+            "edgehive_router_refused_total{reason=\"queue_full\"}",
+        ) >= 7)
+            .then_some(())
+    })
+    .await;
+    // The other rule's target gets its message while the slow one has answered nothing.
+    edge.hive()
+        .send(edge_route::EDGEHUB, upload("default/fast", "f0"))
+        .unwrap();
+    eventually("the fast target gets its message", WITHIN, || async {
+        got.lock()
+            .unwrap()
+            .iter()
+            .any(|(line, body, _)| line == "POST /fast" && body == b"f0")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        got.lock()
+            .unwrap()
+            .iter()
+            .all(|(line, _, _)| line != "POST /slow"),
+        "the slow target answered nothing yet"
+    );
+    // Released, the slow target gets what was queued, in order.
+    release.notify_waiters();
+    for _ in 0..6 {
+        release.notify_waiters();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eventually(
+        "the slow target gets its queued messages",
+        WITHIN,
+        || async {
+            release.notify_waiters();
+            let slow: Vec<Vec<u8>> = got
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(line, _, _)| line == "POST /slow")
+                .map(|(_, body, _)| body.clone())
+                .collect();
+            (slow.len() >= 3).then_some(slow)
+        },
+    )
+    .await;
+    eventually(
+        "the slow rule's status counts the refusals",
+        WITHIN,
+        || async {
+            let status = rule_status(&cloud, "slow").await;
+            (status["failMessages"].as_u64() >= Some(7)
+                && status["errors"]
+                    .as_array()
+                    .is_some_and(|e| !e.is_empty() && e.len() <= 10))
+            .then_some(())
+        },
+    )
+    .await;
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn refused_router_requests_are_counted_by_reason_every_time_and_the_router_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, router) =
+        start_cloud("    maxMessageBytes: 1024\n    burst: 20\n    messagesPerSecond: 1\n").await;
+    let (edge, mut rx) = start_edge("edge-t", &cloud, dir.path()).await;
+    // A Node that is not an edge node.
+    cloud
+        .cluster()
+        .unwrap()
+        .apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "master-1"}}))
+        .unwrap();
+    let manifests = [
+        endpoint("rest", "rest"),
+        endpoint("bus", "eventbus"),
+        rule(
+            "ok",
+            "rest",
+            r#"{"path":"/ok"}"#,
+            "bus",
+            r#"{"topic":"ok"}"#,
+        ),
+        rule(
+            "limited",
+            "rest",
+            r#"{"path":"/limited"}"#,
+            "bus",
+            r#"{"topic":"l"}"#,
+        ),
+        rule(
+            "loop",
+            "rest",
+            r#"{"path":"/loop"}"#,
+            "rest",
+            r#"{"resource":"http://127.0.0.1:9/"}"#,
+        ),
+    ]
+    .concat();
+    apply(&cloud, &manifests).await;
+    let addr = router.addr();
+    eventually("the rules are served", WITHIN, || async {
+        (post(addr, "/edge-t/default/ok", "ready").await.0 == 200).then_some(())
+    })
+    .await;
+    next_of(&mut rx, "publish").await;
+    let admin = cloud.admin_addr();
+    let refused = |metrics: &str, reason: &str| {
+        metric_sum(
+            metrics,
+            &format!("edgehive_router_refused_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    let before = http_get(admin, "/metrics").await.1;
+
+    // Each refusal, repeated and in several forms; every one answered and counted.
+    let big = vec![b'x'; 2048];
+    let cases: &[(&str, &[u8], u16, &str)] = &[
+        ("/edge-t/default/nope", b"x", 404, "no_rule"),
+        ("/edge-t/other/ok", b"x", 404, "no_rule"),
+        ("/edge-t/default/okay", b"x", 404, "no_rule"),
+        ("/edge-t/default", b"x", 404, "no_rule"),
+        ("/edge-t", b"x", 404, "bad_path"),
+        ("/", b"x", 404, "bad_path"),
+        ("/EDGE-T/default/ok", b"x", 404, "bad_path"),
+        ("/../default/ok", b"x", 404, "bad_path"),
+        ("/edge-t/default/ok/..", b"x", 404, "bad_path"),
+        ("/edge-t/default/ok/%2e%2e", b"x", 200, ""),
+        ("/edge-t/default/ok/a+b", b"x", 404, "bad_path"),
+        ("/edge-u/default/ok", b"x", 404, "unknown_node"),
+        ("/master-1/default/ok", b"x", 404, "unknown_node"),
+        ("/edge-t/default/loop", b"x", 501, "unsupported_target"),
+        ("/edge-t/default/ok", &big, 413, "too_large"),
+    ];
+    let mut expected: std::collections::BTreeMap<&str, u64> = Default::default();
+    for round in 0..3 {
+        for (path, body, status, reason) in cases {
+            // Each round over fresh connections (a new client each time).
+            let (got, text) = post(addr, path, body.to_vec()).await;
+            assert_eq!(got, *status, "round {round}: {path}: {text}");
+            if !reason.is_empty() {
+                *expected.entry(reason).or_default() += 1;
+            }
+        }
+    }
+    // The rate limit: a burst of 20, then one a second; the rest refused, for a node that
+    // exists or not (the bucket comes before the node is looked up).
+    let mut limited = 0;
+    let started = std::time::Instant::now();
+    for n in 0..60 {
+        let node = if n % 2 == 0 { "edge-t" } else { "edge-nobody" };
+        match post(addr, &format!("/{node}/default/limited"), "x").await.0 {
+            429 => limited += 1,
+            404 => *expected.entry("unknown_node").or_default() += 1,
+            status => assert_eq!(status, 200),
+        }
+    }
+    let refilled = started.elapsed().as_secs() + 1;
+    assert!(limited + 20 + refilled >= 60, "{limited} of 60 refused");
+    assert!(limited > 0);
+    *expected.entry("rate_limited").or_default() += limited;
+    let after = http_get(admin, "/metrics").await.1;
+    for (reason, count) in &expected {
+        assert_eq!(
+            refused(&after, reason) - refused(&before, reason),
+            *count,
+            "{reason}: {after}"
+        );
+    }
+    // The router still serves the good rule, and its status counts every message.
+    assert_eq!(post(addr, "/edge-t/default/ok", "still").await.0, 200);
+    eventually("the ok rule's status", WITHIN, || async {
+        let status = rule_status(&cloud, "ok").await;
+        // ready + 3 rounds of %2e%2e + still.
+        (status["successMessages"] == 5).then_some(())
+    })
+    .await;
+    eventually("the loop rule's status", WITHIN, || async {
+        let status = rule_status(&cloud, "loop").await;
+        (status["failMessages"] == 3
+            && status["errors"][0]
+                .as_str()
+                .is_some_and(|e| e.contains("not an eventbus")))
+        .then_some(())
+    })
+    .await;
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_post_for_a_servicebus_rule_gets_the_edges_http_answer_and_a_silent_edge_gets_408() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, router) = start_cloud("    restTimeout: 2\n").await;
+    let (edge, mut rx) = start_edge("edge-b", &cloud, dir.path()).await;
+    // KubeEdge's servicebus example: the port on the node in the endpoint's properties.
+    let manifests = [
+        endpoint("rest", "rest"),
+        "apiVersion: rules.kubeedge.io/v1\nkind: RuleEndpoint\nmetadata:\n  name: sb\nspec:\n  ruleEndpointType: servicebus\n  properties: {\"service_port\": \"8080\"}\n---\n".to_owned(),
+        rule("call", "rest", r#"{"path":"/call"}"#, "sb", r#"{"path":"/hello"}"#),
+    ]
+    .concat();
+    apply(&cloud, &manifests).await;
+    let addr = router.addr();
+    // Loaded once a call for a node that does not exist is refused as such, not for its path.
+    eventually("the servicebus rule is loaded", WITHIN, || async {
+        let (status, body) = post(addr, "/edge-nobody/default/call", "x").await;
+        (status == 404 && body.contains("no such edge node")).then_some(())
+    })
+    .await;
+
+    // The edge's ServiceBus stand-in answers each request with 201 and a body.
+    let caller = actix_rt::spawn(async move {
+        let mut response = awc::Client::default()
+            .post(format!("http://{addr}/edge-b/default/call/x"))
+            .insert_header(("Content-Type", "application/json"))
+            .send_body(r#"{"a":1}"#)
+            .await
+            .unwrap();
+        let body = response.body().await.unwrap();
+        (response.status().as_u16(), body.to_vec())
+    });
+    let request = next_of(&mut rx, "POST").await;
+    assert_eq!(
+        request.source().map(|s| s.as_str()),
+        Some("router_servicebus")
+    );
+    assert_eq!(request.group(), Some(&Group::User));
+    assert_eq!(request.resource(), "8080:/hello/x");
+    let content = request.content_json().unwrap();
+    assert_eq!(content["method"], "POST");
+    assert_eq!(
+        content["header"]["Content-Type"],
+        json!(["application/json"])
+    );
+    assert_eq!(
+        b64.decode(content["body"].as_str().unwrap()).unwrap(),
+        br#"{"a":1}"#
+    );
+    let answer = Message::response_to(
+        &request,
+        json!({"header": {}, "status_code": 201, "body": b64.encode("created")}),
+    );
+    edge.hive().send(edge_route::EDGEHUB, answer).unwrap();
+    let (status, body) = caller.await.unwrap();
+    assert_eq!((status, body.as_slice()), (201, b"created".as_slice()));
+
+    // An answer to nothing the router waits for is counted and dropped, every time.
+    for _ in 0..3 {
+        let stray = Message::response_to(&request, json!({"status_code": 200}));
+        edge.hive().send(edge_route::EDGEHUB, stray).unwrap();
+    }
+    let admin = cloud.admin_addr();
+    eventually("stray answers are counted", WITHIN, || async {
+        let metrics = http_get(admin, "/metrics").await.1;
+        (metric_sum(
+            &metrics,
+            "edgehive_router_refused_total{reason=\"no_request\"}",
+        ) == 3)
+            .then_some(())
+    })
+    .await;
+
+    // A silent edge: 408 after restTimeout, as KubeEdge; the rule's status counts both.
+    let (status, body) = post(addr, "/edge-b/default/call", "x").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (408, "wait to get response time out")
+    );
+    eventually("the rule's status", WITHIN, || async {
+        let status = rule_status(&cloud, "call").await;
+        (status["successMessages"] == 1 && status["failMessages"] == 1).then_some(())
+    })
+    .await;
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+/// The real `edgehive cloud` binary on the stand-in API server (`edgehive cluster`): its kube
+/// adapter lists and watches KubeEdge's Rules and RuleEndpoints and merge-patches a Rule's
+/// status, and the binary's banner names the router's port.
+#[actix_rt::test]
+async fn the_cloud_binary_routes_by_rules_on_an_api_server_and_writes_their_status_there() {
+    use crate::support::process::{banner_field, spawn_logged};
+    use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let (_standin, banner) = spawn_logged(
+        &[
+            "cluster",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().join("standin").to_str().unwrap(),
+            "--kubeconfig-out",
+            kubeconfig.to_str().unwrap(),
+        ],
+        &dir.path().join("standin.log"),
+    );
+    assert!(banner.contains("Kubernetes API on https://"), "{banner}");
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let create = |kind: &str, plural: &str, object: Value| {
+        let client = client.clone();
+        let (group, version) = match kind {
+            "Node" => ("", "v1"),
+            _ => ("rules.kubeedge.io", "v1"),
+        };
+        let resource = ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: if group.is_empty() {
+                version.to_owned()
+            } else {
+                format!("{group}/{version}")
+            },
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let cluster_scoped = kind == "Node";
+        async move {
+            let object: DynamicObject = serde_json::from_value(object).unwrap();
+            let api: Api<DynamicObject> = if cluster_scoped {
+                Api::all_with(client, &resource)
+            } else {
+                Api::namespaced_with(client, "default", &resource)
+            };
+            api.create(&PostParams::default(), &object).await.unwrap();
+        }
+    };
+    create("Node", "nodes", edge_node("edge-k")).await;
+    for (name, kind) in [("rest", "rest"), ("bus", "eventbus")] {
+        create(
+            "RuleEndpoint",
+            "ruleendpoints",
+            json!({"apiVersion": "rules.kubeedge.io/v1", "kind": "RuleEndpoint",
+                   "metadata": {"name": name, "namespace": "default"},
+                   "spec": {"ruleEndpointType": kind, "properties": {}}}),
+        )
+        .await;
+    }
+    create(
+        "Rule",
+        "rules",
+        json!({"apiVersion": "rules.kubeedge.io/v1", "kind": "Rule",
+               "metadata": {"name": "to-edge", "namespace": "default"},
+               "spec": {"source": "rest", "sourceResource": {"path": "/a"},
+                        "target": "bus", "targetResource": {"topic": "t"}}}),
+    )
+    .await;
+
+    let cloud_yaml = dir.path().join("cloud.yaml");
+    std::fs::write(
+        &cloud_yaml,
+        format!(
+            "kubeAPIConfig:\n  kubeConfig: {}\n\
+             commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+             modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n      insecurePlaintext: true\n  \
+             router:\n    enable: true\n    address: 127.0.0.1\n    port: 0\n    statusInterval: 1\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let (_cloud, banner) = spawn_logged(
+        &["cloud", "--config", cloud_yaml.to_str().unwrap()],
+        &dir.path().join("cloud.log"),
+    );
+    let websocket: SocketAddr = banner_field(&banner, "WebSocket on ", ',').parse().unwrap();
+    let router: SocketAddr = banner_field(&banner, "router on http://", '\n')
+        .trim()
+        .parse()
+        .unwrap();
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let edge = EdgeProcess::start_with(&edge_config("edge-k", websocket, dir.path()), |plug| {
+        plug.hive().start_module(CaptureModule(tx))?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let (status, _) = eventually("the rule is served", WITHIN, || async {
+        let answer = post(router, "/edge-k/default/a", "from the api server's rule").await;
+        (answer.0 != 404).then_some(answer)
+    })
+    .await;
+    assert_eq!(status, 200);
+    let publish = next_of(&mut rx, "publish").await;
+    assert_eq!(publish.resource(), "t");
+    assert_eq!(publish.content_str(), Some("from the api server's rule"));
+
+    let rules = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        "default",
+        &ApiResource {
+            group: "rules.kubeedge.io".into(),
+            version: "v1".into(),
+            api_version: "rules.kubeedge.io/v1".into(),
+            kind: "Rule".into(),
+            plural: "rules".into(),
+        },
+    );
+    eventually("the status on the API server", WITHIN, || async {
+        let rule = rules.get("to-edge").await.ok()?;
+        (rule.data["status"]["successMessages"] == 1).then_some(())
+    })
+    .await;
+    edge.stop().await;
+}

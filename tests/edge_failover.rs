@@ -2,7 +2,8 @@
 //! itself: real `edgehive cloud` and `edgehive edge` processes on loopback. A second cloud
 //! takes over the first's embedded cluster (same SQLite file: the "replica takes over" case
 //! with one shared cluster) after a SIGKILL, and the edge ends with exactly the cluster's
-//! objects, each version written once; an address that is dead from the start is passed
+//! objects, each version written once; a cloud SIGKILLed and restarted on its own data sends
+//! nothing the edge acknowledged again; an address that is dead from the start is passed
 //! over, and one that comes up later does not pull the edge away from the cloud it is on.
 
 use crate::support;

@@ -2,7 +2,8 @@
 //! itself: real `edgehive cloud` and `edgehive edge` processes on loopback. A second cloud
 //! takes over the first's embedded cluster (same SQLite file: the "replica takes over" case
 //! with one shared cluster) after a SIGKILL, and the edge ends with exactly the cluster's
-//! objects, each version written once; an address that is dead from the start is passed
+//! objects, each version written once; a cloud SIGKILLed and restarted on its own data sends
+//! nothing the edge acknowledged again; an address that is dead from the start is passed
 //! over, and one that comes up later does not pull the edge away from the cloud it is on.
 
 use crate::support;
@@ -137,6 +138,25 @@ fn converge(what: &str, admin: &str, node: &str, db: &Path) -> usize {
     compared
 }
 
+/// Waits until the cloud's ObjectSync/ClusterObjectSync records of `node` (`count` of them)
+/// are written at a version the edge acknowledged: what a cloud starting on the cluster
+/// reads as the edge's.
+fn records_settled(admin: &str, node: &str, count: usize) {
+    wait("the edge's ACKs in the sync records", || {
+        let path = format!("/api/v1/sync/{node}");
+        let sync = get(admin, &path).unwrap_or(Value::Null);
+        let objects = sync["objects"].as_array().cloned().unwrap_or_default();
+        let settled = sync["unwritten"] == 0
+            && objects.len() == count
+            && objects.iter().all(|o| {
+                o["resending"] == false
+                    && o["recordedVersion"] == o["acknowledgedVersion"]
+                    && o["recordedVersion"].as_str().is_some_and(|v| v != "0")
+            });
+        (!settled).then(|| format!("{sync}"))
+    });
+}
+
 /// Starts a plain cloud on `dir`'s embedded cluster (`dir/cluster.db`) at `port`.
 fn cloud(dir: &Path, manifests: &Path, port: u16) -> PlainCloud {
     start_plain_cloud(dir, manifests, port)
@@ -164,6 +184,7 @@ fn the_edge_fails_over_to_the_next_cloud_on_the_same_cluster_and_misses_nothing(
     let before = converge("the pods through A", &a.admin, node, &edge.db);
     assert_eq!(before, 3, "two pods and their ConfigMap");
     assert_eq!(edge.connected_to().as_deref(), Some(a.websocket.as_str()));
+    records_settled(&a.admin, node, 3);
     let written_before = edge.written();
     let stale_before = metric(&edge.admin, "edgehive_metamanager_stale_writes_total");
 
@@ -197,22 +218,83 @@ fn the_edge_fails_over_to_the_next_cloud_on_the_same_cluster_and_misses_nothing(
         1
     );
 
-    // Each new version once, nothing older: after the switch the edge writes the two new
-    // versions (web's update, new). B starts with an empty pool and may send again versions A
-    // had delivered and the edge acknowledged (how many depends on when the edge connects:
-    // the ConfigMap, sometimes the pods): the store keeps each such row as it is and no
-    // watcher hears of it, but it is a second delivery, allowed once per object held before.
+    // Each new version once, nothing older, nothing again: after the switch the edge writes
+    // the two new versions (web's update, new). B's pool starts empty, but B reads from the
+    // records what the edge acknowledged to A before it writes to the edge, whenever the edge
+    // connects: the ConfigMap and the pods A delivered are not sent again.
+    records_settled(&b.admin, node, 3);
     let written = edge.written() - written_before;
-    assert!(
-        (2..=2 + before as u64).contains(&written),
-        "rows written after the switch: {written}"
-    );
+    assert_eq!(written, 2, "rows written after the switch");
     assert_eq!(
         metric(&edge.admin, "edgehive_metamanager_stale_writes_total"),
         stale_before,
         "no older version resent"
     );
     assert_eq!(metric(&edge.admin, "edgehive_metamanager_deletes_total"), 1);
+}
+
+#[test]
+fn a_restarted_cloud_sends_nothing_the_edge_acknowledged_and_what_changed_while_down_once() {
+    let node = "restart-a";
+    let dir = tempfile::tempdir().unwrap();
+    let edge_dir = tempfile::tempdir().unwrap();
+    let manifests = manifests(dir.path(), node);
+    let first = cloud(dir.path(), &manifests, 0);
+    let port: u16 = first.websocket.rsplit(':').next().unwrap().parse().unwrap();
+    let edge = Edge::start(edge_dir.path(), node, &[&first.websocket]);
+    apply(
+        &first.admin,
+        &format!(
+            "{}{}",
+            pod_yaml(node, "web", "nginx:1"),
+            pod_yaml(node, "db", "postgres:1")
+        ),
+    );
+    assert_eq!(converge("the pods", &first.admin, node, &edge.db), 3);
+    records_settled(&first.admin, node, 3);
+    let cfg_before = edge_view(&edge.db).unwrap()["configmap"].clone();
+    let written_before = edge.written();
+    let stale_before = metric(&edge.admin, "edgehive_metamanager_stale_writes_total");
+
+    // SIGKILL; while the cloud is down the ConfigMap changes (its manifest, loaded at start);
+    // the same cloud restarts on the same data and port, and the edge comes back by itself.
+    drop(first.process);
+    std::fs::write(
+        manifests.join("node.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: default\ndata:\n  mode: second\n"
+        ),
+    )
+    .unwrap();
+    let again = cloud(dir.path(), &manifests, port);
+    assert_eq!(again.websocket, first.websocket);
+    wait("the edge back on the restarted cloud", || {
+        let hub = edge.hub();
+        (hub["connected"] != true || hub["connects"].as_u64() < Some(2)).then(|| format!("{hub}"))
+    });
+    assert_eq!(converge("the change", &again.admin, node, &edge.db), 3);
+    records_settled(&again.admin, node, 3);
+    let cfg_after = edge_view(&edge.db).unwrap()["configmap"].clone();
+    assert_ne!(
+        cfg_after, cfg_before,
+        "the ConfigMap's new version is on the edge"
+    );
+
+    // Only the ConfigMap's new version was written; the pods the edge had acknowledged
+    // before the kill were not delivered again.
+    assert_eq!(
+        edge.written() - written_before,
+        1,
+        "rows written after the restart"
+    );
+    assert_eq!(
+        metric(&edge.admin, "edgehive_metamanager_stale_writes_total"),
+        stale_before,
+        "no older version resent"
+    );
+    assert_eq!(metric(&edge.admin, "edgehive_metamanager_deletes_total"), 0);
+    assert_eq!(edge.pods(), ["db", "web"]);
 }
 
 #[test]

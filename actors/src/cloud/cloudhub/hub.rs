@@ -4,19 +4,19 @@
 //! the server and `mod.rs` use it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use actix::prelude::*;
 use edgehive_protocols::Message;
 
 use super::auth;
-use super::context::HubContext;
+use super::context::{HubContext, RECORDS_WAIT};
 use super::metrics::CloudHubMetrics;
 use super::node::{NodeCell, NodeInfo, NodeRecipe};
 use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::pool::Enqueued;
-use crate::cloud::contract::ownership::{NodeOwner, RecordsRead, ReplicaActing};
+use crate::cloud::contract::ownership::{NodeOwner, RecordsLoaded, RecordsRead, ReplicaActing};
 use crate::cloud::contract::{route, DisconnectNode, Lane, NodeDeleted, Queued, ToNodes};
 use crate::cloud::ownership::Ownership;
 use crate::hive::locks;
@@ -39,10 +39,6 @@ pub(crate) struct Shared {
     /// The arbiters node actors run on (made with the first node), taken in turn.
     node_arbiters: Arc<OnceLock<Vec<actix::Arbiter>>>,
 }
-
-/// How long a replica's new session of a node waits for the node's records before it is
-/// written to all the same.
-const RECORDS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Arbiters (threads) CloudHub's node actors are spread over, as many as its WebSocket
 /// workers: the nodes' work (pools, ACKs, requests) uses every core instead of sharing
@@ -123,6 +119,7 @@ impl CloudHubModule {
                     security,
                     metrics,
                     connected: AtomicUsize::new(0),
+                    records_pending: AtomicBool::new(!Ownership::of(hive).is_replica()),
                     ownership: Ownership::of(hive),
                 }),
                 nodes: Arc::default(),
@@ -161,6 +158,7 @@ impl Module for CloudHubModule {
             .message::<NodeDeleted>()
             .message::<NodeOwner>()
             .message::<RecordsRead>()
+            .message::<RecordsLoaded>()
             .message::<ReplicaActing>()
             .message::<ListNodes>();
         #[cfg(feature = "test-hooks")]
@@ -458,6 +456,37 @@ impl Handler<RecordsRead> for CloudHub {
         if let Some(cell) = cell {
             cell.records_read(&read.acked);
         }
+    }
+}
+
+impl Handler<RecordsLoaded> for CloudHub {
+    type Result = ();
+
+    /// Alone on the cluster: the pools take what the records read at start say the edges
+    /// acknowledged (a node's pool is made if it has none yet: what EdgeController queues for
+    /// it is then dropped as acknowledged), then the sessions that waited for it are written
+    /// to. The records go first, so no session is written to before its node's are in.
+    fn handle(&mut self, loaded: RecordsLoaded, _: &mut Context<Self>) {
+        let nodes = loaded.nodes.len();
+        let mut versions = 0;
+        for read in loaded.nodes {
+            versions += read.acked.len();
+            self.shared.node(&read.node).records_read(&read.acked);
+        }
+        self.shared
+            .hub
+            .records_pending
+            .store(false, Ordering::SeqCst);
+        for cell in self.shared.cells() {
+            if cell.is_held() {
+                cell.records_read(&[]);
+            }
+        }
+        tracing::info!(
+            nodes,
+            versions,
+            "what the edges acknowledged is known: none of it is sent again"
+        );
     }
 }
 

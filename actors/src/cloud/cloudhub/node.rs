@@ -30,7 +30,7 @@ use edgehive_protocols::object::unix_ms;
 use edgehive_protocols::{Message, Operation};
 
 use super::auth::{self, binds};
-use super::context::HubContext;
+use super::context::{HubContext, RECORDS_WAIT};
 use super::dispatch;
 use super::limits::{self, WriteBudget};
 use super::link::{CloseSession, SessionHandle, WriteFrame};
@@ -365,8 +365,16 @@ impl NodeCell {
         };
         // A replica records that it serves the node (one write per session start), and
         // writes to it once it knows what the edge acknowledged elsewhere (`records_read`).
+        // A process alone that has not yet read its records at start waits for them too:
+        // its pool starts empty, though the edge may hold all it would send.
         if hub.ownership.is_replica() {
             self.held.store(true, Ordering::Release);
+        } else if hub.awaits_records() {
+            self.held.store(true, Ordering::SeqCst);
+            // The records came between the look and the hold: nothing is left to wait for.
+            if !hub.records_pending.load(Ordering::SeqCst) {
+                self.held.store(false, Ordering::SeqCst);
+            }
         }
         hub.ownership.session_opened(&self.name, id);
         if let Some(replaced) = replaced {
@@ -413,8 +421,9 @@ impl NodeCell {
         self.post(Detach);
     }
 
-    /// The node's records were read (a replica came to serve it): what they say the edge
-    /// acknowledged is not sent again; the session is written to from now on.
+    /// The node's records were read (a replica came to serve it, or a process alone read
+    /// them at start): what they say the edge acknowledged is not sent again; the session is
+    /// written to from now on.
     pub(crate) fn records_read(&self, acked: &[(String, String)]) {
         {
             let mut state = self.lock();
@@ -979,6 +988,16 @@ impl Handler<Attach> for NodeActor {
 
     fn handle(&mut self, _: Attach, ctx: &mut Context<Self>) {
         self.handled();
+        // Alone, a session waits for the records read at start no longer than a replica's
+        // (whose wait CloudHub bounds once the node is its own).
+        if !self.hub.ownership.is_replica() && self.cell.is_held() {
+            ctx.run_later(RECORDS_WAIT, |act, _| {
+                if act.cell.is_held() {
+                    tracing::warn!(node = %act.cell.name, wait = ?RECORDS_WAIT, "the sync records were not read in time; serving the node without them");
+                    act.cell.records_read(&[]);
+                }
+            });
+        }
         self.drive(ctx);
     }
 }

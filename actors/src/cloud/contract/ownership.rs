@@ -1,6 +1,7 @@
 //! What the replica's ownership (`cloud::ownership`) tells CloudHub and SyncController when
-//! several cloud replicas share one cluster. A process alone on its cluster never sends
-//! these: it serves every node.
+//! several cloud replicas share one cluster (a process alone on its cluster serves every
+//! node), and what SyncController tells CloudHub of the records it read: what each node's
+//! edge acknowledged, so a pool that starts empty sends none of it again.
 
 use actix::Message as ActixMessage;
 
@@ -29,6 +30,18 @@ pub struct RecordsRead {
     pub node: String,
     /// Object key (UID) and acknowledged resourceVersion, per record.
     pub acked: Vec<(String, String)>,
+}
+
+/// SyncController read every record at start, in a process alone on its cluster (one list
+/// of each record kind): per node the cluster still has, the versions its edge acknowledged
+/// (to this process before a restart, or to another that served the cluster). CloudHub's
+/// pools take them as acknowledged, as for [`RecordsRead`], and the sessions that opened
+/// meanwhile are written to from now on.
+#[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
+#[rtype(result = "()")]
+pub struct RecordsLoaded {
+    /// Each node with acknowledged records.
+    pub nodes: Vec<RecordsRead>,
 }
 
 /// This replica renewed its Lease (`acting`: it acts for the nodes it serves) or could not

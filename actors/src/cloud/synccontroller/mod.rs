@@ -55,13 +55,13 @@ use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{json, Value};
 
 use crate::cloud::cluster::{is_cluster_scoped, ClusterError, EventType, SharedCluster};
-use crate::cloud::contract::ownership::{NodeOwner, RecordsRead, ReplicaActing};
+use crate::cloud::contract::ownership::{NodeOwner, RecordsLoaded, RecordsRead, ReplicaActing};
 use crate::cloud::contract::{
     downstream, object_message, route, Acked, NodeMessage, ObjectId, Queued, ToNodes,
 };
 use crate::cloud::ownership::Ownership;
 use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
-use crate::hive::{Accepts, Envelope, Hive, Module};
+use crate::hive::{Accepts, Envelope, Hive, HiveError, Module, Refused};
 use cache::ClusterCache;
 use records::{Records, Resend, Write, NODE_KIND};
 
@@ -280,6 +280,11 @@ pub(crate) fn record_object(node: &str, object: &ObjectId, version: &str) -> Val
         },
         "status": {"objectResourceVersion": version},
     })
+}
+
+/// Whether a record's status is a version the edge acknowledged (not `"0"`, queued).
+fn is_acked(status: &str) -> bool {
+    status != records::QUEUED && !status.is_empty()
 }
 
 /// Reads a record from the cluster: its node, object and status (`None` if its name or spec
@@ -537,15 +542,31 @@ impl SyncController {
         ctx.spawn(fut.into_actor(self).map(|result, act, ctx| match result {
             Ok((records, nodes, listed_at)) => {
                 let mut skipped = 0;
+                // Alone on the cluster, this process serves every node: CloudHub learns from
+                // this one read what each edge acknowledged (a replica reads a node's records
+                // when it comes to serve it, `load_nodes`).
+                let alone = !act.ownership.is_replica();
+                let mut acked: HashMap<String, Vec<(String, String)>> = HashMap::new();
                 for record in records {
                     match parse_record(&record) {
                         // A replica keeps the records of the nodes it serves (read again when
                         // it comes to serve one), and those of deleted nodes, to remove them.
                         Some((node, _, _))
                             if !act.ownership.serves(&node) && nodes.contains(&node) => {}
-                        Some((node, object, status)) => act.records.loaded(&node, object, status),
+                        Some((node, object, status)) => {
+                            if alone && is_acked(&status) && nodes.contains(&node) {
+                                acked
+                                    .entry(node.clone())
+                                    .or_default()
+                                    .push((object.uid.clone(), status.clone()));
+                            }
+                            act.records.loaded(&node, object, status);
+                        }
                         None => skipped += 1,
                     }
+                }
+                if alone {
+                    act.records_loaded(acked);
                 }
                 let gone = act.drop_gone_nodes(&nodes, listed_at);
                 act.loaded = true;
@@ -564,6 +585,25 @@ impl SyncController {
                 ctx.run_later(Duration::from_secs(1), |act, ctx| act.load(ctx));
             }
         }));
+    }
+
+    /// Tells CloudHub what the edges acknowledged, as the records read at start say; its
+    /// pools send none of it again, and the sessions that opened meanwhile are written to.
+    fn records_loaded(&self, acked: HashMap<String, Vec<(String, String)>>) {
+        let nodes = acked
+            .into_iter()
+            .map(|(node, acked)| RecordsRead { node, acked })
+            .collect();
+        match self.hive.tell(route::CLOUDHUB, RecordsLoaded { nodes }) {
+            Ok(())
+            | Err(Refused {
+                error: HiveError::UnknownModule(_),
+                ..
+            }) => {}
+            Err(refused) => {
+                tracing::warn!(error = %refused.error, "cannot tell cloudhub what the edges acknowledged; it waits for it a moment and then sends");
+            }
+        }
     }
 
     /// `node` came to be served here (a replica): its records are read from the cluster with
@@ -607,7 +647,7 @@ impl SyncController {
                         if !act.ownership.serves(&node) {
                             continue;
                         }
-                        if status != records::QUEUED && !status.is_empty() {
+                        if is_acked(&status) {
                             acked
                                 .entry(node.clone())
                                 .or_default()

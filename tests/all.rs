@@ -33,6 +33,7 @@ mod node_actors;
 mod node_module;
 mod nodegroups;
 mod processes;
+mod replica_faults;
 mod security_admin;
 mod security_config;
 mod security_dynamiccontroller;

@@ -1,0 +1,657 @@
+//! Faults of cloud replicas as separate processes (issue 24, part 5): one stand-in Kubernetes
+//! API server (`edgehive cluster`), two or three `edgehive cloud` processes in replica mode
+//! on it (each its own identity, ports and kubeconfig client; short Lease settings), and edge
+//! processes that each list every replica's address. Pods are created, updated and deleted
+//! through the stand-in with kube-rs while the fault is staged; every scenario ends only when,
+//! for every node: the edge's SQLite store equals the cluster's pods for the node and the
+//! ConfigMap they use (same UIDs, same resourceVersions), the ObjectSync records in the
+//! cluster name exactly those objects at those (acknowledged) versions, the node's Lease
+//! `kubeedge/node.<node>` names a live replica, the edge is connected to that replica, which
+//! shows itself as the node's `owner` with nothing waiting in the node's pool, and no other
+//! live replica holds a session of the node or names another owner.
+//!
+//! What this does not prove, compared with a kube-apiserver: docs/kubernetes.md lists the
+//! stand-in's limits (no RBAC, admission, finalizers or graceful deletion; one resourceVersion
+//! counter; watch history in memory). RELIABILITY.md's "Replicas as processes" section says
+//! what each scenario shows.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{json, Value};
+
+use crate::support::edge_node;
+use crate::support::process::{banner_field, spawn_logged, Process};
+use crate::support::views::{edge_view, get, identity, metric, Identity, View};
+
+/// How long anything may take to converge on a loaded 2-core machine.
+const CONVERGE: Duration = Duration::from_secs(120);
+
+/// A port nothing listens on (bound, then released), so a replica restarts on its port.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// Polls `check` every 100 ms until it says nothing is missing, failing after [`CONVERGE`].
+fn wait(what: &str, mut check: impl FnMut() -> Option<String>) {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let Some(why) = check() else { return };
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {CONVERGE:?} waiting for {what}: {why}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A kube-rs client from the stand-in's kubeconfig, with a runtime of its own so the tests
+/// (and the churn thread) call it as blocking functions.
+struct Kube {
+    runtime: tokio::runtime::Runtime,
+    client: kube::Client,
+}
+
+impl Kube {
+    fn new(kubeconfig: &Path) -> Kube {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = runtime.block_on(async {
+            let config = kube::Config::from_custom_kubeconfig(
+                kube::config::Kubeconfig::read_from(kubeconfig).unwrap(),
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .unwrap();
+            kube::Client::try_from(config).unwrap()
+        });
+        Kube { runtime, client }
+    }
+
+    /// GET `path` as JSON; `None` on any error (a loaded stand-in is asked again).
+    fn get(&self, path: &str) -> Option<Value> {
+        let request = http::Request::get(path).body(Vec::new()).unwrap();
+        self.runtime
+            .block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(20),
+                    self.client.request::<Value>(request),
+                )
+                .await
+            })
+            .ok()?
+            .ok()
+    }
+
+    fn items(&self, path: &str) -> Option<Vec<Value>> {
+        self.get(path)?["items"].as_array().cloned()
+    }
+
+    fn create_node(&self, name: &str) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node: Node = serde_json::from_value(edge_node(name)).unwrap();
+        self.runtime
+            .block_on(nodes.create(&PostParams::default(), &node))
+            .unwrap();
+    }
+
+    fn create_config_map(&self) {
+        let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), "default");
+        let map: ConfigMap = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cfg", "namespace": "default"},
+            "data": {"mode": "first"},
+        }))
+        .unwrap();
+        self.runtime
+            .block_on(maps.create(&PostParams::default(), &map))
+            .unwrap();
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    /// Creates pod `name` on `node` (using ConfigMap `cfg`); `false` if the API refused or
+    /// did not answer (the churn goes on).
+    fn create_pod(&self, name: &str, node: &str) -> bool {
+        let pod: Pod = serde_json::from_value(pod_json(name, node, "nginx:1")).unwrap();
+        let pods = self.pods();
+        self.runtime
+            .block_on(pods.create(&PostParams::default(), &pod))
+            .is_ok()
+    }
+
+    /// Changes pod `name`'s image (a new resourceVersion): read, then replace at that version.
+    fn update_pod(&self, name: &str, image: &str) -> bool {
+        let pods = self.pods();
+        self.runtime.block_on(async {
+            let Ok(mut pod) = pods.get(name).await else {
+                return false;
+            };
+            if let Some(spec) = pod.spec.as_mut() {
+                spec.containers[0].image = Some(image.to_owned());
+            }
+            pods.replace(name, &PostParams::default(), &pod)
+                .await
+                .is_ok()
+        })
+    }
+
+    fn delete_pod(&self, name: &str) -> bool {
+        let pods = self.pods();
+        self.runtime
+            .block_on(pods.delete(name, &DeleteParams::default()))
+            .is_ok()
+    }
+
+    /// What the cluster holds for `node`: its pods, and the ConfigMaps once it has a pod.
+    fn cluster_view(&self, node: &str) -> Option<View> {
+        let mut pods: Vec<Identity> = self
+            .items("/api/v1/namespaces/default/pods")?
+            .iter()
+            .filter(|p| p["spec"]["nodeName"] == node)
+            .map(identity)
+            .collect();
+        pods.sort();
+        let mut maps: Vec<Identity> = if pods.is_empty() {
+            Vec::new()
+        } else {
+            self.items("/api/v1/namespaces/default/configmaps")?
+                .iter()
+                .map(identity)
+                .collect()
+        };
+        maps.sort();
+        Some(View::from([
+            ("configmap".into(), maps),
+            ("pod".into(), pods),
+        ]))
+    }
+
+    /// The ObjectSync records of `node` in the cluster, as (object name, uid, version).
+    fn records(&self, node: &str) -> Option<Vec<Identity>> {
+        let prefix = format!("{node}.");
+        let mut records: Vec<Identity> = self
+            .items("/apis/reliablesyncs.kubeedge.io/v1alpha1/objectsyncs")?
+            .iter()
+            .filter_map(|r| {
+                let name = r["metadata"]["name"].as_str()?;
+                let uid = name.strip_prefix(&prefix)?;
+                Some((
+                    r["spec"]["objectName"].as_str()?.to_owned(),
+                    uid.to_owned(),
+                    r["status"]["objectResourceVersion"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                ))
+            })
+            .collect();
+        records.sort();
+        Some(records)
+    }
+
+    /// The holder of `node`'s Lease in the stand-in.
+    fn node_holder(&self, node: &str) -> Option<String> {
+        let lease = self.get(&format!(
+            "/apis/coordination.k8s.io/v1/namespaces/kubeedge/leases/node.{node}"
+        ))?;
+        lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+    }
+}
+
+fn pod_json(name: &str, node: &str, image: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": image,
+                 "envFrom": [{"configMapRef": {"name": "cfg"}}]}]},
+    })
+}
+
+/// The stand-in API server: the process and the kubeconfig it wrote.
+struct Standin {
+    _process: Process,
+    kubeconfig: PathBuf,
+}
+
+fn start_standin(dir: &Path) -> Standin {
+    let kubeconfig = dir.join("kubeconfig");
+    let (process, _) = spawn_logged(
+        &[
+            "cluster",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.join("standin").to_str().unwrap(),
+            "--kubeconfig-out",
+            kubeconfig.to_str().unwrap(),
+        ],
+        &dir.join("standin.log"),
+    );
+    Standin {
+        _process: process,
+        kubeconfig,
+    }
+}
+
+/// A replica: `edgehive cloud` with `modules.cloudHub.replica.enable`, its identity, its
+/// WebSocket port (kept across restarts), its own directory (config and logs).
+struct Replica {
+    identity: String,
+    websocket: String,
+    dir: PathBuf,
+    config: PathBuf,
+    process: Option<Process>,
+    admin: String,
+    starts: u32,
+}
+
+impl Replica {
+    /// Writes the replica's config: its Lease renewed every second, stepped down after 4 s
+    /// without a renewal, counted dead by the others after 6 s.
+    fn new(root: &Path, identity: &str, kubeconfig: &Path) -> Replica {
+        let dir = root.join(identity);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let config = dir.join("cloud.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "kubeAPIConfig:\n  kubeConfig: {}\n\
+                 commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+                 modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: {port}\n      insecurePlaintext: true\n\
+                 \x20   replica:\n      enable: true\n      identity: {identity}\n      address: 127.0.0.1:{port}\n\
+                 \x20     leaseDurationSeconds: 6\n      renewDeadlineSeconds: 4\n      retryPeriodSeconds: 1\n",
+                kubeconfig.display()
+            ),
+        )
+        .unwrap();
+        Replica {
+            identity: identity.to_owned(),
+            websocket: format!("127.0.0.1:{port}"),
+            dir,
+            config,
+            process: None,
+            admin: String::new(),
+            starts: 0,
+        }
+    }
+
+    fn start(&mut self) {
+        self.starts += 1;
+        let log = self.dir.join(format!("cloud-{}.log", self.starts));
+        let (process, banner) =
+            spawn_logged(&["cloud", "--config", self.config.to_str().unwrap()], &log);
+        assert_eq!(
+            banner_field(&banner, "WebSocket on ", ','),
+            self.websocket,
+            "{banner}"
+        );
+        self.admin = banner_field(&banner, "admin on http://", ' ')
+            .trim_end_matches(',')
+            .to_owned();
+        self.process = Some(process);
+    }
+
+    /// SIGKILL.
+    fn kill(&mut self) {
+        drop(self.process.take());
+    }
+
+    /// SIGTERM, waiting for the exit.
+    fn stop(&mut self) {
+        if let Some(process) = self.process.take() {
+            process.terminate();
+        }
+    }
+
+    fn alive(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// The replica's `/api/v1/nodes` entry for `node` (Null when it has none).
+    fn node_entry(&self, node: &str) -> Option<Value> {
+        let nodes = get(&self.admin, "/api/v1/nodes")?;
+        Some(
+            nodes["nodes"]
+                .as_array()
+                .and_then(|n| n.iter().find(|n| n["node"] == node))
+                .cloned()
+                .unwrap_or(Value::Null),
+        )
+    }
+}
+
+/// An edge process of `node` dialing `servers` in turn (plain ws://, keepalive 1 s,
+/// reconnecting within 20–200 ms).
+struct Edge {
+    node: String,
+    _process: Process,
+    admin: String,
+    db: PathBuf,
+}
+
+impl Edge {
+    fn start(root: &Path, node: &str, servers: &[&str]) -> Edge {
+        let dir = root.join(node);
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = dir.join("edge.db");
+        let config = dir.join("edge.yaml");
+        let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
+        std::fs::write(
+            &config,
+            format!(
+                "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
+                 modules:\n  edged:\n    hostnameOverride: {node}\n  edgeHub:\n    heartbeat: 1\n\
+                 \x20   reconnectMinMillis: 20\n    reconnectMaxMillis: 200\n\
+                 \x20   websocket:\n      servers: [{}]\n      insecurePlaintext: true\n",
+                db.display(),
+                list.join(", ")
+            ),
+        )
+        .unwrap();
+        let (process, banner) = spawn_logged(
+            &["edge", "--config", config.to_str().unwrap()],
+            &dir.join("edge.log"),
+        );
+        Edge {
+            node: node.to_owned(),
+            _process: process,
+            admin: banner_field(&banner, "admin on http://", '\n').to_owned(),
+            db,
+        }
+    }
+
+    /// The address of the cloud the edge is connected to.
+    fn connected_to(&self) -> Option<String> {
+        let hub = get(&self.admin, "/api/v1/edgehub")?;
+        if hub["connected"] != true {
+            return None;
+        }
+        hub["server"].as_str().map(str::to_owned)
+    }
+}
+
+/// `Ok(objects compared)` when `edge` is settled (the module doc's end state), else why not.
+fn settled(kube: &Kube, replicas: &[Replica], edge: &Edge) -> Result<usize, String> {
+    let node = edge.node.as_str();
+    let cluster = kube.cluster_view(node).ok_or("cluster unreadable")?;
+    let stored = edge_view(&edge.db).ok_or("edge store unreadable")?;
+    if cluster != stored {
+        return Err(format!("{node}: cluster {cluster:?} != edge {stored:?}"));
+    }
+    let mut expected: Vec<Identity> = cluster.values().flatten().cloned().collect();
+    expected.sort();
+    let records = kube.records(node).ok_or("records unreadable")?;
+    if records != expected {
+        return Err(format!(
+            "{node}: ObjectSync records {records:?} != objects {expected:?}"
+        ));
+    }
+    let holder = kube
+        .node_holder(node)
+        .ok_or_else(|| format!("{node}: no node Lease"))?;
+    let Some(owner) = replicas.iter().find(|r| r.identity == holder && r.alive()) else {
+        return Err(format!(
+            "{node}: its Lease names {holder}, not a live replica"
+        ));
+    };
+    let server = edge.connected_to();
+    if server.as_deref() != Some(owner.websocket.as_str()) {
+        return Err(format!(
+            "{node}: edge connected to {server:?}, its Lease names {holder}"
+        ));
+    }
+    for replica in replicas.iter().filter(|r| r.alive()) {
+        let entry = replica
+            .node_entry(node)
+            .ok_or_else(|| format!("{}: no /api/v1/nodes", replica.identity))?;
+        let named = entry["owner"]["replica"].as_str();
+        if replica.identity == holder {
+            if entry["connected"] != true
+                || named != Some(holder.as_str())
+                || entry["ackQueue"].as_u64().unwrap_or(0) != 0
+                || !entry["inFlight"].is_null()
+            {
+                return Err(format!("{node} on its owner {holder}: {entry}"));
+            }
+        } else if entry["connected"] == true || named.is_some_and(|n| n != holder) {
+            return Err(format!(
+                "{node} on {} (not its owner {holder}): {entry}",
+                replica.identity
+            ));
+        }
+    }
+    Ok(expected.len())
+}
+
+/// Waits until every edge is settled; returns the objects compared.
+fn converge(what: &str, kube: &Kube, replicas: &[Replica], edges: &[Edge]) -> usize {
+    let mut compared = 0;
+    wait(what, || {
+        compared = 0;
+        for edge in edges {
+            match settled(kube, replicas, edge) {
+                Ok(objects) => compared += objects,
+                Err(why) => return Some(why),
+            }
+        }
+        None
+    });
+    compared
+}
+
+/// Pods created, updated and deleted on `nodes` through the stand-in, from a thread of its
+/// own, until stopped: each round creates a pod on each node, updates the one before and
+/// deletes the one before that (so each node keeps two pods).
+struct Churn {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Churn {
+    fn start(kubeconfig: &Path, nodes: &[&str], prefix: &str) -> Churn {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (kubeconfig, prefix) = (kubeconfig.to_owned(), prefix.to_owned());
+        let nodes: Vec<String> = nodes.iter().map(|n| (*n).to_owned()).collect();
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let kube = Kube::new(&kubeconfig);
+            let mut changes = 0;
+            let mut round = 0u32;
+            while !stopped.load(Ordering::Acquire) {
+                for node in &nodes {
+                    let name = |n: u32| format!("{prefix}-{node}-{n}");
+                    changes += u64::from(kube.create_pod(&name(round), node));
+                    if round >= 1 {
+                        changes += u64::from(kube.update_pod(&name(round - 1), "nginx:2"));
+                    }
+                    if round >= 2 {
+                        changes += u64::from(kube.delete_pod(&name(round - 2)));
+                    }
+                }
+                round += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            changes
+        });
+        Churn { stop, thread }
+    }
+
+    /// Stops the churn; the number of changes the API server accepted.
+    fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Release);
+        self.thread.join().unwrap()
+    }
+}
+
+/// A stand-in, `replicas` replicas on it, and `nodes` Nodes with edges; edge `i` lists the
+/// replicas starting with replica `i % replicas` (so the edges are spread over them).
+struct Rig {
+    _dir: tempfile::TempDir,
+    standin: Standin,
+    kube: Kube,
+    replicas: Vec<Replica>,
+    edges: Vec<Edge>,
+}
+
+impl Rig {
+    fn new(replicas: usize, nodes: usize, prefix: &str) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let standin = start_standin(dir.path());
+        let kube = Kube::new(&standin.kubeconfig);
+        kube.create_config_map();
+        let names: Vec<String> = (0..nodes).map(|i| format!("{prefix}-{i}")).collect();
+        for node in &names {
+            kube.create_node(node);
+        }
+        let mut list: Vec<Replica> = (0..replicas)
+            .map(|i| {
+                Replica::new(
+                    dir.path(),
+                    &format!("{prefix}-cloud-{i}"),
+                    &standin.kubeconfig,
+                )
+            })
+            .collect();
+        for replica in &mut list {
+            replica.start();
+        }
+        let edges = names
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let servers: Vec<&str> = (0..replicas)
+                    .map(|k| list[(i + k) % replicas].websocket.as_str())
+                    .collect();
+                Edge::start(dir.path(), node, &servers)
+            })
+            .collect();
+        Rig {
+            _dir: dir,
+            standin,
+            kube,
+            replicas: list,
+            edges,
+        }
+    }
+
+    /// The nodes whose edge is connected to replica `index`.
+    fn nodes_on(&self, index: usize) -> Vec<String> {
+        let address = &self.replicas[index].websocket;
+        self.edges
+            .iter()
+            .filter(|e| e.connected_to().as_deref() == Some(address.as_str()))
+            .map(|e| e.node.clone())
+            .collect()
+    }
+
+    fn converge(&self, what: &str) -> usize {
+        converge(what, &self.kube, &self.replicas, &self.edges)
+    }
+}
+
+/// Scenario 1: two replicas, edges spread over them; one is SIGKILLed while the pods of its
+/// nodes change; its edges fail over to the other, which serves them from then on.
+#[test]
+fn a_replica_killed_during_changes_hands_its_edges_to_the_other_and_they_end_equal() {
+    let mut rig = Rig::new(2, 4, "kill");
+    // Two pods on each node, each edge on the first replica of its list.
+    for edge in &rig.edges {
+        for n in 0..2 {
+            assert!(rig
+                .kube
+                .create_pod(&format!("seed-{}-{n}", edge.node), &edge.node));
+        }
+    }
+    let before = rig.converge("the seed pods, each node on the first replica it lists");
+    assert_eq!(before, 4 * 3, "two pods and the ConfigMap per node");
+    let victims = rig.nodes_on(0);
+    assert_eq!(victims.len(), 2, "edges spread over the replicas");
+    let victims: Vec<&str> = victims.iter().map(String::as_str).collect();
+
+    // The victim's nodes' pods change; the replica dies mid-stream.
+    let churn = Churn::start(&rig.standin.kubeconfig, &victims, "churn");
+    wait("the churn under way", || {
+        (rig.kube.cluster_view(victims[0])?["pod"].len() < 4)
+            .then(|| "fewer than 4 pods on the node".into())
+    });
+    rig.replicas[0].kill();
+    // Changes go on while the edges notice and move.
+    wait("the victim's edges on the survivor", || {
+        let moved = rig.nodes_on(1);
+        victims
+            .iter()
+            .all(|v| moved.iter().any(|m| m == v))
+            .not_then(|| format!("on the survivor: {moved:?}"))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let changes = churn.finish();
+    assert!(changes >= 6, "only {changes} changes");
+    let compared = rig.converge("every edge equal to the cluster after the kill");
+    assert!(compared >= 4 * 3, "{compared}");
+    // Each node's Lease names the survivor, the only one left.
+    for edge in &rig.edges {
+        assert_eq!(
+            rig.kube.node_holder(&edge.node).as_deref(),
+            Some(rig.replicas[1].identity.as_str())
+        );
+    }
+}
+
+/// `Option` from a condition that must hold (`None` when it does).
+trait NotThen {
+    fn not_then(self, why: impl FnOnce() -> String) -> Option<String>;
+}
+
+impl NotThen for bool {
+    fn not_then(self, why: impl FnOnce() -> String) -> Option<String> {
+        (!self).then(why)
+    }
+}
+
+/// Scenario 2: every replica restarted in turn (SIGTERM, start again on its port) while the
+/// pods of every node keep changing.
+#[test]
+fn a_rolling_restart_of_every_replica_under_continuous_change_ends_equal() {
+    let mut rig = Rig::new(2, 4, "roll");
+    for edge in &rig.edges {
+        assert!(rig
+            .kube
+            .create_pod(&format!("seed-{}", edge.node), &edge.node));
+    }
+    rig.converge("the seed pods");
+    let nodes: Vec<String> = rig.edges.iter().map(|e| e.node.clone()).collect();
+    let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let churn = Churn::start(&rig.standin.kubeconfig, &nodes, "roll");
+    for index in 0..rig.replicas.len() {
+        let other = (index + 1) % rig.replicas.len();
+        rig.replicas[index].stop();
+        // Every edge on the one left, then the stopped one back on its port.
+        wait("every edge on the replica left", || {
+            let on = rig.nodes_on(other);
+            (on.len() == nodes.len()).not_then(|| format!("on it: {on:?}"))
+        });
+        rig.replicas[index].start();
+        wait("the restarted replica acting", || {
+            let acting = metric(
+                &rig.replicas[index].admin,
+                "edgehive_cloud_ownership_acting",
+            );
+            (acting == 1).not_then(|| format!("acting {acting}"))
+        });
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let changes = churn.finish();
+    assert!(changes >= 12, "only {changes} changes");
+    rig.converge("every edge equal to the cluster after the rolling restart");
+}

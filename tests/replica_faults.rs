@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 
 use crate::support::edge_node;
 use crate::support::process::{banner_field, spawn_logged, Process};
+use crate::support::proxy::Proxy;
 use crate::support::views::{edge_view, get, identity, metric, Identity, View};
 
 /// How long anything may take to converge on a loaded 2-core machine.
@@ -220,12 +221,13 @@ fn pod_json(name: &str, node: &str, image: &str) -> Value {
 /// The stand-in API server: the process and the kubeconfig it wrote.
 struct Standin {
     _process: Process,
+    addr: String,
     kubeconfig: PathBuf,
 }
 
 fn start_standin(dir: &Path) -> Standin {
     let kubeconfig = dir.join("kubeconfig");
-    let (process, _) = spawn_logged(
+    let (process, banner) = spawn_logged(
         &[
             "cluster",
             "--listen",
@@ -239,6 +241,7 @@ fn start_standin(dir: &Path) -> Standin {
     );
     Standin {
         _process: process,
+        addr: banner_field(&banner, "Kubernetes API on https://", ',').to_owned(),
         kubeconfig,
     }
 }
@@ -248,6 +251,8 @@ fn start_standin(dir: &Path) -> Standin {
 struct Replica {
     identity: String,
     websocket: String,
+    /// The certificate server's URL (with TLS).
+    https: String,
     dir: PathBuf,
     config: PathBuf,
     process: Option<Process>,
@@ -258,17 +263,30 @@ struct Replica {
 impl Replica {
     /// Writes the replica's config: its Lease renewed every second, stepped down after 4 s
     /// without a renewal, counted dead by the others after 6 s.
-    fn new(root: &Path, identity: &str, kubeconfig: &Path) -> Replica {
+    /// With `tls`, mutual TLS and a certificate server on a port of its own, its CA and
+    /// certificate files (none at the start) in its own directory.
+    fn new(root: &Path, identity: &str, kubeconfig: &Path, tls: bool) -> Replica {
         let dir = root.join(identity);
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
+        let https = free_port();
         let config = dir.join("cloud.yaml");
+        let security = if tls {
+            format!(
+                "    https:\n      address: 127.0.0.1\n      port: {https}\n\
+                 \x20   tlsCAFile: {pki}/ca.crt\n    tlsCAKeyFile: {pki}/ca.key\n\
+                 \x20   tlsCertFile: {pki}/server.crt\n    tlsPrivateKeyFile: {pki}/server.key\n",
+                pki = dir.join("pki").display()
+            )
+        } else {
+            "      insecurePlaintext: true\n".to_owned()
+        };
         std::fs::write(
             &config,
             format!(
                 "kubeAPIConfig:\n  kubeConfig: {}\n\
                  commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
-                 modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: {port}\n      insecurePlaintext: true\n\
+                 modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: {port}\n{security}\
                  \x20   replica:\n      enable: true\n      identity: {identity}\n      address: 127.0.0.1:{port}\n\
                  \x20     leaseDurationSeconds: 6\n      renewDeadlineSeconds: 4\n      retryPeriodSeconds: 1\n",
                 kubeconfig.display()
@@ -278,6 +296,7 @@ impl Replica {
         Replica {
             identity: identity.to_owned(),
             websocket: format!("127.0.0.1:{port}"),
+            https: format!("https://127.0.0.1:{https}"),
             dir,
             config,
             process: None,
@@ -341,21 +360,40 @@ struct Edge {
 }
 
 impl Edge {
-    fn start(root: &Path, node: &str, servers: &[&str]) -> Edge {
+    /// With a join `token`: mutual TLS, its certificate fetched from the first certificate
+    /// server of `cert_servers` that answers.
+    fn start(root: &Path, node: &str, servers: &[&str], token: Option<(&str, &[&str])>) -> Edge {
         let dir = root.join(node);
         std::fs::create_dir_all(&dir).unwrap();
         let db = dir.join("edge.db");
         let config = dir.join("edge.yaml");
-        let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
+        let quoted = |list: &[&str]| -> String {
+            let list: Vec<String> = list.iter().map(|s| format!("\"{s}\"")).collect();
+            list.join(", ")
+        };
+        let security = match token {
+            None => "      insecurePlaintext: true\n".to_owned(),
+            Some((token, cert_servers)) => format!(
+                "    token: {token}\n    httpServers: [{}]\n\
+                 \x20   tlsCaFile: {dir}/ca.crt\n    tlsCertFile: {dir}/node.crt\n    tlsPrivateKeyFile: {dir}/node.key\n",
+                quoted(cert_servers),
+                dir = dir.display()
+            ),
+        };
+        let websocket = format!("    websocket:\n      servers: [{}]\n", quoted(servers));
+        // The TLS keys are edgeHub's, beside `websocket`; insecurePlaintext is websocket's.
+        let hub = if token.is_none() {
+            format!("{websocket}{security}")
+        } else {
+            format!("{security}{websocket}")
+        };
         std::fs::write(
             &config,
             format!(
                 "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\n\
                  modules:\n  edged:\n    hostnameOverride: {node}\n  edgeHub:\n    heartbeat: 1\n\
-                 \x20   reconnectMinMillis: 20\n    reconnectMaxMillis: 200\n\
-                 \x20   websocket:\n      servers: [{}]\n      insecurePlaintext: true\n",
+                 \x20   reconnectMinMillis: 20\n    reconnectMaxMillis: 200\n{hub}",
                 db.display(),
-                list.join(", ")
             ),
         )
         .unwrap();
@@ -502,10 +540,27 @@ struct Rig {
     kube: Kube,
     replicas: Vec<Replica>,
     edges: Vec<Edge>,
+    /// Between replica 0 and the stand-in, when asked for.
+    proxy: Option<Proxy>,
+}
+
+/// How a [`Rig`] is set up.
+#[derive(Default)]
+struct Setup {
+    /// Mutual TLS (the replicas' identity shared through cloudcore's Secrets).
+    tls: bool,
+    /// All replicas started at the same instant (each from a thread of its own).
+    at_once: bool,
+    /// Replica 0 reaches the stand-in through a TCP proxy that can be cut.
+    proxied: bool,
 }
 
 impl Rig {
     fn new(replicas: usize, nodes: usize, prefix: &str) -> Rig {
+        Rig::with(replicas, nodes, prefix, Setup::default())
+    }
+
+    fn with(replicas: usize, nodes: usize, prefix: &str, setup: Setup) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let standin = start_standin(dir.path());
         let kube = Kube::new(&standin.kubeconfig);
@@ -514,26 +569,61 @@ impl Rig {
         for node in &names {
             kube.create_node(node);
         }
+        let proxy = setup.proxied.then(|| Proxy::start(&standin.addr));
         let mut list: Vec<Replica> = (0..replicas)
             .map(|i| {
+                let kubeconfig = match (&proxy, i) {
+                    (Some(proxy), 0) => {
+                        // The same kubeconfig, its server the proxy (the stand-in's
+                        // certificate names 127.0.0.1, whatever the port).
+                        let text = std::fs::read_to_string(&standin.kubeconfig).unwrap();
+                        let from = format!("server: https://{}", standin.addr);
+                        assert!(text.contains(&from), "{text}");
+                        let to = format!("server: https://{}", proxy.addr());
+                        let path = dir.path().join("kubeconfig-proxied");
+                        std::fs::write(&path, text.replace(&from, &to)).unwrap();
+                        path
+                    }
+                    _ => standin.kubeconfig.clone(),
+                };
                 Replica::new(
                     dir.path(),
                     &format!("{prefix}-cloud-{i}"),
-                    &standin.kubeconfig,
+                    &kubeconfig,
+                    setup.tls,
                 )
             })
             .collect();
-        for replica in &mut list {
-            replica.start();
+        if setup.at_once {
+            std::thread::scope(|scope| {
+                for replica in &mut list {
+                    scope.spawn(|| replica.start());
+                }
+            });
+        } else {
+            for replica in &mut list {
+                replica.start();
+            }
         }
+        let token = setup.tls.then(|| {
+            let output = std::process::Command::new(crate::support::process::BIN)
+                .args(["token", "--config"])
+                .arg(&list[0].config)
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "{output:?}");
+            String::from_utf8(output.stdout).unwrap().trim().to_owned()
+        });
         let edges = names
             .iter()
             .enumerate()
             .map(|(i, node)| {
-                let servers: Vec<&str> = (0..replicas)
-                    .map(|k| list[(i + k) % replicas].websocket.as_str())
-                    .collect();
-                Edge::start(dir.path(), node, &servers)
+                let order: Vec<&Replica> =
+                    (0..replicas).map(|k| &list[(i + k) % replicas]).collect();
+                let servers: Vec<&str> = order.iter().map(|r| r.websocket.as_str()).collect();
+                let cert_servers: Vec<&str> = order.iter().map(|r| r.https.as_str()).collect();
+                let token = token.as_deref().map(|t| (t, cert_servers.as_slice()));
+                Edge::start(dir.path(), node, &servers, token)
             })
             .collect();
         Rig {
@@ -542,6 +632,7 @@ impl Rig {
             kube,
             replicas: list,
             edges,
+            proxy,
         }
     }
 
@@ -599,13 +690,25 @@ fn a_replica_killed_during_changes_hands_its_edges_to_the_other_and_they_end_equ
     assert!(changes >= 6, "only {changes} changes");
     let compared = rig.converge("every edge equal to the cluster after the kill");
     assert!(compared >= 4 * 3, "{compared}");
-    // Each node's Lease names the survivor, the only one left.
+    // Each node's Lease names the survivor, the only one left; it took the victim's nodes
+    // over, and no edge was sent an older version of anything than it had.
     for edge in &rig.edges {
         assert_eq!(
             rig.kube.node_holder(&edge.node).as_deref(),
             Some(rig.replicas[1].identity.as_str())
         );
+        assert_eq!(
+            metric(&edge.admin, "edgehive_metamanager_stale_writes_total"),
+            0,
+            "{}",
+            edge.node
+        );
     }
+    let taken = metric(
+        &rig.replicas[1].admin,
+        "edgehive_cloud_ownership_total{event=\"taken_over\"}",
+    );
+    assert!(taken >= 2, "taken over: {taken}");
 }
 
 /// `Option` from a condition that must hold (`None` when it does).
@@ -654,4 +757,147 @@ fn a_rolling_restart_of_every_replica_under_continuous_change_ends_equal() {
     let changes = churn.finish();
     assert!(changes >= 12, "only {changes} changes");
     rig.converge("every edge equal to the cluster after the rolling restart");
+}
+
+/// The DER inside a PEM file's text.
+fn pem_der(text: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    let body: String = text
+        .lines()
+        .filter(|line| !line.starts_with("-----"))
+        .collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
+}
+
+/// Scenario 3: two TLS replicas started at the same instant on an empty stand-in. Both
+/// would make a CA; one creates cloudcore's Secrets and the other takes its pair, so both
+/// serve one CA and one server certificate, edges join through either certificate server
+/// and connect to either replica with it, and each node is served by one.
+#[test]
+fn two_replicas_started_at_once_on_an_empty_cluster_serve_one_identity_and_each_node_once() {
+    let mut rig = Rig::with(
+        2,
+        4,
+        "once",
+        Setup {
+            tls: true,
+            at_once: true,
+            ..Setup::default()
+        },
+    );
+    for edge in &rig.edges {
+        for n in 0..2 {
+            assert!(rig
+                .kube
+                .create_pod(&format!("seed-{}-{n}", edge.node), &edge.node));
+        }
+    }
+    rig.converge("every edge joined over TLS and equal to the cluster");
+    assert_eq!(rig.nodes_on(0).len(), 2, "edges spread over the replicas");
+    let file = |replica: &Replica, name: &str| {
+        std::fs::read_to_string(replica.dir.join("pki").join(name)).unwrap()
+    };
+    for (name, secret, key) in [
+        ("ca.crt", "casecret", "cadata"),
+        ("server.crt", "cloudcoresecret", "cloudcoredata"),
+    ] {
+        let (a, b) = (file(&rig.replicas[0], name), file(&rig.replicas[1], name));
+        assert_eq!(a, b, "both replicas hold one {name}");
+        let stored = rig
+            .kube
+            .get(&format!("/api/v1/namespaces/kubeedge/secrets/{secret}"))
+            .unwrap();
+        use base64::Engine as _;
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(stored["data"][key].as_str().unwrap())
+            .unwrap();
+        assert_eq!(der, pem_der(&a), "{secret} holds the {name} both serve");
+    }
+    // The same edges keep working when one replica goes: the certificate the other's CA
+    // signed opens this one's door.
+    let victims = rig.nodes_on(0);
+    rig.replicas[0].kill();
+    for node in &victims {
+        assert!(rig.kube.create_pod(&format!("after-{node}"), node));
+    }
+    rig.converge("every edge on the replica left, over TLS");
+}
+
+/// Scenario 4: replica 0 is cut off from the API server (a TCP proxy between it and the
+/// stand-in refuses and cuts every connection) while its edges stay connected to it. It
+/// steps down before its Lease may be counted dead (the other replica then sees it dead),
+/// sends its edges nothing while down, and once reconnected resumes and brings its edges to
+/// what changed meanwhile.
+#[test]
+fn a_replica_cut_off_from_the_api_server_steps_down_and_its_edges_end_equal_after_reconnect() {
+    let rig = Rig::with(
+        2,
+        4,
+        "cut",
+        Setup {
+            proxied: true,
+            ..Setup::default()
+        },
+    );
+    for edge in &rig.edges {
+        for n in 0..2 {
+            assert!(rig
+                .kube
+                .create_pod(&format!("seed-{}-{n}", edge.node), &edge.node));
+        }
+    }
+    rig.converge("the seed pods");
+    let victims = rig.nodes_on(0);
+    assert_eq!(victims.len(), 2, "edges spread over the replicas");
+    let (cut, other) = (&rig.replicas[0], &rig.replicas[1]);
+    let step_down = "edgehive_cloud_ownership_total{event=\"step_down\"}";
+    let resumed = "edgehive_cloud_ownership_total{event=\"resumed\"}";
+    let (downs, resumes) = (metric(&cut.admin, step_down), metric(&cut.admin, resumed));
+
+    let proxy = rig.proxy.as_ref().unwrap();
+    proxy.refuse(true);
+    proxy.cut();
+    wait("the cut-off replica stepping down", || {
+        let now = metric(&cut.admin, step_down);
+        let acting = metric(&cut.admin, "edgehive_cloud_ownership_acting");
+        (now > downs && acting == 0).not_then(|| format!("step_down {now}, acting {acting}"))
+    });
+    let held: Vec<(String, View)> = rig
+        .edges
+        .iter()
+        .filter(|e| victims.contains(&e.node))
+        .map(|e| (e.node.clone(), edge_view(&e.db).unwrap()))
+        .collect();
+    // The victim nodes' pods change while their replica is cut off.
+    for node in &victims {
+        assert!(rig.kube.create_pod(&format!("cut-{node}"), node));
+        assert!(rig.kube.update_pod(&format!("seed-{node}-0"), "nginx:2"));
+        assert!(rig.kube.delete_pod(&format!("seed-{node}-1")));
+    }
+    // The other replica counts it dead after the lease duration (it stopped before).
+    wait("the other replica seeing the cut-off one dead", || {
+        victims.iter().find_map(|node| {
+            let Some(entry) = other.node_entry(node) else {
+                return Some(format!("no /api/v1/nodes on {}", other.identity));
+            };
+            (entry["owner"]["replica"] == cut.identity.as_str() && entry["owner"]["alive"] == false)
+                .not_then(|| format!("{node} on {}: {entry}", other.identity))
+        })
+    });
+    // Meanwhile the edges stayed with their replica and were sent nothing.
+    for edge in rig.edges.iter().filter(|e| victims.contains(&e.node)) {
+        assert_eq!(edge.connected_to().as_deref(), Some(cut.websocket.as_str()));
+        let before = &held.iter().find(|(n, _)| *n == edge.node).unwrap().1;
+        assert_eq!(&edge_view(&edge.db).unwrap(), before, "{}", edge.node);
+    }
+
+    proxy.refuse(false);
+    wait("the reconnected replica acting again", || {
+        let now = metric(&cut.admin, resumed);
+        (now > resumes).not_then(|| format!("resumed {now}"))
+    });
+    let compared = rig.converge("every edge equal to the cluster after the reconnect");
+    assert!(compared >= 4 * 3, "{compared}");
 }

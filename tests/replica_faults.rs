@@ -472,10 +472,30 @@ fn settled(kube: &Kube, replicas: &[Replica], edge: &Edge) -> Result<usize, Stri
     Ok(expected.len())
 }
 
-/// Waits until every edge is settled; returns the objects compared.
+/// Panics if a node has a session on two live replicas at once (read one after the other:
+/// in these scenarios an edge leaves a replica only when that replica is gone, so there is
+/// no moment where two may rightly both hold it).
+fn one_session_each(replicas: &[Replica], edges: &[Edge]) {
+    for edge in edges {
+        let holding: Vec<&str> = replicas
+            .iter()
+            .filter(|r| r.alive())
+            .filter(|r| {
+                r.node_entry(&edge.node)
+                    .is_some_and(|e| e["connected"] == true)
+            })
+            .map(|r| r.identity.as_str())
+            .collect();
+        assert!(holding.len() <= 1, "{} served by {holding:?}", edge.node);
+    }
+}
+
+/// Waits until every edge is settled (checking on each round that no node has two
+/// sessions); returns the objects compared.
 fn converge(what: &str, kube: &Kube, replicas: &[Replica], edges: &[Edge]) -> usize {
     let mut compared = 0;
     wait(what, || {
+        one_session_each(replicas, edges);
         compared = 0;
         for edge in edges {
             match settled(kube, replicas, edge) {
@@ -864,6 +884,8 @@ fn a_replica_cut_off_from_the_api_server_steps_down_and_its_edges_end_equal_afte
         let acting = metric(&cut.admin, "edgehive_cloud_ownership_acting");
         (now > downs && acting == 0).not_then(|| format!("step_down {now}, acting {acting}"))
     });
+    let sent = |node: &str| cut.node_entry(node).unwrap()["sent"].as_u64().unwrap();
+    let sent_down: Vec<u64> = victims.iter().map(|n| sent(n)).collect();
     let held: Vec<(String, View)> = rig
         .edges
         .iter()
@@ -886,7 +908,13 @@ fn a_replica_cut_off_from_the_api_server_steps_down_and_its_edges_end_equal_afte
                 .not_then(|| format!("{node} on {}: {entry}", other.identity))
         })
     });
-    // Meanwhile the edges stayed with their replica and were sent nothing.
+    // Meanwhile the edges stayed with their replica and were sent nothing: no frame from its
+    // nodes' pools, nothing new in their stores.
+    let sent_now: Vec<u64> = victims.iter().map(|n| sent(n)).collect();
+    assert_eq!(
+        sent_now, sent_down,
+        "frames sent to {victims:?} while stepped down"
+    );
     for edge in rig.edges.iter().filter(|e| victims.contains(&e.node)) {
         assert_eq!(edge.connected_to().as_deref(), Some(cut.websocket.as_str()));
         let before = &held.iter().find(|(n, _)| *n == edge.node).unwrap().1;

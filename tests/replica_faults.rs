@@ -16,7 +16,7 @@
 //! what each scenario shows.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -513,42 +513,65 @@ fn converge(what: &str, kube: &Kube, replicas: &[Replica], edges: &[Edge]) -> us
 /// deletes the one before that (so each node keeps two pods).
 struct Churn {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<u64>,
+    changes: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Churn {
     fn start(kubeconfig: &Path, nodes: &[&str], prefix: &str) -> Churn {
         let stop = Arc::new(AtomicBool::new(false));
+        let changes = Arc::new(AtomicU64::new(0));
         let (kubeconfig, prefix) = (kubeconfig.to_owned(), prefix.to_owned());
         let nodes: Vec<String> = nodes.iter().map(|n| (*n).to_owned()).collect();
-        let stopped = stop.clone();
+        let (stopped, counted) = (stop.clone(), changes.clone());
         let thread = std::thread::spawn(move || {
             let kube = Kube::new(&kubeconfig);
-            let mut changes = 0;
+            let count = |done: bool| {
+                counted.fetch_add(u64::from(done), Ordering::AcqRel);
+            };
             let mut round = 0u32;
             while !stopped.load(Ordering::Acquire) {
                 for node in &nodes {
                     let name = |n: u32| format!("{prefix}-{node}-{n}");
-                    changes += u64::from(kube.create_pod(&name(round), node));
+                    count(kube.create_pod(&name(round), node));
                     if round >= 1 {
-                        changes += u64::from(kube.update_pod(&name(round - 1), "nginx:2"));
+                        count(kube.update_pod(&name(round - 1), "nginx:2"));
                     }
                     if round >= 2 {
-                        changes += u64::from(kube.delete_pod(&name(round - 2)));
+                        count(kube.delete_pod(&name(round - 2)));
                     }
                 }
                 round += 1;
                 std::thread::sleep(Duration::from_millis(50));
             }
-            changes
         });
-        Churn { stop, thread }
+        Churn {
+            stop,
+            changes,
+            thread,
+        }
+    }
+
+    /// Changes the API server accepted so far.
+    fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Waits until `more` changes were accepted after this call.
+    fn go_on(&self, more: u64) {
+        let from = self.changes();
+        wait("the churn going on", || {
+            let done = self.changes() - from;
+            (done >= more).not_then(|| format!("{done} changes"))
+        });
     }
 
     /// Stops the churn; the number of changes the API server accepted.
     fn finish(self) -> u64 {
         self.stop.store(true, Ordering::Release);
-        self.thread.join().unwrap()
+        let changes = self.changes.clone();
+        self.thread.join().unwrap();
+        changes.load(Ordering::Acquire)
     }
 }
 
@@ -705,9 +728,9 @@ fn a_replica_killed_during_changes_hands_its_edges_to_the_other_and_they_end_equ
             .all(|v| moved.iter().any(|m| m == v))
             .not_then(|| format!("on the survivor: {moved:?}"))
     });
-    std::thread::sleep(Duration::from_secs(1));
+    churn.go_on(6);
     let changes = churn.finish();
-    assert!(changes >= 6, "only {changes} changes");
+    assert!(changes >= 12, "only {changes} changes");
     let compared = rig.converge("every edge equal to the cluster after the kill");
     assert!(compared >= 4 * 3, "{compared}");
     // Each node's Lease names the survivor, the only one left; it took the victim's nodes
@@ -742,28 +765,40 @@ impl NotThen for bool {
     }
 }
 
-/// Scenario 2: every replica restarted in turn (SIGTERM, start again on its port) while the
-/// pods of every node keep changing.
+/// Scenario 2: three replicas, each stopped (SIGTERM) and started again on its port in turn,
+/// while the pods of every node keep changing; the stopped replica's edges move to another.
 #[test]
 fn a_rolling_restart_of_every_replica_under_continuous_change_ends_equal() {
-    let mut rig = Rig::new(2, 4, "roll");
+    let mut rig = Rig::new(3, 6, "roll");
     for edge in &rig.edges {
         assert!(rig
             .kube
             .create_pod(&format!("seed-{}", edge.node), &edge.node));
     }
     rig.converge("the seed pods");
+    for index in 0..3 {
+        assert_eq!(
+            rig.nodes_on(index).len(),
+            2,
+            "edges spread over the replicas"
+        );
+    }
     let nodes: Vec<String> = rig.edges.iter().map(|e| e.node.clone()).collect();
     let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
     let churn = Churn::start(&rig.standin.kubeconfig, &nodes, "roll");
+    churn.go_on(6);
     for index in 0..rig.replicas.len() {
-        let other = (index + 1) % rig.replicas.len();
         rig.replicas[index].stop();
-        // Every edge on the one left, then the stopped one back on its port.
-        wait("every edge on the replica left", || {
-            let on = rig.nodes_on(other);
-            (on.len() == nodes.len()).not_then(|| format!("on it: {on:?}"))
+        // Every edge on a replica still up, the churn going on meanwhile; then the stopped
+        // one back on its port.
+        wait("every edge on a replica still up", || {
+            let on: usize = (0..rig.replicas.len())
+                .filter(|&i| i != index)
+                .map(|i| rig.nodes_on(i).len())
+                .sum();
+            (on == nodes.len()).not_then(|| format!("{on} edges connected"))
         });
+        churn.go_on(6);
         rig.replicas[index].start();
         wait("the restarted replica acting", || {
             let acting = metric(
@@ -773,10 +808,11 @@ fn a_rolling_restart_of_every_replica_under_continuous_change_ends_equal() {
             (acting == 1).not_then(|| format!("acting {acting}"))
         });
     }
-    std::thread::sleep(Duration::from_secs(1));
+    churn.go_on(6);
     let changes = churn.finish();
-    assert!(changes >= 12, "only {changes} changes");
-    rig.converge("every edge equal to the cluster after the rolling restart");
+    assert!(changes >= 30, "only {changes} changes");
+    let compared = rig.converge("every edge equal to the cluster after the rolling restart");
+    assert!(compared >= 6 * 3, "{compared}");
 }
 
 /// The DER inside a PEM file's text.

@@ -34,6 +34,7 @@ mod node_actors;
 mod node_module;
 mod nodegroups;
 mod processes;
+mod replica_faults;
 mod router;
 mod security_admin;
 mod security_config;

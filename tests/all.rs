@@ -37,6 +37,7 @@ mod security_config;
 mod security_dynamiccontroller;
 mod security_network;
 mod security_node;
+mod service_topology;
 mod status_page;
 mod tls_join;
 mod tls_token_cli;

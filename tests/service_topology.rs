@@ -251,6 +251,25 @@ async fn an_edge_gets_only_its_groups_backends_of_a_range_nodegroup_service_also
     .await;
     assert_eq!(ips(&update.content), vec!["10.0.0.0", "10.0.0.99"]);
     push_with(&mut b1, &mut seen_b, "default/endpoints/web", &["a2", "b2"]).await;
+    // A change of group a's backends only (a1's goes): b1's view is the same, so b1 is not
+    // sent it (counted unchanged); a1 is.
+    let before = metric_sum(
+        &metrics(&cloud).await,
+        "edgehive_dynamiccontroller_topology_views_total{outcome=\"unchanged\"}",
+    );
+    cluster
+        .apply(endpoints("web", &[("a2", false), ("b2", true)]))
+        .unwrap();
+    push_with(&mut a1, &mut seen_a, "default/endpoints/web", &[]).await;
+    eventually("b1's unchanged view counted", WITHIN, || async {
+        let text = metrics(&cloud).await;
+        let now = metric_sum(
+            &text,
+            "edgehive_dynamiccontroller_topology_views_total{outcome=\"unchanged\"}",
+        );
+        (now > before).then_some(())
+    })
+    .await;
 
     // Nothing a1 was sent while the annotation held named a backend of group b.
     for pushed in &seen_a {
@@ -265,10 +284,10 @@ async fn an_edge_gets_only_its_groups_backends_of_a_range_nodegroup_service_also
         }
     }
 
-    // The annotation removed: every backend again, for both.
+    // The annotation removed: every backend again (a2's and b2's), for both.
     cluster.apply(service("web", false)).unwrap();
     let whole = until_push(&mut b1, &mut seen_b, |m| {
-        m.resource() == "default/endpoints/web" && ips(&m.content).len() == 4
+        m.resource() == "default/endpoints/web" && ips(&m.content).len() == 2
     })
     .await;
     assert_eq!(whole.operation(), Some(&Operation::Update));

@@ -462,13 +462,16 @@ impl WatchHub {
             meta_str(&event.object, "namespace").to_owned(),
             meta_str(&event.object, "name").to_owned(),
         );
+        // The object before a change, to leave out the nodes whose filtered view it leaves
+        // as it was (another group's backend changed).
+        let mut previous = None;
         let (operation, object) = match event.event_type {
             EventType::Added => {
                 state.objects.insert(key, event.object.clone());
                 (Operation::Insert, event.object)
             }
             EventType::Modified => {
-                state.objects.insert(key, event.object.clone());
+                previous = state.objects.insert(key, event.object.clone());
                 (Operation::Update, event.object)
             }
             EventType::Deleted => {
@@ -506,6 +509,14 @@ impl WatchHub {
             else {
                 continue;
             };
+            if let Some(previous) = &previous {
+                if Topology::filters(kind)
+                    && same_view(&topology, &self.policy, kind, node, previous, &shown)
+                {
+                    self.metrics.topology("unchanged");
+                    continue;
+                }
+            }
             let push = watch_push(&subscription.node, operation.clone(), &shown);
             if let Some(push) = ToNodes::untracked(push) {
                 self.metrics.pushes.inc();
@@ -513,6 +524,40 @@ impl WatchHub {
             }
         }
     }
+}
+
+/// Whether `viewer`'s filtered view of `previous` (the object before a change) is `shown`
+/// but for the version: a change of another group's backends, not sent to `viewer`. Whole
+/// views always differ (every change is sent, as without the filter).
+fn same_view(
+    topology: &Topology,
+    policy: &Policy,
+    kind: &str,
+    viewer: &str,
+    previous: &Value,
+    shown: &Value,
+) -> bool {
+    let View::Filtered { object: before, .. } =
+        topology.view(kind, viewer, previous, &|ns, name| {
+            policy.pod_node(ns, name)
+        })
+    else {
+        return false;
+    };
+    let strip = |obj: &Value| {
+        let mut obj = obj.clone();
+        if let Some(metadata) = obj["metadata"].as_object_mut() {
+            for field in ["resourceVersion", "managedFields", "generation"] {
+                metadata.remove(field);
+            }
+        }
+        if let Some(fields) = obj.as_object_mut() {
+            fields.remove("apiVersion");
+            fields.remove("kind");
+        }
+        obj
+    };
+    strip(&before) == strip(shown)
 }
 
 /// The controller's way into the task.

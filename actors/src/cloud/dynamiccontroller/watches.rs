@@ -172,6 +172,11 @@ impl WatchHub {
     pub(super) async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         loop {
             self.outbox.room().await;
+            if !self.waiting.is_empty() && *self.topology.synced.borrow() {
+                let subscription = self.waiting.remove(0);
+                self.subscribe(subscription);
+                continue;
+            }
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => self.on_command(command),
@@ -183,6 +188,9 @@ impl WatchHub {
                         Source::Topology(kind) => self.on_topology(kind, change),
                     }
                 }
+                // What CloudHub could not take yet is offered again (by `room`) even when
+                // nothing else happens: a burst's last pushes do not wait for the next event.
+                _ = tokio::time::sleep(crate::cloud::outbox::RETRY_INTERVAL), if !self.outbox.is_empty() => {}
             }
         }
         self.metrics.subscriptions.set(0);
@@ -245,10 +253,9 @@ impl WatchHub {
                 if self.topology_synced.len() == TOPOLOGY_KINDS.len()
                     && !*self.topology.synced.borrow()
                 {
+                    // The waiting watches start one per turn of the loop (`run`), each
+                    // after the outbox has room, as commands do.
                     self.topology.synced.send_replace(true);
-                    for subscription in std::mem::take(&mut self.waiting) {
-                        self.subscribe(subscription);
-                    }
                 }
                 return;
             }

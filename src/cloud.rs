@@ -302,6 +302,13 @@ impl CloudProcess {
         let routes_hive = hive.clone();
         let routes_cluster = embedded.clone();
         let routes_streams = CloudStreams(cloud_stream.as_ref().map(|stream| stream.view()));
+        let routes_groups = NodeGroupsView(
+            config
+                .modules
+                .node_group_controller
+                .enable
+                .then(|| cluster.clone()),
+        );
         let monitor = &config.common_config.monitor_server;
         let access = AdminAccess {
             allowed_hosts: monitor.allowed_hosts.clone(),
@@ -321,7 +328,9 @@ impl CloudProcess {
                 routes
                     .app_data(web::Data::new(routes_hive.clone()))
                     .app_data(web::Data::new(routes_streams.clone()))
+                    .app_data(web::Data::new(routes_groups.clone()))
                     .route("/api/v1/nodes", web::get().to(list_nodes))
+                    .route("/api/v1/nodegroups", web::get().to(list_node_groups))
                     .route("/api/v1/streams", web::get().to(list_streams))
                     .route("/api/v1/sync", web::get().to(sync_view))
                     .route("/api/v1/sync/{node}", web::get().to(sync_view));
@@ -507,6 +516,58 @@ struct CloudStreams(Option<edgehive_actors::cloud::cloudstream::StreamsView>);
 struct StreamsQuery {
     /// At most this many nodes, most open streams first (default 500).
     limit: Option<usize>,
+}
+
+/// The cluster the NodeGroups are read from, when the NodeGroup controller runs.
+#[derive(Clone)]
+struct NodeGroupsView(Option<SharedCluster>);
+
+/// The most nodes `GET /api/v1/nodegroups` lists per group (the counts cover them all).
+const NODES_PER_GROUP: usize = 100;
+
+/// `GET /api/v1/nodegroups`: each NodeGroup (by name) with how many nodes it selects, how
+/// many are ready and selected, and its first [`NODES_PER_GROUP`] `status.nodeStatuses`
+/// (not-ready and failed first); `enabled: false` when the NodeGroup controller is off.
+async fn list_node_groups(view: web::Data<NodeGroupsView>) -> HttpResponse {
+    let Some(cluster) = &view.0 else {
+        return HttpResponse::Ok().json(json!({"enabled": false, "groups": []}));
+    };
+    let (mut groups, _) = match cluster.list("NodeGroup").await {
+        Ok(listed) => listed,
+        Err(error) => {
+            return HttpResponse::ServiceUnavailable()
+                .json(json!({"enabled": true, "error": error.to_string()}))
+        }
+    };
+    groups.sort_by(|a, b| {
+        a["metadata"]["name"]
+            .as_str()
+            .cmp(&b["metadata"]["name"].as_str())
+    });
+    let groups: Vec<serde_json::Value> = groups
+        .iter()
+        .map(|group| {
+            let mut nodes: Vec<serde_json::Value> = group["status"]["nodeStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let ready = |node: &serde_json::Value| node["readyStatus"] == "Ready";
+            let selected = |node: &serde_json::Value| node["selectionStatus"] == "Succeeded";
+            let total = nodes.len();
+            let ready_count = nodes.iter().filter(|n| ready(n)).count();
+            let failed = nodes.iter().filter(|n| !selected(n)).count();
+            nodes.sort_by_key(|node| (ready(node) && selected(node), node["nodeName"].to_string()));
+            nodes.truncate(NODES_PER_GROUP);
+            json!({
+                "name": group["metadata"]["name"],
+                "total": total,
+                "ready": ready_count,
+                "failed": failed,
+                "nodes": nodes,
+            })
+        })
+        .collect();
+    HttpResponse::Ok().json(json!({"enabled": true, "groups": groups}))
 }
 
 /// `GET /api/v1/streams[?limit=N]`: each node with a stream tunnel (CloudStream), its open

@@ -41,6 +41,7 @@ mod security_config;
 mod security_dynamiccontroller;
 mod security_network;
 mod security_node;
+mod service_topology;
 mod standin_cluster;
 mod status_page;
 mod tls_join;

@@ -441,3 +441,77 @@ async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_remov
     .await;
     cloud.stop().await;
 }
+
+#[actix_rt::test]
+async fn an_edgeapplications_env_command_args_and_resources_overriders_reach_each_groups_deployment(
+) {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    let mut app = application(json!([
+        {"name": "east", "overriders": {
+            "envOverriders": [
+                {"containerName": "web", "operator": "replace", "value": [{"name": "REGION", "value": "east"}]},
+                {"containerName": "web", "operator": "remove", "value": [{"name": "DEBUG"}]}],
+            "commandOverriders": [{"containerName": "web", "operator": "add", "value": ["--tls"]}],
+            "argsOverriders": [{"containerName": "web", "operator": "remove", "value": ["-v"]}],
+            "resourcesOverriders": [{"containerName": "web",
+                "value": {"limits": {"cpu": "250m"}, "requests": {"memory": "32Mi"}}}]}},
+        {"name": "west", "overriders": {
+            "envOverriders": [{"containerName": "web", "operator": "add", "value": [{"name": "EXTRA", "value": "1"}]}]}},
+    ]));
+    let template = &mut app["spec"]["workloadTemplate"]["manifests"][0]["spec"]["template"]["spec"];
+    template["nodeSelector"] = json!({"kubernetes.io/arch": "arm64"});
+    template["containers"][0]["command"] = json!(["nginx"]);
+    template["containers"][0]["args"] = json!(["-g", "daemon off;", "-v"]);
+    template["containers"][0]["env"] =
+        json!([{"name": "REGION", "value": "any"}, {"name": "DEBUG", "value": "1"}]);
+    cluster.apply(app.clone()).unwrap();
+    let container = |name: &'static str| {
+        let cluster = cluster.clone();
+        async move {
+            eventually(name, WITHIN, || {
+                let found = cluster.get("Deployment", Some("default"), name);
+                async move { found }
+            })
+            .await["spec"]["template"]["spec"]
+                .clone()
+        }
+    };
+    let east = container("web-east").await;
+    let web = &east["containers"][0];
+    assert_eq!(web["env"], json!([{"name": "REGION", "value": "east"}]));
+    assert_eq!(web["command"], json!(["nginx", "--tls"]));
+    assert_eq!(web["args"], json!(["-g", "daemon off;"]));
+    assert_eq!(
+        web["resources"],
+        json!({"limits": {"cpu": "250m"}, "requests": {"memory": "32Mi"}})
+    );
+    // KubeEdge's node selector overrider: the group's label is the whole selector.
+    assert_eq!(east["nodeSelector"], json!({LABEL: "east"}));
+    let west = container("web-west").await;
+    let web = &west["containers"][0];
+    assert_eq!(
+        web["env"],
+        json!([{"name": "REGION", "value": "any"}, {"name": "DEBUG", "value": "1"},
+            {"name": "EXTRA", "value": "1"}])
+    );
+    assert_eq!(web["args"], json!(["-g", "daemon off;", "-v"]));
+    assert!(web.get("resources").is_none());
+
+    // An overrider changed: the Deployment follows.
+    app["spec"]["workloadScope"]["targetNodeGroups"][1]["overriders"] = json!({
+        "argsOverriders": [{"containerName": "web", "operator": "add", "value": ["--west"]}]});
+    cluster.apply(app).unwrap();
+    eventually("web-west's args", WITHIN, || {
+        let west = cluster.get("Deployment", Some("default"), "web-west");
+        async move {
+            west.filter(|west| {
+                let web = &west["spec"]["template"]["spec"]["containers"][0];
+                web["args"] == json!(["-g", "daemon off;", "-v", "--west"])
+                    && web["env"].as_array().is_some_and(|env| env.len() == 2)
+            })
+        }
+    })
+    .await;
+    cloud.stop().await;
+}

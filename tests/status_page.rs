@@ -144,6 +144,73 @@ fn refusals_are_recorded_counted_and_bounded() {
     );
 }
 
+/// The page's node-group section is fed by `GET /api/v1/nodegroups`: each NodeGroup with
+/// its node counts and its nodes' readiness and selection, troubled nodes first; with the
+/// controller off the answer says so (and the page hides the section).
+#[test]
+fn the_status_pages_node_groups_come_from_the_admin_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("groups.yaml"),
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: east-1\n  labels:\n    site: east\n\
+         status:\n  conditions:\n  - type: Ready\n    status: \"True\"\n---\n\
+         apiVersion: v1\nkind: Node\nmetadata:\n  name: east-2\n  labels:\n    site: east\n---\n\
+         apiVersion: v1\nkind: Node\nmetadata:\n  name: west-1\n  labels:\n    site: west\n---\n\
+         apiVersion: apps.kubeedge.io/v1alpha1\nkind: NodeGroup\nmetadata:\n  name: east\n\
+         spec:\n  matchLabels:\n    site: east\n  nodes: [gone-1]\n---\n\
+         apiVersion: apps.kubeedge.io/v1alpha1\nkind: NodeGroup\nmetadata:\n  name: west\n\
+         spec:\n  matchLabels:\n    site: west\n",
+    )
+    .unwrap();
+    let config = dir.path().join("cloud.yaml");
+    let yaml = support::process::plain_cloud_yaml(0, Some(&dir.path().join("cluster.db")))
+        + "  nodeGroupController:\n    enable: true\n";
+    std::fs::write(&config, yaml).unwrap();
+    let (_cloud, banner) = spawn(&[
+        "cloud",
+        "--config",
+        config.to_str().unwrap(),
+        "--manifests",
+        manifests.to_str().unwrap(),
+    ]);
+    let admin = banner_field(&banner, "admin on http://", ' ').to_owned();
+    let mut answer = Value::Null;
+    wait_until("both groups' statuses listed", WITHIN, || {
+        let Some(groups) = get_json(&admin, "/api/v1/nodegroups") else {
+            return false;
+        };
+        answer = groups;
+        answer["groups"][0]["total"] == 3 && answer["groups"][1]["total"] == 1
+    });
+    assert_eq!(answer["enabled"], true);
+    let east = &answer["groups"][0];
+    assert_eq!(east["name"], "east", "{answer}");
+    assert_eq!(east["ready"], 1, "{east}");
+    assert_eq!(east["failed"], 1, "{east}");
+    // Troubled first: the missing node (not selected), then the one not ready, then the rest.
+    let order: Vec<&str> = east["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["nodeName"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["east-2", "gone-1", "east-1"], "{east}");
+    assert_eq!(answer["groups"][1]["nodes"][0]["nodeName"], "west-1");
+    // The page reads it and has the section to show it in.
+    let (status, page) = http(&admin, "GET", "/", "").unwrap();
+    assert_eq!(status, 200);
+    assert!(page.contains("api/v1/nodegroups") && page.contains("id=\"groups-section\""));
+
+    // A cloud without the controller says so.
+    let other = dir.path().join("plain");
+    std::fs::create_dir_all(&other).unwrap();
+    let plain = start_plain_cloud(&other, &manifests, 0);
+    let answer = get_json(&plain.admin, "/api/v1/nodegroups").unwrap();
+    assert_eq!(answer, json!({"enabled": false, "groups": []}));
+}
+
 /// `method path` with `headers`, returning the status code.
 fn request_with(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> u16 {
     let mut stream = TcpStream::connect(addr).unwrap();

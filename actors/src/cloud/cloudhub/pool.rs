@@ -181,7 +181,7 @@ impl NodePool {
                 if flight.message.is_delete() {
                     return Enqueued::DeletePending;
                 }
-                if !exempt && !is_newer(rv, flight.message.resource_version().unwrap_or("")) {
+                if !exempt && !at_least(&message, rv, flight.message.resource_version()) {
                     return Enqueued::Stale;
                 }
             }
@@ -190,7 +190,7 @@ impl NodePool {
             if pending.message.is_delete() {
                 return Enqueued::DeletePending;
             }
-            if !exempt && !is_newer(rv, pending.message.resource_version().unwrap_or("")) {
+            if !exempt && !at_least(&message, rv, pending.message.resource_version()) {
                 return Enqueued::Stale;
             }
             pending.message = message;
@@ -202,7 +202,7 @@ impl NodePool {
             }
             return Enqueued::Replaced;
         }
-        if !exempt && !message.is_delete() && !message.is_resend() {
+        if !exempt && !message.is_delete() && !message.is_resend() && !message.is_refresh() {
             if let Some(acked) = self.acked.get(key) {
                 if !is_newer(rv, acked) {
                     return Enqueued::AlreadyAcked;
@@ -392,7 +392,11 @@ impl NodePool {
             let message = pending.message;
             // A resend goes even at a version the pool has seen ACKed: the record that asked
             // for it says otherwise, and only the edge's ACK settles it.
-            if !message.is_deleting() && !message.is_response() && !message.is_resend() {
+            if !message.is_deleting()
+                && !message.is_response()
+                && !message.is_resend()
+                && !message.is_refresh()
+            {
                 if let (Some(rv), Some(acked)) = (message.resource_version(), self.acked.get(&key))
                 {
                     if !is_newer(rv, acked) {
@@ -502,6 +506,13 @@ impl NodePool {
         }
         parked_now
     }
+}
+
+/// Whether `message` at `rv` may take the place of one at `old`: a newer version, or, for a
+/// watch's corrected view ([`NodeMessage::is_refresh`]), the same one.
+fn at_least(message: &NodeMessage, rv: &str, old: Option<&str>) -> bool {
+    let old = old.unwrap_or("");
+    is_newer(rv, old) || (message.is_refresh() && rv == old)
 }
 
 #[cfg(test)]
@@ -708,6 +719,33 @@ mod tests {
             Enqueued::Replaced
         );
         assert_eq!(pool.parked(), 0);
+    }
+
+    #[test]
+    fn a_corrected_view_goes_at_the_version_acked_pending_or_in_flight() {
+        let mut pool = NodePool::new(LIMITS);
+        let now = Instant::now();
+        pool.enqueue(pod("a", "5", Operation::Insert));
+        let first = written(pool.poll_ack_lane(now, RETRY, 5));
+        // In flight at 5: the corrected view waits behind it instead of being dropped.
+        let refresh = NodeMessage::refresh(msg("a", "5", Operation::Update));
+        assert_eq!(pool.enqueue(refresh.clone()), Enqueued::Ack);
+        // Pending at 5: a later correction at 5 replaces it.
+        let again = NodeMessage::refresh(msg("a", "5", Operation::Update));
+        assert_eq!(pool.enqueue(again.clone()), Enqueued::Replaced);
+        // A plain push at 5 does not replace it.
+        assert_eq!(
+            pool.enqueue(pod("a", "5", Operation::Update)),
+            Enqueued::Stale
+        );
+        pool.ack(first.id());
+        let sent = written(pool.poll_ack_lane(now, RETRY, 5));
+        assert_eq!(sent.id(), again.id(), "the last correction is written");
+        pool.ack(sent.id());
+        // ACKed at 5: a correction still goes.
+        let third = NodeMessage::refresh(msg("a", "5", Operation::Update));
+        assert_eq!(pool.enqueue(third.clone()), Enqueued::Ack);
+        assert_eq!(written(pool.poll_ack_lane(now, RETRY, 5)).id(), third.id());
     }
 
     #[test]

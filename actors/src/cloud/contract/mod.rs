@@ -52,6 +52,7 @@ pub struct NodeMessage {
     response: bool,
     resend: bool,
     tracked: bool,
+    refresh: bool,
     object: Option<Arc<ObjectId>>,
     frame: ByteString,
 }
@@ -99,6 +100,19 @@ impl NodeMessage {
         built
     }
 
+    /// A watch's push of a view that changed while the object did not (the service-topology
+    /// filter after a node changed group): [`NodeMessage::untracked`], and it goes at the
+    /// version the node has (ACKed, pending or in flight), replacing what is pending.
+    pub(crate) fn refresh(message: Message) -> Arc<Self> {
+        let ack = needs_ack(&message);
+        let mut built = Self::with_lane(message, ack);
+        if let Some(built) = Arc::get_mut(&mut built) {
+            built.tracked = false;
+            built.refresh = true;
+        }
+        built
+    }
+
     fn with_lane(mut wire: Message, ack: bool) -> Arc<Self> {
         let object = ObjectId::of(&wire);
         let operation = wire.operation().cloned();
@@ -120,6 +134,7 @@ impl NodeMessage {
             response: operation == Some(Operation::Response),
             resend: false,
             tracked: true,
+            refresh: false,
             object,
             operation,
             resource_version,
@@ -180,6 +195,11 @@ impl NodeMessage {
         self.resend
     }
 
+    /// Whether it is a watch's corrected view at the same version ([`NodeMessage::refresh`]).
+    pub(crate) fn is_refresh(&self) -> bool {
+        self.refresh
+    }
+
     /// Whether SyncController records it and its ACK binds the object to the node (all but a
     /// watch's pushes, [`NodeMessage::untracked`]).
     pub(crate) fn is_tracked(&self) -> bool {
@@ -216,6 +236,16 @@ impl ToNodes {
         Some(ToNodes {
             nodes: vec![node],
             message: NodeMessage::untracked(message),
+        })
+    }
+
+    /// A watch's corrected view for the one node its resource names:
+    /// [`NodeMessage::refresh`].
+    pub(crate) fn refresh(message: Message) -> Option<Self> {
+        let node = edgehive_protocols::node_of(message.resource())?.to_owned();
+        Some(ToNodes {
+            nodes: vec![node],
+            message: NodeMessage::refresh(message),
         })
     }
 

@@ -16,18 +16,20 @@
 //! The same module runs KubeEdge's EdgeApplication controller: for each EdgeApplication
 //! (namespaced) and each of its `spec.workloadScope.targetNodeGroups`, every Deployment and
 //! Service of `spec.workloadTemplate.manifests` is made as `<name>-<group>` with the group's
-//! overrides (replicas, image overriders) and the node selector
+//! overrides (replicas; image, env, command, args and resources overriders) and the node
+//! selector
 //! `apps.kubeedge.io/belonging-to: <group>`, owned by the application (its ownerReferences;
 //! deleting the application deletes them), and `status.workloadStatus` lists each one.
 //!
-//! Its files import one way: `metrics`, `membership` and `workloads` (the decisions, no
-//! I/O) → `applications` (the EdgeApplication loop) → `controller` (the actor and the
+//! Its files import one way: `metrics`, `membership`, `overriders` → `workloads` (the
+//! decisions, no I/O) → `applications` (the EdgeApplication loop) → `controller` (the actor and the
 //! NodeGroup loop) → `mod.rs` (the recipe).
 
 mod applications;
 mod controller;
 mod membership;
 mod metrics;
+mod overriders;
 mod workloads;
 
 pub use controller::NodeGroupController;

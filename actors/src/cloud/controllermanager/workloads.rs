@@ -4,8 +4,10 @@
 //! A copy is named `<manifest name>-<group>` (KubeEdge's name overrider), lives in the
 //! manifest's namespace (the application's when it names none), is owned by the
 //! application (`ownerReferences`, controller), and runs on the group's nodes: a Deployment's
-//! pod template gets the node selector `apps.kubeedge.io/belonging-to: <group>`, its replicas
-//! and container images the group's `replicas` and `imageOverriders`; a Service gets the
+//! pod template gets the node selector `apps.kubeedge.io/belonging-to: <group>` (the whole
+//! selector, as KubeEdge's), its replicas and container images the group's `replicas` and
+//! `imageOverriders`, its containers the `envOverriders`, `commandOverriders`,
+//! `argsOverriders` and `resourcesOverriders` (`overriders`); a Service gets the
 //! annotation `apps.kubeedge.io/service-topology: range-nodegroup`. Kinds other than
 //! Deployment and Service are not rendered (counted as skipped by the caller).
 
@@ -13,6 +15,7 @@ use edgehive_protocols::object::meta_str;
 use serde_json::{json, Value};
 
 use super::membership::BELONGING_TO;
+use super::overriders;
 
 /// The annotation KubeEdge gives a group's Service (its endpoint filter reads it).
 pub const SERVICE_TOPOLOGY: &str = "apps.kubeedge.io/service-topology";
@@ -105,10 +108,12 @@ fn deployment_overrides(object: &mut Value, group: &str, overriders: &Value) {
         object["spec"]["replicas"] = json!(replicas);
     }
     let pod = &mut object["spec"]["template"]["spec"];
-    pod["nodeSelector"][BELONGING_TO] = json!(group);
+    // KubeEdge's node selector overrider: the group's label is the whole selector.
+    pod["nodeSelector"] = json!({ BELONGING_TO: group });
     let Some(containers) = pod["containers"].as_array_mut() else {
         return;
     };
+    overriders::apply(containers, overriders);
     for overrider in overriders["imageOverriders"]
         .as_array()
         .into_iter()

@@ -17,19 +17,24 @@ use super::metrics::Metrics;
 use super::policy::{Policy, Refusal, Scope};
 use super::resources::{find, Resource};
 use super::selector::Selector;
-use super::watches::{self, Command, Commands, Subscription, WatchHub};
+use super::topology::{SharedTopology, Topology};
+use super::watches::{self, shown, Command, Commands, Subscription, WatchHub};
 use crate::cloud::cluster::{ClusterError, SharedCluster};
 use crate::cloud::contract::application::{
     status, ApplicationRequest, ApplicationUnparsed, SessionEnded, WatchSync,
 };
 use crate::cloud::outbox;
-use crate::hive::locks::lock;
+use crate::hive::locks::{lock, read};
 use crate::hive::Hive;
 
 /// Lists and gets one node may have waiting or running at once. Overflow policy: beyond it
 /// the node's application is refused at once (429 TooManyRequests, counted `node_busy`; the
 /// edge asks again), so one node never holds every worker or the whole waiting room.
 pub(super) const PER_NODE: usize = 8;
+
+/// How long a list or get of Endpoints or EndpointSlices waits for the cloud's first list of
+/// the Nodes and Services (the service topology); then it is answered 503.
+const TOPOLOGY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A node's watches, as the controller counts them.
 #[derive(Debug, Default)]
@@ -72,6 +77,8 @@ pub struct DynamicController {
     pub(super) workers: Arc<Semaphore>,
     pub(super) waiting: Arc<Semaphore>,
     pub(super) commands: Option<Commands>,
+    /// The service topology the watch task keeps (new with each start of the actor).
+    topology: Arc<SharedTopology>,
     nodes: HashMap<String, NodeWatches>,
     /// Lists and gets of each node waiting or running now (nodes with none are absent).
     in_flight: Arc<Mutex<HashMap<String, usize>>>,
@@ -131,6 +138,7 @@ impl DynamicController {
             workers,
             waiting,
             commands: None,
+            topology: Arc::default(),
             nodes: HashMap::new(),
             in_flight: Arc::default(),
         }
@@ -146,6 +154,7 @@ impl Actor for DynamicController {
             self.cluster.clone(),
             self.policy.clone(),
             self.metrics.clone(),
+            self.topology.clone(),
         );
         self.commands = Some(watches::start(hub));
     }
@@ -420,9 +429,25 @@ impl DynamicController {
 async fn run(
     cluster: SharedCluster,
     policy: Policy,
+    topology: Arc<SharedTopology>,
+    metrics: Metrics,
     node: String,
     plan: Plan,
 ) -> Result<Vec<u8>, Value> {
+    let kind = match &plan {
+        Plan::Get { resource, .. } | Plan::List { resource, .. } => resource.kind,
+        _ => "",
+    };
+    if Topology::filters(kind) && !topology.wait_synced(TOPOLOGY_WAIT).await {
+        metrics.topology("unsynced");
+        return Err(status(
+            503,
+            "ServiceUnavailable",
+            "the cloud has not listed the Nodes and Services yet (service topology); try again",
+            "",
+            "",
+        ));
+    }
     let cluster_status = |err: &ClusterError, plural: &str, name: &str| match err {
         ClusterError::NotFound { .. } => status(
             404,
@@ -454,10 +479,29 @@ async fn run(
             name,
         } => {
             let ns = Some(namespace.as_str()).filter(|ns| !ns.is_empty());
-            let mut obj = cluster
+            let obj = cluster
                 .get(resource.kind, ns, &name)
                 .await
                 .map_err(|err| cluster_status(&err, resource.plural, &name))?;
+            let shown = shown(
+                &read(&topology.topology),
+                &policy,
+                &metrics,
+                resource.kind,
+                &node,
+                &obj,
+            );
+            // Withheld (its Service not seen yet): as if not there yet.
+            let mut obj = shown.ok_or_else(|| {
+                cluster_status(
+                    &ClusterError::NotFound {
+                        kind: resource.kind.to_owned(),
+                        key: name.clone(),
+                    },
+                    resource.plural,
+                    &name,
+                )
+            })?;
             fill_type(&mut obj, resource);
             Ok(serde_json::to_vec(&obj).unwrap_or_default())
         }
@@ -475,11 +519,13 @@ async fn run(
                 .await
                 .map_err(|err| cluster_status(&err, resource.plural, ""))?;
             let judge = policy.judge(&node, scope);
+            let view = read(&topology.topology);
             let mut items: Vec<((String, String), Value)> = items
                 .into_iter()
                 .filter(|obj| namespace.is_empty() || meta_str(obj, "namespace") == namespace)
                 .filter(|obj| labels.matches(obj) && fields.matches(obj))
                 .filter(|obj| judge.visible(obj))
+                .filter_map(|obj| shown(&view, &policy, &metrics, resource.kind, &node, &obj))
                 .map(|obj| {
                     let key = (
                         meta_str(&obj, "namespace").to_owned(),
@@ -489,6 +535,7 @@ async fn run(
                 })
                 .filter(|(key, _)| after.as_ref().is_none_or(|after| key > after))
                 .collect();
+            drop(view);
             items.sort_by(|a, b| a.0.cmp(&b.0));
             let mut metadata = json!({"resourceVersion": rv});
             if limit > 0 && items.len() > limit {
@@ -566,10 +613,16 @@ impl Handler<ApplicationRequest> for DynamicController {
                 ),
             );
         };
-        let (cluster, policy, workers) = (
+        if let Plan::Get { resource, .. } | Plan::List { resource, .. } = &plan {
+            if Topology::filters(resource.kind) {
+                self.command(Command::NeedTopology);
+            }
+        }
+        let (cluster, policy, workers, topology) = (
             self.cluster.clone(),
             self.policy.clone(),
             self.workers.clone(),
+            self.topology.clone(),
         );
         let (hive, metrics) = (self.hive.clone(), self.metrics.clone());
         actix::spawn(async move {
@@ -579,7 +632,16 @@ impl Handler<ApplicationRequest> for DynamicController {
                 return;
             };
             let verb = verb_name(request.application.verb);
-            let answer = match run(cluster, policy, request.node.clone(), plan).await {
+            let answer = match run(
+                cluster,
+                policy,
+                topology,
+                metrics.clone(),
+                request.node.clone(),
+                plan,
+            )
+            .await
+            {
                 Ok(body) => {
                     metrics.answered(verb, true);
                     request.approved(body)

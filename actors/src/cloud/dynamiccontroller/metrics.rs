@@ -22,6 +22,12 @@ pub(super) struct KindLabels {
     pub(super) kind: String,
 }
 
+/// `outcome` of the service-topology filter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct OutcomeLabels {
+    outcome: String,
+}
+
 /// DynamicController's counters, registered once per hive.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Metrics {
@@ -38,6 +44,10 @@ pub(super) struct Metrics {
     pub(super) sent: Counter,
     /// Pushes dropped because CloudHub stayed unavailable.
     pub(super) overflow: Counter,
+    /// Views of the service-topology filter, by outcome.
+    topology: Family<OutcomeLabels, Counter>,
+    /// Backends the service-topology filter left out of what edges were sent.
+    pub(super) topology_dropped: Counter,
     refusals: RefusalLog,
 }
 
@@ -84,7 +94,26 @@ impl Metrics {
             "Pushes dropped because CloudHub stayed unavailable and the buffer was full",
             metrics.overflow.clone(),
         );
+        m.register(
+            "edgehive_dynamiccontroller_topology_views",
+            "Endpoints and EndpointSlices of range-nodegroup Services shown to edges, by outcome: filtered (another group's backends left out), withheld (its Service not seen yet), corrected (sent again because a node changed group or the Service its annotation)",
+            metrics.topology.clone(),
+        );
+        m.register(
+            "edgehive_dynamiccontroller_topology_backends_dropped",
+            "Backends the service-topology filter left out of what edges were sent",
+            metrics.topology_dropped.clone(),
+        );
         metrics
+    }
+
+    /// Counts a view of the service-topology filter.
+    pub(super) fn topology(&self, outcome: &'static str) {
+        self.topology
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts an answered application.

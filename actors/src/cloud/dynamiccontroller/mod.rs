@@ -13,14 +13,20 @@
 //! - a watch is answered at once and registered; the node is then pushed the current objects
 //!   and each change (`watches`), through the controllers' outbox.
 //!
-//! Files, bottom first: `metrics`, `resources`, `selector` → `policy` → `watches` →
-//! `controller` → `mod.rs`.
+//! - Endpoints and EndpointSlices of a Service annotated
+//!   `apps.kubeedge.io/service-topology: range-nodegroup` are shown each node with only the
+//!   backends of its node group (`topology`, applied by `watches::shown` to lists, gets and
+//!   pushes alike; docs/nodegroups.md).
+//!
+//! Files, bottom first: `metrics`, `resources`, `selector`, `topology` → `policy` →
+//! `watches` → `controller` → `mod.rs`.
 
 mod controller;
 mod metrics;
 mod policy;
 mod resources;
 mod selector;
+mod topology;
 mod watches;
 
 use std::sync::Arc;

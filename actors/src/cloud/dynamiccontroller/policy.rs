@@ -149,6 +149,12 @@ impl Policy {
         }
     }
 
+    /// The node pod `namespace/name` is bound to, if any (a backend that names only its pod,
+    /// for the service-topology filter).
+    pub(super) fn pod_node(&self, namespace: &str, name: &str) -> Option<String> {
+        self.view.pod_node(namespace, name)
+    }
+
     /// Whether `node` sees `obj` (in a list, or a watch's event) of a resource it sees by
     /// `scope`. Pods are judged by the object itself (its `spec.nodeName`), the rest as a
     /// get of it.

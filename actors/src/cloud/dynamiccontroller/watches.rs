@@ -11,6 +11,7 @@
 //! order the watcher gives them.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use edgehive_protocols::object::meta_str;
 use edgehive_protocols::Operation;
@@ -23,11 +24,13 @@ use super::metrics::{KindLabels, Metrics};
 use super::policy::{Policy, Scope};
 use super::resources::Resource;
 use super::selector::Selector;
+use super::topology::{Changed, SharedTopology, Topology, View};
 use crate::cloud::cluster::{EventType, SharedCluster};
 use crate::cloud::contract::application::watch_push;
 use crate::cloud::contract::{route, ToNodes};
 use crate::cloud::outbox::Outbox;
 use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
+use crate::hive::locks::{read, write};
 use crate::hive::Hive;
 
 /// One watch application of a node.
@@ -71,6 +74,46 @@ pub(super) enum Command {
         /// The IDs it keeps.
         ids: HashSet<String>,
     },
+    /// A list or get of a filtered kind is waiting for the topology: follow the Nodes and
+    /// Services (once started, they are followed for good).
+    NeedTopology,
+}
+
+/// What the object a change came from is kept for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A kind nodes watch.
+    Watched(&'static str),
+    /// The topology's Nodes and Services.
+    Topology(&'static str),
+}
+
+/// The kinds the topology follows.
+const TOPOLOGY_KINDS: [&str; 2] = ["Node", "Service"];
+
+/// What the edge `viewer` is shown of `obj` (of `kind`): the object, filtered by the
+/// service topology, or `None` (withheld); counted. Lists, gets and watches all ask here.
+pub(super) fn shown(
+    topology: &Topology,
+    policy: &Policy,
+    metrics: &Metrics,
+    kind: &str,
+    viewer: &str,
+    obj: &Value,
+) -> Option<Value> {
+    if !Topology::filters(kind) {
+        return Some(obj.clone());
+    }
+    let view = topology.view(kind, viewer, obj, &|ns, name| policy.pod_node(ns, name));
+    match &view {
+        View::Whole => {}
+        View::Withheld => metrics.topology("withheld"),
+        View::Filtered { dropped, .. } => {
+            metrics.topology("filtered");
+            metrics.topology_dropped.inc_by(*dropped as u64);
+        }
+    }
+    view.object(obj)
 }
 
 struct KindState {
@@ -90,7 +133,15 @@ pub(super) struct WatchHub {
     metrics: Metrics,
     watch_metrics: WatchMetrics,
     kinds: HashMap<&'static str, KindState>,
-    changes: SelectAll<BoxStream<'static, (&'static str, Change)>>,
+    changes: SelectAll<BoxStream<'static, (Source, Change)>>,
+    topology: Arc<SharedTopology>,
+    /// Whether the topology's watchers run.
+    topology_started: bool,
+    /// The topology's kinds listed once.
+    topology_synced: HashSet<&'static str>,
+    /// Watches of filtered kinds registered before the topology was listed: they start
+    /// when it is (so none is shown a backend before its group is known).
+    waiting: Vec<Subscription>,
 }
 
 impl WatchHub {
@@ -100,8 +151,13 @@ impl WatchHub {
         cluster: SharedCluster,
         policy: Policy,
         metrics: Metrics,
+        topology: Arc<SharedTopology>,
     ) -> Self {
         WatchHub {
+            topology,
+            topology_started: false,
+            topology_synced: HashSet::new(),
+            waiting: Vec::new(),
             cluster,
             policy,
             outbox: Outbox::new(hive.clone(), metrics.sent.clone(), metrics.overflow.clone()),
@@ -116,14 +172,25 @@ impl WatchHub {
     pub(super) async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         loop {
             self.outbox.room().await;
+            if !self.waiting.is_empty() && *self.topology.synced.borrow() {
+                let subscription = self.waiting.remove(0);
+                self.subscribe(subscription);
+                continue;
+            }
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => self.on_command(command),
                     None => break,
                 },
-                Some((kind, change)) = self.changes.next(), if !self.changes.is_empty() => {
-                    self.on_change(kind, change);
+                Some((source, change)) = self.changes.next(), if !self.changes.is_empty() => {
+                    match source {
+                        Source::Watched(kind) => self.on_change(kind, change),
+                        Source::Topology(kind) => self.on_topology(kind, change),
+                    }
                 }
+                // What CloudHub could not take yet is offered again (by `room`) even when
+                // nothing else happens: a burst's last pushes do not wait for the next event.
+                _ = tokio::time::sleep(crate::cloud::outbox::RETRY_INTERVAL), if !self.outbox.is_empty() => {}
             }
         }
         self.metrics.subscriptions.set(0);
@@ -135,7 +202,10 @@ impl WatchHub {
     fn on_command(&mut self, command: Command) {
         match command {
             Command::Subscribe(subscription) => self.subscribe(subscription),
+            Command::NeedTopology => self.start_topology(),
             Command::Keep { node, ids } => {
+                self.waiting
+                    .retain(|waiting| waiting.node != node || ids.contains(&waiting.id));
                 let mut emptied = Vec::new();
                 for (kind, state) in &mut self.kinds {
                     let before = state.subscriptions.len();
@@ -157,8 +227,148 @@ impl WatchHub {
         }
     }
 
+    /// Starts following the topology's Nodes and Services, once.
+    fn start_topology(&mut self) {
+        if self.topology_started {
+            return;
+        }
+        self.topology_started = true;
+        for kind in TOPOLOGY_KINDS {
+            let watcher = KindWatcher::new(self.cluster.clone(), route::DYNAMICCONTROLLER, kind)
+                .counted(self.watch_metrics.clone());
+            let changes = watcher
+                .into_stream()
+                .map(move |change| (Source::Topology(kind), change))
+                .boxed();
+            self.changes.push(changes);
+        }
+    }
+
+    /// Takes a change of the topology's Nodes or Services: kept, and what watchers were
+    /// shown corrected.
+    fn on_topology(&mut self, kind: &'static str, change: Change) {
+        let event = match change {
+            Change::Synced => {
+                self.topology_synced.insert(kind);
+                if self.topology_synced.len() == TOPOLOGY_KINDS.len()
+                    && !*self.topology.synced.borrow()
+                {
+                    // The waiting watches start one per turn of the loop (`run`), each
+                    // after the outbox has room, as commands do.
+                    self.topology.synced.send_replace(true);
+                }
+                return;
+            }
+            Change::Interrupted(_) => return,
+            Change::Event(event) | Change::Relisted(event) => event,
+        };
+        let deleted = event.event_type == EventType::Deleted;
+        let changed = {
+            let mut topology = write(&self.topology.topology);
+            if kind == "Node" {
+                topology.node(&event.object, deleted)
+            } else {
+                topology.service(&event.object, deleted)
+            }
+        };
+        if let Some(changed) = changed {
+            self.correct(&changed);
+        }
+    }
+
+    /// Sends each watcher whose view of an Endpoints or EndpointSlice `changed` altered the
+    /// view it has now, as an update at the same version ([`ToNodes::refresh`]).
+    fn correct(&mut self, changed: &Changed) {
+        let topology = read(&self.topology.topology);
+        let policy = &self.policy;
+        let pod_node = |ns: &str, name: &str| policy.pod_node(ns, name);
+        for kind in super::topology::FILTERED_KINDS {
+            let Some(state) = self.kinds.get(kind) else {
+                continue;
+            };
+            for object in state.objects.values() {
+                // Who may see it differently: for a Service, every watcher of its objects;
+                // for a node, the node itself, and, where it has a backend, the nodes of
+                // its old and new groups.
+                let everyone = match changed {
+                    Changed::Service { key, .. } => {
+                        if Topology::service_of(kind, object).as_ref() != Some(key) {
+                            continue;
+                        }
+                        true
+                    }
+                    Changed::Node { name, .. } => {
+                        Topology::has_backend_on(kind, object, name, &pod_node)
+                    }
+                };
+                let (moved, groups) = match changed {
+                    Changed::Node { name, before } => (
+                        Some(name.as_str()),
+                        [before.as_deref(), topology.group_of(name)],
+                    ),
+                    Changed::Service { .. } => (None, [None, None]),
+                };
+                let mut judged: HashSet<&str> = HashSet::new();
+                for subscription in state.subscriptions.values() {
+                    let node = subscription.node.as_str();
+                    if judged.contains(node) || !subscription.matches(object) {
+                        continue;
+                    }
+                    let concerned = match moved {
+                        None => true,
+                        Some(moved) => {
+                            node == moved
+                                || (everyone && {
+                                    let group = topology.group_of(node);
+                                    group.is_some() && groups.contains(&group)
+                                })
+                        }
+                    };
+                    if !concerned {
+                        continue;
+                    }
+                    judged.insert(node);
+                    if !policy.visible(node, subscription.scope, object) {
+                        continue;
+                    }
+                    let before = topology.view_before(kind, node, object, &pod_node, changed);
+                    let now = topology.view(kind, node, object, &pod_node);
+                    if before == now {
+                        continue;
+                    }
+                    let operation = if before == View::Withheld {
+                        Operation::Insert
+                    } else {
+                        Operation::Update
+                    };
+                    let Some(mut shown) = now.object(object) else {
+                        continue;
+                    };
+                    if shown["apiVersion"].as_str().unwrap_or_default().is_empty() {
+                        shown["apiVersion"] = Value::from(subscription.resource.api_version());
+                    }
+                    let push = watch_push(node, operation, &shown);
+                    if let Some(push) = ToNodes::refresh(push) {
+                        self.metrics.topology("corrected");
+                        self.metrics.pushes.inc();
+                        self.outbox.send_to(push);
+                    }
+                }
+            }
+        }
+    }
+
     fn subscribe(&mut self, subscription: Subscription) {
         let kind = subscription.resource.kind;
+        if Topology::filters(kind) && !*self.topology.synced.borrow() {
+            // Its start waits for the topology (a replaced ID waits as the new one).
+            self.start_topology();
+            self.waiting.retain(|waiting| {
+                waiting.node != subscription.node || waiting.id != subscription.id
+            });
+            self.waiting.push(subscription);
+            return;
+        }
         // The same ID on another kind (a replaced application) is dropped there first.
         for (other, state) in &mut self.kinds {
             if *other != kind
@@ -188,7 +398,7 @@ impl WatchHub {
             let changes = watcher
                 .into_stream()
                 .take_until(stopped)
-                .map(move |change| (kind, change))
+                .map(move |change| (Source::Watched(kind), change))
                 .boxed();
             self.changes.push(changes);
             self.watching(kind, true);
@@ -210,9 +420,20 @@ impl WatchHub {
             // the list's next events). Waiting for the list's end instead lost what came
             // before it to a subscription made meanwhile.
             let judge = self.policy.judge(&subscription.node, subscription.scope);
+            let topology = read(&self.topology.topology);
             for obj in state.objects.values() {
                 if subscription.matches(obj) && judge.visible(obj) {
-                    let push = watch_push(&subscription.node, Operation::Insert, obj);
+                    let Some(obj) = shown(
+                        &topology,
+                        &self.policy,
+                        &self.metrics,
+                        kind,
+                        &subscription.node,
+                        obj,
+                    ) else {
+                        continue;
+                    };
+                    let push = watch_push(&subscription.node, Operation::Insert, &obj);
                     if let Some(push) = ToNodes::untracked(push) {
                         self.metrics.pushes.inc();
                         self.outbox.send_to(push);
@@ -248,13 +469,16 @@ impl WatchHub {
             meta_str(&event.object, "namespace").to_owned(),
             meta_str(&event.object, "name").to_owned(),
         );
+        // The object before a change, to leave out the nodes whose filtered view it leaves
+        // as it was (another group's backend changed).
+        let mut previous = None;
         let (operation, object) = match event.event_type {
             EventType::Added => {
                 state.objects.insert(key, event.object.clone());
                 (Operation::Insert, event.object)
             }
             EventType::Modified => {
-                state.objects.insert(key, event.object.clone());
+                previous = state.objects.insert(key, event.object.clone());
                 (Operation::Update, event.object)
             }
             EventType::Deleted => {
@@ -272,6 +496,7 @@ impl WatchHub {
         if object["kind"].as_str().unwrap_or_default().is_empty() {
             object["kind"] = Value::from(kind);
         }
+        let topology = read(&self.topology.topology);
         // Each node is judged once per change, however many of its watches select it.
         let mut judged: HashMap<&str, bool> = HashMap::new();
         for subscription in state.subscriptions.values() {
@@ -287,13 +512,59 @@ impl WatchHub {
             if object["apiVersion"].as_str().unwrap_or_default().is_empty() {
                 object["apiVersion"] = Value::from(subscription.resource.api_version());
             }
-            let push = watch_push(&subscription.node, operation.clone(), &object);
+            let Some(shown) = shown(&topology, &self.policy, &self.metrics, kind, node, &object)
+            else {
+                continue;
+            };
+            if let Some(previous) = &previous {
+                if Topology::filters(kind)
+                    && same_view(&topology, &self.policy, kind, node, previous, &shown)
+                {
+                    self.metrics.topology("unchanged");
+                    continue;
+                }
+            }
+            let push = watch_push(&subscription.node, operation.clone(), &shown);
             if let Some(push) = ToNodes::untracked(push) {
                 self.metrics.pushes.inc();
                 self.outbox.send_to(push);
             }
         }
     }
+}
+
+/// Whether `viewer`'s filtered view of `previous` (the object before a change) is `shown`
+/// but for the version: a change of another group's backends, not sent to `viewer`. Whole
+/// views always differ (every change is sent, as without the filter).
+fn same_view(
+    topology: &Topology,
+    policy: &Policy,
+    kind: &str,
+    viewer: &str,
+    previous: &Value,
+    shown: &Value,
+) -> bool {
+    let View::Filtered { object: before, .. } =
+        topology.view(kind, viewer, previous, &|ns, name| {
+            policy.pod_node(ns, name)
+        })
+    else {
+        return false;
+    };
+    let strip = |obj: &Value| {
+        let mut obj = obj.clone();
+        if let Some(metadata) = obj["metadata"].as_object_mut() {
+            for field in ["resourceVersion", "managedFields", "generation"] {
+                metadata.remove(field);
+            }
+        }
+        if let Some(fields) = obj.as_object_mut() {
+            fields.remove("apiVersion");
+            fields.remove("kind");
+        }
+        obj
+    };
+    strip(&before) == strip(shown)
 }
 
 /// The controller's way into the task.

@@ -121,6 +121,8 @@ modules:
       insecurePlaintext: true
   echo:
     prefix: "echo: "
+embeddedCluster:
+  database: ""
 "#;
     let cloud_config =
         CloudConfig::from_text_with_extensions(Path::new("cloud.yaml"), cloud_yaml, &[ECHO])?;

@@ -82,6 +82,8 @@ fn echo_plug(plug: &Plug) -> anyhow::Result<()> {
 }
 
 const CLOUD_YAML: &str = r#"
+embeddedCluster:
+  database: ""
 commonConfig:
   monitorServer:
     bindAddress: 127.0.0.1:0

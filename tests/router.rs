@@ -81,7 +81,7 @@ modules:
 }
 
 /// A cloud with the Router plugged in, as `edgehive cloud` starts it.
-async fn start_cloud(router: &str) -> (CloudProcess, RouterHandle) {
+pub(crate) async fn start_cloud(router: &str) -> (CloudProcess, RouterHandle) {
     let config = CloudConfig::from_text_with_extensions(
         Path::new("cloud.yaml"),
         &cloud_yaml(router),
@@ -120,7 +120,7 @@ async fn start_edge(
 }
 
 /// `edgehive apply`'s endpoint, with KubeEdge's manifests as they are.
-async fn apply(cloud: &CloudProcess, yaml: &str) {
+pub(crate) async fn apply(cloud: &CloudProcess, yaml: &str) {
     let mut response = admin_client()
         .post(format!("http://{}/api/v1/apply", cloud.admin_addr()))
         .send_body(yaml.to_owned())
@@ -130,13 +130,13 @@ async fn apply(cloud: &CloudProcess, yaml: &str) {
     assert_eq!(response.status(), 200, "{}", String::from_utf8_lossy(&body));
 }
 
-fn endpoint(name: &str, kind: &str) -> String {
+pub(crate) fn endpoint(name: &str, kind: &str) -> String {
     format!(
         "apiVersion: rules.kubeedge.io/v1\nkind: RuleEndpoint\nmetadata:\n  name: {name}\n  labels:\n    description: test\nspec:\n  ruleEndpointType: \"{kind}\"\n  properties: {{}}\n---\n"
     )
 }
 
-fn rule(
+pub(crate) fn rule(
     name: &str,
     source: &str,
     source_resource: &str,
@@ -149,7 +149,11 @@ fn rule(
 }
 
 /// A POST to the router; status and body.
-async fn post(router: SocketAddr, path: &str, body: impl Into<Vec<u8>>) -> (u16, String) {
+pub(crate) async fn post(
+    router: SocketAddr,
+    path: &str,
+    body: impl Into<Vec<u8>>,
+) -> (u16, String) {
     let mut response = awc::Client::default()
         .post(format!("http://{router}{path}"))
         .insert_header(("Content-Type", "application/json"))
@@ -189,11 +193,11 @@ fn upload(topic: &str, payload: &str) -> Message {
 }
 
 /// What a target got: `METHOD path`, body, Content-Type.
-type Seen = Arc<Mutex<Vec<(String, Vec<u8>, Option<String>)>>>;
+pub(crate) type Seen = Arc<Mutex<Vec<(String, Vec<u8>, Option<String>)>>>;
 
 /// A local HTTP server (the rules' REST targets): `/fast/..` records the body at once,
 /// `/slow/..` only once `release` is notified. Returns its address and the bodies by path.
-async fn target_server(release: Arc<tokio::sync::Notify>) -> (SocketAddr, Seen) {
+pub(crate) async fn target_server(release: Arc<tokio::sync::Notify>) -> (SocketAddr, Seen) {
     let got: Seen = Arc::default();
     let seen = got.clone();
     let server = HttpServer::new(move || {

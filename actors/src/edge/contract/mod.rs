@@ -91,16 +91,46 @@ pub mod route {
 pub enum BusMessage {
     /// EdgeHub's `node/connection` announcement (or why its content is not one).
     Connection(Result<ConnectionState, String>),
-    /// A message from the cloud (a Router rule's), by its id.
+    /// Router's rest → eventbus message (source `router_eventbus`, operation `publish`):
+    /// publish `payload` on MQTT topic `topic` (the resource).
+    RulePublish {
+        /// The MQTT topic.
+        topic: String,
+        /// The content: a string's bytes, or any other JSON value as JSON text.
+        payload: Vec<u8>,
+    },
+    /// Router's `subscribe` (an eventbus-source rule): subscribe to MQTT topic
+    /// `{namespace}/{topic}` and send what arrives there up as an upload.
+    RuleSubscribe(String),
+    /// Router's `unsubscribe` (the rule is gone): stop doing so.
+    RuleUnsubscribe(String),
+    /// Another message from the cloud, by its id.
     Cloud(String),
 }
+
+/// Router's source name for its eventbus messages.
+const ROUTER_EVENTBUS: &str = "router_eventbus";
 
 impl BusMessage {
     /// Types `message`.
     pub fn of(message: &Message) -> BusMessage {
-        match ConnectionState::of(message) {
-            Some(state) => BusMessage::Connection(state),
-            None => BusMessage::Cloud(message.id().to_owned()),
+        if let Some(state) = ConnectionState::of(message) {
+            return BusMessage::Connection(state);
+        }
+        let from_router = message.source().map(ModuleName::as_str) == Some(ROUTER_EVENTBUS)
+            && message.route.group.as_ref() == Some(&Group::User);
+        let topic = message.resource().to_owned();
+        match message.operation().map(Operation::as_str) {
+            Some("publish") if from_router => {
+                let payload = match &message.content {
+                    Value::String(text) => text.clone().into_bytes(),
+                    other => other.to_string().into_bytes(),
+                };
+                BusMessage::RulePublish { topic, payload }
+            }
+            Some("subscribe") if from_router => BusMessage::RuleSubscribe(topic),
+            Some("unsubscribe") if from_router => BusMessage::RuleUnsubscribe(topic),
+            _ => BusMessage::Cloud(message.id().to_owned()),
         }
     }
 }
@@ -269,6 +299,15 @@ pub(crate) enum ToCloud {
     Forward(Origin),
     /// A twin upload, sent again with the same id and bytes until confirmed.
     Upload(Upload),
+    /// EventBus's upload of an MQTT message on a rule topic (KubeEdge's: source `bus`,
+    /// group `user`, operation `upload`, resource the topic, content the payload as a
+    /// string, invalid UTF-8 replaced); written once, as KubeEdge's `user` lane.
+    RuleUpload {
+        /// The MQTT topic it arrived on.
+        topic: String,
+        /// The payload, any bytes.
+        payload: Vec<u8>,
+    },
 }
 
 impl actix::Message for ToCloud {
@@ -299,6 +338,13 @@ impl ToCloud {
             ToCloud::Refuse { of, text } => Message::error_to(&of.0, text),
             ToCloud::Forward(of) => of.0,
             ToCloud::Upload(upload) => upload.message().clone(),
+            ToCloud::RuleUpload { topic, payload } => Message::new(
+                ModuleName::from(route::BUS_GROUP),
+                Group::User,
+                Operation::Upload,
+                topic,
+                Value::String(String::from_utf8_lossy(&payload).into_owned()),
+            ),
         }
     }
 }

@@ -378,7 +378,8 @@ impl Handler<Envelope> for EventBus {
     fn handle(&mut self, envelope: Envelope, ctx: &mut Context<Self>) -> Option<Message> {
         let shared = self.shared.clone();
         match BusMessage::of(&envelope.into_message()) {
-            BusMessage::Connection(_) => {}
+            // ServiceBus's.
+            BusMessage::Connection(_) | BusMessage::ServiceCall(_) => {}
             BusMessage::RulePublish { topic, payload } => rule_publish(&shared, topic, payload),
             BusMessage::RuleSubscribe(topic) => {
                 ctx.wait(actix::fut::wrap_future(async move {

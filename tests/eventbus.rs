@@ -981,3 +981,60 @@ async fn router_rules_carry_a_post_to_mqtt_and_mqtt_to_the_rest_target_through_a
     );
     edge.stop().await;
 }
+
+/// The edge keeps at most 256 rule topics: rules beyond them are refused and counted, each
+/// one, and the kept ones are still served.
+#[actix_rt::test]
+async fn rule_topics_beyond_256_are_refused_and_counted_each_time() {
+    use crate::router::{apply, endpoint, rule, start_cloud};
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = "edge-cap";
+    let (cloud, router) = start_cloud("").await;
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let edge = EdgeProcess::start(&bus_config(node, &cloud, dir.path(), broker.port))
+        .await
+        .unwrap();
+    wait_bus_state(&edge, "connected", 1).await;
+    let rules = |from: usize, to: usize| {
+        (from..to)
+            .map(|i| {
+                rule(
+                    &format!("r{i}"),
+                    "bus",
+                    &format!(r#"{{"topic": "t{i}","node_name": "{node}"}}"#),
+                    "rest",
+                    r#"{"resource":"http://127.0.0.1:9/"}"#,
+                )
+            })
+            .collect::<String>()
+    };
+    apply(
+        &cloud,
+        &(endpoint("rest", "rest") + &endpoint("bus", "eventbus") + &rules(0, 256)),
+    )
+    .await;
+    eventually("256 rule topics", Duration::from_secs(60), || async {
+        let status = bus_state(&edge).await;
+        let topics = status["topics"].as_array()?.len();
+        (topics == 4 + 256).then_some(())
+    })
+    .await;
+    for round in 1..=3usize {
+        let from = 256 + 2 * (round - 1);
+        apply(&cloud, &rules(from, from + 2)).await;
+        eventually("the refusals counted", WITHIN, || async {
+            let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
+            (refused(&metrics, "too_many_rule_topics") == 2 * round as u64).then_some(())
+        })
+        .await;
+    }
+    let status = bus_state(&edge).await;
+    assert_eq!(status["topics"].as_array().unwrap().len(), 4 + 256);
+    assert_eq!(status["state"], "connected");
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+}

@@ -114,6 +114,11 @@ impl EdgeProcess {
             }
             _ => false,
         };
+        if let Some(options) = config.service_bus_options() {
+            hive.start_module(edgehive_actors::edge::servicebus::ServiceBusModule::new(
+                options,
+            ))?;
+        }
         let node_module = config.modules.edged.enable;
         if node_module {
             hive.start_module(NodeModule::new(config.node_options(), store.clone()))?;

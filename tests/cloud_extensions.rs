@@ -240,11 +240,11 @@ async fn an_extension_section_no_extension_reads_is_refused_naming_its_key() {
     // The edge: the same for `edge.yaml`.
     let dir = tempfile::tempdir().unwrap();
     let edge_yaml = format!(
-        "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\nmodules:\n  edgeHub:\n    websocket:\n      insecurePlaintext: true\n      server: 127.0.0.1:9\n  edged:\n    hostnameOverride: edge-y\n  serviceBus:\n    port: 0\n",
+        "database:\n  dataSource: {}\nadmin:\n  bindAddress: 127.0.0.1:0\nmodules:\n  edgeHub:\n    websocket:\n      insecurePlaintext: true\n      server: 127.0.0.1:9\n  edged:\n    hostnameOverride: edge-y\n  taskManager:\n    port: 0\n",
         dir.path().join("edge-y.db").display()
     );
     let config =
-        EdgeConfig::from_text_with_extensions(Path::new("edge.yaml"), &edge_yaml, &["serviceBus"])
+        EdgeConfig::from_text_with_extensions(Path::new("edge.yaml"), &edge_yaml, &["taskManager"])
             .unwrap();
     let mut unread = config.clone();
     unread.database.data_source = dir.path().join("edge-z.db");
@@ -252,10 +252,10 @@ async fn an_extension_section_no_extension_reads_is_refused_naming_its_key() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(error.contains("modules.serviceBus"), "{error}");
+    assert!(error.contains("modules.taskManager"), "{error}");
     let seen = std::cell::Cell::new(None);
     let edge = EdgeProcess::start_with(&config, |plug| {
-        seen.set(plug.section("serviceBus").cloned());
+        seen.set(plug.section("taskManager").cloned());
         Ok(())
     })
     .await

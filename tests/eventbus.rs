@@ -741,3 +741,300 @@ async fn eventbus_tls_reaches_a_broker_it_trusts_with_its_certificate_and_no_oth
     assert_eq!(bus_state(&edge).await["state"], "connected");
     edge.stop().await;
 }
+
+/// An MQTT client subscribed to `filters`; what it gets lands in the returned channel.
+async fn watcher(
+    port: u16,
+    id: &str,
+    filters: &[&str],
+) -> (
+    AsyncClient,
+    tokio::sync::mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+) {
+    let mut options = MqttOptions::new(id, "127.0.0.1", port);
+    options.set_max_packet_size(2 << 20, 2 << 20);
+    let (client, mut eventloop) = AsyncClient::new(options, 100);
+    let (sender, received) = tokio::sync::mpsc::unbounded_channel();
+    let (subscribed, on_subscribed) = tokio::sync::oneshot::channel();
+    let mut subscribed = Some(subscribed);
+    for filter in filters {
+        client.subscribe(*filter, QoS::AtLeastOnce).await.unwrap();
+    }
+    let mut acks = filters.len();
+    actix_rt::spawn(async move {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    acks -= 1;
+                    if acks == 0 {
+                        if let Some(subscribed) = subscribed.take() {
+                            let _ = subscribed.send(());
+                        }
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(publish))) => {
+                    if sender
+                        .send((publish.topic, publish.payload.to_vec()))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    tokio::time::timeout(WITHIN, on_subscribed)
+        .await
+        .expect("the watcher subscribed")
+        .unwrap();
+    (client, received)
+}
+
+async fn eventbus_refused(edge: &EdgeProcess, reason: &str) -> u64 {
+    let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
+    refused(&metrics, reason)
+}
+
+/// KubeEdge's rule example end to end, through real processes and a real broker: a POST on
+/// the cloud's router port reaches an MQTT subscriber on the edge's broker, and a message
+/// published there on the eventbus rule's topic reaches the rule's REST target; the rule
+/// topic is kept in the edge database across a restart; refused rule topics and payloads are
+/// counted every time, in several forms, and reach neither the broker nor the cloud.
+#[actix_rt::test]
+async fn router_rules_carry_a_post_to_mqtt_and_mqtt_to_the_rest_target_through_a_real_edge() {
+    use crate::router::{apply, endpoint, post, rule, start_cloud, target_server};
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = "edge-rb";
+    let (cloud, router) = start_cloud("    maxMessageBytes: 4194304\n").await;
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let config = bus_config(node, &cloud, dir.path(), broker.port);
+    let edge = EdgeProcess::start(&config).await.unwrap();
+    wait_bus_state(&edge, "connected", 1).await;
+    let (target, got) = target_server(std::sync::Arc::new(tokio::sync::Notify::new())).await;
+    let (app, mut seen) = watcher(broker.port, "app", &["#", "$hw/events/#"]).await;
+
+    let manifests = [
+        endpoint("my-rest", "rest"),
+        endpoint("my-eventbus", "eventbus"),
+        rule(
+            "my-rule",
+            "my-rest",
+            r#"{"path":"/a"}"#,
+            "my-eventbus",
+            r#"{"topic":"test"}"#,
+        ),
+        rule(
+            "up",
+            "my-eventbus",
+            &format!(r#"{{"topic": "test-1","node_name": "{node}"}}"#),
+            "my-rest",
+            &format!(r#"{{"resource":"http://{target}/up"}}"#),
+        ),
+        // Refused on the edge: a publish to DeviceTwin's topics, a wildcard in a topic to
+        // publish on, and a rule topic whose `#` is not last.
+        rule(
+            "to-hw",
+            "my-rest",
+            r#"{"path":"/hw"}"#,
+            "my-eventbus",
+            r#"{"topic":"$hw/events/device/thermo-1/twin/update/delta"}"#,
+        ),
+        rule(
+            "to-wild",
+            "my-rest",
+            r#"{"path":"/wild"}"#,
+            "my-eventbus",
+            r#"{"topic":"a/+"}"#,
+        ),
+        rule(
+            "bad-sub",
+            "my-eventbus",
+            &format!(r#"{{"topic": "x/#/y","node_name": "{node}"}}"#),
+            "my-rest",
+            &format!(r#"{{"resource":"http://{target}/bad"}}"#),
+        ),
+    ]
+    .concat();
+    apply(&cloud, &manifests).await;
+
+    // rest → eventbus: the body arrives on MQTT topic `test` at the application.
+    let body = r#"{"message":"hello"}"#;
+    let deadline = Instant::now() + WITHIN;
+    let payload = 'posting: loop {
+        assert!(Instant::now() < deadline, "no POST reached MQTT");
+        let (status, _) = post(router.addr(), &format!("/{node}/default/a"), body).await;
+        if status != 200 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        let wait = tokio::time::Instant::now() + Duration::from_secs(2);
+        while let Ok(Some((topic, payload))) = tokio::time::timeout_at(wait, seen.recv()).await {
+            if topic == "test" {
+                break 'posting payload;
+            }
+        }
+    };
+    assert_eq!(payload, body.as_bytes());
+    // The rest of the path goes after the topic.
+    let (status, _) = post(router.addr(), &format!("/{node}/default/a/b"), "bytes").await;
+    assert_eq!(status, 200);
+    let next = tokio::time::timeout(WITHIN, async {
+        loop {
+            let (topic, payload) = seen.recv().await.unwrap();
+            if topic == "test/b" {
+                return payload;
+            }
+        }
+    })
+    .await
+    .expect("a message on test/b");
+    assert_eq!(next, b"bytes");
+
+    // eventbus → rest: the edge subscribed `default/test-1`; what is published there is
+    // POSTed to the rule's target.
+    eventually("the rule topic subscribed", WITHIN, || async {
+        let status = bus_state(&edge).await;
+        let topics = status["topics"].as_array()?.clone();
+        topics.contains(&json!("default/test-1")).then_some(())
+    })
+    .await;
+    let message = br#"{"edgemsg":"msgtocloud"}"#;
+    let (line, received, _) = eventually("the target gets the MQTT message", WITHIN, || async {
+        if let Some(first) = got.lock().unwrap().first().cloned() {
+            return Some(first);
+        }
+        app.publish("default/test-1", QoS::AtLeastOnce, false, message.to_vec())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        None
+    })
+    .await;
+    assert_eq!(line, "POST /up");
+    assert_eq!(received, message);
+
+    // Refusals, each repeated and in more than one form.
+    let before_topic = eventbus_refused(&edge, "bad_rule_topic").await;
+    let before_large = eventbus_refused(&edge, "too_large").await;
+    for round in 1..=3u64 {
+        for path in ["/hw", "/wild", "/hw/x"] {
+            let (status, _) = post(router.addr(), &format!("/{node}/default{path}"), "spoof").await;
+            // The cloud delivered it; the edge refuses it.
+            assert_eq!(status, 200, "{path}");
+        }
+        // Over 512 KiB on the rule topic, from two connections.
+        let big = vec![b'x'; 600 * 1024];
+        app.publish("default/test-1", QoS::AtLeastOnce, false, big.clone())
+            .await
+            .unwrap();
+        let (other, _other_seen) = watcher(broker.port, &format!("other-{round}"), &["none"]).await;
+        other
+            .publish("default/test-1", QoS::AtLeastOnce, false, big)
+            .await
+            .unwrap();
+        eventually("the refusals counted", WITHIN, || async {
+            let topic = eventbus_refused(&edge, "bad_rule_topic").await;
+            let large = eventbus_refused(&edge, "too_large").await;
+            (topic >= before_topic + 3 * round && large >= before_large + 2 * round).then_some(())
+        })
+        .await;
+    }
+    // The bad subscription was refused too (once per time the cloud sent it).
+    assert!(eventbus_refused(&edge, "bad_rule_topic").await >= before_topic + 9);
+    let status = bus_state(&edge).await;
+    assert!(
+        !status["topics"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("x/#/y")),
+        "{status}"
+    );
+    // Nothing refused reached the broker or the target; the edge still serves.
+    while let Ok((topic, _)) = seen.try_recv() {
+        assert!(
+            !topic.ends_with("twin/update/delta") && !topic.starts_with("a/"),
+            "{topic} was published"
+        );
+    }
+    assert_eq!(got.lock().unwrap().len(), 1, "only the one good upload");
+    let (status, _) = post(router.addr(), &format!("/{node}/default/a"), "still").await;
+    assert_eq!(status, 200);
+
+    // The rule topic is in the edge database: an edge restarted without a cloud subscribes
+    // it again.
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+    let edge = EdgeProcess::start(&config).await.unwrap();
+    let status = wait_bus_state(&edge, "connected", 1).await;
+    assert!(
+        status["topics"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("default/test-1")),
+        "{status}"
+    );
+    edge.stop().await;
+}
+
+/// The edge keeps at most 256 rule topics: rules beyond them are refused and counted, each
+/// one, and the kept ones are still served.
+#[actix_rt::test]
+async fn rule_topics_beyond_256_are_refused_and_counted_each_time() {
+    use crate::router::{apply, endpoint, rule, start_cloud};
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = "edge-cap";
+    let (cloud, router) = start_cloud("").await;
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let edge = EdgeProcess::start(&bus_config(node, &cloud, dir.path(), broker.port))
+        .await
+        .unwrap();
+    wait_bus_state(&edge, "connected", 1).await;
+    let rules = |from: usize, to: usize| {
+        (from..to)
+            .map(|i| {
+                rule(
+                    &format!("r{i}"),
+                    "bus",
+                    &format!(r#"{{"topic": "t{i}","node_name": "{node}"}}"#),
+                    "rest",
+                    r#"{"resource":"http://127.0.0.1:9/"}"#,
+                )
+            })
+            .collect::<String>()
+    };
+    apply(
+        &cloud,
+        &(endpoint("rest", "rest") + &endpoint("bus", "eventbus") + &rules(0, 256)),
+    )
+    .await;
+    eventually("256 rule topics", Duration::from_secs(60), || async {
+        let status = bus_state(&edge).await;
+        let topics = status["topics"].as_array()?.len();
+        (topics == 4 + 256).then_some(())
+    })
+    .await;
+    for round in 1..=3usize {
+        let from = 256 + 2 * (round - 1);
+        apply(&cloud, &rules(from, from + 2)).await;
+        eventually("the refusals counted", WITHIN, || async {
+            let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
+            (refused(&metrics, "too_many_rule_topics") == 2 * round as u64).then_some(())
+        })
+        .await;
+    }
+    let status = bus_state(&edge).await;
+    assert_eq!(status["topics"].as_array().unwrap().len(), 4 + 256);
+    assert_eq!(status["state"], "connected");
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+}

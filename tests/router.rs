@@ -81,7 +81,7 @@ modules:
 }
 
 /// A cloud with the Router plugged in, as `edgehive cloud` starts it.
-async fn start_cloud(router: &str) -> (CloudProcess, RouterHandle) {
+pub(crate) async fn start_cloud(router: &str) -> (CloudProcess, RouterHandle) {
     let config = CloudConfig::from_text_with_extensions(
         Path::new("cloud.yaml"),
         &cloud_yaml(router),
@@ -120,7 +120,7 @@ async fn start_edge(
 }
 
 /// `edgehive apply`'s endpoint, with KubeEdge's manifests as they are.
-async fn apply(cloud: &CloudProcess, yaml: &str) {
+pub(crate) async fn apply(cloud: &CloudProcess, yaml: &str) {
     let mut response = admin_client()
         .post(format!("http://{}/api/v1/apply", cloud.admin_addr()))
         .send_body(yaml.to_owned())
@@ -130,13 +130,13 @@ async fn apply(cloud: &CloudProcess, yaml: &str) {
     assert_eq!(response.status(), 200, "{}", String::from_utf8_lossy(&body));
 }
 
-fn endpoint(name: &str, kind: &str) -> String {
+pub(crate) fn endpoint(name: &str, kind: &str) -> String {
     format!(
         "apiVersion: rules.kubeedge.io/v1\nkind: RuleEndpoint\nmetadata:\n  name: {name}\n  labels:\n    description: test\nspec:\n  ruleEndpointType: \"{kind}\"\n  properties: {{}}\n---\n"
     )
 }
 
-fn rule(
+pub(crate) fn rule(
     name: &str,
     source: &str,
     source_resource: &str,
@@ -149,7 +149,11 @@ fn rule(
 }
 
 /// A POST to the router; status and body.
-async fn post(router: SocketAddr, path: &str, body: impl Into<Vec<u8>>) -> (u16, String) {
+pub(crate) async fn post(
+    router: SocketAddr,
+    path: &str,
+    body: impl Into<Vec<u8>>,
+) -> (u16, String) {
     let mut response = awc::Client::default()
         .post(format!("http://{router}{path}"))
         .insert_header(("Content-Type", "application/json"))
@@ -189,11 +193,11 @@ fn upload(topic: &str, payload: &str) -> Message {
 }
 
 /// What a target got: `METHOD path`, body, Content-Type.
-type Seen = Arc<Mutex<Vec<(String, Vec<u8>, Option<String>)>>>;
+pub(crate) type Seen = Arc<Mutex<Vec<(String, Vec<u8>, Option<String>)>>>;
 
 /// A local HTTP server (the rules' REST targets): `/fast/..` records the body at once,
 /// `/slow/..` only once `release` is notified. Returns its address and the bodies by path.
-async fn target_server(release: Arc<tokio::sync::Notify>) -> (SocketAddr, Seen) {
+pub(crate) async fn target_server(release: Arc<tokio::sync::Notify>) -> (SocketAddr, Seen) {
     let got: Seen = Arc::default();
     let seen = got.clone();
     let server = HttpServer::new(move || {
@@ -819,4 +823,149 @@ async fn the_cloud_binary_routes_by_rules_on_an_api_server_and_writes_their_stat
     })
     .await;
     edge.stop().await;
+}
+
+/// An application on the node: `/hello/..` answers 201 with `hi ` and the body, `/slow`
+/// after 30 s, `/big` with 6 MB.
+async fn node_app() -> SocketAddr {
+    let server = HttpServer::new(|| {
+        App::new().default_service(web::to(
+            |request: actix_web::HttpRequest, body: web::Bytes| async move {
+                let path = request.path().to_owned();
+                if path.starts_with("/slow") {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    return HttpResponse::Ok().finish();
+                }
+                if path.starts_with("/big") {
+                    return HttpResponse::Ok().body(vec![b'x'; 6_000_000]);
+                }
+                let mut answer = b"hi ".to_vec();
+                answer.extend_from_slice(&body);
+                HttpResponse::Created().body(answer)
+            },
+        ))
+    })
+    .workers(2)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_rt::spawn(server.run());
+    addr
+}
+
+fn servicebus_endpoint(name: &str, port: u16) -> String {
+    format!("apiVersion: rules.kubeedge.io/v1\nkind: RuleEndpoint\nmetadata:\n  name: {name}\nspec:\n  ruleEndpointType: servicebus\n  properties: {{\"service_port\": \"{port}\"}}\n---\n")
+}
+
+/// rest → servicebus end to end: a POST on the cloud's router port for a servicebus rule is
+/// made by a real edge's ServiceBus to the application on the node, and the application's
+/// status, header and body come back to the caller; a slow application, one answering too
+/// much and one not listening are answered with an error every time, counted, and the next
+/// good call still works.
+#[actix_rt::test]
+async fn a_post_for_a_servicebus_rule_gets_the_node_applications_answer_through_the_edges_servicebus(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = "edge-sb";
+    let (cloud, router) = start_cloud("    restTimeout: 20\n").await;
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let mut config = edge_config(node, cloud.websocket_addr(), dir.path());
+    config.modules.service_bus.enable = true;
+    config.modules.service_bus.timeout = 2;
+    let edge = EdgeProcess::start(&config).await.unwrap();
+    eventually("the edge connects", WITHIN, || async {
+        edge.status().await.unwrap().connected.then_some(())
+    })
+    .await;
+    let app = node_app().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let manifests = [
+        endpoint("rest", "rest"),
+        servicebus_endpoint("app", app.port()),
+        servicebus_endpoint("gone", closed),
+        rule(
+            "call",
+            "rest",
+            r#"{"path":"/call"}"#,
+            "app",
+            r#"{"path":"/hello"}"#,
+        ),
+        rule(
+            "slow",
+            "rest",
+            r#"{"path":"/slowcall"}"#,
+            "app",
+            r#"{"path":"/slow"}"#,
+        ),
+        rule(
+            "big",
+            "rest",
+            r#"{"path":"/bigcall"}"#,
+            "app",
+            r#"{"path":"/big"}"#,
+        ),
+        rule(
+            "gone",
+            "rest",
+            r#"{"path":"/gonecall"}"#,
+            "gone",
+            r#"{"path":"/x"}"#,
+        ),
+    ]
+    .concat();
+    apply(&cloud, &manifests).await;
+    let addr = router.addr();
+    let call = |path: &'static str, body: &'static str| async move {
+        let mut response = awc::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .finish()
+            .post(format!("http://{addr}/{node}/default{path}"))
+            .insert_header(("Content-Type", "application/json"))
+            .send_body(body)
+            .await
+            .unwrap();
+        let body = response.body().limit(16 << 20).await.unwrap();
+        (response.status().as_u16(), (), body.to_vec())
+    };
+    let (_, _, body) = eventually("the servicebus rule answers", WITHIN, || async {
+        let answer = call("/call/x", r#"{"a":1}"#).await;
+        (answer.0 == 201).then_some(answer)
+    })
+    .await;
+    assert_eq!(body, br#"hi {"a":1}"#);
+
+    let refused = |reason: &'static str| {
+        let admin = edge.admin_addr();
+        async move {
+            let metrics = http_get(admin, "/metrics").await.1;
+            metric_sum(
+                &metrics,
+                &format!("edgehive_servicebus_refused_total{{reason=\"{reason}\"}}"),
+            )
+        }
+    };
+    for round in 1..=3u64 {
+        let (status, _, _) = call("/slowcall", "x").await;
+        assert_eq!(status, 504, "a slow application");
+        let (status, _, _) = call("/bigcall", "x").await;
+        assert_eq!(status, 500, "an answer over 5 MB");
+        let (status, _, body) = call("/gonecall", "x").await;
+        assert_eq!(
+            (status, body.as_slice()),
+            (404, b"error to call service".as_slice())
+        );
+        assert_eq!(refused("timeout").await, round);
+        assert_eq!(refused("too_large").await, round);
+        assert_eq!(refused("unreachable").await, round);
+    }
+    let (status, _, body) = call("/call", "again").await;
+    assert_eq!((status, body.as_slice()), (201, b"hi again".as_slice()));
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
 }

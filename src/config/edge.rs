@@ -43,7 +43,6 @@ impl Schema for EdgeConfig {
         "modules.edged",
         "modules.eventBus.mqttServerInternal",
         "modules.eventBus.mqttPubClientID",
-        "modules.serviceBus",
         "modules.taskManager",
         "modules.dbTest",
     ];
@@ -175,6 +174,20 @@ impl Validate for EdgeConfig {
         )?;
         self.modules.edge_stream.validate()?;
         self.modules.event_bus.validate()?;
+        within(
+            "modules.serviceBus.timeout",
+            self.modules.service_bus.timeout,
+            1..=3600,
+            "seconds",
+        )?;
+        if self.modules.service_bus.server.is_empty()
+            || self.modules.service_bus.server.contains(['/', ' ', '@'])
+        {
+            return Err((
+                "modules.serviceBus.server",
+                "expected a host (the node's applications' address)".into(),
+            ));
+        }
         self.modules.meta_manager.meta_server.validate()?;
         self.modules.edged.validate()
     }
@@ -521,11 +534,54 @@ pub struct EdgeModules {
     pub edge_stream: super::EdgeStreamConfig,
     /// `modules.eventBus`: the MQTT client serving DeviceTwin's topics to mappers.
     pub event_bus: super::EventBusConfig,
+    /// `modules.serviceBus`: the Router's HTTP calls to the node's applications.
+    pub service_bus: ServiceBusConfig,
     /// Extension modules' sections, `modules.<name>` by name, as written (the names given to
     /// `load_files_with_extensions`); the process's plug reads them
     /// ([`crate::plug::Plug::section`]) and refuses one it does not.
     #[serde(skip)]
     pub extensions: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// `modules.serviceBus` (KubeEdge's keys and defaults).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ServiceBusConfig {
+    /// Whether ServiceBus runs (off by default, as in KubeEdge).
+    pub enable: bool,
+    /// The host of the node's applications that calls go to.
+    pub server: String,
+    /// KubeEdge's port of edgecore's own ServiceBus server; accepted, no server is started.
+    pub port: u16,
+    /// Seconds a call to an application may take.
+    pub timeout: u64,
+}
+
+impl Default for ServiceBusConfig {
+    fn default() -> Self {
+        ServiceBusConfig {
+            enable: false,
+            server: "127.0.0.1".into(),
+            port: 9060,
+            timeout: 60,
+        }
+    }
+}
+
+impl EdgeConfig {
+    /// ServiceBus's options (`modules.serviceBus`); `None` when it is off.
+    pub fn service_bus_options(
+        &self,
+    ) -> Option<edgehive_actors::edge::servicebus::ServiceBusOptions> {
+        let bus = &self.modules.service_bus;
+        bus.enable
+            .then(|| edgehive_actors::edge::servicebus::ServiceBusOptions {
+                server: bus.server.clone(),
+                timeout: Duration::from_secs(bus.timeout),
+                // edgecore's maxBodySize.
+                max_body_bytes: 5_000_000,
+            })
+    }
 }
 
 /// `modules.metaManager`.

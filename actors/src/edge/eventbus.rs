@@ -21,8 +21,15 @@
 //!
 //! The broker may be down: the client retries with backoff (from 200 ms to 10 s), subscribes
 //! again after every connect (a clean session), and shows its state on the admin endpoint
-//! (`GET /api/v1/eventbus`); nothing else on the edge waits for it. Rule topics (Router) and
-//! the upload topics are not served (see docs/eventbus.md).
+//! (`GET /api/v1/eventbus`); nothing else on the edge waits for it.
+//!
+//! Router's rules (docs/router.md): a `publish` from the cloud is published on its topic; a
+//! `subscribe` adds a rule topic (`{namespace}/{topic}`, kept in the edge database's
+//! `sub_topics`, subscribed after every connect) whose MQTT messages go up to the cloud as
+//! `upload`s; `unsubscribe` removes it. Bounded: [`MAX_RULE_TOPICS`] topics of at most
+//! [`MAX_TOPIC_BYTES`], payloads of at most [`MAX_RULE_PAYLOAD_BYTES`]. A rule topic's first
+//! level is a namespace, so no rule reaches `$`-topics (the mapper's `$hw/...`): MQTT
+//! wildcards in a first level never match them, and a publish to a `$` topic is refused.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,7 +45,7 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::{broadcast, mpsc};
 
-use super::contract::{route, BusMessage, TwinChange, TwinChanges};
+use super::contract::{route, BusMessage, ToCloud, TwinChange, TwinChanges};
 use super::devicetwin::{ReportState, ReportTwin, TwinError};
 use super::twin_store::{DeviceView, TwinStore};
 use crate::hive::locks;
@@ -55,6 +62,13 @@ const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// How long a report may wait for DeviceTwin.
 const TWIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most rule topics (Router's eventbus-source rules) the edge keeps; more are refused
+/// (`too_many_rule_topics`).
+pub const MAX_RULE_TOPICS: usize = 256;
+/// The longest topic a rule may name (KubeEdge's `sub_topics.topic` is `varchar(256)`).
+pub const MAX_TOPIC_BYTES: usize = 256;
+/// The largest payload a rule message may carry, either way (`too_large`).
+pub const MAX_RULE_PAYLOAD_BYTES: usize = 512 * 1024;
 const DEVICE_PREFIX: &str = "$hw/events/device/";
 const NODE_PREFIX: &str = "$hw/events/node/";
 
@@ -104,7 +118,7 @@ pub struct EventBusStatus {
     /// The last connection error, if any.
     #[serde(rename = "lastError")]
     pub last_error: Option<String>,
-    /// The topics subscribed after each connect.
+    /// The topics subscribed after each connect (the device topics, then the rule topics).
     pub topics: Vec<String>,
 }
 
@@ -163,7 +177,7 @@ impl BusMetrics {
         );
         registry.register(
             "edgehive_eventbus_refused",
-            "MQTT messages EventBus refused, by reason (invalid_json, bad_topic, too_large, unknown_device, ambiguous_device, unknown_property, no_value, busy, twin_unavailable, store, cloud_message_not_built)",
+            "MQTT and rule messages EventBus refused, by reason (invalid_json, bad_topic, too_large, unknown_device, ambiguous_device, unknown_property, no_value, busy, twin_unavailable, store, bad_rule_topic, too_many_rule_topics, broker_refused, not_connected, upload_dropped, cloud_message_not_built)",
             metrics.refused.clone(),
         );
         metrics
@@ -187,9 +201,29 @@ struct Shared {
     status: Mutex<EventBusStatus>,
     metrics: BusMetrics,
     changes: Arc<TwinChanges>,
+    /// The rule topics, as in `sub_topics`.
+    rules: Mutex<std::collections::BTreeSet<String>>,
+    /// The MQTT client, once `run` built it.
+    client: Mutex<Option<AsyncClient>>,
 }
 
 impl Shared {
+    /// The topics to subscribe after a connect: the device topics and the rule topics.
+    fn all_topics(&self) -> Vec<String> {
+        let mut topics = topics(&self.node_name);
+        topics.extend(locks::lock(&self.rules).iter().cloned());
+        topics
+    }
+
+    fn show_topics(&self) {
+        let topics = self.all_topics();
+        locks::lock(&self.status).topics = topics;
+    }
+
+    fn client(&self) -> Option<AsyncClient> {
+        locks::lock(&self.client).clone()
+    }
+
     fn set_state(&self, state: &'static str, error: Option<String>) {
         let mut status = locks::lock(&self.status);
         status.state = state;
@@ -214,18 +248,24 @@ impl Shared {
     /// (the answer would be stale, and the queue must stay free for the subscription after
     /// the next connect) or the queue is full.
     fn publish(&self, client: &AsyncClient, topic: String, payload: Value) {
+        self.publish_bytes(client, topic, payload.to_string().into_bytes());
+    }
+
+    /// [`Shared::publish`] of any bytes; whether it was queued.
+    fn publish_bytes(&self, client: &AsyncClient, topic: String, bytes: Vec<u8>) -> bool {
         if locks::lock(&self.status).state != "connected" {
             self.metrics.publish_dropped.inc();
-            return;
+            return false;
         }
-        let bytes = payload.to_string().into_bytes();
         match client.try_publish(topic, self.qos(), self.options.retain, bytes) {
             Ok(()) => {
                 self.metrics.published.inc();
+                true
             }
             Err(error) => {
                 self.metrics.publish_dropped.inc();
                 tracing::debug!(%error, "eventbus publish dropped");
+                false
             }
         }
     }
@@ -284,6 +324,8 @@ impl Module for EventBusModule {
                     twins: self.twins.clone(),
                     metrics: BusMetrics::register(hive),
                     changes: TwinChanges::of(hive),
+                    rules: Mutex::new(Default::default()),
+                    client: Mutex::new(None),
                 })
             })
             .clone();
@@ -331,18 +373,174 @@ impl Handler<GetEventBusStatus> for EventBus {
 impl Handler<Envelope> for EventBus {
     type Result = Option<Message>;
 
-    /// The cloud's `user` messages (Router's rules) are not bridged yet: counted. The
-    /// connection announcements every `bus` module gets are not needed.
-    fn handle(&mut self, envelope: Envelope, _: &mut Context<Self>) -> Option<Message> {
-        if let BusMessage::Cloud(id) = BusMessage::of(&envelope.into_message()) {
-            self.shared.metrics.refuse("cloud_message_not_built");
-            tracing::debug!(
-                id,
-                "eventbus: rule messages from the cloud are not bridged to MQTT yet"
-            );
+    /// Router's messages, in order (a subscribe is committed before the next message);
+    /// the connection announcements every `bus` module gets are not needed.
+    fn handle(&mut self, envelope: Envelope, ctx: &mut Context<Self>) -> Option<Message> {
+        let shared = self.shared.clone();
+        match BusMessage::of(&envelope.into_message()) {
+            // ServiceBus's.
+            BusMessage::Connection(_) | BusMessage::ServiceCall(_) => {}
+            BusMessage::RulePublish { topic, payload } => rule_publish(&shared, topic, payload),
+            BusMessage::RuleSubscribe(topic) => {
+                ctx.wait(actix::fut::wrap_future(async move {
+                    rule_subscribe(&shared, topic).await;
+                }));
+            }
+            BusMessage::RuleUnsubscribe(topic) => {
+                ctx.wait(actix::fut::wrap_future(async move {
+                    rule_unsubscribe(&shared, topic).await;
+                }));
+            }
+            BusMessage::Cloud(id) => {
+                self.shared.metrics.refuse("cloud_message_not_built");
+                tracing::debug!(id, "eventbus: a cloud message it does not serve");
+            }
         }
         None
     }
+}
+
+/// Why a topic a rule names is refused, if it is.
+fn check_publish_topic(topic: &str) -> Result<(), &'static str> {
+    if topic.is_empty() || topic.len() > MAX_TOPIC_BYTES || topic.contains('\0') {
+        return Err("empty, longer than 256 bytes or holding NUL");
+    }
+    if topic.contains(['+', '#']) {
+        return Err("a wildcard in a topic to publish on");
+    }
+    if topic.starts_with('$') {
+        return Err("a $ topic (the broker's and DeviceTwin's)");
+    }
+    Ok(())
+}
+
+/// Why a rule topic to subscribe is refused, if it is: `{namespace}/{topic}` with a
+/// namespace's name first (so never a `$` topic, and no first-level wildcard), MQTT's
+/// wildcard rules after it.
+fn check_rule_topic(topic: &str) -> Result<(), &'static str> {
+    if topic.len() > MAX_TOPIC_BYTES || topic.contains('\0') {
+        return Err("longer than 256 bytes or holding NUL");
+    }
+    let Some((namespace, rest)) = topic.split_once('/') else {
+        return Err("not {namespace}/{topic}");
+    };
+    let label = !namespace.is_empty()
+        && namespace.len() <= 63
+        && namespace
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !namespace.starts_with('-')
+        && !namespace.ends_with('-');
+    if !label || rest.is_empty() {
+        return Err("not {namespace}/{topic}");
+    }
+    let levels: Vec<&str> = rest.split('/').collect();
+    for (index, level) in levels.iter().enumerate() {
+        let wild = level.contains(['+', '#']);
+        if wild && *level != "+" && *level != "#" {
+            return Err("a wildcard that is not a whole level");
+        }
+        if *level == "#" && index + 1 != levels.len() {
+            return Err("# before the last level");
+        }
+    }
+    Ok(())
+}
+
+/// Whether MQTT filter `filter` matches `topic`.
+fn topic_matches(filter: &str, topic: &str) -> bool {
+    if topic.starts_with('$') && !filter.starts_with('$') {
+        return false;
+    }
+    let mut topic_levels = topic.split('/');
+    for level in filter.split('/') {
+        match level {
+            "#" => return true,
+            "+" => {
+                if topic_levels.next().is_none() {
+                    return false;
+                }
+            }
+            exact => {
+                if topic_levels.next() != Some(exact) {
+                    return false;
+                }
+            }
+        }
+    }
+    topic_levels.next().is_none()
+}
+
+/// rest → eventbus: `payload` on `topic`.
+fn rule_publish(shared: &Shared, topic: String, payload: Vec<u8>) {
+    if let Err(why) = check_publish_topic(&topic) {
+        shared.metrics.refuse("bad_rule_topic");
+        tracing::debug!(topic, why, "eventbus refused a rule's publish");
+        return;
+    }
+    if payload.len() > MAX_RULE_PAYLOAD_BYTES {
+        shared.metrics.refuse("too_large");
+        return;
+    }
+    let Some(client) = shared.client() else {
+        shared.metrics.refuse("not_connected");
+        return;
+    };
+    shared.publish_bytes(&client, topic, payload);
+}
+
+async fn rule_subscribe(shared: &Shared, topic: String) {
+    if let Err(why) = check_rule_topic(&topic) {
+        shared.metrics.refuse("bad_rule_topic");
+        tracing::warn!(topic, why, "eventbus refused a rule topic");
+        return;
+    }
+    {
+        let rules = locks::lock(&shared.rules);
+        if !rules.contains(&topic) && rules.len() >= MAX_RULE_TOPICS {
+            drop(rules);
+            shared.metrics.refuse("too_many_rule_topics");
+            tracing::warn!(
+                topic,
+                max = MAX_RULE_TOPICS,
+                "eventbus refused a rule topic: too many"
+            );
+            return;
+        }
+    }
+    if let Err(error) = shared.twins.keep_rule_topic(topic.clone()).await {
+        shared.metrics.refuse("store");
+        tracing::warn!(topic, %error, "eventbus cannot keep a rule topic");
+        return;
+    }
+    locks::lock(&shared.rules).insert(topic.clone());
+    shared.show_topics();
+    // While disconnected, the next connect subscribes it with the rest.
+    if let Some(client) = shared.client() {
+        if let Err(error) = client.try_subscribe(topic.clone(), shared.qos()) {
+            tracing::debug!(topic, %error, "eventbus: rule topic subscribed at the next connect");
+        }
+    }
+    tracing::info!(topic, "eventbus subscribed a rule topic");
+}
+
+async fn rule_unsubscribe(shared: &Shared, topic: String) {
+    if !locks::lock(&shared.rules).contains(&topic) {
+        return;
+    }
+    if let Err(error) = shared.twins.forget_rule_topic(topic.clone()).await {
+        shared.metrics.refuse("store");
+        tracing::warn!(topic, %error, "eventbus cannot forget a rule topic");
+        return;
+    }
+    locks::lock(&shared.rules).remove(&topic);
+    shared.show_topics();
+    if let Some(client) = shared.client() {
+        if let Err(error) = client.try_unsubscribe(topic.clone()) {
+            tracing::debug!(topic, %error, "eventbus: rule topic unsubscribe not queued");
+        }
+    }
+    tracing::info!(topic, "eventbus unsubscribed a rule topic");
 }
 
 /// The topics EventBus subscribes to.
@@ -399,8 +597,16 @@ async fn run(hive: Hive, shared: Arc<Shared>, changes: broadcast::Receiver<TwinC
             return;
         }
     };
+    match shared.twins.rule_topics().await {
+        Ok(kept) => {
+            locks::lock(&shared.rules).extend(kept.into_iter().take(MAX_RULE_TOPICS));
+            shared.show_topics();
+        }
+        Err(error) => tracing::warn!(%error, "eventbus cannot read its rule topics"),
+    }
     let capacity = shared.options.queue_size.max(1);
     let (client, eventloop) = AsyncClient::new(mqtt, capacity);
+    *locks::lock(&shared.client) = Some(client.clone());
     let (incoming, work) = mpsc::channel(capacity);
     let worker = work_loop(&hive, &shared, &client, work, changes);
     let connection = connection_loop(&shared, &client, eventloop, incoming);
@@ -421,7 +627,8 @@ async fn connection_loop(
     let mut subscribe = false;
     loop {
         if subscribe {
-            let filters = topics(&shared.node_name)
+            let filters = shared
+                .all_topics()
                 .into_iter()
                 .map(|topic| rumqttc::SubscribeFilter::new(topic, shared.qos()));
             match client.try_subscribe_many(filters) {
@@ -443,6 +650,12 @@ async fn connection_loop(
                     .iter()
                     .filter(|code| matches!(code, rumqttc::SubscribeReasonCode::Failure))
                     .count();
+                if refused > 0 && locks::lock(&shared.status).state == "connected" {
+                    // A rule topic subscribed later: the device topics still serve.
+                    shared.metrics.refuse("broker_refused");
+                    tracing::warn!("the broker refused a rule topic's subscription");
+                    continue;
+                }
                 if refused > 0 {
                     // An ACL on the broker: say so, and do not claim to serve the topics.
                     let error = format!("the broker refused {refused} of EventBus's subscriptions");
@@ -493,7 +706,11 @@ async fn work_loop(
         tokio::select! {
             message = work.recv() => {
                 let Some(message) = message else { return };
-                handle_device_message(hive, shared, client, message).await;
+                if is_rule_topic(shared, &message.topic) {
+                    upload(hive, shared, message);
+                } else {
+                    handle_device_message(hive, shared, client, message).await;
+                }
             }
             change = changes.recv() => match change {
                 Ok(change) => publish_change(shared, client, change).await,
@@ -503,6 +720,28 @@ async fn work_loop(
                 Err(broadcast::error::RecvError::Closed) => return,
             },
         }
+    }
+}
+
+fn is_rule_topic(shared: &Shared, topic: &str) -> bool {
+    locks::lock(&shared.rules)
+        .iter()
+        .any(|filter| topic_matches(filter, topic))
+}
+
+/// eventbus → cloud: the message on a rule topic goes up as KubeEdge's upload.
+fn upload(hive: &Hive, shared: &Shared, message: Incoming) {
+    if message.payload.len() > MAX_RULE_PAYLOAD_BYTES {
+        shared.metrics.refuse("too_large");
+        return;
+    }
+    let up = ToCloud::RuleUpload {
+        topic: message.topic,
+        payload: message.payload,
+    };
+    if let Err(refused) = hive.tell(route::EDGEHUB, up) {
+        shared.metrics.refuse("upload_dropped");
+        tracing::debug!(error = %refused.error, "eventbus: upload not handed to edgehub");
     }
 }
 
@@ -904,5 +1143,52 @@ mod tests {
             parse_topic("$hw/events/device/s/twin/update/result", "n1"),
             None
         );
+    }
+
+    #[test]
+    fn rule_topics_start_with_a_namespace_and_never_reach_dollar_topics() {
+        for good in ["default/a", "default/a/+/b", "ns-1/#", "default/+"] {
+            assert_eq!(check_rule_topic(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "#",
+            "+/x",
+            "$hw/events/device/+/twin/update",
+            "default",
+            "default/",
+            "Default/a",
+            "default/a#",
+            "default/#/a",
+            "-x/a",
+            "default/a+b",
+        ] {
+            assert!(check_rule_topic(bad).is_err(), "{bad}");
+        }
+        assert!(check_rule_topic(&format!("default/{}", "a".repeat(300))).is_err());
+        for bad in [
+            "",
+            "$hw/events/device/d/twin/update/delta",
+            "a/+",
+            "a/#",
+            "$SYS/x",
+        ] {
+            assert!(check_publish_topic(bad).is_err(), "{bad}");
+        }
+        assert_eq!(check_publish_topic("test/a"), Ok(()));
+    }
+
+    #[test]
+    fn filters_match_as_mqtt_does() {
+        assert!(topic_matches("default/a", "default/a"));
+        assert!(!topic_matches("default/a", "default/a/b"));
+        assert!(topic_matches("default/+", "default/a"));
+        assert!(!topic_matches("default/+", "default/a/b"));
+        assert!(topic_matches("default/#", "default/a/b"));
+        assert!(topic_matches("default/#", "default"));
+        assert!(!topic_matches(
+            "default/#",
+            "$hw/events/device/d/twin/update"
+        ));
+        assert!(!topic_matches("default/a", "other/a"));
     }
 }

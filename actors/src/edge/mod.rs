@@ -4,7 +4,9 @@
 //! [`twin_store`], [`edged`] registers the node, reports its status and carries a runtime's
 //! pod reports, [`watch`] turns the store's changes into a watch stream, and [`metaserver`] serves the
 //! store (and, online, the cloud) to the node's applications in the Kubernetes API's shape;
-//! [`eventbus`] serves DeviceTwin's MQTT topics to mappers through the node's broker.
+//! [`eventbus`] serves DeviceTwin's MQTT topics to mappers through the node's broker, and the
+//! Router's rule topics; [`servicebus`] makes the Router's HTTP calls to the node's
+//! applications.
 
 pub mod certmanager;
 pub mod contract;
@@ -18,6 +20,7 @@ mod kubelet_http;
 pub mod metamanager;
 pub mod metaserver;
 pub(crate) mod remote;
+pub mod servicebus;
 pub mod store;
 pub mod twin_store;
 pub mod watch;

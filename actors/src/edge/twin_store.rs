@@ -6,7 +6,9 @@
 //! twin's type, `metadata` the JSON `{"type": ..}`. We add one unique index on
 //! `device_twin(deviceid, name)` so a redelivered twin update replaces its row instead of
 //! adding a second one, and our own table `edgehive_twin_uploads`: the reports sent to the
-//! cloud and not yet confirmed, in order, so they survive a restart of the process.
+//! cloud and not yet confirmed, in order, so they survive a restart of the process. The same
+//! file keeps EventBus's rule topics in KubeEdge's `sub_topics` table (`topic`), so a
+//! restarted edge subscribes to them again without the cloud saying so.
 
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
@@ -32,6 +34,7 @@ CREATE TABLE IF NOT EXISTS device_twin (
 CREATE UNIQUE INDEX IF NOT EXISTS device_twin_deviceid_name ON device_twin (deviceid, name);
 CREATE TABLE IF NOT EXISTS edgehive_twin_uploads (
   seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, message TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sub_topics (topic varchar(256) NOT NULL PRIMARY KEY);
 ";
 
 /// A device as the edge API shows it: KubeEdge's edge-side Device shape.
@@ -266,6 +269,42 @@ impl TwinStore {
                     params![id, text],
                 )
                 .map(|_| ())
+            })
+            .await
+    }
+
+    /// EventBus's rule topics (`sub_topics`), sorted.
+    pub(crate) async fn rule_topics(&self) -> Result<Vec<String>, StoreError> {
+        self.store
+            .exec("read sub_topics".into(), |conn| {
+                let mut statement = conn.prepare("SELECT topic FROM sub_topics ORDER BY topic")?;
+                let topics = statement
+                    .query_map([], |row| row.get(0))?
+                    .collect::<Result<_, _>>()?;
+                Ok(topics)
+            })
+            .await
+    }
+
+    /// Keeps rule topic `topic` (committed before this returns).
+    pub(crate) async fn keep_rule_topic(&self, topic: String) -> Result<(), StoreError> {
+        self.store
+            .exec(format!("keep sub topic {topic}"), move |conn| {
+                conn.execute(
+                    "INSERT OR IGNORE INTO sub_topics (topic) VALUES (?1)",
+                    [topic],
+                )
+                .map(|_| ())
+            })
+            .await
+    }
+
+    /// Forgets rule topic `topic`.
+    pub(crate) async fn forget_rule_topic(&self, topic: String) -> Result<(), StoreError> {
+        self.store
+            .exec(format!("forget sub topic {topic}"), move |conn| {
+                conn.execute("DELETE FROM sub_topics WHERE topic = ?1", [topic])
+                    .map(|_| ())
             })
             .await
     }

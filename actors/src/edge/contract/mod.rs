@@ -91,16 +91,130 @@ pub mod route {
 pub enum BusMessage {
     /// EdgeHub's `node/connection` announcement (or why its content is not one).
     Connection(Result<ConnectionState, String>),
-    /// A message from the cloud (a Router rule's), by its id.
+    /// Router's rest → eventbus message (source `router_eventbus`, operation `publish`):
+    /// publish `payload` on MQTT topic `topic` (the resource).
+    RulePublish {
+        /// The MQTT topic.
+        topic: String,
+        /// The content: a string's bytes, or any other JSON value as JSON text.
+        payload: Vec<u8>,
+    },
+    /// Router's `subscribe` (an eventbus-source rule): subscribe to MQTT topic
+    /// `{namespace}/{topic}` and send what arrives there up as an upload.
+    RuleSubscribe(String),
+    /// Router's `unsubscribe` (the rule is gone): stop doing so.
+    RuleUnsubscribe(String),
+    /// Router's rest → servicebus call (source `router_servicebus`): an HTTP request for an
+    /// application on the node, or why it is not one.
+    ServiceCall(Result<Box<ServiceCall>, Box<(Origin, String)>>),
+    /// Another message from the cloud, by its id.
     Cloud(String),
 }
+
+/// Router's servicebus call, typed: KubeEdge's `HTTPRequest` for `{port}:{path}`.
+#[derive(Debug)]
+pub struct ServiceCall {
+    /// The call, for the answer ([`ToCloud::ServiceResponse`]).
+    pub origin: Origin,
+    /// The HTTP method (the message's operation).
+    pub method: String,
+    /// The application's port on the node.
+    pub port: u16,
+    /// The path (and query) after the port, without its leading `/`.
+    pub path: String,
+    /// The caller's headers, as Go writes them (name → values).
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+/// Router's source name for its servicebus calls.
+const ROUTER_SERVICEBUS: &str = "router_servicebus";
+
+fn service_call(message: &Message) -> Result<Box<ServiceCall>, Box<(Origin, String)>> {
+    use base64::Engine as _;
+    let origin = Origin(message.clone());
+    let fail = |text: String| Box::new((Origin(message.clone()), text));
+    let method = message
+        .operation()
+        .map(Operation::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+        return Err(fail(format!("{method:?} is not an HTTP method")));
+    }
+    let resource = message.resource();
+    let Some((port, path)) = resource.split_once(':') else {
+        return Err(fail(format!(
+            "the format of resource {resource} is incorrect"
+        )));
+    };
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|port| *port != 0)
+        .ok_or_else(|| fail(format!("the format of resource {resource} is incorrect")))?;
+    if path.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return Err(fail(format!(
+            "the format of resource {resource} is incorrect"
+        )));
+    }
+    let content = message
+        .content_json()
+        .map_err(|error| fail(format!("error to parse http request: {error}")))?;
+    let mut headers = Vec::new();
+    if let Some(map) = content.get("header").and_then(Value::as_object) {
+        for (name, values) in map {
+            for value in values.as_array().into_iter().flatten() {
+                if let Some(value) = value.as_str() {
+                    headers.push((name.clone(), value.to_owned()));
+                }
+            }
+        }
+    }
+    let body = match content.get("body") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(text)) => base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|error| fail(format!("error to parse http request: {error}")))?,
+        Some(_) => return Err(fail("error to parse http request: body".to_owned())),
+    };
+    Ok(Box::new(ServiceCall {
+        origin,
+        method,
+        port,
+        path: path.trim_start_matches('/').to_owned(),
+        headers,
+        body,
+    }))
+}
+
+/// Router's source name for its eventbus messages.
+const ROUTER_EVENTBUS: &str = "router_eventbus";
 
 impl BusMessage {
     /// Types `message`.
     pub fn of(message: &Message) -> BusMessage {
-        match ConnectionState::of(message) {
-            Some(state) => BusMessage::Connection(state),
-            None => BusMessage::Cloud(message.id().to_owned()),
+        if let Some(state) = ConnectionState::of(message) {
+            return BusMessage::Connection(state);
+        }
+        let user = message.route.group.as_ref() == Some(&Group::User);
+        if user && message.source().map(ModuleName::as_str) == Some(ROUTER_SERVICEBUS) {
+            return BusMessage::ServiceCall(service_call(message));
+        }
+        let from_router = message.source().map(ModuleName::as_str) == Some(ROUTER_EVENTBUS) && user;
+        let topic = message.resource().to_owned();
+        match message.operation().map(Operation::as_str) {
+            Some("publish") if from_router => {
+                let payload = match &message.content {
+                    Value::String(text) => text.clone().into_bytes(),
+                    other => other.to_string().into_bytes(),
+                };
+                BusMessage::RulePublish { topic, payload }
+            }
+            Some("subscribe") if from_router => BusMessage::RuleSubscribe(topic),
+            Some("unsubscribe") if from_router => BusMessage::RuleUnsubscribe(topic),
+            _ => BusMessage::Cloud(message.id().to_owned()),
         }
     }
 }
@@ -269,6 +383,28 @@ pub(crate) enum ToCloud {
     Forward(Origin),
     /// A twin upload, sent again with the same id and bytes until confirmed.
     Upload(Upload),
+    /// ServiceBus's answer to a call (KubeEdge's: source `servicebus`, group `user`,
+    /// operation `response`, parent the call, content `{header, status_code, body}` with the
+    /// body in base64).
+    ServiceResponse {
+        /// The call.
+        of: Origin,
+        /// The HTTP status.
+        status: u16,
+        /// The application's headers (name → values).
+        headers: Vec<(String, String)>,
+        /// The body.
+        body: Vec<u8>,
+    },
+    /// EventBus's upload of an MQTT message on a rule topic (KubeEdge's: source `bus`,
+    /// group `user`, operation `upload`, resource the topic, content the payload as a
+    /// string, invalid UTF-8 replaced); written once, as KubeEdge's `user` lane.
+    RuleUpload {
+        /// The MQTT topic it arrived on.
+        topic: String,
+        /// The payload, any bytes.
+        payload: Vec<u8>,
+    },
 }
 
 impl actix::Message for ToCloud {
@@ -299,6 +435,41 @@ impl ToCloud {
             ToCloud::Refuse { of, text } => Message::error_to(&of.0, text),
             ToCloud::Forward(of) => of.0,
             ToCloud::Upload(upload) => upload.message().clone(),
+            ToCloud::ServiceResponse {
+                of,
+                status,
+                headers,
+                body,
+            } => {
+                use base64::Engine as _;
+                let mut header = serde_json::Map::new();
+                for (name, value) in headers {
+                    if let Value::Array(values) = header
+                        .entry(name)
+                        .or_insert_with(|| Value::Array(Vec::new()))
+                    {
+                        values.push(Value::String(value));
+                    }
+                }
+                let mut reply = Message::response_to(
+                    &of.0,
+                    json!({
+                        "header": header,
+                        "status_code": status,
+                        "body": base64::engine::general_purpose::STANDARD.encode(body),
+                    }),
+                );
+                reply.route.source = Some(ModuleName::from("servicebus"));
+                reply.route.group = Some(Group::User);
+                reply
+            }
+            ToCloud::RuleUpload { topic, payload } => Message::new(
+                ModuleName::from(route::BUS_GROUP),
+                Group::User,
+                Operation::Upload,
+                topic,
+                Value::String(String::from_utf8_lossy(&payload).into_owned()),
+            ),
         }
     }
 }

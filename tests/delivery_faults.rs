@@ -549,6 +549,7 @@ cloud_replicas`). As separate processes on an API server: the next section.
 | R2 | an edge moves from replica A to B | a second connection to B while A's is open | A closes its session, B serves the node; what the edge acknowledged to A is not sent again; the change after the move comes from B, once; A writes no record after the move | passed |
 | R3 | a replica cut off from the API server | every cluster call of A fails, its watches end, for longer than its Lease | A steps down within its renew deadline while B still sees its Lease fresh; nothing sent while down; B sees A dead after the lease duration; reconnected, A resends what was not ACKed and records the ACK | passed |
 | R4 | a late record write | A's record writes held while the edge moves to B and ACKs a newer version there | A's write lands late; the record keeps the newer acknowledged version | passed |
+| R5 | a replica cut off past its hand-over wait | every cluster call of A fails (`handOverAfter` 5 s) | the edge's session stays open while A acts and for 3 s after it steps down, then A closes it saying why; a new session while still down is closed again after the wait; renewed, A keeps a session | passed |
 "#;
 
 /// RELIABILITY.md's section for `tests/replica_faults.rs`, whose scenarios run as tests of
@@ -574,7 +575,8 @@ sessions on two live replicas.
 | P1 | replica killed | 2 replicas, 2 edges on each; one SIGKILLed while its nodes' pods change | pods created, updated, deleted from before the kill until the edges are on the survivor and 6 more | equal; every node Lease names the survivor, which counted a `taken_over` for each node it took; no edge stored an older version | passed |
 | P2 | rolling restart | 3 replicas, 2 edges on each; each SIGTERMed and started again on its port in turn | continuous on all 6 nodes (30+ changes) | equal; the stopped replica's edges moved to one still up | passed |
 | P3 | replicas started at once, TLS | 2 replicas started at the same instant on an empty API server, mutual TLS | none; after it, one replica SIGKILLed and a pod added per node | both replicas' CA and server certificate files equal cloudcore's Secrets (one identity); the edges, half listing each replica first, join over TLS, and the killed one's edges are served by the other with the certificate they have | passed |
-| P4 | replica cut off from the API server | a TCP proxy between one replica and the API server refuses and cuts every connection, its edges stay connected | 1 pod created, 1 updated, 1 deleted per node of the cut replica | it counts `step_down` and stops acting; the other sees it dead; nothing sent to its nodes while down; reconnected it counts `resumed` and its edges end equal | passed |
+| P4 | replica cut off from the API server | a TCP proxy between one replica and the API server refuses and cuts every connection, its edges stay connected (`handOverAfterSeconds: 0`) | 1 pod created, 1 updated, 1 deleted per node of the cut replica | it counts `step_down` and stops acting; the other sees it dead; nothing sent to its nodes while down; reconnected it counts `resumed` and its edges end equal | passed |
+| P5 | replica cut off for good | the same proxy, never healed (`handOverAfterSeconds` unset: 12 s) | 1 pod created per node of the cut replica | stepped down for 12 s it closes its sessions (`handed_over`, one per session); its edges move to the live replica and end equal there | passed |
 
 Not proved here, compared with a kube-apiserver (docs/kubernetes.md lists the stand-in's
 limits): RBAC, admission, finalizers and graceful deletion, etcd's compaction and
@@ -582,10 +584,6 @@ consistency, API priority and fairness, list pagination. Replicas run on one hos
 clock skew between replicas is not staged; a replica cut off from the API server also
 stops learning of changes, so P4 shows that nothing is sent while it is down, not that it
 would hold back a change it knew of (`cloud_replicas.rs`' R3 holds cluster calls instead).
-Not built, found by this suite: a replica cut off for good keeps its sessions while stepped
-down, so its edges get nothing until it reaches the API server again; they do not move to
-the live replica (`edges_of_a_replica_cut_off_for_good_end_equal_through_the_live_one`,
-ignored: it times out with the edges still on the cut replica).
 ";
 
 /// RELIABILITY.md's section for `tests/edge_failover.rs`, whose scenarios run as tests of

@@ -21,13 +21,15 @@ const LEASE_DURATION: Duration = Duration::from_secs(8);
 
 /// Renewed every 300 ms, acting for 3 s after a renewal, dead for others after 8 s (wide
 /// margins: a loaded machine must not make a replica step down, nor look dead, by accident).
-fn lease(identity: &str, address: SocketAddr) -> ReplicaOptions {
+/// `hand_over_after`: zero (never) unless a test is about the hand-over.
+fn lease(identity: &str, address: SocketAddr, hand_over_after: Duration) -> ReplicaOptions {
     ReplicaOptions {
         identity: identity.into(),
         address: address.to_string(),
         lease_duration: LEASE_DURATION,
         renew_deadline: Duration::from_secs(3),
         retry_period: Duration::from_millis(300),
+        hand_over_after,
     }
 }
 
@@ -142,6 +144,16 @@ struct Replica {
 
 impl Replica {
     async fn start(name: &'static str, cluster: &EmbeddedCluster, hub: CloudHubOptions) -> Self {
+        Self::handing_over(name, cluster, hub, Duration::ZERO).await
+    }
+
+    /// A replica that closes its sessions after `hand_over_after` stepped down.
+    async fn handing_over(
+        name: &'static str,
+        cluster: &EmbeddedCluster,
+        hub: CloudHubOptions,
+        hand_over_after: Duration,
+    ) -> Self {
         let hive = Hive::new(name);
         let faulty = FaultyCluster::new(cluster.clone());
         let writes = Arc::new(Mutex::new(Writes::default()));
@@ -150,9 +162,13 @@ impl Replica {
             writes: writes.clone(),
         });
         let server = start_cloudhub(&hive, hub).await.unwrap();
-        start_replica(&hive, port.clone(), lease(name, server.local_addr()))
-            .await
-            .unwrap();
+        start_replica(
+            &hive,
+            port.clone(),
+            lease(name, server.local_addr(), hand_over_after),
+        )
+        .await
+        .unwrap();
         hive.start_module(EdgeControllerModule::new(&hive, port.clone()))
             .unwrap();
         hive.start_module(SyncControllerModule::new(
@@ -638,4 +654,82 @@ async fn a_cloud_alone_on_its_cluster_serves_every_node_and_writes_no_lease() {
     assert!(info.iter().all(|node| node.owner.is_none()));
     server.stop(false).await;
     hive.shutdown();
+}
+
+/// Waits for `replica` to step down (its cluster is cut); returns when it was seen so.
+async fn stepped_down(replica: &Replica, downs: u64) -> Instant {
+    let start = Instant::now();
+    while replica.ownership_events("step_down") == downs {
+        assert!(start.elapsed() < LEASE_DURATION, "did not step down");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Instant::now()
+}
+
+/// Asserts `edge`'s session is not closed within `window` (what else comes is read).
+async fn open_for(edge: &mut Edge, window: Duration) {
+    let end = Instant::now() + window;
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        match edge.next_frame(left).await {
+            None => return,
+            Some(awc::ws::Frame::Close(reason)) => panic!("closed early: {reason:?}"),
+            Some(_) => continue,
+        }
+    }
+}
+
+/// Closes `edge`'s session after the hand-over wait, not before: nothing (no close) for
+/// `quiet`, then a close saying why within the deadline.
+async fn closed_after_the_wait(edge: &mut Edge, quiet: Duration) {
+    open_for(edge, quiet).await;
+    let reason = edge.expect_close().await.and_then(|r| r.description);
+    assert!(
+        reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("cannot renew its Lease"),
+        "{reason:?}"
+    );
+}
+
+#[actix_rt::test]
+async fn a_stepped_down_replica_closes_its_sessions_after_the_hand_over_wait_and_not_before() {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-1");
+    let wait = Duration::from_secs(5);
+    let a = Replica::handing_over("cloud-a", &cluster, test_options(), wait).await;
+    let mut edge = Edge::connect(a.addr(), "edge-1").await;
+    a.sees_owner("edge-1", "cloud-a").await;
+    let web = pod(&cluster, "web", "edge-1");
+    let got = next_pod(&mut edge).await;
+    edge.ack(&got).await;
+    until_recorded(&cluster, "edge-1", &web, &rv(&web)).await;
+
+    // Acting: the session stays open past the wait.
+    open_for(&mut edge, wait + Duration::from_secs(1)).await;
+    assert_eq!(a.ownership_events("handed_over"), 0);
+
+    // Cut off: stepped down, the session is closed once the wait is over (the step-down was
+    // seen at or after it happened; 3 s of 5 leave a margin for a slow poll).
+    a.faulty.cut(true);
+    stepped_down(&a, 0).await;
+    closed_after_the_wait(&mut edge, Duration::from_secs(3)).await;
+    assert_eq!(a.ownership_events("handed_over"), 1);
+
+    // Still cut off: a new session is not refused, it is closed again after the same wait.
+    let mut again = Edge::connect(a.addr(), "edge-1").await;
+    closed_after_the_wait(&mut again, Duration::from_secs(3)).await;
+    assert_eq!(a.ownership_events("handed_over"), 2);
+
+    // Back: acting again, a session stays.
+    a.faulty.cut(false);
+    let start = Instant::now();
+    while a.ownership_events("resumed") < 2 {
+        assert!(start.elapsed() < DEADLINE, "cloud-a did not resume");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut back = Edge::connect(a.addr(), "edge-1").await;
+    open_for(&mut back, wait + Duration::from_secs(1)).await;
+    assert_eq!(a.ownership_events("handed_over"), 2);
+    a.stop().await;
 }

@@ -708,6 +708,10 @@ pub struct ReplicaConfig {
     pub renew_deadline_seconds: u64,
     /// Seconds between renewals (less than renewDeadlineSeconds).
     pub retry_period_seconds: u64,
+    /// Seconds stepped down after which this replica closes its sessions, so their edges
+    /// move to another replica (more than renewDeadlineSeconds; 0: never); unset: twice
+    /// leaseDurationSeconds.
+    pub hand_over_after_seconds: Option<u64>,
 }
 
 impl Default for ReplicaConfig {
@@ -719,6 +723,7 @@ impl Default for ReplicaConfig {
             lease_duration_seconds: 15,
             renew_deadline_seconds: 10,
             retry_period_seconds: 2,
+            hand_over_after_seconds: None,
         }
     }
 }
@@ -748,6 +753,14 @@ impl ReplicaConfig {
                 "modules.cloudHub.replica.retryPeriodSeconds",
                 "expected less than renewDeadlineSeconds".into(),
             ));
+        }
+        if let Some(seconds) = self.hand_over_after_seconds.filter(|&s| s != 0) {
+            within(
+                "modules.cloudHub.replica.handOverAfterSeconds",
+                seconds,
+                self.renew_deadline_seconds + 1..=86_400,
+                "seconds (0, or more than renewDeadlineSeconds)",
+            )?;
         }
         if !self.identity.is_empty() {
             if let Err(message) = edgehive_actors::identity::check_node_name(&self.identity) {
@@ -926,6 +939,11 @@ impl CloudHubConfig {
             lease_duration: Duration::from_secs(replica.lease_duration_seconds),
             renew_deadline: Duration::from_secs(replica.renew_deadline_seconds),
             retry_period: Duration::from_secs(replica.retry_period_seconds),
+            hand_over_after: Duration::from_secs(
+                replica
+                    .hand_over_after_seconds
+                    .unwrap_or(replica.lease_duration_seconds * 2),
+            ),
         }))
     }
 

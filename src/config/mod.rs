@@ -718,6 +718,15 @@ mod tests {
         assert_eq!(options.identity, "cloud-a");
         assert_eq!(options.address, "10.0.0.5:10000");
         assert_eq!(options.lease_duration.as_secs(), 15);
+        assert_eq!(options.hand_over_after.as_secs(), 30);
+        for (yaml, seconds) in [("0", 0), ("11", 11)] {
+            let config = cloud(&format!(
+                "modules:\n  cloudHub:\n    replica:\n      enable: true\n      identity: cloud-a\n      address: 10.0.0.5:10000\n      handOverAfterSeconds: {yaml}\n"
+            ))
+            .unwrap();
+            let options = config.modules.cloud_hub.replica_options().unwrap().unwrap();
+            assert_eq!(options.hand_over_after.as_secs(), seconds);
+        }
         assert!(cloud("")
             .unwrap()
             .modules
@@ -728,6 +737,7 @@ mod tests {
         for (yaml, key) in [
             ("renewDeadlineSeconds: 15", "renewDeadlineSeconds"),
             ("retryPeriodSeconds: 10", "retryPeriodSeconds"),
+            ("handOverAfterSeconds: 10", "handOverAfterSeconds"),
             ("identity: Cloud_A", "identity"),
         ] {
             let error = cloud(&format!(

@@ -11,7 +11,10 @@
 //!   `renewDeadline` (shorter than `leaseDuration`) steps down: it sends nothing downstream,
 //!   resends nothing, reconciles nothing and writes no ObjectSync until it renews again
 //!   ([`ReplicaActing`]). Others count it dead once they have not seen it renewed for
-//!   `leaseDuration`, so it has stopped before anyone may think so.
+//!   `leaseDuration`, so it has stopped before anyone may think so. Stepped down for
+//!   `handOverAfter`, it closes each of its sessions once ([`HandOver`]), so their edges dial
+//!   the next replica on their list; a session opened on it while it is still stepped down is
+//!   closed after the same wait (not at once: with every replica cut off, edges cycle slowly).
 //! - one per node, `node.{node}` (the node's name in the `edgehive.io/node` annotation),
 //!   written when a session of the node opens on a replica: holder = the replica, its address
 //!   in `edgehive.io/address` (where another replica will forward to it). Never renewed: its
@@ -35,7 +38,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{json, Value};
 
 use crate::cloud::cluster::{ClusterError, EventType, SharedCluster};
-use crate::cloud::contract::ownership::{NodeOwner, RecordsRead, ReplicaActing};
+use crate::cloud::contract::ownership::{HandOver, NodeOwner, RecordsRead, ReplicaActing};
 use crate::cloud::contract::route;
 use crate::cloud::watcher::{KindWatcher, WatchMetrics};
 use crate::hive::locks;
@@ -68,6 +71,9 @@ pub struct ReplicaOptions {
     pub renew_deadline: Duration,
     /// How often the Lease is renewed (one write each).
     pub retry_period: Duration,
+    /// How long the replica stays stepped down before it closes its sessions, so their
+    /// edges move to another replica; zero: never. Longer than `renew_deadline`.
+    pub hand_over_after: Duration,
 }
 
 impl Default for ReplicaOptions {
@@ -78,6 +84,7 @@ impl Default for ReplicaOptions {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            hand_over_after: Duration::from_secs(30),
         }
     }
 }
@@ -105,6 +112,11 @@ impl ReplicaOptions {
         if self.renew_deadline >= self.lease_duration {
             return Err(ReplicaError::Invalid(
                 "renewDeadlineSeconds must be shorter than leaseDurationSeconds".into(),
+            ));
+        }
+        if !self.hand_over_after.is_zero() && self.hand_over_after <= self.renew_deadline {
+            return Err(ReplicaError::Invalid(
+                "handOverAfterSeconds must be 0 or longer than renewDeadlineSeconds".into(),
             ));
         }
         Ok(())
@@ -151,7 +163,8 @@ impl Metrics {
             "Ownership events of this replica: claimed (a node's session opened here), \
              taken_over (claimed from another replica), lost (another replica took a node), \
              step_down (its Lease not renewed in time), resumed (renewed again), \
-             renew_failed, claim_failed",
+             handed_over (a session closed after handOverAfterSeconds stepped down, one per \
+             session), renew_failed, claim_failed",
             self.events.clone(),
         );
         registry.register(
@@ -183,11 +196,22 @@ struct Replica {
     acting: AtomicBool,
     /// The node's holder, from this replica's writes and the watch.
     holders: Mutex<HashMap<String, Holder>>,
-    /// Sessions open here, by node (their id): a claim is written for each.
-    sessions: Mutex<HashMap<String, u64>>,
+    /// Sessions open here, by node: a claim is written for each.
+    sessions: Mutex<HashMap<String, OpenSession>>,
+    /// Since when this replica is stepped down (`None` while it acts).
+    stepped_down: Mutex<Option<Instant>>,
     /// Other replicas' Leases: the resourceVersion seen and when it was first seen.
     replicas: Mutex<HashMap<String, (String, Instant)>>,
     metrics: Metrics,
+}
+
+/// A session open on this replica.
+#[derive(Debug, Clone, Copy)]
+struct OpenSession {
+    id: u64,
+    opened: Instant,
+    /// Closed for a hand-over already (once per session).
+    handed_over: bool,
 }
 
 /// Which replica serves which node; one per hive ([`Ownership::of`]). Without
@@ -248,7 +272,12 @@ impl Ownership {
     /// node (one write), and serves it once that is written.
     pub fn session_opened(&self, node: &str, session: u64) {
         if let Some(replica) = self.replica.get() {
-            locks::lock(&replica.sessions).insert(node.to_owned(), session);
+            let open = OpenSession {
+                id: session,
+                opened: Instant::now(),
+                handed_over: false,
+            };
+            locks::lock(&replica.sessions).insert(node.to_owned(), open);
             Replica::claim(replica.clone(), node.to_owned(), session);
         }
     }
@@ -258,7 +287,7 @@ impl Ownership {
     pub fn session_ended(&self, node: &str, session: u64) {
         if let Some(replica) = self.replica.get() {
             let mut sessions = locks::lock(&replica.sessions);
-            if sessions.get(node) == Some(&session) {
+            if sessions.get(node).is_some_and(|open| open.id == session) {
                 sessions.remove(node);
             }
         }
@@ -283,6 +312,8 @@ pub async fn start_replica(
         acting: AtomicBool::new(false),
         holders: Mutex::default(),
         sessions: Mutex::default(),
+        // Not acting until the first renewal.
+        stepped_down: Mutex::new(Some(Instant::now())),
         replicas: Mutex::default(),
         metrics,
     });
@@ -295,6 +326,9 @@ pub async fn start_replica(
     let mut lease = LeaseKeeper::default();
     lease.renew_once(&replica).await;
     actix::spawn(renew_forever(replica.clone(), lease));
+    if !replica.options.hand_over_after.is_zero() {
+        actix::spawn(hand_over_forever(replica.clone()));
+    }
     actix::spawn(watch_leases(replica));
     Ok(())
 }
@@ -449,6 +483,42 @@ async fn renew_forever(replica: Arc<Replica>, mut lease: LeaseKeeper) {
     }
 }
 
+/// Every `retry_period` while stepped down: closes (once) each session that has been open
+/// while this replica was stepped down for `hand_over_after`.
+async fn hand_over_forever(replica: Arc<Replica>) {
+    let wait = replica.options.hand_over_after;
+    loop {
+        tokio::time::sleep(replica.options.retry_period).await;
+        let Some(since) = *locks::lock(&replica.stepped_down) else {
+            continue;
+        };
+        let due: Vec<(String, u64)> = locks::lock(&replica.sessions)
+            .iter_mut()
+            .filter(|(_, open)| !open.handed_over && open.opened.max(since).elapsed() >= wait)
+            .map(|(node, open)| {
+                open.handed_over = true;
+                (node.clone(), open.id)
+            })
+            .collect();
+        for (node, session) in due {
+            let hand_over = HandOver {
+                node: node.clone(),
+                session,
+            };
+            match replica.hive.tell(route::CLOUDHUB, hand_over) {
+                Ok(()) => {
+                    replica.metrics.count("handed_over");
+                    tracing::warn!(%node, session, ?wait, "stepped down for too long: closing the node's session so its edge moves to another replica");
+                }
+                Err(refused) => {
+                    tracing::warn!(error = %refused.error, "ownership event not delivered");
+                    replica.metrics.count("event_undelivered");
+                }
+            }
+        }
+    }
+}
+
 /// Follows the Leases: node Leases say who serves each node, replica Leases whether a
 /// replica is alive.
 async fn watch_leases(replica: Arc<Replica>) {
@@ -536,6 +606,7 @@ impl Replica {
             return;
         }
         self.metrics.acting.set(i64::from(acting));
+        *locks::lock(&self.stepped_down) = (!acting).then(Instant::now);
         let identity = &self.options.identity;
         if acting {
             self.metrics.count("resumed");
@@ -633,7 +704,9 @@ impl Replica {
         actix::spawn(async move {
             let mut wait = Duration::from_millis(100);
             loop {
-                let current = locks::lock(&replica.sessions).get(&node) == Some(&session);
+                let current = locks::lock(&replica.sessions)
+                    .get(&node)
+                    .is_some_and(|open| open.id == session);
                 if !current {
                     return;
                 }
@@ -770,6 +843,16 @@ mod tests {
             ..good.clone()
         };
         assert!(late.check().is_err());
+        let hasty = ReplicaOptions {
+            hand_over_after: Duration::from_secs(10),
+            ..good.clone()
+        };
+        assert!(hasty.check().is_err());
+        let never = ReplicaOptions {
+            hand_over_after: Duration::ZERO,
+            ..good.clone()
+        };
+        assert_eq!(never.check(), Ok(()));
         let bad_name = ReplicaOptions {
             identity: "Cloud_A".into(),
             ..good

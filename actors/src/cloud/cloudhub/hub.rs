@@ -16,7 +16,9 @@ use super::metrics::CloudHubMetrics;
 use super::node::{NodeCell, NodeInfo, NodeRecipe};
 use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::pool::Enqueued;
-use crate::cloud::contract::ownership::{NodeOwner, RecordsLoaded, RecordsRead, ReplicaActing};
+use crate::cloud::contract::ownership::{
+    HandOver, NodeOwner, RecordsLoaded, RecordsRead, ReplicaActing,
+};
 use crate::cloud::contract::{route, DisconnectNode, Lane, NodeDeleted, Queued, ToNodes};
 use crate::cloud::ownership::Ownership;
 use crate::hive::locks;
@@ -160,6 +162,7 @@ impl Module for CloudHubModule {
             .message::<RecordsRead>()
             .message::<RecordsLoaded>()
             .message::<ReplicaActing>()
+            .message::<HandOver>()
             .message::<ListNodes>();
         #[cfg(feature = "test-hooks")]
         accepts.message::<CrashNode>();
@@ -501,6 +504,23 @@ impl Handler<ReplicaActing> for CloudHub {
             for cell in cells.iter().filter(|cell| cell.is_admitted()) {
                 cell.wake();
             }
+        }
+    }
+}
+
+/// Why a stepped-down replica closes a session (the edge then dials the next address).
+const HANDED_OVER: &str =
+    "this cloud replica cannot renew its Lease (API server unreachable): try another replica";
+
+impl Handler<HandOver> for CloudHub {
+    type Result = ();
+
+    /// Stepped down for too long: the session is closed (if it is still the node's) so its
+    /// edge moves to another replica.
+    fn handle(&mut self, hand_over: HandOver, _: &mut Context<Self>) {
+        let cell = self.shared.nodes().get(&hand_over.node).cloned();
+        if let Some(cell) = cell {
+            cell.disconnect_session(hand_over.session, HANDED_OVER, &self.shared.hub);
         }
     }
 }

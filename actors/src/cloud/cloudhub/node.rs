@@ -458,6 +458,23 @@ impl NodeCell {
         true
     }
 
+    /// Closes connection `id` if it is still the node's admitted one; says whether it was.
+    pub(crate) fn disconnect_session(&self, id: u64, reason: &str, hub: &HubContext) -> bool {
+        if id == 0
+            || self
+                .admitted
+                .compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return false;
+        }
+        hub.connected_changed(false);
+        self.last_keepalive_ms.store(0, Ordering::Relaxed);
+        self.lock().close_reason = Some(reason.to_owned());
+        self.wake();
+        true
+    }
+
     /// The node was deleted from the cluster: its connection is closed after what is queued
     /// (the node delete) is written, and its actor stops for good, pool and all.
     pub(crate) fn retire(&self, hub: &HubContext) {

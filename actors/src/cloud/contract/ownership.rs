@@ -53,3 +53,15 @@ pub struct ReplicaActing {
     /// Whether the replica acts now.
     pub acting: bool,
 }
+
+/// This replica has been stepped down for `handOverAfter` while session `session` of `node`
+/// was open here: CloudHub closes that session (if it is still the node's), so the node's
+/// edge dials the next replica on its list.
+#[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
+#[rtype(result = "()")]
+pub struct HandOver {
+    /// The node.
+    pub node: String,
+    /// The session to close.
+    pub session: u64,
+}

@@ -114,7 +114,7 @@ pub enum BusMessage {
 /// Router's servicebus call, typed: KubeEdge's `HTTPRequest` for `{port}:{path}`.
 #[derive(Debug)]
 pub struct ServiceCall {
-    /// The call, for the answer ([`ToCloud::ServiceResponse`]).
+    /// The call, for the answer (`ToCloud::ServiceResponse`).
     pub origin: Origin,
     /// The HTTP method (the message's operation).
     pub method: String,

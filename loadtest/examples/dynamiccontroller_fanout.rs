@@ -27,6 +27,9 @@ use edgehive_protocols::{encode, Group, Message, ModuleName, Operation};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+mod support;
+use support::{keep_alive, link_fleet, metric_lines as metric, percentile, sum, Links};
+
 /// Service changes timed.
 const CHANGES: usize = 5;
 
@@ -65,38 +68,6 @@ fn service(version: usize) -> Value {
         "spec": {"ports": [{"port": 80}]}})
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-async fn metric(cloud: &CloudProcess, prefix: &str) -> String {
-    let mut response = awc::Client::new()
-        .get(format!("http://{}/metrics", cloud.admin_addr()))
-        .send()
-        .await
-        .ok();
-    let body = match response.as_mut() {
-        Some(response) => response.body().limit(64 << 20).await.unwrap_or_default(),
-        None => Default::default(),
-    };
-    String::from_utf8_lossy(&body)
-        .lines()
-        .filter(|line| line.starts_with(prefix))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn sum(lines: &str) -> u64 {
-    lines
-        .lines()
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .sum()
-}
-
 /// The change being timed: its label `v`, when it was written, when each node got it.
 type Timed = (String, Instant, Vec<Option<Duration>>);
 
@@ -129,8 +100,7 @@ async fn main() -> anyhow::Result<()> {
 
     // The fleet: one inbox for every edge's frames, read (and ACKed) on a thread of its own.
     let (inbox, mut from_cloud) = mpsc::channel::<(u32, FromCloud)>(4096);
-    let links: Arc<Mutex<Vec<Option<mpsc::Sender<ByteString>>>>> =
-        Arc::new(Mutex::new(vec![None; nodes]));
+    let links: Links = Arc::new(Mutex::new(vec![None; nodes]));
     let arrivals = Arc::new(Arrivals {
         target: Mutex::new(None),
         arrived: AtomicUsize::new(0),
@@ -179,48 +149,13 @@ async fn main() -> anyhow::Result<()> {
             }
         });
     }
-    let connector = cloud.hub().memory_connector();
-    let arbiters: Vec<actix_rt::Arbiter> = (0..2).map(|_| actix_rt::Arbiter::new()).collect();
-    let started = Instant::now();
-    for index in 0..nodes {
-        let (answer, linked) = tokio::sync::oneshot::channel();
-        let (connector, inbox) = (connector.clone(), inbox.clone());
-        arbiters[index % 2].spawn(async move {
-            let node = format!("dc-{index}");
-            let _ = answer.send(connector.connect(&node, index as u32, inbox).await);
-        });
-        let link = linked
-            .await
-            .context("link")?
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        links.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(link);
-    }
-    eprintln!("{nodes} nodes linked in {:.1?}", started.elapsed());
+    let all = link_fleet(&cloud, nodes, |index| format!("dc-{index}"), &inbox, &links).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_before = rss_kib();
 
     // Every node watches services and endpoints.
     let started = Instant::now();
-    let all: Vec<mpsc::Sender<ByteString>> = links
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .flatten()
-        .cloned()
-        .collect();
-    // Keepalives, as edges send them, so no session times out meanwhile.
-    {
-        let all = all.clone();
-        actix_rt::spawn(async move {
-            let keepalive = ByteString::from(encode(&Message::keepalive()));
-            loop {
-                for link in &all {
-                    let _ = link.try_send(keepalive.clone());
-                }
-                tokio::time::sleep(Duration::from_secs(5)).await;
-            }
-        });
-    }
+    keep_alive(&all);
     // In batches of 250 nodes (500 watches): DynamicController refuses a watch 503 `busy`
     // when its command queue (1024) is full.
     for (batch, chunk) in all.chunks(250).enumerate() {

@@ -113,41 +113,7 @@ struct Mapper {
 
 impl Mapper {
     async fn connect(port: u16, id: &str) -> Mapper {
-        let mut options = MqttOptions::new(id, "127.0.0.1", port);
-        options.set_max_packet_size(1 << 20, 1 << 20);
-        let (client, mut eventloop) = AsyncClient::new(options, 100);
-        let (sender, received) = tokio::sync::mpsc::unbounded_channel();
-        let (subscribed, on_subscribed) = tokio::sync::oneshot::channel();
-        let mut subscribed = Some(subscribed);
-        client
-            .subscribe("$hw/events/#", QoS::AtLeastOnce)
-            .await
-            .unwrap();
-        actix_rt::spawn(async move {
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        if let Some(subscribed) = subscribed.take() {
-                            let _ = subscribed.send(());
-                        }
-                    }
-                    Ok(Event::Incoming(Packet::Publish(publish))) => {
-                        if sender
-                            .send((publish.topic, publish.payload.to_vec()))
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        });
-        tokio::time::timeout(WITHIN, on_subscribed)
-            .await
-            .expect("the mapper subscribed")
-            .unwrap();
+        let (client, received) = subscriber(port, id, &["$hw/events/#"], 1 << 20).await;
         Mapper { client, received }
     }
 
@@ -742,7 +708,8 @@ async fn eventbus_tls_reaches_a_broker_it_trusts_with_its_certificate_and_no_oth
     edge.stop().await;
 }
 
-/// An MQTT client subscribed to `filters`; what it gets lands in the returned channel.
+/// An MQTT client subscribed to `filters` (packets up to 2 MiB); what it gets lands in the
+/// returned channel.
 async fn watcher(
     port: u16,
     id: &str,
@@ -751,8 +718,22 @@ async fn watcher(
     AsyncClient,
     tokio::sync::mpsc::UnboundedReceiver<(String, Vec<u8>)>,
 ) {
+    subscriber(port, id, filters, 2 << 20).await
+}
+
+/// An MQTT client with packets up to `max_packet` bytes, subscribed to `filters` (returned
+/// once the broker acknowledged every subscription); what it gets lands in the channel.
+async fn subscriber(
+    port: u16,
+    id: &str,
+    filters: &[&str],
+    max_packet: usize,
+) -> (
+    AsyncClient,
+    tokio::sync::mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+) {
     let mut options = MqttOptions::new(id, "127.0.0.1", port);
-    options.set_max_packet_size(2 << 20, 2 << 20);
+    options.set_max_packet_size(max_packet, max_packet);
     let (client, mut eventloop) = AsyncClient::new(options, 100);
     let (sender, received) = tokio::sync::mpsc::unbounded_channel();
     let (subscribed, on_subscribed) = tokio::sync::oneshot::channel();
@@ -787,7 +768,7 @@ async fn watcher(
     });
     tokio::time::timeout(WITHIN, on_subscribed)
         .await
-        .expect("the watcher subscribed")
+        .expect("the client subscribed")
         .unwrap();
     (client, received)
 }

@@ -108,6 +108,9 @@ async fn run() -> anyhow::Result<()> {
     cloud_config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
     // Plain ws:// keeps the example about modules; `edgehive demo` shows the TLS join.
     cloud_config.modules.cloud_hub.websocket.insecure_plaintext = true;
+    // The cluster lives in memory and goes with the example: the default database is the
+    // system's /var/lib/kubeedge, where a second run would find its pods already acknowledged.
+    cloud_config.embedded_cluster.database = Default::default();
     let cloud = CloudProcess::start(&cloud_config, None).await?;
     let cluster = cloud
         .cluster()

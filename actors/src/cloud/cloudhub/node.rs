@@ -87,6 +87,10 @@ struct NodeState {
     bound: HashSet<String>,
     /// The identity of the edge's store on its last connection (edgehive edges send it).
     store_id: Option<String>,
+    /// A store change was seen and EdgeController has not yet taken the node's resync: every
+    /// connection asks again until one is taken (set and cleared under the lock, so a
+    /// connection racing the failed ask cannot miss it).
+    resync_owed: bool,
     /// What the node may still write now (see [`limits`]).
     writes: WriteBudget,
     /// Pod inserts let through that the cluster may not show yet (see [`limits::check_quota`]).
@@ -180,6 +184,7 @@ impl NodeCell {
                 incoming: None,
                 close_reason: None,
                 store_id: None,
+                resync_owed: false,
                 writes: WriteBudget::new(&hub.options.write_limits),
                 pending_pods: limits::PendingPods::default(),
                 bound: HashSet::new(),
@@ -342,26 +347,27 @@ impl NodeCell {
         store_id: Option<String>,
         hub: &HubContext,
     ) {
-        let (replaced, new_store, previous) = {
+        let (replaced, resync) = {
             let mut state = self.lock();
             let new_store = match (&state.store_id, &store_id) {
                 (Some(known), Some(now)) => known != now,
                 _ => false,
             };
-            let previous = state.store_id.clone();
             if store_id.is_some() {
                 state.store_id = store_id;
             }
             if new_store {
                 state.pool.forget_acked();
+                state.resync_owed = true;
             }
+            let resync = state.resync_owed;
             let replaced = state.incoming.replace(Connection {
                 id,
                 session,
                 since: SystemTime::now(),
                 stats,
             });
-            (replaced, new_store, previous)
+            (replaced, resync)
         };
         // A replica records that it serves the node (one write per session start), and
         // writes to it once it knows what the edge acknowledged elsewhere (`records_read`).
@@ -380,16 +386,18 @@ impl NodeCell {
         if let Some(replaced) = replaced {
             close(&replaced, "replaced by a new connection");
         }
-        if new_store {
+        if resync {
             tracing::warn!(node = %self.name, "the edge's store is not the one it had: sending everything bound to it again");
             hub.metrics.stores_replaced.inc();
             let resync = ResyncNode {
                 node: self.name.clone(),
             };
-            if let Err(refused) = hub.hive.tell(route::EDGECONTROLLER, resync) {
-                // Keep the old identity, so the node's next connection asks again.
-                self.lock().store_id = previous;
-                tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController to send everything again; asking on the next connection");
+            match hub.hive.tell(route::EDGECONTROLLER, resync) {
+                Ok(()) => self.lock().resync_owed = false,
+                // Still owed: the node's next connection asks again.
+                Err(refused) => {
+                    tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController to send everything again; asking on the next connection");
+                }
             }
         }
         self.post(Attach);

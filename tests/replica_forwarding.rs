@@ -47,7 +47,14 @@ struct Cloud {
 }
 
 impl Cloud {
-    fn start(root: &Path, identity: &str, kubeconfig: &Path, api_ca: &Path) -> Cloud {
+    /// `max_forwards`: `modules.cloudHub.replica.maxForwards`.
+    fn start(
+        root: &Path,
+        identity: &str,
+        kubeconfig: &Path,
+        api_ca: &Path,
+        max_forwards: usize,
+    ) -> Cloud {
         let dir = root.join(identity);
         std::fs::create_dir_all(&dir).unwrap();
         let [websocket, https, stream, tunnel, egress, forward] = [(); 6].map(|()| free_port());
@@ -63,7 +70,7 @@ impl Cloud {
                  \x20   tlsCAFile: {pki}/ca.crt\n    tlsCAKeyFile: {pki}/ca.key\n\
                  \x20   tlsCertFile: {pki}/server.crt\n    tlsPrivateKeyFile: {pki}/server.key\n\
                  \x20   replica:\n      enable: true\n      identity: {identity}\n\
-                 \x20     address: 127.0.0.1:{forward}\n      forwardPort: {forward}\n\
+                 \x20     address: 127.0.0.1:{forward}\n      forwardPort: {forward}\n      maxForwards: {max_forwards}\n\
                  \x20     leaseDurationSeconds: 4\n      renewDeadlineSeconds: 3\n      retryPeriodSeconds: 1\n\
                  \x20 cloudStream:\n    enable: true\n    address: 127.0.0.1\n\
                  \x20   streamPort: {stream}\n    tunnelPort: {tunnel}\n    tlsStreamCAFile: {api_ca}\n\
@@ -201,8 +208,8 @@ fn kubelet_connection(mut connection: TcpStream) {
 }
 
 /// An `edgehive edge` for `node` on `cloud`, its certificate from the cloud's certificate
-/// server, EdgeStream on with `kubelet` as its kubelet API.
-fn start_edge(root: &Path, node: &str, cloud: &Cloud, kubelet: &str) -> Process {
+/// server, EdgeStream on with `kubelet` as its kubelet API (off without one).
+fn start_edge(root: &Path, node: &str, cloud: &Cloud, kubelet: Option<&str>) -> Process {
     let dir = root.join(node);
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("edge.yaml");
@@ -214,12 +221,14 @@ fn start_edge(root: &Path, node: &str, cloud: &Cloud, kubelet: &str) -> Process 
              \x20   token: {token}\n    httpServers: [\"{https}\"]\n\
              \x20   tlsCaFile: {dir}/ca.crt\n    tlsCertFile: {dir}/node.crt\n    tlsPrivateKeyFile: {dir}/node.key\n\
              \x20   websocket:\n      servers: [\"{websocket}\"]\n\
-             \x20 edgeStream:\n    enable: true\n    server: {tunnel}\n    kubeletEndpoint: http://{kubelet}\n",
+             \x20 edgeStream:\n    enable: {stream}\n    server: {tunnel}\n    kubeletEndpoint: http://{kubelet}\n",
             dir = dir.display(),
             token = cloud.token(),
             https = cloud.https,
             websocket = cloud.websocket,
             tunnel = cloud.tunnel,
+            stream = kubelet.is_some(),
+            kubelet = kubelet.unwrap_or("127.0.0.1:10350"),
         ),
     )
     .unwrap();
@@ -395,12 +404,14 @@ fn a_request_on_the_wrong_replica_reaches_the_edge_through_its_owner_and_one_for
     kube.create_config_map();
     kube.create_node("fwd-edge");
     kube.create_node("fwd-lonely");
+    kube.create_node("fwd-quiet");
     let api_ca = CertAuthority::generate().unwrap();
     let api_ca_file = dir.path().join("apiserver-ca.crt");
     std::fs::write(&api_ca_file, api_ca.cert_pem()).unwrap();
     // A first: it makes the CA and publishes it; B takes it from the cluster's Secrets.
-    let a = Cloud::start(dir.path(), "fwd-a", &standin.kubeconfig, &api_ca_file);
-    let b = Cloud::start(dir.path(), "fwd-b", &standin.kubeconfig, &api_ca_file);
+    let a = Cloud::start(dir.path(), "fwd-a", &standin.kubeconfig, &api_ca_file, 256);
+    // B forwards one connection at a time.
+    let b = Cloud::start(dir.path(), "fwd-b", &standin.kubeconfig, &api_ca_file, 1);
     let ca = a.ca();
     assert_eq!(
         b.ca().cert_der(),
@@ -408,7 +419,9 @@ fn a_request_on_the_wrong_replica_reaches_the_edge_through_its_owner_and_one_for
         "the replicas share one CA"
     );
     let kubelet = start_kubelet();
-    let _edge = start_edge(dir.path(), "fwd-edge", &a, &kubelet);
+    let _edge = start_edge(dir.path(), "fwd-edge", &a, Some(&kubelet));
+    // An edge on A without EdgeStream: A serves the node but has no tunnel of it.
+    let _quiet = start_edge(dir.path(), "fwd-quiet", &a, None);
     let api = api_client(&api_ca, &ca);
 
     // kubectl logs -f sent to B: through A's tunnel, every byte as the kubelet wrote it.
@@ -433,6 +446,38 @@ fn a_request_on_the_wrong_replica_reaches_the_edge_through_its_owner_and_one_for
         assert_eq!(status, "HTTP/1.1 101 Switching Protocols");
         assert!(echoed == input, "the echo differs");
     }
+    // B's one place is taken while an exec is open: the next request gets 503, not a queue;
+    // once the exec ends it is served again.
+    {
+        let mut held = tls_over(tcp(&b.stream), api.clone());
+        let request = "POST /exec/default/printer/main?command=cat&input=1&output=1 HTTP/1.1\r\n\
+                       Host: fwd-edge:10250\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+                       X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n";
+        held.write_all(request.as_bytes()).unwrap();
+        held.flush().unwrap();
+        assert!(read_head(&mut held).starts_with("HTTP/1.1 101"));
+        for _ in 0..3 {
+            let (status, body) = logs(&b.stream, &api, "fwd-edge");
+            let body = String::from_utf8_lossy(&body).into_owned();
+            assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
+            assert!(
+                body.contains("modules.cloudHub.replica.maxForwards"),
+                "{body}"
+            );
+        }
+    }
+    wait("B to forward again once the exec ended", || {
+        let (status, body) = logs(&b.stream, &api, "fwd-edge");
+        (status != "HTTP/1.1 200 OK" || body != log_bytes()).then_some(status)
+    });
+    let metrics = b.metrics();
+    assert!(
+        count(
+            &metrics,
+            "edgehive_cloud_forwarded_total{kind=\"stream\",outcome=\"busy\"}"
+        ) >= 3,
+        "{metrics}"
+    );
     let metrics = b.metrics();
     assert!(
         count(
@@ -482,6 +527,23 @@ fn a_request_on_the_wrong_replica_reaches_the_edge_through_its_owner_and_one_for
         let (status, _, body) = b.admin_get("/api/v1/sync/fwd-lonely").unwrap();
         assert_eq!(status, 502, "{body}");
         assert!(body.contains("has no owner"), "{body}");
+    }
+    // A node A serves without a tunnel: A says so, and B passes on what A said.
+    wait("A to serve fwd-quiet", || {
+        let (status, body) = logs(&a.stream, &api, "fwd-quiet");
+        let body = String::from_utf8_lossy(&body).into_owned();
+        (!body.contains("is served by this replica (fwd-a), but its edge has no stream tunnel"))
+            .then(|| format!("{status}: {body}"))
+    });
+    for _ in 0..2 {
+        let (status, body) = logs(&b.stream, &api, "fwd-quiet");
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(status, "HTTP/1.1 502 Bad Gateway", "{body}");
+        assert!(
+            body.contains("forwarded to replica fwd-a")
+                && body.contains("has no stream tunnel on replica fwd-a"),
+            "{body}"
+        );
     }
     // The edge's node through the egress server of A itself: served there, not forwarded.
     let (status, body) = logs_through_egress(&a.egress, &api, "fwd-edge");
@@ -606,7 +668,7 @@ fn the_forward_port_refuses_edges_strangers_and_forged_hop_headers_every_time() 
     let api_ca = CertAuthority::generate().unwrap();
     let api_ca_file = dir.path().join("apiserver-ca.crt");
     std::fs::write(&api_ca_file, api_ca.cert_pem()).unwrap();
-    let a = Cloud::start(dir.path(), "sec-a", &standin.kubeconfig, &api_ca_file);
+    let a = Cloud::start(dir.path(), "sec-a", &standin.kubeconfig, &api_ca_file, 256);
     let ca = a.ca();
     let stream = |node: &str, by: &str| {
         format!(

@@ -60,15 +60,50 @@ fn start_cloud_stream(
             )
         })?;
     let options = stream.options(config.modules.cloud_hub.handshake_limits());
-    let server = edgehive_actors::cloud::cloudstream::start_cloudstream(
+    let server = edgehive_actors::cloud::cloudstream::start_cloudstream_with(
         hive,
         options,
         tls,
         &ca,
         hub.gate_metrics(),
+        forwarding(hive, config, tls)?,
     )
     .context("cannot start cloudstream")?;
     Ok(Some(server))
+}
+
+/// A replica's forwarding (`modules.cloudHub.replica.forwardPort`, not 0): its certificate
+/// from the shared CA, made now, and its bounds. `None` for a process alone or with the
+/// forward port 0.
+fn forwarding(
+    hive: &Hive,
+    config: &CloudConfig,
+    tls: &CloudTls,
+) -> anyhow::Result<Option<edgehive_actors::cloud::cloudstream::Forwarding>> {
+    let replica = &config.modules.cloud_hub.replica;
+    let ownership = edgehive_actors::cloud::ownership::Ownership::of(hive);
+    let Some(identity) = ownership.identity() else {
+        return Ok(None);
+    };
+    if replica.forward_port == 0 {
+        return Ok(None);
+    }
+    let credentials = edgehive_actors::identity::tls::ReplicaCredentials::issue(&tls.ca, identity)
+        .context("cannot make this replica's certificate from the cloud CA")?;
+    let admin_hive = hive.clone();
+    Ok(Some(edgehive_actors::cloud::cloudstream::Forwarding {
+        credentials: Arc::new(credentials),
+        port: replica.forward_port,
+        max_forwards: replica.max_forwards,
+        dial_timeout: Duration::from_secs(replica.forward_dial_timeout_seconds),
+        node_admin: Arc::new(move |node: String| {
+            let hive = admin_hive.clone();
+            Box::pin(async move {
+                let (status, body) = local_sync_view(&hive, Some(node)).await;
+                (status, web::Bytes::from(body))
+            })
+        }),
+    }))
 }
 
 /// A running cloud process.
@@ -302,6 +337,7 @@ impl CloudProcess {
         let routes_hive = hive.clone();
         let routes_cluster = embedded.clone();
         let routes_streams = CloudStreams(cloud_stream.as_ref().map(|stream| stream.view()));
+        let routes_node_admin = NodeAdmin(cloud_stream.as_ref().map(|stream| stream.node_admin()));
         let routes_groups = NodeGroupsView(
             config
                 .modules
@@ -328,6 +364,7 @@ impl CloudProcess {
                 routes
                     .app_data(web::Data::new(routes_hive.clone()))
                     .app_data(web::Data::new(routes_streams.clone()))
+                    .app_data(web::Data::new(routes_node_admin.clone()))
                     .app_data(web::Data::new(routes_groups.clone()))
                     .route("/api/v1/nodes", web::get().to(list_nodes))
                     .route("/api/v1/nodegroups", web::get().to(list_node_groups))
@@ -592,18 +629,75 @@ async fn list_streams(
     }))
 }
 
+/// Where a replica's node admin requests are answered (`None` without CloudStream).
+#[derive(Clone)]
+struct NodeAdmin(Option<edgehive_actors::cloud::cloudstream::NodeAdminForwarder>);
+
 /// `GET /api/v1/sync[/{node}]`: SyncController's records per node (with a node: its records
-/// and their versions); 503 when SyncController is not running.
-async fn sync_view(hive: web::Data<Hive>, node: Option<web::Path<String>>) -> HttpResponse {
-    let view = SyncView {
-        node: node.map(web::Path::into_inner),
-    };
+/// and their versions); 503 when SyncController is not running. On a replica, a node whose
+/// edge is on another live replica is answered by that replica (forwarded, header
+/// `Edgehive-Served-By`), and a node no live replica serves gets 502 saying why.
+async fn sync_view(
+    hive: web::Data<Hive>,
+    forwarder: web::Data<NodeAdmin>,
+    node: Option<web::Path<String>>,
+) -> HttpResponse {
+    use edgehive_actors::cloud::cloudstream::NodeAdminRoute;
+    let node = node.map(web::Path::into_inner);
+    if let (Some(node), Some(forwarder)) = (&node, &forwarder.0) {
+        match forwarder.route(node).await {
+            NodeAdminRoute::Here => {}
+            NodeAdminRoute::Answered {
+                replica,
+                status,
+                body,
+            } => {
+                return HttpResponse::build(status)
+                    .content_type("application/json")
+                    .insert_header(("Edgehive-Served-By", replica))
+                    .body(body)
+            }
+            NodeAdminRoute::Refused { status, text } => {
+                return HttpResponse::build(status)
+                    .content_type("text/plain; charset=utf-8")
+                    .body(text + "\n")
+            }
+        }
+    }
+    let (status, body) = local_sync_view(&hive, node).await;
+    HttpResponse::build(status)
+        .content_type(if status.is_success() {
+            "application/json"
+        } else {
+            "text/plain; charset=utf-8"
+        })
+        .body(body)
+}
+
+/// This process's SyncController view (with a node: its records): the status and body.
+async fn local_sync_view(
+    hive: &Hive,
+    node: Option<String>,
+) -> (actix_web::http::StatusCode, Vec<u8>) {
     match hive
-        .ask(SYNCCONTROLLER_MODULE, view, Duration::from_secs(5))
+        .ask(
+            SYNCCONTROLLER_MODULE,
+            SyncView { node },
+            Duration::from_secs(5),
+        )
         .await
     {
-        Ok(view) => HttpResponse::Ok().json(view),
-        Err(error) => HttpResponse::ServiceUnavailable().body(format!("{error}\n")),
+        Ok(view) => match serde_json::to_vec(&view) {
+            Ok(body) => (actix_web::http::StatusCode::OK, body),
+            Err(error) => (
+                actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{error}\n").into_bytes(),
+            ),
+        },
+        Err(error) => (
+            actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!("{error}\n").into_bytes(),
+        ),
     }
 }
 

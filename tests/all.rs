@@ -35,6 +35,7 @@ mod node_module;
 mod nodegroups;
 mod processes;
 mod replica_faults;
+mod replica_forwarding;
 mod router;
 mod security_admin;
 mod security_config;

@@ -33,7 +33,7 @@ use crate::support::views::{edge_view, get, identity, metric, Identity, View};
 const CONVERGE: Duration = Duration::from_secs(120);
 
 /// A port nothing listens on (bound, then released), so a replica restarts on its port.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }
@@ -53,13 +53,13 @@ fn wait(what: &str, mut check: impl FnMut() -> Option<String>) {
 
 /// A kube-rs client from the stand-in's kubeconfig, with a runtime of its own so the tests
 /// (and the churn thread) call it as blocking functions.
-struct Kube {
+pub(crate) struct Kube {
     runtime: tokio::runtime::Runtime,
     client: kube::Client,
 }
 
 impl Kube {
-    fn new(kubeconfig: &Path) -> Kube {
+    pub(crate) fn new(kubeconfig: &Path) -> Kube {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -95,7 +95,7 @@ impl Kube {
         self.get(path)?["items"].as_array().cloned()
     }
 
-    fn create_node(&self, name: &str) {
+    pub(crate) fn create_node(&self, name: &str) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node: Node = serde_json::from_value(edge_node(name)).unwrap();
         self.runtime
@@ -103,7 +103,7 @@ impl Kube {
             .unwrap();
     }
 
-    fn create_config_map(&self) {
+    pub(crate) fn create_config_map(&self) {
         let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), "default");
         let map: ConfigMap = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -122,7 +122,7 @@ impl Kube {
 
     /// Creates pod `name` on `node` (using ConfigMap `cfg`); `false` if the API refused or
     /// did not answer (the churn goes on).
-    fn create_pod(&self, name: &str, node: &str) -> bool {
+    pub(crate) fn create_pod(&self, name: &str, node: &str) -> bool {
         let pod: Pod = serde_json::from_value(pod_json(name, node, "nginx:1")).unwrap();
         let pods = self.pods();
         self.runtime
@@ -219,13 +219,13 @@ fn pod_json(name: &str, node: &str, image: &str) -> Value {
 }
 
 /// The stand-in API server: the process and the kubeconfig it wrote.
-struct Standin {
+pub(crate) struct Standin {
     _process: Process,
     addr: String,
-    kubeconfig: PathBuf,
+    pub(crate) kubeconfig: PathBuf,
 }
 
-fn start_standin(dir: &Path) -> Standin {
+pub(crate) fn start_standin(dir: &Path) -> Standin {
     let kubeconfig = dir.join("kubeconfig");
     let (process, banner) = spawn_logged(
         &[

@@ -698,9 +698,17 @@ pub struct ReplicaConfig {
     pub enable: bool,
     /// The replica's identity; empty: `$POD_NAME`, else the host name.
     pub identity: String,
-    /// Where other replicas reach this one (`host:port`); empty: the first advertised
-    /// address and the WebSocket port.
+    /// Where other replicas reach this one (`host:port`: its forward server); empty: the
+    /// first advertised address and `forwardPort` (the WebSocket port when that is 0).
     pub address: String,
+    /// The forward server's port, where other replicas forward requests for the nodes
+    /// served here (mutual TLS, replica certificates from the shared CA); 0: none, and
+    /// requests for other replicas' nodes are refused.
+    pub forward_port: u16,
+    /// Forwarded connections open at once, each way (out to owners, in from replicas).
+    pub max_forwards: usize,
+    /// Seconds the connection to an owner and its answer may take.
+    pub forward_dial_timeout_seconds: u64,
     /// Seconds others wait after they last saw this replica's Lease renewed before counting
     /// it dead.
     pub lease_duration_seconds: u64,
@@ -720,6 +728,9 @@ impl Default for ReplicaConfig {
             enable: false,
             identity: String::new(),
             address: String::new(),
+            forward_port: 10006,
+            max_forwards: 256,
+            forward_dial_timeout_seconds: 5,
             lease_duration_seconds: 15,
             renew_deadline_seconds: 10,
             retry_period_seconds: 2,
@@ -762,6 +773,18 @@ impl ReplicaConfig {
                 "seconds (0, or more than renewDeadlineSeconds)",
             )?;
         }
+        within(
+            "modules.cloudHub.replica.maxForwards",
+            self.max_forwards as u64,
+            1..=65_536,
+            "connections",
+        )?;
+        within(
+            "modules.cloudHub.replica.forwardDialTimeoutSeconds",
+            self.forward_dial_timeout_seconds,
+            1..=300,
+            "seconds",
+        )?;
         if !self.identity.is_empty() {
             if let Err(message) = edgehive_actors::identity::check_node_name(&self.identity) {
                 return Err(("modules.cloudHub.replica.identity", message));
@@ -929,7 +952,11 @@ impl CloudHubConfig {
                 .into_iter()
                 .next()
                 .ok_or("no address")?;
-            std::net::SocketAddr::new(ip, self.websocket.port).to_string()
+            let port = match replica.forward_port {
+                0 => self.websocket.port,
+                port => port,
+            };
+            std::net::SocketAddr::new(ip, port).to_string()
         } else {
             replica.address.clone()
         };

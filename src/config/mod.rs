@@ -734,11 +734,29 @@ mod tests {
             .replica_options()
             .unwrap()
             .is_none());
+        // The forward server's keys; an empty address is the forward port's.
+        let config = cloud(
+            "modules:\n  cloudHub:\n    advertiseAddress: [10.0.0.5]\n    replica:\n      enable: true\n      identity: cloud-a\n      forwardPort: 10016\n      maxForwards: 8\n      forwardDialTimeoutSeconds: 2\n",
+        )
+        .unwrap();
+        let replica = &config.modules.cloud_hub.replica;
+        assert_eq!(
+            (
+                replica.forward_port,
+                replica.max_forwards,
+                replica.forward_dial_timeout_seconds
+            ),
+            (10016, 8, 2)
+        );
+        let options = config.modules.cloud_hub.replica_options().unwrap().unwrap();
+        assert_eq!(options.address, "10.0.0.5:10016");
         for (yaml, key) in [
             ("renewDeadlineSeconds: 15", "renewDeadlineSeconds"),
             ("retryPeriodSeconds: 10", "retryPeriodSeconds"),
             ("handOverAfterSeconds: 10", "handOverAfterSeconds"),
             ("identity: Cloud_A", "identity"),
+            ("maxForwards: 0", "maxForwards"),
+            ("forwardDialTimeoutSeconds: 0", "forwardDialTimeoutSeconds"),
         ] {
             let error = cloud(&format!(
                 "modules:\n  cloudHub:\n    replica:\n      {yaml}\n"

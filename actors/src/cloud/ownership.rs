@@ -240,6 +240,13 @@ impl Ownership {
         self.replica.get().is_some()
     }
 
+    /// This replica's identity (`None`: a process alone).
+    pub fn identity(&self) -> Option<&str> {
+        self.replica
+            .get()
+            .map(|replica| replica.options.identity.as_str())
+    }
+
     /// Whether this process acts now (a replica: its Lease is fresh).
     pub fn acting(&self) -> bool {
         self.replica

@@ -24,6 +24,14 @@ use rustls::pki_types::{CertificateDer, CertificateSigningRequestDer, PrivatePkc
 pub(crate) const NODE_ORGANIZATION: &str = "system:nodes";
 /// Prefix of an edge node certificate's common name; the node name follows.
 pub(crate) const NODE_CN_PREFIX: &str = "system:node:";
+/// Prefix of a cloud replica's certificate common name (the replica's identity follows): an
+/// identity no edge can hold, since the certificate server signs only `system:node:{node}`
+/// with `node` a DNS name (no `:`), and the forward path serves only it.
+pub const REPLICA_CN_PREFIX: &str = "system:edgehive-replica:";
+/// Organization of a cloud replica's certificate.
+const REPLICA_ORGANIZATION: &str = "edgehive:replicas";
+/// Lifetime of a replica's certificate (made anew at every start, kept in memory only).
+const REPLICA_LIFETIME: Duration = Duration::from_secs(397 * 24 * 3600);
 /// Common name and organization of the CA and the server certificate (as in cloudcore).
 const KUBEEDGE: &str = "KubeEdge";
 /// Lifetime of the CA and server certificates (cloudcore: about 100 years).
@@ -289,6 +297,34 @@ impl CertAuthority {
         ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         set_validity(&mut params, LONG_LIVED)?;
+        params.serial_number = Some(random_serial());
+        params.use_authority_key_identifier_extension = true;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.der().to_vec(), key))
+    }
+
+    /// A cloud replica's certificate (CN `system:edgehive-replica:{identity}`, O
+    /// `edgehive:replicas`, ClientAuth and ServerAuth, about 13 months): what replicas present
+    /// to each other on the forward path, in both directions. Made at start, never written.
+    pub fn issue_replica_cert(&self, identity: &str) -> Result<(Vec<u8>, KeyPair), CertError> {
+        let key = generate_key()?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = name(&[
+            (DnType::OrganizationName, REPLICA_ORGANIZATION),
+            (
+                DnType::CommonName,
+                &format!("{REPLICA_CN_PREFIX}{identity}"),
+            ),
+        ]);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ClientAuth,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        ];
+        set_validity(&mut params, REPLICA_LIFETIME)?;
         params.serial_number = Some(random_serial());
         params.use_authority_key_identifier_extension = true;
         let cert = params.signed_by(&key, &self.issuer)?;
@@ -667,6 +703,15 @@ pub fn node_of_cert(der: &[u8]) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The replica a certificate names (`system:edgehive-replica:{identity}` CN), if any; the
+/// caller checks it chains to the cloud CA.
+pub fn replica_of_cert(der: &[u8]) -> Option<String> {
+    cert_common_name(der)?
+        .strip_prefix(REPLICA_CN_PREFIX)
+        .filter(|identity| !identity.is_empty())
+        .map(str::to_owned)
+}
+
 /// Lowercase hex SHA-256 of `bytes`.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     ring::digest::digest(&ring::digest::SHA256, bytes)
@@ -878,6 +923,43 @@ mod tests {
             "no SAN from the request"
         );
         assert_eq!(node_of_cert(&cert).as_deref(), Some("edge-1"));
+    }
+
+    #[test]
+    fn a_csr_asking_for_a_replica_identity_is_never_signed() {
+        let ca = CertAuthority::generate().unwrap();
+        let key = generate_key().unwrap();
+        for organization in [NODE_ORGANIZATION, REPLICA_ORGANIZATION] {
+            let mut params = CertificateParams::default();
+            params.distinguished_name = name(&[
+                (DnType::OrganizationName, organization),
+                (DnType::CommonName, "system:edgehive-replica:cloud-a"),
+            ]);
+            let csr = params.serialize_request(&key).unwrap().der().to_vec();
+            for node in [
+                "cloud-a",
+                "system:edgehive-replica:cloud-a",
+                "edgehive-replica:cloud-a",
+            ] {
+                let signed = ca.sign_node_csr(&csr, node, Duration::from_secs(3600));
+                assert!(
+                    matches!(
+                        signed,
+                        Err(CsrError::WrongSubject { .. } | CsrError::InvalidNodeName(_))
+                    ),
+                    "{node}: {signed:?}"
+                );
+            }
+        }
+        // A node's certificate never names a replica; a replica's names no node.
+        let csr = node_csr(&key, "cloud-a").unwrap();
+        let cert = ca
+            .sign_node_csr(&csr, "cloud-a", Duration::from_secs(3600))
+            .unwrap();
+        assert_eq!(replica_of_cert(&cert), None);
+        let (replica, _) = ca.issue_replica_cert("cloud-a").unwrap();
+        assert_eq!(replica_of_cert(&replica).as_deref(), Some("cloud-a"));
+        assert_eq!(node_of_cert(&replica), None);
     }
 
     #[test]

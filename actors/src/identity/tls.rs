@@ -283,3 +283,141 @@ impl ServerCertVerifier for AcceptAnyServer {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+/// A cloud replica's certificate and key, made from the shared CA at start
+/// ([`super::certs::CertAuthority::issue_replica_cert`]): what it presents on the forward path
+/// (as a server to replicas forwarding to it, as a client when it forwards).
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
+#[derive(Debug)]
+pub struct ReplicaCredentials {
+    /// The replica's identity (its certificate's CN names it).
+    pub identity: String,
+    /// The shared CA's certificate, DER: the forward path trusts only it.
+    pub ca_der: Vec<u8>,
+    cert_der: Vec<u8>,
+    key: PrivateKeyDer<'static>,
+}
+
+#[cfg_attr(not(feature = "cloud"), allow(dead_code))]
+impl ReplicaCredentials {
+    /// Issues `identity`'s replica certificate from `ca`.
+    pub fn issue(ca: &CertAuthority, identity: &str) -> Result<Self, CertError> {
+        let (cert_der, key) = ca.issue_replica_cert(identity)?;
+        Ok(ReplicaCredentials {
+            identity: identity.to_owned(),
+            ca_der: ca.cert_der().to_vec(),
+            cert_der,
+            key: private_key(&key),
+        })
+    }
+
+    /// The forward server's config: presents the replica certificate; a client certificate
+    /// is verified against the CA when sent, not required (the forward path answers a caller
+    /// without one, or with a node's, with a counted refusal it can read).
+    pub fn server_config(&self) -> Result<ServerConfig, TlsError> {
+        let provider = provider();
+        let verifier = WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots(&self.ca_der)?),
+            provider.clone(),
+        )
+        .allow_unauthenticated()
+        .build()
+        .map_err(|error| TlsError::Verifier(error.to_string()))?;
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                vec![CertificateDer::from(self.cert_der.clone())],
+                self.key.clone_key(),
+            )?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
+    /// A client config to forward to replica `owner`: presents this replica's certificate and
+    /// accepts only a server certificate from the CA naming `owner` as a replica (its name
+    /// in the address is not what is checked: the identity is).
+    pub fn client_config(&self, owner: &str) -> Result<ClientConfig, TlsError> {
+        let provider = provider();
+        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots(&self.ca_der)?),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|error| TlsError::Verifier(error.to_string()))?;
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(ReplicaServer {
+                webpki,
+                owner: owner.to_owned(),
+            }))
+            .with_client_auth_cert(
+                vec![CertificateDer::from(self.cert_der.clone())],
+                self.key.clone_key(),
+            )?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+}
+
+/// Verifies a forward server's certificate: chained to the CA (as WebPKI checks it, dates
+/// and signatures included) and naming the expected replica; the address's name is not
+/// checked (replicas are reached at whatever address they recorded).
+#[derive(Debug)]
+struct ReplicaServer {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    owner: String,
+}
+
+impl ServerCertVerifier for ReplicaServer {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .webpki
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Ok(_)
+            | Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. },
+            )) => {}
+            Err(error) => return Err(error),
+        }
+        if super::certs::replica_of_cert(end_entity).as_deref() == Some(self.owner.as_str()) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}

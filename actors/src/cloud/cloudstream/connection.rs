@@ -28,6 +28,8 @@ use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 use super::context::StreamContext;
+use super::hop::{self, Route};
+use super::inbound::{self, InboundGuard};
 use super::upgrade;
 use crate::cloud::cloudhub::gate::{self, Gate};
 use crate::identity::tls::record_peer_certificate;
@@ -37,7 +39,9 @@ use crate::identity::tls::record_peer_certificate;
 const MAX_FIRST_HEAD: usize = 16 * 1024;
 
 /// The stream server: `app` (actix-web) behind the gate's TLS, exec and attach upgrades
-/// served by `upgrade`.
+/// served by `upgrade`. With `Hop::Forwarded`, the forward server: each connection's head is
+/// checked by `inbound` first (another replica's, forwarding a stream or an admin request).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn serve<F, I, S, B>(
     name: &str,
     listener: std::net::TcpListener,
@@ -45,6 +49,7 @@ pub(super) fn serve<F, I, S, B>(
     tls: ServerConfig,
     gate: Gate,
     context: Arc<StreamContext>,
+    hop: Hop,
     app: F,
 ) -> io::Result<Server>
 where
@@ -78,9 +83,37 @@ where
                     |_| AppConfig::default(),
                 ));
             let context = context.clone();
-            let first = fn_service(move |(io, protocol, peer)| {
-                first_request(context.clone(), io, protocol, peer)
-            });
+            let first = fn_service(
+                move |(io, protocol, peer): (
+                    TlsStream<TcpStream>,
+                    Protocol,
+                    Option<SocketAddr>,
+                )| {
+                    let context = context.clone();
+                    async move {
+                        match hop {
+                            Hop::Direct => {
+                                first_request(
+                                    context,
+                                    hop,
+                                    io,
+                                    BytesMut::new(),
+                                    None,
+                                    protocol,
+                                    peer,
+                                )
+                                .await
+                            }
+                            Hop::Forwarded => {
+                                let (io, early, guard) =
+                                    inbound::accept(&context, io, peer).await.ok_or(())?;
+                                first_request(context, hop, io, early, Some(guard), protocol, peer)
+                                    .await
+                            }
+                        }
+                    }
+                },
+            );
             gate.tls(tls.clone())
                 .and_then(first)
                 .and_then(http.map_err(|_| ()))
@@ -88,26 +121,41 @@ where
         .run())
 }
 
+/// How a connection came to the stream pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hop {
+    /// From the API server (directly, or through the egress server): its certificate is
+    /// checked, and a request for a node on another replica is forwarded there.
+    Direct,
+    /// Forwarded by another replica, whose certificate the forward server checked (and which
+    /// checked the API server's): served here or refused, never forwarded again.
+    Forwarded,
+}
+
 /// What the first request head says.
 enum First {
     /// An exec or attach upgrade, and the bytes after its head.
     Upgrade(actix_http::Request, BytesMut),
-    /// Anything else (or a head that does not parse): actix-web answers it.
-    Http,
+    /// Anything else (its head, if it parsed): actix-web answers it.
+    Http(Option<actix_http::Request>),
     /// The connection ended or said nothing in time.
     Gone,
 }
 
-/// Reads the first request head; serves it here if it is an exec or attach upgrade (the
+/// Reads the first request head; forwards the connection if the node it names is on another
+/// replica (`Hop::Direct` only), serves it here if it is an exec or attach upgrade (the
 /// connection ends with it: `Err`), else hands the connection to actix-web.
 async fn first_request(
     context: Arc<StreamContext>,
+    hop: Hop,
     mut io: TlsStream<TcpStream>,
+    mut buf: BytesMut,
+    guard: Option<InboundGuard>,
     protocol: Protocol,
     peer: Option<SocketAddr>,
 ) -> Result<(Prefixed<TlsStream<TcpStream>>, Protocol, Option<SocketAddr>), ()> {
     let timeout = context.options.handshake_limits.timeout;
-    let mut buf = BytesMut::with_capacity(4096);
+    buf.reserve(4096);
     let first = tokio::time::timeout(timeout, async {
         loop {
             let mut rest = buf.clone();
@@ -115,8 +163,9 @@ async fn first_request(
                 Ok(Some(H1Message::Item(req))) if upgrade::is_upgrade(&req) => {
                     return First::Upgrade(req, rest)
                 }
-                Ok(Some(_)) | Err(_) => return First::Http,
-                Ok(None) if buf.len() >= MAX_FIRST_HEAD => return First::Http,
+                Ok(Some(H1Message::Item(req))) => return First::Http(Some(req)),
+                Ok(Some(_)) | Err(_) => return First::Http(None),
+                Ok(None) if buf.len() >= MAX_FIRST_HEAD => return First::Http(None),
                 Ok(None) => {}
             }
             match io.read_buf(&mut buf).await {
@@ -127,24 +176,51 @@ async fn first_request(
     })
     .await
     .unwrap_or(First::Gone);
+    let caller = super::streams::check_caller(
+        io.get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .map(|leaf| leaf.as_ref()),
+    );
+    // The node on another replica: forwarded as it is, its bytes so far first (the API
+    // server's certificate checked here: the owner trusts this replica's word for it).
+    let head = match &first {
+        First::Upgrade(req, _) | First::Http(Some(req)) => Some(req),
+        _ => None,
+    };
+    if let (Hop::Direct, Some(req), Ok(())) = (hop, head, &caller) {
+        match hop::route(&context, super::streams::request_host(&req.head().headers)) {
+            Route::Here => {}
+            Route::Owner(owner) => {
+                hop::forward_stream(context, io, peer, owner, buf.freeze()).await;
+                return Err(());
+            }
+            Route::Refused(refusal) => {
+                hop::record(&context, "stream", &refusal, peer);
+                upgrade::write_refusal(&mut io, &refusal).await;
+                return Err(());
+            }
+        }
+    }
     match first {
-        First::Http => Ok((
+        First::Http(_) => Ok((
             Prefixed {
                 prefix: buf.freeze(),
                 inner: io,
+                _guard: guard,
             },
             protocol,
             peer,
         )),
         First::Gone => Err(()),
         First::Upgrade(req, early) => {
-            let caller = super::streams::check_caller(
-                io.get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|chain| chain.first())
-                    .map(|leaf| leaf.as_ref()),
-            );
+            // Forwarded: the forward server checked the replica, the replica the API server.
+            let caller = if hop == Hop::Forwarded {
+                Ok(())
+            } else {
+                caller
+            };
             upgrade::serve(context, io, peer, caller, req, early).await;
             // Served: the connection is not actix-web's.
             Err(())
@@ -152,10 +228,12 @@ async fn first_request(
     }
 }
 
-/// A connection with bytes already read from it put back in front.
+/// A connection with bytes already read from it put back in front (and, forwarded, its
+/// place among `maxForwards`).
 pub(super) struct Prefixed<T> {
     prefix: Bytes,
     inner: T,
+    _guard: Option<InboundGuard>,
 }
 
 impl<T> Prefixed<T> {

@@ -3,13 +3,19 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::web::Bytes;
+use futures_util::future::LocalBoxFuture;
 
 use super::metrics::CloudStreamMetrics;
 use super::session::Sessions;
 use crate::cloud::cloudhub::gate::HandshakeLimits;
+use crate::cloud::ownership::Ownership;
 use crate::hive::log::{clip, WarnBudget};
+use crate::identity::tls::ReplicaCredentials;
 
 /// Refusal warnings logged per [`WarnBudget::WINDOW`], all peers together.
 const WARNINGS_PER_WINDOW: u32 = 50;
@@ -96,19 +102,71 @@ impl Default for CloudStreamOptions {
     }
 }
 
+/// A node-scoped admin request a replica answers for another (`GET /api/v1/sync/{node}`):
+/// given the node, the status and JSON body this replica's admin endpoint would answer.
+pub type NodeAdmin =
+    Arc<dyn Fn(String) -> LocalBoxFuture<'static, (StatusCode, Bytes)> + Send + Sync>;
+
+/// Forwarding between cloud replicas (`modules.cloudHub.replica.forwardPort`): a request for a
+/// node whose edge is on another live replica is sent there over mutual TLS.
+#[derive(Clone)]
+pub struct Forwarding {
+    /// This replica's certificate from the shared CA.
+    pub credentials: Arc<ReplicaCredentials>,
+    /// The forward server's port (on CloudStream's `address`); 0: no forward server, and
+    /// requests for other replicas' nodes are refused (`forwarding_off`).
+    pub port: u16,
+    /// Forwarded connections open at once, each way (out to owners, in from replicas).
+    pub max_forwards: usize,
+    /// Longest the connection to the owner (TCP and TLS) and its answer may take.
+    pub dial_timeout: Duration,
+    /// Answers node admin requests forwarded here.
+    pub node_admin: NodeAdmin,
+}
+
+impl std::fmt::Debug for Forwarding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarding")
+            .field("identity", &self.credentials.identity)
+            .field("port", &self.port)
+            .field("max_forwards", &self.max_forwards)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What both servers' handlers share.
 pub(super) struct StreamContext {
     pub(super) options: CloudStreamOptions,
     pub(super) sessions: Sessions,
+    /// Who serves which node (a process alone: every node is its own).
+    pub(super) ownership: Arc<Ownership>,
+    /// Forwarding to other replicas, with its bounds (none: a process alone).
+    pub(super) forwarding: Option<Forwarding>,
+    /// Forwarded connections out to owners (`max_forwards`).
+    pub(super) forwards_out: Arc<tokio::sync::Semaphore>,
+    /// Forwarded connections in from replicas (`max_forwards`).
+    pub(super) forwards_in: Arc<tokio::sync::Semaphore>,
     warnings: Mutex<WarnBudget>,
 }
 
 impl StreamContext {
     /// The context of servers with `options` that count into `metrics`.
-    pub(super) fn new(options: CloudStreamOptions, metrics: CloudStreamMetrics) -> Self {
+    pub(super) fn new(
+        options: CloudStreamOptions,
+        metrics: CloudStreamMetrics,
+        ownership: Arc<Ownership>,
+        forwarding: Option<Forwarding>,
+    ) -> Self {
+        let permits = forwarding
+            .as_ref()
+            .map_or(0, |forwarding| forwarding.max_forwards);
         StreamContext {
             options,
             sessions: Sessions::new(metrics),
+            ownership,
+            forwarding,
+            forwards_out: Arc::new(tokio::sync::Semaphore::new(permits)),
+            forwards_in: Arc::new(tokio::sync::Semaphore::new(permits)),
             warnings: Mutex::new(WarnBudget::with_limit(WARNINGS_PER_WINDOW)),
         }
     }

@@ -817,6 +817,9 @@ impl Egress {
         }
         Ok(match sessions.by_name(host) {
             Some(tunnel) => Route::Tunnel(tunnel.node.clone()),
+            // A node some cloud replica served (its Lease): the stream server forwards it to
+            // its owner, or says why it cannot.
+            None if self.context.ownership.owner(host).is_some() => Route::Tunnel(host.to_owned()),
             None => Route::Direct,
         })
     }
@@ -929,7 +932,7 @@ fn parse_authority(target: &str) -> Result<Connect, String> {
 
 /// Copies both ways until both sides have ended (or one fails), or nothing moved either way
 /// for `idle`.
-async fn pipe<A, B>(client: A, upstream: B, idle: Duration)
+pub(super) async fn pipe<A, B>(client: A, upstream: B, idle: Duration)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,

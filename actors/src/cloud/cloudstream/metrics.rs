@@ -22,6 +22,15 @@ pub(crate) struct DirectionLabels {
     pub direction: String,
 }
 
+/// Label set of the forwarding counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ForwardLabels {
+    /// `stream` (logs, exec, attach, metrics) or `admin` (a node's admin request).
+    pub kind: String,
+    /// What became of it (`forwarded`, `served`, or why not).
+    pub outcome: String,
+}
+
 /// CloudStream's metrics.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CloudStreamMetrics {
@@ -39,6 +48,10 @@ pub(crate) struct CloudStreamMetrics {
     pub refused: Family<ReasonLabels, Counter>,
     /// Tunnels replaced by a newer connection of the same node.
     pub tunnels_replaced: Counter,
+    /// Requests for nodes on another replica, by kind and outcome.
+    pub forwarded: Family<ForwardLabels, Counter>,
+    /// Forwarded connections open now, out to owners and in from replicas.
+    pub forwards_open: Gauge,
     refusals: RefusalLog,
 }
 
@@ -85,7 +98,29 @@ impl CloudStreamMetrics {
             "Tunnels replaced by a newer connection of the same node",
             metrics.tunnels_replaced.clone(),
         );
+        m.register(
+            "edgehive_cloud_forwarded",
+            "Requests for a node whose edge is on another cloud replica, by kind (stream, admin) \
+             and outcome: forwarded (sent to the owner), served (forwarded here and served), \
+             owner_refused, dial_failed, busy, forwarding_off, and no_owner, owner_dead, \
+             owner_self_no_tunnel (nobody to forward to)",
+            metrics.forwarded.clone(),
+        );
+        m.register(
+            "edgehive_cloud_forwards_open",
+            "Forwarded connections open now, out to owners and in from replicas",
+            metrics.forwards_open.clone(),
+        );
         metrics
+    }
+
+    pub(crate) fn forward(&self, kind: &str, outcome: &str) {
+        self.forwarded
+            .get_or_create(&ForwardLabels {
+                kind: kind.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts a refusal and records it in the hive's refusal log.

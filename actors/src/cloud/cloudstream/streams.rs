@@ -162,8 +162,16 @@ pub(super) fn check_caller(leaf: Option<&[u8]>) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// The caller of `req` checked by [`check_caller`].
+/// The forward server's app marker: its connections' callers were checked before they
+/// reached actix-web (the replica by `inbound`, the API server by the replica forwarding).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ForwardedApp;
+
+/// The caller of `req` checked by [`check_caller`] (on the forward server: checked already).
 pub(super) fn check_request(req: &HttpRequest) -> Result<(), Refusal> {
+    if req.app_data::<ForwardedApp>().is_some() {
+        return Ok(());
+    }
     check_caller(
         req.conn_data::<PeerCertificate>()
             .map(|cert| cert.0.as_slice()),

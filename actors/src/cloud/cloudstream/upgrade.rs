@@ -229,7 +229,7 @@ fn head_too_large() -> Refusal {
 }
 
 /// Answers a refused upgrade and closes the connection.
-async fn write_refusal<IO: AsyncWrite + Unpin>(io: &mut IO, refusal: &Refusal) {
+pub(super) async fn write_refusal<IO: AsyncWrite + Unpin>(io: &mut IO, refusal: &Refusal) {
     let body = format!("{}\n", refusal.text);
     let head = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

@@ -394,7 +394,9 @@ impl Records {
     }
 
     /// A record read from the cluster (at start): kept as it is unless this process already
-    /// knows better.
+    /// knows better. A record this process made meanwhile (queued at [`QUEUED`] before the
+    /// read came in, or acknowledged at an older version) takes the version read: the edge
+    /// acknowledged it, and it is never written back lower.
     pub(crate) fn loaded(&mut self, node: &str, object: Arc<ObjectId>, status: String) {
         match self
             .nodes
@@ -402,6 +404,13 @@ impl Records {
             .and_then(|m| m.get_mut(&object.uid))
         {
             Some(record) => {
+                if record
+                    .want
+                    .as_deref()
+                    .is_some_and(|want| is_newer(&status, want))
+                {
+                    record.want = Some(status.clone());
+                }
                 record.stored = Some(status);
                 if record.want != record.stored {
                     let uid = object.uid.clone();
@@ -1113,6 +1122,26 @@ mod tests {
             records.object_changed("Pod", "default", "a", Instant::now()),
             1
         );
+    }
+
+    #[test]
+    fn a_record_queued_before_the_read_at_start_keeps_the_acknowledged_version_read() {
+        // A restarted cloud queues an object for an offline node before its one read of the
+        // records is in: the record made at "0" must not overwrite the "8" the edge had
+        // acknowledged (the pool, told of the 8, sends nothing, so no ACK would repair it).
+        let mut records = Records::default();
+        let object = pod_id("a", "u1");
+        records.queued("n1", &object, Some("8"));
+        records.loaded("n1", object.clone(), "8".into());
+        assert!(records.take_dirty(10).is_empty(), "nothing to write back");
+        // Queued at a newer version than the one read: the read version stands until the ACK.
+        records.queued("n1", &pod_id("b", "u2"), Some("12"));
+        records.loaded("n1", pod_id("b", "u2"), "11".into());
+        assert!(records.take_dirty(10).is_empty());
+        records.acked("n1", "u2", Some("12"), false, Some(&pod_id("b", "u2")));
+        let writes = records.take_dirty(10);
+        assert_eq!(writes.len(), 1);
+        assert_eq!(writes[0].want.as_deref(), Some("12"));
     }
 
     #[test]

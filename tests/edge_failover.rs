@@ -350,7 +350,12 @@ fn an_edge_whose_store_was_replaced_while_the_cloud_was_down_gets_everything_aga
     let again = cloud(dir.path(), &nothing, port);
     let edge = Edge::start(edge_dir.path(), node, &[&again.websocket]);
     assert_eq!(
-        converge("everything again on the new store", &again.admin, node, &edge.db),
+        converge(
+            "everything again on the new store",
+            &again.admin,
+            node,
+            &edge.db
+        ),
         3
     );
     assert_eq!(edge.pods(), ["db", "web"]);

@@ -929,7 +929,10 @@ async fn a_watch_the_cloud_refuses_as_busy_is_registered_again_after_a_backoff()
         send_frame(&mut edge.session, &busy(&request)).await;
         let again = edge.cloud.frame_where(is_application).await;
         assert_eq!(again.content["Verb"], "watch", "retry {retry}");
-        assert_eq!(again.content["Key"], request.content["Key"], "retry {retry}");
+        assert_eq!(
+            again.content["Key"], request.content["Key"],
+            "retry {retry}"
+        );
         assert_eq!(
             metric(&edge.hive, "edgehive_metaserver_watch_retries_total"),
             retry

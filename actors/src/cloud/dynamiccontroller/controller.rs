@@ -811,7 +811,9 @@ mod tests {
         // Nodes fill the queue; one more watch is refused busy, as before.
         for id in 0..watches::COMMAND_CAPACITY {
             let node = format!("edge-{}", id % 4);
-            controller.register(&node, 1, subscription(&node, id)).unwrap();
+            controller
+                .register(&node, 1, subscription(&node, id))
+                .unwrap();
         }
         let refused = controller
             .register("edge-0", 1, subscription("edge-0", usize::MAX))

@@ -201,8 +201,7 @@ impl Watcher {
             StoreNote::Seen { node, store_id } => {
                 if self.stores.contains_key(&node) {
                     self.check_store(&node, store_id);
-                } else if self.unseen.len() < UNSEEN_CAPACITY || self.unseen.contains_key(&node)
-                {
+                } else if self.unseen.len() < UNSEEN_CAPACITY || self.unseen.contains_key(&node) {
                     self.unseen.insert(node, store_id);
                 } else {
                     tracing::warn!(%node, "too many store checks wait for their Node; this one is dropped");
@@ -257,7 +256,8 @@ impl Watcher {
             return;
         }
         *recorded = Some(store_id.clone());
-        let patch = serde_json::json!({"metadata": {"annotations": {STORE_ID_ANNOTATION: store_id}}});
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {STORE_ID_ANNOTATION: store_id}}});
         let write = self.cluster.patch("Node", None, node, patch, false);
         let node = node.to_owned();
         actix::spawn(async move {

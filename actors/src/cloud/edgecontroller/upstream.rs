@@ -13,11 +13,11 @@ use edgehive_protocols::{CloudResource, Message, ResourceType};
 use serde_json::{json, Value};
 
 use crate::cloud::cluster::{ClusterError, SharedCluster};
-use crate::cloud::contract::{downstream, STORE_ID_ANNOTATION};
 pub use crate::cloud::contract::request::Request;
 pub(crate) use crate::cloud::contract::request::{
     reply_on, EdgeRequest, ParseError, RequestKind, Unparsed,
 };
+use crate::cloud::contract::{downstream, STORE_ID_ANNOTATION};
 
 impl EdgeRequest {
     /// Runs the request against `cluster`: the reply (if KubeEdge sends one) and any other

@@ -294,12 +294,19 @@ impl Held {
             };
             let busy = reply.application().is_some_and(|answer| {
                 answer.status == ApplicationStatus::Rejected
-                    && answer.error.err_status.get("code").and_then(serde_json::Value::as_u64)
+                    && answer
+                        .error
+                        .err_status
+                        .get("code")
+                        .and_then(serde_json::Value::as_u64)
                         == Some(503)
             });
             if busy {
                 let delay = retry_delay(retry.attempt);
-                tracing::info!(?delay, "metaserver: the cloud is busy; the watch is registered again after a pause");
+                tracing::info!(
+                    ?delay,
+                    "metaserver: the cloud is busy; the watch is registered again after a pause"
+                );
                 tokio::time::sleep(delay).await;
                 // The registrar gone: the watch ended with the server.
                 let _ = retries.send(retry);

@@ -477,12 +477,19 @@ fn configmap_config_loads_and_the_deployment_matches_it() {
         })
         .collect();
     let stream = &config.modules.cloud_stream;
+    assert!(
+        stream.egress.uds_name.as_os_str().is_empty(),
+        "the egress server listens on its port in a pod"
+    );
     let admin = port_of(&config.common_config.monitor_server.bind_address);
     let expected: BTreeMap<String, u16> = [
         ("websocket", hub.websocket.port),
         ("https", hub.https.port),
         ("stream", stream.stream_port),
         ("tunnel", stream.tunnel_port),
+        // The API server's way in (docs/streams.md): a TCP port, never the Unix socket,
+        // which a pod cannot offer on the API server's host.
+        ("egress", stream.egress.port),
         ("admin", admin),
     ]
     .into_iter()

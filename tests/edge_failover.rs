@@ -297,6 +297,94 @@ fn a_restarted_cloud_sends_nothing_the_edge_acknowledged_and_what_changed_while_
     assert_eq!(edge.pods(), ["db", "web"]);
 }
 
+/// The store identity recorded on `node`'s Node (`edgehive.io/store-id`), if any.
+fn recorded_store(admin: &str, node: &str) -> Option<String> {
+    let nodes = get(admin, "/api/v1/objects/nodes")?;
+    let items = nodes["items"].as_array()?;
+    let found = items.iter().find(|n| n["metadata"]["name"] == node)?;
+    found["metadata"]["annotations"]["edgehive.io/store-id"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// An edge whose store is wiped while the cloud is down (`edgehive reset` and `join` again,
+/// a disk replaced) comes back with an empty store to a cloud that reads from its records
+/// that the edge acknowledged everything, and knows nothing of the edge's previous store in
+/// memory. The store identity the cloud recorded on the Node says the store is another one:
+/// everything bound to the node is sent again, and the edge ends with every pod.
+#[test]
+fn an_edge_whose_store_was_replaced_while_the_cloud_was_down_gets_everything_again() {
+    let node = "wiped-a";
+    let dir = tempfile::tempdir().unwrap();
+    let edge_dir = tempfile::tempdir().unwrap();
+    let manifests = manifests(dir.path(), node);
+    let first = cloud(dir.path(), &manifests, 0);
+    let port: u16 = first.websocket.rsplit(':').next().unwrap().parse().unwrap();
+    let edge = Edge::start(edge_dir.path(), node, &[&first.websocket]);
+    apply(
+        &first.admin,
+        &format!(
+            "{}{}",
+            pod_yaml(node, "web", "nginx:1"),
+            pod_yaml(node, "db", "postgres:1")
+        ),
+    );
+    assert_eq!(converge("the pods", &first.admin, node, &edge.db), 3);
+    records_settled(&first.admin, node, 3);
+    let mut recorded = None;
+    wait("the edge's store recorded on its Node", || {
+        recorded = recorded_store(&first.admin, node);
+        recorded.is_none().then(|| "none yet".to_owned())
+    });
+
+    // The cloud stops; meanwhile the edge's store is wiped (a new file, a new identity).
+    drop(first.process);
+    drop(edge.process);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", edge.db.display()));
+    }
+    // The cloud restarts on its data (the Node, the pods and the records are in its cluster
+    // file; no manifest applied over them), and the edge starts on its new store.
+    let nothing = dir.path().join("no-manifests");
+    std::fs::create_dir_all(&nothing).unwrap();
+    let again = cloud(dir.path(), &nothing, port);
+    let edge = Edge::start(edge_dir.path(), node, &[&again.websocket]);
+    assert_eq!(
+        converge(
+            "everything again on the new store",
+            &again.admin,
+            node,
+            &edge.db
+        ),
+        3
+    );
+    assert_eq!(edge.pods(), ["db", "web"]);
+    assert_eq!(
+        metric(&again.admin, "edgehive_cloudhub_stores_replaced_total"),
+        1
+    );
+    wait("the new store recorded on the Node", || {
+        let now = recorded_store(&again.admin, node);
+        (now.is_none() || now == recorded).then(|| format!("{now:?}"))
+    });
+
+    // The same store again after another restart: nothing is sent again.
+    records_settled(&again.admin, node, 3);
+    let written = edge.written();
+    drop(again.process);
+    let third = cloud(dir.path(), &nothing, port);
+    wait("the edge back on the restarted cloud", || {
+        (edge.connected_to().as_deref() != Some(third.websocket.as_str()))
+            .then(|| format!("{}", edge.hub()))
+    });
+    assert_eq!(converge("the same store", &third.admin, node, &edge.db), 3);
+    assert_eq!(edge.written(), written, "nothing written again");
+    assert_eq!(
+        metric(&third.admin, "edgehive_cloudhub_stores_replaced_total"),
+        0
+    );
+}
+
 #[test]
 fn an_edge_joins_through_the_second_address_when_the_first_is_dead_and_stays_there() {
     let node = "failover-b";

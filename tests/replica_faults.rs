@@ -1045,3 +1045,53 @@ fn edges_of_a_replica_cut_off_for_good_end_equal_through_the_live_one() {
     let closed = metric(&rig.replicas[0].admin, handed_over);
     assert!(closed >= victims.len() as u64, "{closed} < {victims:?}");
 }
+
+/// An edge whose store is wiped while the replica serving it dies comes back, with an empty
+/// store, to the other replica, which reads from the records that the edge acknowledged
+/// everything and has never seen its store: the store identity the first replica recorded
+/// on the Node says it is another one, and everything bound to the node is sent again.
+#[test]
+fn an_edge_whose_store_was_wiped_while_its_replica_died_gets_everything_from_the_other() {
+    let mut rig = Rig::new(2, 1, "wiped");
+    let node = rig.edges[0].node.clone();
+    for n in 0..2 {
+        assert!(rig.kube.create_pod(&format!("seed-{node}-{n}"), &node));
+    }
+    assert_eq!(rig.converge("the seed pods on the first replica"), 3);
+    assert_eq!(
+        rig.edges[0].connected_to().as_deref(),
+        Some(rig.replicas[0].websocket.as_str())
+    );
+    wait("the edge's store recorded on its Node", || {
+        let node = rig.kube.get(&format!("/api/v1/nodes/{node}"))?;
+        node["metadata"]["annotations"]["edgehive.io/store-id"]
+            .is_null()
+            .then(|| "none yet".into())
+    });
+
+    // The edge stops and its store is deleted; its replica dies meanwhile.
+    let old = rig.edges.pop().unwrap();
+    let db = old.db.clone();
+    drop(old);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    rig.replicas[0].kill();
+    let servers = [
+        rig.replicas[0].websocket.as_str(),
+        rig.replicas[1].websocket.as_str(),
+    ];
+    let edge = Edge::start(rig._dir.path(), &node, &servers, None);
+    rig.edges.push(edge);
+    assert_eq!(
+        rig.converge("everything again on the new store, through the other replica"),
+        3
+    );
+    assert_eq!(
+        metric(
+            &rig.replicas[1].admin,
+            "edgehive_cloudhub_stores_replaced_total"
+        ),
+        1
+    );
+}

@@ -899,6 +899,70 @@ async fn an_online_watch_is_registered_with_the_cloud_fed_by_its_pushes_and_sync
     edge.server.stop().await;
 }
 
+/// The cloud refusing a watch as busy (503: DynamicController's queue full) used to leave
+/// the watch unregistered on the cloud until the edge reconnected: open, served from the
+/// store, never fed. Now the edge sends the watch application again after a backoff, each
+/// time it is refused busy, and counts it; the client's watch stays open throughout.
+#[actix_rt::test]
+async fn a_watch_the_cloud_refuses_as_busy_is_registered_again_after_a_backoff() {
+    let mut edge = online().await;
+    let (status, mut lines) = Lines::open(&format!(
+        "http://{}/api/v1/namespaces/default/configmaps?watch=true",
+        edge.server.addr()
+    ))
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(lines.next().await.unwrap()["type"], "ADDED");
+    let busy = |request: &Message| {
+        let mut answer = answer_to(request, 101);
+        answer.content["Status"] = json!("Rejected");
+        answer.content["Error"]["ErrStatus"] = json!({
+            "metadata": {}, "status": "Failure", "reason": "ServiceUnavailable", "code": 503,
+            "message": "the cloud's dynamicController is busy; try again"});
+        answer
+    };
+    // Refused busy twice, in a row: sent again each time.
+    let mut request = edge.cloud.frame_where(is_application).await;
+    for retry in 1..=2 {
+        assert_eq!(request.content["Verb"], "watch");
+        assert_eq!(request.content["Key"], "/core/v1/configmaps/default/null");
+        send_frame(&mut edge.session, &busy(&request)).await;
+        let again = edge.cloud.frame_where(is_application).await;
+        assert_eq!(again.content["Verb"], "watch", "retry {retry}");
+        assert_eq!(
+            again.content["Key"], request.content["Key"],
+            "retry {retry}"
+        );
+        assert_eq!(
+            metric(&edge.hive, "edgehive_metaserver_watch_retries_total"),
+            retry
+        );
+        request = again;
+    }
+    // Accepted: fed by the cloud's pushes, and not sent again.
+    send_frame(&mut edge.session, &answer_to(&request, 101)).await;
+    let mut push = Message::new(
+        ModuleName::DynamicController,
+        edgehive_protocols::Group::Resource,
+        Operation::Update,
+        "default/configmap/golden-cm",
+        configmap("golden-cm", 40, "v2"),
+    );
+    push.header.resource_version = "40".into();
+    send_frame(&mut edge.session, &push).await;
+    let modified = lines.next().await.unwrap();
+    assert_eq!(modified["object"]["data"]["k"], "v2");
+    // The watch ends: its sync, and no retry was left waiting.
+    drop(lines);
+    let sync = edge.cloud.frame_where(is_application).await;
+    assert_eq!(sync.content, json!({}), "the watch ended: only its sync");
+    assert_eq!(
+        metric(&edge.hive, "edgehive_metaserver_watch_retries_total"),
+        2
+    );
+    edge.server.stop().await;
+}
+
 #[actix_rt::test]
 async fn secrets_are_forbidden_on_every_path_unless_the_edge_serves_them() {
     let edge = offline(options()).await;

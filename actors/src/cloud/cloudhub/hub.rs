@@ -19,7 +19,9 @@ use super::pool::Enqueued;
 use crate::cloud::contract::ownership::{
     HandOver, NodeOwner, RecordsLoaded, RecordsRead, ReplicaActing,
 };
-use crate::cloud::contract::{route, DisconnectNode, Lane, NodeDeleted, Queued, ToNodes};
+use crate::cloud::contract::{
+    route, DisconnectNode, Lane, NodeDeleted, Queued, StoreReplaced, ToNodes,
+};
 use crate::cloud::ownership::Ownership;
 use crate::hive::locks;
 use crate::hive::{
@@ -163,6 +165,7 @@ impl Module for CloudHubModule {
             .message::<RecordsLoaded>()
             .message::<ReplicaActing>()
             .message::<HandOver>()
+            .message::<StoreReplaced>()
             .message::<ListNodes>();
         #[cfg(feature = "test-hooks")]
         accepts.message::<CrashNode>();
@@ -511,6 +514,19 @@ impl Handler<ReplicaActing> for CloudHub {
 /// Why a stepped-down replica closes a session (the edge then dials the next address).
 const HANDED_OVER: &str =
     "this cloud replica cannot renew its Lease (API server unreachable): try another replica";
+
+impl Handler<StoreReplaced> for CloudHub {
+    type Result = ();
+
+    /// EdgeController found another store recorded on the Node than the one the node
+    /// connected with (this process had not seen the node's store before).
+    fn handle(&mut self, replaced: StoreReplaced, _: &mut Context<Self>) {
+        let cell = self.shared.nodes().get(&replaced.node).cloned();
+        if let Some(cell) = cell {
+            cell.store_replaced(&replaced.store_id, &self.shared.hub);
+        }
+    }
+}
 
 impl Handler<HandOver> for CloudHub {
     type Result = ();

@@ -37,7 +37,7 @@ use super::link::{CloseSession, SessionHandle, WriteFrame};
 use super::pool::{Enqueued, NodePool};
 use crate::cloud::contract::application::SessionEnded;
 use crate::cloud::contract::extension;
-use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode};
+use crate::cloud::contract::{route, Acked, NodeMessage, ResyncNode, StoreSeen};
 use crate::cloud::ownership::{NodeOwnerInfo, Ownership};
 use crate::hive::locks;
 use crate::hive::log::{clip, WarnBudget};
@@ -91,6 +91,9 @@ struct NodeState {
     /// connection asks again until one is taken (set and cleared under the lock, so a
     /// connection racing the failed ask cannot miss it).
     resync_owed: bool,
+    /// The node's store was replaced before its records (what it acknowledged to an earlier
+    /// cloud) were read: when they come they are not taken, the edge no longer has it.
+    ignore_records: bool,
     /// What the node may still write now (see [`limits`]).
     writes: WriteBudget,
     /// Pod inserts let through that the cluster may not show yet (see [`limits::check_quota`]).
@@ -185,6 +188,7 @@ impl NodeCell {
                 close_reason: None,
                 store_id: None,
                 resync_owed: false,
+                ignore_records: false,
                 writes: WriteBudget::new(&hub.options.write_limits),
                 pending_pods: limits::PendingPods::default(),
                 bound: HashSet::new(),
@@ -335,10 +339,11 @@ impl NodeCell {
         }
     }
 
-    /// Hands the admitted connection to the node's actor.
     /// Hands connection `id` to the node's actor. `store_id` is the identity of the edge's
     /// store: another one than on the last connection means the edge lost what it had, so
-    /// the ACKed versions are forgotten and EdgeController sends everything again.
+    /// the ACKed versions are forgotten and EdgeController sends everything again. The first
+    /// one this process sees of the node goes to EdgeController, which compares it with the
+    /// one recorded on the Node (a store replaced while no cloud, or another one, ran).
     pub(crate) fn attach(
         &self,
         id: u64,
@@ -347,17 +352,20 @@ impl NodeCell {
         store_id: Option<String>,
         hub: &HubContext,
     ) {
-        let (replaced, resync) = {
+        let (replaced, new_store, resync, first_seen) = {
             let mut state = self.lock();
             let new_store = match (&state.store_id, &store_id) {
                 (Some(known), Some(now)) => known != now,
                 _ => false,
             };
+            let first_seen = match (&state.store_id, &store_id) {
+                (None, Some(now)) => Some(now.clone()),
+                _ => None,
+            };
             if store_id.is_some() {
-                state.store_id = store_id;
+                state.store_id = store_id.clone();
             }
             if new_store {
-                state.pool.forget_acked();
                 state.resync_owed = true;
             }
             let resync = state.resync_owed;
@@ -367,7 +375,7 @@ impl NodeCell {
                 since: SystemTime::now(),
                 stats,
             });
-            (replaced, resync)
+            (replaced, new_store, resync, first_seen)
         };
         // A replica records that it serves the node (one write per session start), and
         // writes to it once it knows what the edge acknowledged elsewhere (`records_read`).
@@ -382,6 +390,10 @@ impl NodeCell {
                 self.held.store(false, Ordering::SeqCst);
             }
         }
+        if new_store {
+            // After the hold is decided: records still to come are the lost store's.
+            self.forget_store();
+        }
         hub.ownership.session_opened(&self.name, id);
         if let Some(replaced) = replaced {
             close(&replaced, "replaced by a new connection");
@@ -391,6 +403,7 @@ impl NodeCell {
             hub.metrics.stores_replaced.inc();
             let resync = ResyncNode {
                 node: self.name.clone(),
+                store_id: store_id.clone().unwrap_or_default(),
             };
             match hub.hive.tell(route::EDGECONTROLLER, resync) {
                 Ok(()) => self.lock().resync_owed = false,
@@ -400,7 +413,60 @@ impl NodeCell {
                 }
             }
         }
+        if let Some(store_id) = first_seen {
+            let seen = StoreSeen {
+                node: self.name.clone(),
+                store_id,
+            };
+            match hub.hive.tell(route::EDGECONTROLLER, seen) {
+                Ok(())
+                | Err(Refused {
+                    error: HiveError::UnknownModule(_),
+                    ..
+                }) => {}
+                Err(refused) => {
+                    // Unknown again, so the node's next connection asks again.
+                    self.lock().store_id = None;
+                    hub.metrics.drop_reason("store_check_undelivered");
+                    tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController about the node's store; asking on the next connection");
+                }
+            }
+        }
         self.post(Attach);
+    }
+
+    /// Forgets what the node acknowledged: now, and in its records if they are still to come
+    /// (the session waits for them).
+    fn forget_store(&self) {
+        let mut state = self.lock();
+        state.pool.forget_acked();
+        if self.held.load(Ordering::Acquire) {
+            state.ignore_records = true;
+        }
+    }
+
+    /// The Node records another store than the one the node connected with (`store_id`):
+    /// unless another store connected since, what it acknowledged is forgotten (and its
+    /// records, if still to come, are not taken) and EdgeController sends everything again.
+    /// Says whether it did.
+    pub(crate) fn store_replaced(&self, store_id: &str, hub: &HubContext) -> bool {
+        if self.lock().store_id.as_deref() != Some(store_id) {
+            return false;
+        }
+        self.forget_store();
+        tracing::warn!(node = %self.name, "the edge's store is not the one the cluster recorded: sending everything bound to it again");
+        hub.metrics.stores_replaced.inc();
+        let resync = ResyncNode {
+            node: self.name.clone(),
+            store_id: store_id.to_owned(),
+        };
+        if let Err(refused) = hub.hive.tell(route::EDGECONTROLLER, resync) {
+            // Unknown again, so the node's next connection asks again.
+            self.lock().store_id = None;
+            tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController to send everything again; asking on the next connection");
+            return false;
+        }
+        true
     }
 
     /// The session `id` ended (closed by either side, or its actor stopped).
@@ -435,11 +501,16 @@ impl NodeCell {
     pub(crate) fn records_read(&self, acked: &[(String, String)]) {
         {
             let mut state = self.lock();
-            for (key, version) in acked {
-                state.pool.note_acked(key, version);
+            if std::mem::take(&mut state.ignore_records) {
+                tracing::info!(node = %self.name, records = acked.len(), "the node's records are of a store it no longer has: not taken");
+            } else {
+                for (key, version) in acked {
+                    state.pool.note_acked(key, version);
+                }
             }
+            // Under the lock, so a store found replaced meanwhile sees the records as read.
+            self.held.store(false, Ordering::Release);
         }
-        self.held.store(false, Ordering::Release);
         self.wake();
     }
 

@@ -320,6 +320,40 @@ pub(crate) struct NodeDeleted {
 pub(crate) struct ResyncNode {
     /// The node.
     pub node: String,
+    /// The identity of the store the node came back with, which EdgeController records on
+    /// the Node ([`STORE_ID_ANNOTATION`]).
+    pub store_id: String,
+}
+
+/// The Node annotation holding the identity of the edge's store the cloud last saw
+/// (`edgehive-store-id` in the handshake): it outlives the cloud process and is shared by
+/// replicas, so a cloud that never saw the node's previous store still tells a replaced one.
+/// Written by EdgeController with a merge patch, only when it changes.
+pub(crate) const STORE_ID_ANNOTATION: &str = "edgehive.io/store-id";
+
+/// This process saw the node's store for the first time (a session's `edgehive-store-id`):
+/// EdgeController compares it with the one recorded on the Node ([`STORE_ID_ANNOTATION`]).
+/// None recorded: it is recorded, nothing is resent. Another one: CloudHub is told
+/// ([`StoreReplaced`]).
+#[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
+#[rtype(result = "()")]
+pub(crate) struct StoreSeen {
+    /// The node.
+    pub node: String,
+    /// Its store's identity.
+    pub store_id: String,
+}
+
+/// The Node records another store than the one the node connected with: CloudHub forgets
+/// what the node ACKed (and what the sync records say it did) and asks EdgeController to
+/// send everything again ([`ResyncNode`]), if the node is still on that store.
+#[derive(Debug, Clone, PartialEq, Eq, ActixMessage)]
+#[rtype(result = "()")]
+pub(crate) struct StoreReplaced {
+    /// The node.
+    pub node: String,
+    /// The store it connected with.
+    pub store_id: String,
 }
 
 /// Whether `message` goes to the ACK lane (`true`) or is written once without ACK (`false`).

@@ -374,7 +374,7 @@ impl DynamicController {
 
     fn command(&self, command: Command) -> bool {
         match &self.commands {
-            Some(commands) => commands.try_send(command).is_ok(),
+            Some(commands) => commands.send(command),
             None => false,
         }
     }
@@ -768,5 +768,86 @@ impl Handler<crate::hive::Envelope> for DynamicController {
             Typed::Unparsed(unparsed) => self.handle(unparsed, ctx),
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::cluster::EmbeddedCluster;
+
+    fn subscription(node: &str, id: usize) -> Subscription {
+        Subscription {
+            node: node.to_owned(),
+            id: format!("watch-{id}"),
+            resource: find("", "v1", "services").unwrap(),
+            scope: Scope::All,
+            namespace: String::new(),
+            labels: Selector::default(),
+            fields: Selector::default(),
+        }
+    }
+
+    /// The watch task stalled (CloudHub not taking its pushes) with its queue full of
+    /// subscriptions: a node's connection ending used to lose its clean-up to the full queue
+    /// (`try_send`), leaving its watches registered in the task for good while the
+    /// controller forgot them. Now the clean-up waits its turn behind them.
+    #[actix_rt::test]
+    async fn a_connection_ending_while_the_watch_queue_is_full_still_ends_its_watches() {
+        let hive = Hive::new("cloud");
+        let cluster = EmbeddedCluster::new();
+        let policy = Policy::new(&["services".into()], Arc::new(cluster.clone())).unwrap();
+        let mut controller = DynamicController::new(
+            hive.clone(),
+            Arc::new(cluster),
+            policy,
+            Metrics::register(&hive),
+            usize::MAX,
+            Arc::new(Semaphore::new(1)),
+            Arc::new(Semaphore::new(1)),
+        );
+        let (commands, mut task) = watches::channel();
+        controller.commands = Some(commands);
+        // Nodes fill the queue; one more watch is refused busy, as before.
+        for id in 0..watches::COMMAND_CAPACITY {
+            let node = format!("edge-{}", id % 4);
+            controller
+                .register(&node, 1, subscription(&node, id))
+                .unwrap();
+        }
+        let refused = controller
+            .register("edge-0", 1, subscription("edge-0", usize::MAX))
+            .unwrap_err();
+        assert_eq!((refused.code, refused.label), (503, "busy"));
+        // edge-1's connection ends, twice over (its session, then a newer one's sync).
+        controller.handle(
+            SessionEnded {
+                node: "edge-1".into(),
+                session: 1,
+            },
+            &mut Context::new(),
+        );
+        assert!(!controller.nodes.contains_key("edge-1"));
+        // The task catches up: every subscription, then edge-1's clean-up, in that order.
+        let mut subscribed = 0;
+        let mut kept = Vec::new();
+        while let Ok(Some(command)) =
+            tokio::time::timeout(std::time::Duration::from_millis(200), task.recv()).await
+        {
+            match command {
+                Command::Subscribe(_) => {
+                    assert!(kept.is_empty(), "a clean-up overtook a subscription");
+                    subscribed += 1;
+                }
+                Command::Keep { node, ids } => kept.push((node, ids)),
+                Command::NeedTopology => {}
+            }
+        }
+        assert_eq!(subscribed, watches::COMMAND_CAPACITY);
+        assert_eq!(kept, [("edge-1".to_owned(), HashSet::new())]);
+        // And the queue takes subscriptions again once the task took them.
+        controller
+            .register("edge-2", 1, subscription("edge-2", usize::MAX))
+            .unwrap();
     }
 }

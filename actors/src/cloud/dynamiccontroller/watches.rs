@@ -11,6 +11,7 @@
 //! order the watcher gives them.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use edgehive_protocols::object::meta_str;
@@ -169,7 +170,7 @@ impl WatchHub {
     }
 
     /// Runs until the controller drops its sender.
-    pub(super) async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+    pub(super) async fn run(mut self, mut commands: CommandReceiver) {
         loop {
             self.outbox.room().await;
             if !self.waiting.is_empty() && *self.topology.synced.borrow() {
@@ -567,17 +568,84 @@ fn same_view(
     strip(&before) == strip(shown)
 }
 
-/// The controller's way into the task.
-pub(super) type Commands = mpsc::Sender<Command>;
+impl Command {
+    /// Whether it only takes away (a node's watches ended or narrowed): never refused.
+    fn cleans_up(&self) -> bool {
+        matches!(self, Command::Keep { .. })
+    }
+}
+
+/// The controller's way into the task: one channel, so the task takes commands in the order
+/// they were sent (a clean-up never overtakes the subscription it ends, nor the reverse).
+/// Commands that add (subscriptions, the topology) are bounded by [`COMMAND_CAPACITY`]
+/// waiting; clean-ups ([`Command::Keep`]) are never refused, so no watch stays registered
+/// because the task was busy when its connection ended. They are bounded all the same: each
+/// takes away at least one watch the controller counted, and the controller counts at most
+/// `maxWatchesPerNode` per node plus the subscriptions waiting.
+#[derive(Debug, Clone)]
+pub(super) struct Commands {
+    sender: mpsc::UnboundedSender<Command>,
+    /// Commands that add, sent and not yet taken by the task.
+    adding: Arc<AtomicUsize>,
+}
+
+/// The task's end of [`Commands`].
+pub(super) struct CommandReceiver {
+    receiver: mpsc::UnboundedReceiver<Command>,
+    adding: Arc<AtomicUsize>,
+}
+
+impl Commands {
+    /// Sends `command`; `false` when the task is gone or, for a command that adds, when
+    /// [`COMMAND_CAPACITY`] of those wait already.
+    pub(super) fn send(&self, command: Command) -> bool {
+        let adds = !command.cleans_up();
+        if adds && self.adding.fetch_add(1, Ordering::AcqRel) >= COMMAND_CAPACITY {
+            self.adding.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        if self.sender.send(command).is_err() {
+            if adds {
+                self.adding.fetch_sub(1, Ordering::AcqRel);
+            }
+            return false;
+        }
+        true
+    }
+}
+
+impl CommandReceiver {
+    /// The next command; `None` once every [`Commands`] is dropped.
+    pub(super) async fn recv(&mut self) -> Option<Command> {
+        let command = self.receiver.recv().await?;
+        if !command.cleans_up() {
+            self.adding.fetch_sub(1, Ordering::AcqRel);
+        }
+        Some(command)
+    }
+}
+
+/// A way into a task and the task's end of it.
+pub(super) fn channel() -> (Commands, CommandReceiver) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let adding = Arc::new(AtomicUsize::new(0));
+    (
+        Commands {
+            sender,
+            adding: adding.clone(),
+        },
+        CommandReceiver { receiver, adding },
+    )
+}
 
 /// Starts the task on the current arbiter; the returned sender is its only way in.
 pub(super) fn start(hub: WatchHub) -> Commands {
-    let (sender, receiver) = mpsc::channel(COMMAND_CAPACITY);
+    let (sender, receiver) = channel();
     actix::spawn(hub.run(receiver));
     sender
 }
 
-/// Commands that may wait for the task. Overflow policy: a watch that finds it full is
-/// refused (503, counted `busy`); a connection's end is retried by the node's next
-/// application, which drops what older connections registered.
+/// Commands that add (subscriptions, the topology) that may wait for the task. Overflow
+/// policy: a watch that finds it full is refused (503, counted `busy`; the edge's MetaServer
+/// asks again with a backoff). Clean-ups are not counted here and never refused.
 pub(super) const COMMAND_CAPACITY: usize = 1024;

@@ -25,13 +25,42 @@ use serde_json::Value;
 
 use super::location::{LocationCache, ObjectRef, RefKind};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
-use crate::cloud::contract::{downstream, route, NodeMessage, ToNodes};
+use crate::cloud::contract::{
+    downstream, route, NodeMessage, StoreReplaced, ToNodes, STORE_ID_ANNOTATION,
+};
 use crate::cloud::outbox::{Outbox, RETRY_INTERVAL};
 use crate::cloud::watcher::{keep_all, Keep, KindWatcher, WatchMetrics};
+use crate::hive::{Hive, HiveError, Refused};
 use edgehive_protocols::object::{is_newer, meta_str, namespaced_key};
 
 /// The label that marks a Node as an edge node.
 const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
+
+/// Most store checks waiting for their Node to be seen (an edge connects before it
+/// registers its Node). Overflow policy: a check beyond it is dropped and logged; the node's
+/// store is then checked on the next cloud start (a bound no node can pass by reconnecting,
+/// as each node waits at most once).
+const UNSEEN_CAPACITY: usize = 4096;
+
+/// What the watch loop hears about the edges' stores (see [`STORE_ID_ANNOTATION`]).
+#[derive(Debug)]
+pub(crate) enum StoreNote {
+    /// The first store this process saw of the node: compared with the Node's record.
+    Seen {
+        /// The node.
+        node: String,
+        /// Its store's identity.
+        store_id: String,
+    },
+    /// The node's store was replaced (CloudHub forgot what it acknowledged): everything
+    /// bound to it goes again, and the store is recorded.
+    Resync {
+        /// The node.
+        node: String,
+        /// Its new store's identity.
+        store_id: String,
+    },
+}
 
 /// What was last seen of a pod.
 struct PodSeen {
@@ -62,6 +91,7 @@ pub(crate) use crate::cloud::contract::object_message;
 
 /// The watch loop's state.
 pub(crate) struct Watcher {
+    hive: Hive,
     cluster: SharedCluster,
     outbox: Outbox,
     node_updates: bool,
@@ -71,6 +101,10 @@ pub(crate) struct Watcher {
     location: LocationCache,
     /// The ConfigMaps and Secrets as last seen (what a node gaining a user is sent).
     objects: HashMap<ObjectRef, Value>,
+    /// Every Node seen, with the store recorded on it (or written since).
+    stores: HashMap<String, Option<String>>,
+    /// Stores seen of nodes whose Node is not seen yet, checked when it is.
+    unseen: HashMap<String, String>,
 }
 
 /// What a Deleted found by a list carries of a pod: its identity and node, enough for the
@@ -89,8 +123,14 @@ impl Watcher {
     /// A watcher with nothing seen yet.
     /// `node_updates`: whether edge nodes get their Node object (KubeEdge HEAD) or not
     /// (v1.22.0).
-    pub(crate) fn new(cluster: SharedCluster, outbox: Outbox, node_updates: bool) -> Self {
+    pub(crate) fn new(
+        hive: Hive,
+        cluster: SharedCluster,
+        outbox: Outbox,
+        node_updates: bool,
+    ) -> Self {
         Watcher {
+            hive,
             cluster,
             outbox,
             node_updates,
@@ -98,16 +138,18 @@ impl Watcher {
             pods: HashMap::new(),
             location: LocationCache::default(),
             objects: HashMap::new(),
+            stores: HashMap::new(),
+            unseen: HashMap::new(),
         }
     }
 
     /// Follows Nodes, Pods, ConfigMaps and Secrets (each with [`KindWatcher`]: listed, then
-    /// watched, listed again after a lag or a failure) for as long as the actor lives; a node
-    /// name on `resyncs` (its edge came back with another store) is sent everything bound to
-    /// it again.
+    /// watched, listed again after a lag or a failure) for as long as the actor lives; the
+    /// notes on `stores` say which nodes came back with another store (sent everything bound
+    /// to them again) and which stores to check against the Node's record.
     pub(crate) async fn run(
         mut self,
-        mut resyncs: tokio::sync::mpsc::Receiver<String>,
+        mut stores: tokio::sync::mpsc::Receiver<StoreNote>,
         metrics: WatchMetrics,
     ) {
         let follow = |kind: &str, keep: Option<Keep>| {
@@ -146,15 +188,88 @@ impl Watcher {
                 change = pods.next() => if let Some(event) = change.into_event() {
                     self.on_pod(event);
                 },
-                Some(node) = resyncs.recv() => {
-                    if self.edge_nodes.contains_key(&node) {
-                        tracing::info!(%node, "sending everything bound to the node again");
-                        self.node_became_edge(&node);
-                    }
-                }
+                Some(note) = stores.recv() => self.on_store(note),
                 _ = retry.tick(), if !self.outbox.is_empty() => self.outbox.flush(),
             }
         }
+    }
+
+    // ---- stores ----
+
+    fn on_store(&mut self, note: StoreNote) {
+        match note {
+            StoreNote::Seen { node, store_id } => {
+                if self.stores.contains_key(&node) {
+                    self.check_store(&node, store_id);
+                } else if self.unseen.len() < UNSEEN_CAPACITY || self.unseen.contains_key(&node) {
+                    self.unseen.insert(node, store_id);
+                } else {
+                    tracing::warn!(%node, "too many store checks wait for their Node; this one is dropped");
+                }
+            }
+            StoreNote::Resync { node, store_id } => {
+                if self.edge_nodes.contains_key(&node) {
+                    tracing::info!(%node, "sending everything bound to the node again");
+                    self.node_became_edge(&node);
+                }
+                self.record_store(&node, store_id);
+            }
+        }
+    }
+
+    /// The first store this process saw of `node`, against the one recorded on its Node:
+    /// none recorded, it is recorded (nothing is resent: a node first seen, or coming from
+    /// cloudcore); the same, nothing; another, CloudHub forgets what the node acknowledged
+    /// and asks for everything again ([`StoreNote::Resync`], which records it).
+    fn check_store(&mut self, node: &str, store_id: String) {
+        let recorded = self.stores.get(node).cloned().flatten();
+        match recorded {
+            None => self.record_store(node, store_id),
+            Some(recorded) if recorded == store_id => {}
+            Some(_) => {
+                tracing::warn!(%node, "the node's store is not the one recorded on its Node");
+                let replaced = StoreReplaced {
+                    node: node.to_owned(),
+                    store_id,
+                };
+                match self.hive.tell(route::CLOUDHUB, replaced) {
+                    Ok(())
+                    | Err(Refused {
+                        error: HiveError::UnknownModule(_),
+                        ..
+                    }) => {}
+                    Err(refused) => {
+                        tracing::warn!(%node, error = %refused.error, "cannot tell CloudHub the node's store was replaced");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records `store_id` on `node`'s Node if it is not what the Node holds: one merge patch
+    /// per store change. A Node not seen yet is left alone (its check waits for it).
+    fn record_store(&mut self, node: &str, store_id: String) {
+        let Some(recorded) = self.stores.get_mut(node) else {
+            return;
+        };
+        if recorded.as_deref() == Some(store_id.as_str()) {
+            return;
+        }
+        *recorded = Some(store_id.clone());
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {STORE_ID_ANNOTATION: store_id}}});
+        let write = self.cluster.patch("Node", None, node, patch, false);
+        let node = node.to_owned();
+        actix::spawn(async move {
+            match write.await {
+                Ok(_) => tracing::info!(%node, "recorded the edge's store on its Node"),
+                // The next cloud start compares with the older record and sends everything
+                // again: more than needed, never less.
+                Err(error) => {
+                    tracing::warn!(%node, %error, "cannot record the edge's store on its Node")
+                }
+            }
+        });
     }
 
     // ---- nodes ----
@@ -163,10 +278,19 @@ impl Watcher {
         let node = &event.object;
         let name = meta_str(node, "name").to_owned();
         if event.event_type == EventType::Deleted {
+            self.stores.remove(&name);
+            self.unseen.remove(&name);
             if self.edge_nodes.contains_key(&name) {
                 self.node_deleted(&name);
             }
             return;
+        }
+        let recorded = node["metadata"]["annotations"][STORE_ID_ANNOTATION]
+            .as_str()
+            .map(str::to_owned);
+        self.stores.insert(name.clone(), recorded);
+        if let Some(store_id) = self.unseen.remove(&name) {
+            self.check_store(&name, store_id);
         }
         if !is_edge_node(node) {
             if self.edge_nodes.remove(&name).is_some() {

@@ -26,11 +26,11 @@ use prometheus_client::metrics::family::Family;
 use tokio::sync::Semaphore;
 
 use crate::cloud::cluster::SharedCluster;
-use crate::cloud::contract::ResyncNode;
+use crate::cloud::contract::{ResyncNode, StoreSeen};
 use crate::cloud::outbox::{deliver_reply, offer_message, Outbox};
 use crate::cloud::watcher::WatchMetrics;
 use crate::hive::{Accepts, Envelope, Hive, Module};
-use downstream::Watcher;
+use downstream::{StoreNote, Watcher};
 pub use upstream::Request;
 pub(crate) use upstream::{EdgeRequest, ParseError, RequestKind, Unparsed};
 
@@ -173,7 +173,8 @@ impl Module for EdgeControllerModule {
         accepts
             .message::<EdgeRequest>()
             .message::<Unparsed>()
-            .message::<ResyncNode>();
+            .message::<ResyncNode>()
+            .message::<StoreSeen>();
     }
 }
 
@@ -184,8 +185,9 @@ pub struct EdgeController {
     metrics: Metrics,
     limits: Arc<HashMap<RequestKind, Limit>>,
     node_updates: bool,
-    /// Nodes whose store was replaced, for the watch loop to send everything again.
-    resync: Option<tokio::sync::mpsc::Sender<String>>,
+    /// Nodes whose store was replaced (for the watch loop to send everything again) or seen
+    /// for the first time (to compare with the Node's record).
+    resync: Option<tokio::sync::mpsc::Sender<StoreNote>>,
 }
 
 impl Actor for EdgeController {
@@ -199,7 +201,12 @@ impl Actor for EdgeController {
         );
         let (resync, resyncs) = tokio::sync::mpsc::channel(RESYNC_CAPACITY);
         self.resync = Some(resync);
-        let watcher = Watcher::new(self.cluster.clone(), outbox, self.node_updates);
+        let watcher = Watcher::new(
+            self.hive.clone(),
+            self.cluster.clone(),
+            outbox,
+            self.node_updates,
+        );
         let metrics = WatchMetrics::of(&self.hive);
         ctx.spawn(actix::fut::wrap_future(watcher.run(resyncs, metrics)));
     }
@@ -231,19 +238,34 @@ impl Handler<Envelope> for EdgeController {
     }
 }
 
-/// Nodes waiting to be sent everything again. Overflow policy: a node beyond it is logged and
-/// not resent until its store changes again (a bound no edge can reach by reconnecting, as
-/// each node waits at most once).
+/// Nodes waiting to be sent everything again or to have their store checked. Overflow
+/// policy: a note beyond it is logged and dropped (the node is not resent until its store
+/// changes again, or checked until the next cloud start): a bound no edge can reach by
+/// reconnecting, as each node sends at most one note per store change and cloud start.
 const RESYNC_CAPACITY: usize = 4096;
+
+impl EdgeController {
+    fn note_store(&self, note: StoreNote) {
+        let Some(resync) = &self.resync else { return };
+        if let Err(error) = resync.try_send(note) {
+            tracing::warn!(%error, "cannot queue a node's store note");
+        }
+    }
+}
 
 impl Handler<ResyncNode> for EdgeController {
     type Result = ();
 
-    fn handle(&mut self, ResyncNode { node }: ResyncNode, _: &mut Context<Self>) {
-        let Some(resync) = &self.resync else { return };
-        if let Err(error) = resync.try_send(node) {
-            tracing::warn!(%error, "cannot queue a node to be sent everything again");
-        }
+    fn handle(&mut self, ResyncNode { node, store_id }: ResyncNode, _: &mut Context<Self>) {
+        self.note_store(StoreNote::Resync { node, store_id });
+    }
+}
+
+impl Handler<StoreSeen> for EdgeController {
+    type Result = ();
+
+    fn handle(&mut self, StoreSeen { node, store_id }: StoreSeen, _: &mut Context<Self>) {
+        self.note_store(StoreNote::Seen { node, store_id });
     }
 }
 

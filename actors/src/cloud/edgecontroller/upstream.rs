@@ -13,11 +13,11 @@ use edgehive_protocols::{CloudResource, Message, ResourceType};
 use serde_json::{json, Value};
 
 use crate::cloud::cluster::{ClusterError, SharedCluster};
-use crate::cloud::contract::downstream;
 pub use crate::cloud::contract::request::Request;
 pub(crate) use crate::cloud::contract::request::{
     reply_on, EdgeRequest, ParseError, RequestKind, Unparsed,
 };
+use crate::cloud::contract::{downstream, STORE_ID_ANNOTATION};
 
 impl EdgeRequest {
     /// Runs the request against `cluster`: the reply (if KubeEdge sends one) and any other
@@ -76,10 +76,11 @@ impl EdgeRequest {
                     let mut live = cluster.get("Node", None, &name).await?;
                     for field in ["labels", "annotations"] {
                         if let Some(Value::Object(given)) = node["metadata"].get(field) {
-                            // The cloud's own mark stays as the cloud set it.
-                            let given = given
-                                .iter()
-                                .filter(|(key, _)| key.as_str() != SELF_REGISTERED_ANNOTATION);
+                            // The cloud's own marks stay as the cloud set them.
+                            let given = given.iter().filter(|(key, _)| {
+                                key.as_str() != SELF_REGISTERED_ANNOTATION
+                                    && key.as_str() != STORE_ID_ANNOTATION
+                            });
                             for (key, value) in given {
                                 live["metadata"][field][key] = value.clone();
                             }

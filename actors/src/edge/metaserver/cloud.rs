@@ -9,6 +9,14 @@
 //! sends them all again (from the version each has reached) after a reconnect, and sends
 //! `watchapp/sync` when one ends, naming the watch applications still open (the cloud keeps
 //! exactly those: `{}` would end every watch of the node, not only the one that ended).
+//!
+//! A watch application the cloud refuses as busy (503: DynamicController's queue is full) is
+//! sent again after a backoff ([`RETRY_FIRST`], doubling up to [`RETRY_MAX`]) for as long as
+//! the watch stays open on the same connection, each retry counted
+//! (`edgehive_metaserver_watch_retries_total`). The client's watch stays open meanwhile,
+//! served from the store, as while the edge is offline: a kubelet-style client would only
+//! relist and watch again into the same busy cloud. Other refusals (429 `watch_limit`, 403)
+//! are not retried: they hold until something changes on the edge.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +32,20 @@ use crate::hive::Hive;
 
 /// How much longer than `remoteQueryTimeout` a request waits for EdgeHub's own timeout.
 const CALL_MARGIN: Duration = Duration::from_secs(1);
+
+/// The wait before a watch application refused as busy is sent again the first time.
+pub(super) const RETRY_FIRST: Duration = Duration::from_millis(500);
+
+/// The longest wait between two sends of a watch application refused as busy.
+pub(super) const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The wait before retry `attempt` (0 = the first): doubling from [`RETRY_FIRST`], at most
+/// [`RETRY_MAX`].
+fn retry_delay(attempt: u32) -> Duration {
+    RETRY_FIRST
+        .saturating_mul(1 << attempt.min(16))
+        .min(RETRY_MAX)
+}
 
 /// What the cloud answered: the HTTP code and body to pass on.
 #[derive(Debug, Clone, PartialEq)]
@@ -115,6 +137,15 @@ enum Note {
     Closed(u64),
 }
 
+/// A watch's application was refused as busy: send it again if the watch is still open and
+/// not registered since (its `generation`).
+#[derive(Debug)]
+struct Retry {
+    id: u64,
+    generation: u64,
+    attempt: u32,
+}
+
 struct Opened {
     id: u64,
     key: ApplicationKey,
@@ -158,6 +189,8 @@ pub(super) struct RegistrarContext {
     pub(super) connection: Arc<CloudConnection>,
     pub(super) node: String,
     pub(super) timeout: Duration,
+    /// Counts watch applications sent again after a busy refusal.
+    pub(super) retries: prometheus_client::metrics::counter::Counter,
 }
 
 impl Registrar {
@@ -223,11 +256,20 @@ struct Held {
     last: Arc<AtomicU64>,
     /// The application last sent for it (what `watchapp/sync` names), if any.
     sent: Option<Application>,
+    /// How many times it was registered: a retry of an older registration is dropped.
+    generation: u64,
 }
 
 impl Held {
-    /// Sends the watch's application from the version it has reached, and keeps it.
-    fn register(&mut self, context: &RegistrarContext) {
+    /// Sends the watch's application from the version it has reached, and keeps it; a busy
+    /// refusal comes back on `retries` after the backoff of `attempt`.
+    fn register(
+        &mut self,
+        context: &RegistrarContext,
+        id: u64,
+        attempt: u32,
+        retries: &mpsc::UnboundedSender<Retry>,
+    ) {
         let app = watch_application(
             &context.node,
             &self.key,
@@ -235,7 +277,41 @@ impl Held {
             self.last.load(Ordering::Relaxed),
         );
         self.sent = Some(app.clone());
-        send(context, Ask::Application(Box::new(app)));
+        self.generation += 1;
+        let retry = Retry {
+            id,
+            generation: self.generation,
+            attempt,
+        };
+        let (hive, timeout, retries) = (context.hive.clone(), context.timeout, retries.clone());
+        actix_rt::spawn(async move {
+            let reply = match ask_cloud(&hive, Ask::Application(Box::new(app)), timeout).await {
+                Ok(reply) => reply,
+                Err(error) => {
+                    tracing::debug!(%error, "metaserver: the cloud did not answer a watch application");
+                    return;
+                }
+            };
+            let busy = reply.application().is_some_and(|answer| {
+                answer.status == ApplicationStatus::Rejected
+                    && answer
+                        .error
+                        .err_status
+                        .get("code")
+                        .and_then(serde_json::Value::as_u64)
+                        == Some(503)
+            });
+            if busy {
+                let delay = retry_delay(retry.attempt);
+                tracing::info!(
+                    ?delay,
+                    "metaserver: the cloud is busy; the watch is registered again after a pause"
+                );
+                tokio::time::sleep(delay).await;
+                // The registrar gone: the watch ended with the server.
+                let _ = retries.send(retry);
+            }
+        });
     }
 }
 
@@ -250,6 +326,9 @@ fn held_applications(open: &HashMap<u64, Held>) -> BTreeMap<String, Application>
 async fn run(context: RegistrarContext, mut notes: mpsc::Receiver<Note>) {
     let mut state = context.connection.subscribe();
     let mut open: HashMap<u64, Held> = HashMap::new();
+    // At most one retry per open watch waits (a registration is retried only after its
+    // refusal): bounded by the open watches.
+    let (retry_sender, mut retries) = mpsc::unbounded_channel::<Retry>();
     loop {
         let connected = state.borrow_and_update().is_connected();
         tokio::select! {
@@ -257,9 +336,9 @@ async fn run(context: RegistrarContext, mut notes: mpsc::Receiver<Note>) {
                 None => return,
                 Some(Note::Open(opened)) => {
                     let Opened { id, key, options, last } = *opened;
-                    let mut held = Held { key, options, last, sent: None };
+                    let mut held = Held { key, options, last, sent: None, generation: 0 };
                     if connected {
-                        held.register(&context);
+                        held.register(&context, id, 0, &retry_sender);
                     }
                     open.insert(id, held);
                 }
@@ -269,13 +348,21 @@ async fn run(context: RegistrarContext, mut notes: mpsc::Receiver<Note>) {
                     }
                 }
             },
+            Some(retry) = retries.recv() => {
+                if let Some(held) = open.get_mut(&retry.id) {
+                    if connected && held.generation == retry.generation {
+                        context.retries.inc();
+                        held.register(&context, retry.id, retry.attempt.saturating_add(1), &retry_sender);
+                    }
+                }
+            }
             changed = state.changed() => {
                 if changed.is_err() {
                     return;
                 }
                 if *state.borrow() == ConnectionState::Connected {
-                    for held in open.values_mut() {
-                        held.register(&context);
+                    for (id, held) in open.iter_mut() {
+                        held.register(&context, *id, 0, &retry_sender);
                     }
                 }
             }

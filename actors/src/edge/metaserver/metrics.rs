@@ -38,6 +38,7 @@ pub(super) struct Metrics {
     refused: Family<ReasonLabels, Counter>,
     pub(super) watches: Gauge,
     pub(super) cloud_fallbacks: Counter,
+    pub(super) watch_retries: Counter,
 }
 
 impl Metrics {
@@ -66,6 +67,11 @@ impl Metrics {
             "Lists and gets answered from the store because the cloud did not answer in time \
              or the link dropped",
             metrics.cloud_fallbacks.clone(),
+        );
+        registry.register(
+            "edgehive_metaserver_watch_retries",
+            "Watch applications sent to the cloud again after it refused them as busy (503)",
+            metrics.watch_retries.clone(),
         );
         metrics
     }

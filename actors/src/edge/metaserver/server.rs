@@ -77,12 +77,14 @@ impl MetaServer {
     ) -> Result<MetaServer, MetaServerError> {
         let history = History::start(&store, options.history).await?;
         let connection = CloudConnection::of(hive);
+        let metrics = Metrics::register(hive);
         let registrar = Registrar::start(
             RegistrarContext {
                 hive: hive.clone(),
                 connection: connection.clone(),
                 node: options.node_name.clone(),
                 timeout: options.remote_query_timeout,
+                retries: metrics.watch_retries.clone(),
             },
             options.max_watches * 2 + 16,
         );
@@ -94,7 +96,7 @@ impl MetaServer {
         let listener = std::net::TcpListener::bind(&options.server).map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
         let served = web::Data::new(Served {
-            metrics: Metrics::register(hive),
+            metrics,
             watches: Arc::new(Semaphore::new(options.max_watches)),
             in_flight: Arc::new(Semaphore::new(options.max_requests_in_flight)),
             hive: hive.clone(),

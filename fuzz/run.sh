@@ -17,7 +17,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="${FUZZ_WORK_DIR:-$here/../target/fuzz}"
 triple="$(rustc -vV | sed -n 's/^host: //p')"
-targets=(frame resource token csr config ws_frames tunnel)
+targets=(frame resource token csr config ws_frames tunnel rule topic)
 
 # SanitizerCoverage as cargo-fuzz sets it up: edge counters, the PC table and compare
 # tracing (libFuzzer's value profile and its dictionary from comparisons).

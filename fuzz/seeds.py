@@ -136,5 +136,47 @@ for (direction, name), payload in sorted(tunnel.items()):
 write('tunnel', 'varint-overflow', b'\xff' * 10 + b'\x01\x03')
 write('tunnel', 'unknown-type', b'\x01\x07data')
 
+# Rules (the Router): a REST call's path, then a Rule or RuleEndpoint as the API server
+# sends it (KubeEdge's examples: rest -> eventbus, eventbus -> rest, rest -> servicebus).
+def rule(name, source, source_resource, target, target_resource):
+    return json.dumps({'apiVersion': 'rules.kubeedge.io/v1', 'kind': 'Rule',
+                       'metadata': {'name': name, 'namespace': 'default'},
+                       'spec': {'source': source, 'sourceResource': source_resource,
+                                'target': target, 'targetResource': target_resource},
+                       'status': {'successMessages': 3, 'failMessages': 1, 'errors': ['x']}})
+
+
+def endpoint(name, kind, properties=None):
+    return json.dumps({'apiVersion': 'rules.kubeedge.io/v1', 'kind': 'RuleEndpoint',
+                       'metadata': {'name': name, 'namespace': 'default'},
+                       'spec': {'ruleEndpointType': kind, 'properties': properties or {}}})
+
+
+for name, (path, obj) in {
+    'rest-to-eventbus': ('/edge-1/default/a', rule('r1', 'my-rest', {'path': '/a'}, 'my-eventbus', {'topic': 'test'})),
+    'rest-param': ('/edge-1/default/a/b/c', rule('r2', 'my-rest', {'path': '/a/{id}'}, 'my-eventbus', {'topic': 'test/'})),
+    'eventbus-to-rest': ('node/edge-1/default/test-1', rule('r3', 'my-eventbus', {'topic': 'test-1', 'node_name': 'edge-1'}, 'my-rest', {'resource': 'http://127.0.0.1:8080/up'})),
+    'rest-to-servicebus': ('/edge-1/default/svc', rule('r4', 'my-rest', {'path': '/svc'}, 'my-servicebus', {'path': '/api'})),
+    'endpoint-servicebus': ('/edge-1/default', endpoint('my-servicebus', 'servicebus', {'service_port': '6666'})),
+    'endpoint-rest': ('//default/a', endpoint('my-rest', 'rest')),
+    'bad-path': ('/Edge/../a/+/#', rule('r5', 'my-rest', {'path': 7}, 'x', None)),
+}.items():
+    write('rule', name, path + '\n' + obj)
+
+# Topics (EventBus): a filter, a topic and a node name, one a line.
+for name, lines in {
+    'twin-update': ['$hw/events/device/+/twin/update', '$hw/events/device/thermo-1/twin/update', 'edge-1'],
+    'twin-get': ['$hw/events/device/+/twin/get', '$hw/events/device/d/twin/get', 'edge-1'],
+    'state-update': ['$hw/events/device/+/state/update', '$hw/events/device/d/state/update', 'edge-1'],
+    'membership-get': ['$hw/events/node/edge-1/membership/get', '$hw/events/node/edge-1/membership/get', 'edge-1'],
+    'upload': ['$hw/events/upload/#', '$hw/events/upload/records/1', 'edge-1'],
+    'upload-records': ['SYS/dis/upload_records', 'SYS/dis/upload_records', 'edge-1'],
+    'user-tree': ['+/user/#', 'default/user/temperature', 'edge-1'],
+    'rule-topic': ['default/test-1', 'default/test-1', 'edge-1'],
+    'rule-wildcards': ['default/a/+/b/#', 'default/a/x/b', 'edge-1'],
+    'bad-rule': ['default/#/a', '$SYS/broker/load', 'Edge_1'],
+}.items():
+    write('topic', name, '\n'.join(lines))
+
 total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
 print(f'{sum(len(fs) for _, _, fs in os.walk(out))} seeds, {total} bytes in {out}')

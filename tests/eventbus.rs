@@ -1000,7 +1000,7 @@ async fn rule_topics_beyond_256_are_refused_and_counted_each_time() {
     eventually("256 rule topics", Duration::from_secs(60), || async {
         let status = bus_state(&edge).await;
         let topics = status["topics"].as_array()?.len();
-        (topics == 4 + 256).then_some(())
+        (topics == 7 + 256).then_some(())
     })
     .await;
     for round in 1..=3usize {
@@ -1013,9 +1013,129 @@ async fn rule_topics_beyond_256_are_refused_and_counted_each_time() {
         .await;
     }
     let status = bus_state(&edge).await;
-    assert_eq!(status["topics"].as_array().unwrap().len(), 4 + 256);
+    assert_eq!(status["topics"].as_array().unwrap().len(), 7 + 256);
     assert_eq!(status["state"], "connected");
     router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+/// The cloud's stand-in for KubeEdge's Router: every `user` message of an edge, as CloudHub
+/// hands it on (KubeEdge's fixed route of an upload to the module `router`).
+struct UploadCapture(tokio::sync::mpsc::UnboundedSender<edgehive_protocols::Message>);
+
+impl edgehive_actors::hive::Module for UploadCapture {
+    type Actor = UploadCaptureActor;
+    fn name(&self) -> &str {
+        "upload-capture"
+    }
+    fn group(&self) -> &str {
+        "upload-capture"
+    }
+    fn create(&self, _: &edgehive_actors::hive::Hive) -> UploadCaptureActor {
+        UploadCaptureActor(self.0.clone())
+    }
+}
+
+struct UploadCaptureActor(tokio::sync::mpsc::UnboundedSender<edgehive_protocols::Message>);
+
+impl actix::Actor for UploadCaptureActor {
+    type Context = actix::Context<Self>;
+}
+
+impl actix::Handler<edgehive_actors::hive::Envelope> for UploadCaptureActor {
+    type Result = Option<edgehive_protocols::Message>;
+    fn handle(
+        &mut self,
+        envelope: edgehive_actors::hive::Envelope,
+        _: &mut actix::Context<Self>,
+    ) -> Option<edgehive_protocols::Message> {
+        let _ = self.0.send(envelope.into_message());
+        None
+    }
+}
+
+/// KubeEdge's fixed upload topics: an application or mapper written for edgecore publishes
+/// on `$hw/events/upload/...`, `SYS/dis/upload_records` or `{namespace}/user/...` with no
+/// rule at all, and the cloud's `router` gets edgecore's upload (source `bus`, group `user`,
+/// operation `upload`, resource `node/{node}/{topic}`, content the payload); a topic nothing
+/// subscribes and a DeviceTwin topic are not uploaded.
+#[actix_rt::test]
+async fn kubeedges_upload_topics_reach_the_clouds_router_as_edgecores_uploads() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = "edge-up";
+    let mut config = edgehive::config::CloudConfig::default();
+    config.modules.cloud_hub.websocket.address = "127.0.0.1".into();
+    config.modules.cloud_hub.websocket.port = 0;
+    config.modules.cloud_hub.websocket.insecure_plaintext = true;
+    config.common_config.monitor_server.bind_address = "127.0.0.1:0".into();
+    config.embedded_cluster.database = Default::default();
+    let (tx, mut uploads) = tokio::sync::mpsc::unbounded_channel();
+    let cloud = edgehive::cloud::CloudProcess::start_with(&config, None, |plug| {
+        plug.hive().start_module(UploadCapture(tx))?;
+        edgehive_actors::cloud::contract::extension::claim_upstream_group(
+            plug.hive(),
+            "user",
+            "upload-capture",
+        )?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let edge = EdgeProcess::start(&bus_config(node, &cloud, dir.path(), broker.port))
+        .await
+        .unwrap();
+    eventually("the edge connects", WITHIN, || async {
+        edge.status().await.unwrap().connected.then_some(())
+    })
+    .await;
+    let status = wait_bus_state(&edge, "connected", 1).await;
+    for topic in ["$hw/events/upload/#", "SYS/dis/upload_records", "+/user/#"] {
+        assert!(
+            status["topics"].as_array().unwrap().contains(&json!(topic)),
+            "{status}"
+        );
+    }
+    let (app, _) = watcher(broker.port, "app-up", &["none"]).await;
+    let sent = [
+        ("$hw/events/upload/records/1", "reading-1"),
+        ("SYS/dis/upload_records", r#"{"records":[1,2]}"#),
+        ("default/user/temperature", "21.5"),
+    ];
+    // Each from the application, twice, with a topic nothing subscribes and a DeviceTwin
+    // request in between (neither is uploaded).
+    for round in 0..2 {
+        for (topic, payload) in sent {
+            app.publish("other/x", QoS::AtLeastOnce, false, b"no".to_vec())
+                .await
+                .unwrap();
+            app.publish(
+                "$hw/events/device/none/twin/get",
+                QoS::AtLeastOnce,
+                false,
+                b"{}".to_vec(),
+            )
+            .await
+            .unwrap();
+            app.publish(topic, QoS::AtLeastOnce, false, payload.as_bytes().to_vec())
+                .await
+                .unwrap();
+            let got = tokio::time::timeout(WITHIN, uploads.recv())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: no upload of {topic}"))
+                .unwrap();
+            assert_eq!(got.source().map(|s| s.as_str()), Some("bus"), "{got:?}");
+            assert_eq!(got.route.group.as_ref().map(|g| g.as_str()), Some("user"));
+            assert_eq!(got.operation().map(|o| o.as_str()), Some("upload"));
+            assert_eq!(got.resource(), format!("node/{node}/{topic}"));
+            assert_eq!(got.content, json!(payload));
+        }
+    }
+    assert!(uploads.try_recv().is_err(), "nothing else was uploaded");
     edge.stop().await;
     cloud.stop().await;
 }

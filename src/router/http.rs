@@ -11,7 +11,7 @@ use edgehive_actors::cloud::contract::{route, ToNodes};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use super::rules::{is_clean_segment, is_object_name, lock, EndpointType, RuleState};
+use super::rules::{join, lock, parse_rest_path, EndpointType, RestPath, RuleState};
 use super::{Shared, EVENTBUS_SOURCE, SERVICEBUS_SOURCE};
 
 /// The label every edge node has (KubeEdge's); the REST port sends to no other node.
@@ -94,9 +94,12 @@ async fn rest_call(
     shared: web::Data<Arc<Shared>>,
 ) -> HttpResponse {
     let shared: &Shared = shared.get_ref();
-    let path = request.uri().path();
-    let mut segments = path.trim_start_matches('/').split('/');
-    let (Some(node), Some(namespace)) = (segments.next(), segments.next()) else {
+    let Some(RestPath {
+        node,
+        namespace,
+        segments: rest,
+    }) = parse_rest_path(request.uri().path())
+    else {
         return refuse(
             shared,
             "bad_path",
@@ -104,18 +107,6 @@ async fn rest_call(
             "the path is /{node}/{namespace}/{path}",
         );
     };
-    let rest: Vec<&str> = segments.filter(|s| !s.is_empty()).collect();
-    if !is_object_name(node)
-        || !is_object_name(namespace)
-        || !rest.iter().all(|s| is_clean_segment(s))
-    {
-        return refuse(
-            shared,
-            "bad_path",
-            404,
-            "the path is /{node}/{namespace}/{path}",
-        );
-    }
     let Some((resolved, param)) = shared.rest_rule(namespace, &rest) else {
         return refuse(shared, "no_rule", 404, "No rule match");
     };
@@ -237,15 +228,6 @@ async fn rest_call(
 enum Target {
     EventBus(String),
     ServiceBus(String),
-}
-
-/// `base`, then the rest of the REST path after it (KubeEdge's `param`).
-fn join(base: &str, param: &str) -> String {
-    if param.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{}/{}", base.trim_end_matches('/'), param)
-    }
 }
 
 /// Gives `message` to CloudHub for its node (the node's pool and actor), waiting at most

@@ -26,7 +26,7 @@
 //!   is written back at most every `statusInterval` seconds, only when it changed.
 
 mod http;
-mod rules;
+pub mod rules;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -406,9 +406,7 @@ impl Shared {
             return;
         }
         // Cloud form: node/{node}/{namespace}/{topic…}.
-        let mut parts = message.resource().splitn(4, '/');
-        let (Some("node"), Some(node), Some(namespace), Some(topic)) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
+        let Some((node, namespace, topic)) = rules::parse_upload_resource(message.resource())
         else {
             self.metrics.refuse("bad_path");
             return;

@@ -1,5 +1,6 @@
 //! Rule and RuleEndpoint (`rules.kubeedge.io/v1`) as the Router reads them, and how a REST
-//! path or an edge's topic finds its rule. Pure: no I/O, so it is tested on its own.
+//! path or an edge's topic finds its rule. Pure: no I/O, so it is tested on its own, and
+//! public for the fuzz target that feeds it any bytes (`fuzz/fuzz_targets/rule.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +15,7 @@ pub(crate) use edgehive_actors::hive::locks::lock;
 
 /// A RuleEndpoint's type (`spec.ruleEndpointType`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum EndpointType {
+pub enum EndpointType {
     /// The cloud's REST port (source) or an HTTP URL (target).
     Rest,
     /// An edge's EventBus (MQTT).
@@ -37,10 +38,10 @@ impl EndpointType {
 }
 
 /// `(namespace, name)`.
-pub(crate) type Key = (String, String);
+pub type Key = (String, String);
 
 /// The key of a watched object.
-pub(crate) fn key_of(object: &Value) -> Option<Key> {
+pub fn key_of(object: &Value) -> Option<Key> {
     let meta = &object["metadata"];
     let name = meta["name"].as_str()?;
     let namespace = meta["namespace"].as_str().unwrap_or("default");
@@ -48,21 +49,26 @@ pub(crate) fn key_of(object: &Value) -> Option<Key> {
 }
 
 /// The RuleEndpoint's type.
-pub(crate) fn endpoint_type(object: &Value) -> EndpointType {
+pub fn endpoint_type(object: &Value) -> EndpointType {
     EndpointType::parse(object["spec"]["ruleEndpointType"].as_str().unwrap_or(""))
 }
 
 /// A RuleEndpoint's `spec.properties`.
-pub(crate) fn properties(object: &Value) -> HashMap<String, String> {
+pub fn properties(object: &Value) -> HashMap<String, String> {
     string_map(&object["spec"]["properties"])
 }
 
 /// A Rule's spec: endpoint names and their resources (KubeEdge's string maps).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct RuleSpec {
+pub struct RuleSpec {
+    /// The source RuleEndpoint's name (`spec.source`).
     pub source: String,
+    /// `spec.sourceResource` (`path` for a rest source, `topic` and `node_name` for an
+    /// eventbus one); values that are not strings are left out.
     pub source_resource: HashMap<String, String>,
+    /// The target RuleEndpoint's name (`spec.target`).
     pub target: String,
+    /// `spec.targetResource` (`topic`, `resource` (a URL) or `path`).
     pub target_resource: HashMap<String, String>,
 }
 
@@ -78,7 +84,8 @@ fn string_map(value: &Value) -> HashMap<String, String> {
 }
 
 impl RuleSpec {
-    pub(crate) fn of(object: &Value) -> Self {
+    /// The spec of Rule `object` (any JSON: what is missing or not a string is empty).
+    pub fn of(object: &Value) -> Self {
         let spec = &object["spec"];
         RuleSpec {
             source: spec["source"].as_str().unwrap_or_default().to_owned(),
@@ -89,7 +96,7 @@ impl RuleSpec {
     }
 
     /// The REST source's path segments (KubeEdge trims the slashes of `path`).
-    pub(crate) fn rest_path(&self) -> Option<Vec<String>> {
+    pub fn rest_path(&self) -> Option<Vec<String>> {
         let path = self.source_resource.get("path")?.trim_matches('/');
         Some(
             path.split('/')
@@ -212,7 +219,7 @@ impl RuleState {
 /// namespace): `None` when it does not, else the number of literal segments (the most
 /// specific rule wins). A rule path matches the path itself and anything under it; a
 /// segment `{name}` matches any one segment. Returns the rest (KubeEdge's `param`).
-pub(crate) fn match_path(rule: &[String], path: &[&str]) -> Option<(usize, String)> {
+pub fn match_path(rule: &[String], path: &[&str]) -> Option<(usize, String)> {
     if rule.len() > path.len() {
         return None;
     }
@@ -231,7 +238,7 @@ pub(crate) fn match_path(rule: &[String], path: &[&str]) -> Option<(usize, Strin
 
 /// A Kubernetes object name (RFC 1123 subdomain): what a node and a namespace must be, so
 /// a REST path can name nothing else.
-pub(crate) fn is_object_name(text: &str) -> bool {
+pub fn is_object_name(text: &str) -> bool {
     !text.is_empty()
         && text.len() <= 253
         && text
@@ -249,13 +256,61 @@ pub(crate) fn is_object_name(text: &str) -> bool {
 
 /// A topic or path segment the Router passes on: no empty, `.` or `..` segment, no control
 /// character, no MQTT wildcard.
-pub(crate) fn is_clean_segment(segment: &str) -> bool {
+pub fn is_clean_segment(segment: &str) -> bool {
     !segment.is_empty()
         && segment != "."
         && segment != ".."
         && !segment
             .chars()
             .any(|c| c.is_control() || c == '+' || c == '#')
+}
+
+/// A REST call's path `/{node}/{namespace}/{path}`, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestPath<'a> {
+    /// The edge node the message is for.
+    pub node: &'a str,
+    /// The namespace whose rules are searched.
+    pub namespace: &'a str,
+    /// The path's segments after the namespace (empty ones left out), matched against the
+    /// rules' `sourceResource.path`.
+    pub segments: Vec<&'a str>,
+}
+
+/// Splits a REST call's path: `None` unless the node and the namespace are object names
+/// ([`is_object_name`]) and every segment after them is clean ([`is_clean_segment`]).
+pub fn parse_rest_path(path: &str) -> Option<RestPath<'_>> {
+    let mut segments = path.trim_start_matches('/').split('/');
+    let (node, namespace) = (segments.next()?, segments.next()?);
+    let segments: Vec<&str> = segments.filter(|s| !s.is_empty()).collect();
+    (is_object_name(node)
+        && is_object_name(namespace)
+        && segments.iter().all(|s| is_clean_segment(s)))
+    .then_some(RestPath {
+        node,
+        namespace,
+        segments,
+    })
+}
+
+/// An edge's upload resource in the cloud's form, `node/{node}/{namespace}/{topic…}`: node,
+/// namespace and topic (KubeEdge's key of an eventbus-source rule), or `None`.
+pub fn parse_upload_resource(resource: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = resource.splitn(4, '/');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("node"), Some(node), Some(namespace), Some(topic)) => Some((node, namespace, topic)),
+        _ => None,
+    }
+}
+
+/// `base` (a topic or a servicebus path), then the rest of the REST path after it
+/// (KubeEdge's `param`), one `/` between.
+pub fn join(base: &str, param: &str) -> String {
+    if param.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{}/{}", base.trim_end_matches('/'), param)
+    }
 }
 
 /// The Router's wait before a status is written again, at the least.

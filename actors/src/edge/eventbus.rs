@@ -30,6 +30,13 @@
 //! [`MAX_TOPIC_BYTES`], payloads of at most [`MAX_RULE_PAYLOAD_BYTES`]. A rule topic's first
 //! level is a namespace, so no rule reaches `$`-topics (the mapper's `$hw/...`): MQTT
 //! wildcards in a first level never match them, and a publish to a `$` topic is refused.
+//!
+//! KubeEdge's fixed upload topics (`$hw/events/upload/#`, `SYS/dis/upload_records`,
+//! `+/user/#`, [`super::bus_topics::UPLOAD_TOPICS`]) are subscribed after every connect too:
+//! as edgecore's EventBus, every message on a topic that is not DeviceTwin's goes up to the
+//! cloud's Router as an `upload` (source `bus`, group `user`, resource the topic, content the
+//! payload). A rule topic an upload topic covers is not subscribed again (its messages would
+//! come twice). The topics' parsing and matching: [`super::bus_topics`].
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,6 +52,10 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::{broadcast, mpsc};
 
+use super::bus_topics::{
+    check_publish_topic, check_rule_topic, covers, fixed_topics, is_twin_topic, parse_topic,
+    Request, DEVICE_PREFIX, NODE_PREFIX, UPLOAD_TOPICS,
+};
 use super::contract::{route, BusMessage, ToCloud, TwinChange, TwinChanges};
 use super::devicetwin::{ReportState, ReportTwin, TwinError};
 use super::twin_store::{DeviceView, TwinStore};
@@ -65,12 +76,9 @@ const TWIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most rule topics (Router's eventbus-source rules) the edge keeps; more are refused
 /// (`too_many_rule_topics`).
 pub const MAX_RULE_TOPICS: usize = 256;
-/// The longest topic a rule may name (KubeEdge's `sub_topics.topic` is `varchar(256)`).
-pub const MAX_TOPIC_BYTES: usize = 256;
+pub use super::bus_topics::MAX_TOPIC_BYTES;
 /// The largest payload a rule message may carry, either way (`too_large`).
 pub const MAX_RULE_PAYLOAD_BYTES: usize = 512 * 1024;
-const DEVICE_PREFIX: &str = "$hw/events/device/";
-const NODE_PREFIX: &str = "$hw/events/node/";
 
 /// How EventBus reaches the broker (`modules.eventBus`).
 #[derive(Debug, Clone)]
@@ -208,10 +216,24 @@ struct Shared {
 }
 
 impl Shared {
-    /// The topics to subscribe after a connect: the device topics and the rule topics.
+    /// The topics EventBus serves, as the admin endpoint shows them: the fixed ones
+    /// (DeviceTwin's, KubeEdge's upload topics), then the rule topics.
     fn all_topics(&self) -> Vec<String> {
-        let mut topics = topics(&self.node_name);
+        let mut topics = fixed_topics(&self.node_name);
         topics.extend(locks::lock(&self.rules).iter().cloned());
+        topics
+    }
+
+    /// The filters to subscribe after a connect: [`Shared::all_topics`] without the rule
+    /// topics an upload topic covers (the broker would deliver their messages twice).
+    fn subscriptions(&self) -> Vec<String> {
+        let mut topics = fixed_topics(&self.node_name);
+        topics.extend(
+            locks::lock(&self.rules)
+                .iter()
+                .filter(|topic| !upload_covered(topic))
+                .cloned(),
+        );
         topics
     }
 
@@ -317,7 +339,7 @@ impl Module for EventBusModule {
                         broker: format!("{}:{}", self.options.host, self.options.port),
                         connects: 0,
                         last_error: None,
-                        topics: topics(&self.node_name),
+                        topics: fixed_topics(&self.node_name),
                     }),
                     options: self.options.clone(),
                     node_name: self.node_name.clone(),
@@ -400,77 +422,6 @@ impl Handler<Envelope> for EventBus {
     }
 }
 
-/// Why a topic a rule names is refused, if it is.
-fn check_publish_topic(topic: &str) -> Result<(), &'static str> {
-    if topic.is_empty() || topic.len() > MAX_TOPIC_BYTES || topic.contains('\0') {
-        return Err("empty, longer than 256 bytes or holding NUL");
-    }
-    if topic.contains(['+', '#']) {
-        return Err("a wildcard in a topic to publish on");
-    }
-    if topic.starts_with('$') {
-        return Err("a $ topic (the broker's and DeviceTwin's)");
-    }
-    Ok(())
-}
-
-/// Why a rule topic to subscribe is refused, if it is: `{namespace}/{topic}` with a
-/// namespace's name first (so never a `$` topic, and no first-level wildcard), MQTT's
-/// wildcard rules after it.
-fn check_rule_topic(topic: &str) -> Result<(), &'static str> {
-    if topic.len() > MAX_TOPIC_BYTES || topic.contains('\0') {
-        return Err("longer than 256 bytes or holding NUL");
-    }
-    let Some((namespace, rest)) = topic.split_once('/') else {
-        return Err("not {namespace}/{topic}");
-    };
-    let label = !namespace.is_empty()
-        && namespace.len() <= 63
-        && namespace
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !namespace.starts_with('-')
-        && !namespace.ends_with('-');
-    if !label || rest.is_empty() {
-        return Err("not {namespace}/{topic}");
-    }
-    let levels: Vec<&str> = rest.split('/').collect();
-    for (index, level) in levels.iter().enumerate() {
-        let wild = level.contains(['+', '#']);
-        if wild && *level != "+" && *level != "#" {
-            return Err("a wildcard that is not a whole level");
-        }
-        if *level == "#" && index + 1 != levels.len() {
-            return Err("# before the last level");
-        }
-    }
-    Ok(())
-}
-
-/// Whether MQTT filter `filter` matches `topic`.
-fn topic_matches(filter: &str, topic: &str) -> bool {
-    if topic.starts_with('$') && !filter.starts_with('$') {
-        return false;
-    }
-    let mut topic_levels = topic.split('/');
-    for level in filter.split('/') {
-        match level {
-            "#" => return true,
-            "+" => {
-                if topic_levels.next().is_none() {
-                    return false;
-                }
-            }
-            exact => {
-                if topic_levels.next() != Some(exact) {
-                    return false;
-                }
-            }
-        }
-    }
-    topic_levels.next().is_none()
-}
-
 /// rest → eventbus: `payload` on `topic`.
 fn rule_publish(shared: &Shared, topic: String, payload: Vec<u8>) {
     if let Err(why) = check_publish_topic(&topic) {
@@ -515,8 +466,9 @@ async fn rule_subscribe(shared: &Shared, topic: String) {
     }
     locks::lock(&shared.rules).insert(topic.clone());
     shared.show_topics();
-    // While disconnected, the next connect subscribes it with the rest.
-    if let Some(client) = shared.client() {
+    // While disconnected, the next connect subscribes it with the rest; an upload topic
+    // already brings its messages.
+    if let Some(client) = shared.client().filter(|_| !upload_covered(&topic)) {
         if let Err(error) = client.try_subscribe(topic.clone(), shared.qos()) {
             tracing::debug!(topic, %error, "eventbus: rule topic subscribed at the next connect");
         }
@@ -535,22 +487,12 @@ async fn rule_unsubscribe(shared: &Shared, topic: String) {
     }
     locks::lock(&shared.rules).remove(&topic);
     shared.show_topics();
-    if let Some(client) = shared.client() {
+    if let Some(client) = shared.client().filter(|_| !upload_covered(&topic)) {
         if let Err(error) = client.try_unsubscribe(topic.clone()) {
             tracing::debug!(topic, %error, "eventbus: rule topic unsubscribe not queued");
         }
     }
     tracing::info!(topic, "eventbus unsubscribed a rule topic");
-}
-
-/// The topics EventBus subscribes to.
-fn topics(node: &str) -> Vec<String> {
-    vec![
-        format!("{DEVICE_PREFIX}+/twin/update"),
-        format!("{DEVICE_PREFIX}+/twin/get"),
-        format!("{DEVICE_PREFIX}+/state/update"),
-        format!("{NODE_PREFIX}{node}/membership/get"),
-    ]
 }
 
 /// The MQTT options of `options`, or why they cannot be built (a TLS file).
@@ -628,7 +570,7 @@ async fn connection_loop(
     loop {
         if subscribe {
             let filters = shared
-                .all_topics()
+                .subscriptions()
                 .into_iter()
                 .map(|topic| rumqttc::SubscribeFilter::new(topic, shared.qos()));
             match client.try_subscribe_many(filters) {
@@ -706,10 +648,12 @@ async fn work_loop(
         tokio::select! {
             message = work.recv() => {
                 let Some(message) = message else { return };
-                if is_rule_topic(shared, &message.topic) {
-                    upload(hive, shared, message);
-                } else {
+                // As edgecore: DeviceTwin's topics are served here, a message on any other
+                // topic subscribed (a rule's, an upload topic) goes up to the Router.
+                if is_twin_topic(&message.topic) {
                     handle_device_message(hive, shared, client, message).await;
+                } else {
+                    upload(hive, shared, message);
                 }
             }
             change = changes.recv() => match change {
@@ -723,13 +667,13 @@ async fn work_loop(
     }
 }
 
-fn is_rule_topic(shared: &Shared, topic: &str) -> bool {
-    locks::lock(&shared.rules)
-        .iter()
-        .any(|filter| topic_matches(filter, topic))
+/// Whether one of KubeEdge's upload topics already brings rule topic `topic`'s messages.
+fn upload_covered(topic: &str) -> bool {
+    UPLOAD_TOPICS.iter().any(|upload| covers(upload, topic))
 }
 
-/// eventbus → cloud: the message on a rule topic goes up as KubeEdge's upload.
+/// eventbus → cloud: the message on a rule topic or an upload topic goes up as KubeEdge's
+/// upload.
 fn upload(hive: &Hive, shared: &Shared, message: Incoming) {
     if message.payload.len() > MAX_RULE_PAYLOAD_BYTES {
         shared.metrics.refuse("too_large");
@@ -743,33 +687,6 @@ fn upload(hive: &Hive, shared: &Shared, message: Incoming) {
         shared.metrics.refuse("upload_dropped");
         tracing::debug!(error = %refused.error, "eventbus: upload not handed to edgehub");
     }
-}
-
-/// What a device topic asks.
-#[derive(Debug, PartialEq)]
-enum Request<'a> {
-    TwinUpdate(&'a str),
-    TwinGet(&'a str),
-    StateUpdate(&'a str),
-    MembershipGet,
-}
-
-/// The request `topic` makes, or `None` for a topic EventBus does not serve.
-fn parse_topic<'a>(topic: &'a str, node: &str) -> Option<Request<'a>> {
-    if let Some(rest) = topic.strip_prefix(DEVICE_PREFIX) {
-        let (device, action) = rest.split_once('/')?;
-        if device.is_empty() {
-            return None;
-        }
-        return match action {
-            "twin/update" => Some(Request::TwinUpdate(device)),
-            "twin/get" => Some(Request::TwinGet(device)),
-            "state/update" => Some(Request::StateUpdate(device)),
-            _ => None,
-        };
-    }
-    let rest = topic.strip_prefix(NODE_PREFIX)?;
-    (rest.strip_prefix(node)? == "/membership/get").then_some(Request::MembershipGet)
 }
 
 fn now_ms() -> i64 {
@@ -1116,79 +1033,5 @@ async fn publish_change(shared: &Shared, client: &AsyncClient, change: TwinChang
                 }),
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn topics_name_the_device_and_the_request() {
-        assert_eq!(
-            parse_topic("$hw/events/device/sensor-1/twin/update", "n1"),
-            Some(Request::TwinUpdate("sensor-1"))
-        );
-        assert_eq!(
-            parse_topic("$hw/events/device/s/state/update", "n1"),
-            Some(Request::StateUpdate("s"))
-        );
-        assert_eq!(
-            parse_topic("$hw/events/node/n1/membership/get", "n1"),
-            Some(Request::MembershipGet)
-        );
-        assert_eq!(parse_topic("$hw/events/node/n2/membership/get", "n1"), None);
-        assert_eq!(parse_topic("$hw/events/device//twin/update", "n1"), None);
-        assert_eq!(
-            parse_topic("$hw/events/device/s/twin/update/result", "n1"),
-            None
-        );
-    }
-
-    #[test]
-    fn rule_topics_start_with_a_namespace_and_never_reach_dollar_topics() {
-        for good in ["default/a", "default/a/+/b", "ns-1/#", "default/+"] {
-            assert_eq!(check_rule_topic(good), Ok(()), "{good}");
-        }
-        for bad in [
-            "#",
-            "+/x",
-            "$hw/events/device/+/twin/update",
-            "default",
-            "default/",
-            "Default/a",
-            "default/a#",
-            "default/#/a",
-            "-x/a",
-            "default/a+b",
-        ] {
-            assert!(check_rule_topic(bad).is_err(), "{bad}");
-        }
-        assert!(check_rule_topic(&format!("default/{}", "a".repeat(300))).is_err());
-        for bad in [
-            "",
-            "$hw/events/device/d/twin/update/delta",
-            "a/+",
-            "a/#",
-            "$SYS/x",
-        ] {
-            assert!(check_publish_topic(bad).is_err(), "{bad}");
-        }
-        assert_eq!(check_publish_topic("test/a"), Ok(()));
-    }
-
-    #[test]
-    fn filters_match_as_mqtt_does() {
-        assert!(topic_matches("default/a", "default/a"));
-        assert!(!topic_matches("default/a", "default/a/b"));
-        assert!(topic_matches("default/+", "default/a"));
-        assert!(!topic_matches("default/+", "default/a/b"));
-        assert!(topic_matches("default/#", "default/a/b"));
-        assert!(topic_matches("default/#", "default"));
-        assert!(!topic_matches(
-            "default/#",
-            "$hw/events/device/d/twin/update"
-        ));
-        assert!(!topic_matches("default/a", "other/a"));
     }
 }

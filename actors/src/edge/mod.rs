@@ -5,9 +5,11 @@
 //! pod reports, [`watch`] turns the store's changes into a watch stream, and [`metaserver`] serves the
 //! store (and, online, the cloud) to the node's applications in the Kubernetes API's shape;
 //! [`eventbus`] serves DeviceTwin's MQTT topics to mappers through the node's broker, and the
-//! Router's rule topics; [`servicebus`] makes the Router's HTTP calls to the node's
+//! Router's rule topics and KubeEdge's upload topics ([`bus_topics`] its topics' parsing and
+//! matching); [`servicebus`] makes the Router's HTTP calls to the node's
 //! applications.
 
+pub mod bus_topics;
 pub mod certmanager;
 pub mod contract;
 mod deliver;

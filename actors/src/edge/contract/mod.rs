@@ -396,7 +396,7 @@ pub(crate) enum ToCloud {
         /// The body.
         body: Vec<u8>,
     },
-    /// EventBus's upload of an MQTT message on a rule topic (KubeEdge's: source `bus`,
+    /// EventBus's upload of an MQTT message on a rule topic or an upload topic (KubeEdge's: source `bus`,
     /// group `user`, operation `upload`, resource the topic, content the payload as a
     /// string, invalid UTF-8 replaced); written once, as KubeEdge's `user` lane.
     RuleUpload {

@@ -153,6 +153,16 @@ impl Membership {
         })
     }
 
+    /// What node `name`'s entries in the groups' statuses are made of: the groups that
+    /// select it, its owner and its readiness (`None`: the node is not known).
+    pub(super) fn entry(
+        &self,
+        name: &str,
+    ) -> Option<(BTreeSet<String>, Option<String>, &'static str)> {
+        let node = self.nodes.get(name)?;
+        Some((self.selecting(name), self.owner(name), node.ready))
+    }
+
     /// The label node `name` must get (`Some(None)`: lose it), or `None` when it is right.
     pub(super) fn label_change(&self, name: &str) -> Option<Option<String>> {
         let node = self.nodes.get(name)?;

@@ -369,11 +369,15 @@ async fn a_node_that_changes_group_gets_its_new_groups_endpoint_changes_not_its_
         .apply(web_at(&[("10.1.0.1", "a1"), ("10.2.0.1", "b1")]))
         .unwrap();
     cluster.apply(slice("web", &["a1", "b1"])).unwrap();
+    // a1 and a2 watch as group a, b2 as group b.
+    let mut a1 = connect(&cloud, dir.path(), "a1").await;
     let mut a2 = connect(&cloud, dir.path(), "a2").await;
     let mut b2 = connect(&cloud, dir.path(), "b2").await;
-    let (mut seen_a2, mut seen_b2) = (Vec::new(), Vec::new());
+    let (mut seen_a1, mut seen_a2, mut seen_b2) = (Vec::new(), Vec::new(), Vec::new());
+    watch(&mut a1, &mut seen_a1, "a1", "/core/v1/endpoints/null/null").await;
     watch(&mut a2, &mut seen_a2, "a2", "/core/v1/endpoints/null/null").await;
     watch(&mut b2, &mut seen_b2, "b2", "/core/v1/endpoints/null/null").await;
+    web_push(&mut a1, &mut seen_a1, &["10.1.0.1"]).await;
     web_push(&mut a2, &mut seen_a2, &["10.1.0.1"]).await;
     web_push(&mut b2, &mut seen_b2, &["10.2.0.1"]).await;
 
@@ -425,6 +429,7 @@ async fn a_node_that_changes_group_gets_its_new_groups_endpoint_changes_not_its_
             ("10.2.0.2", "b2"),
         ]))
         .unwrap();
+    web_push(&mut a1, &mut seen_a1, &["10.1.0.1", "10.1.0.2"]).await;
     for (socket, seen) in [(&mut a2, &mut seen_a2), (&mut b2, &mut seen_b2)] {
         let update = web_push(socket, seen, &["10.2.0.1", "10.2.0.2"]).await;
         assert_eq!(update.operation(), Some(&Operation::Update));
@@ -452,6 +457,7 @@ async fn a_node_that_changes_group_gets_its_new_groups_endpoint_changes_not_its_
         .apply(web_at(&[("10.1.0.1", "a1"), ("10.2.0.1", "b1")]))
         .unwrap();
     web_push(&mut a2, &mut seen_a2, &["10.1.0.1"]).await;
+    web_push(&mut a1, &mut seen_a1, &["10.1.0.1"]).await;
     assert!(
         !seen_a2
             .iter()

@@ -305,6 +305,30 @@ fn edgehive_apply_takes_a_nodegroup_and_the_cloud_process_labels_its_node() {
     });
 }
 
+/// The pod template spec of Deployment `name` in `default` once `want` holds of it, waiting
+/// at most [`WITHIN`] (the controller follows each change of the application in its own
+/// time, and a loaded machine may take long); at the deadline the last one seen, for the
+/// caller's assertions to say what differs.
+async fn template_once(
+    cluster: &EmbeddedCluster,
+    name: &str,
+    want: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = std::time::Instant::now() + WITHIN;
+    loop {
+        let spec = cluster
+            .get("Deployment", Some("default"), name)
+            .map(|deployment| deployment["spec"]["template"]["spec"].clone());
+        let late = std::time::Instant::now() >= deadline;
+        match spec {
+            Some(spec) if want(&spec) || late => return spec,
+            None => assert!(!late, "Deployment {name} not made within {WITHIN:?}"),
+            Some(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn application(targets: Value) -> Value {
     json!({
         "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
@@ -466,18 +490,17 @@ async fn an_edgeapplications_env_command_args_and_resources_overriders_reach_eac
     template["containers"][0]["env"] =
         json!([{"name": "REGION", "value": "any"}, {"name": "DEBUG", "value": "1"}]);
     cluster.apply(app.clone()).unwrap();
-    let container = |name: &'static str| {
-        let cluster = cluster.clone();
-        async move {
-            eventually(name, WITHIN, || {
-                let found = cluster.get("Deployment", Some("default"), name);
-                async move { found }
-            })
-            .await["spec"]["template"]["spec"]
-                .clone()
-        }
+    let east_spec = |spec: &Value| {
+        let web = &spec["containers"][0];
+        web["env"] == json!([{"name": "REGION", "value": "east"}])
+            && web["command"] == json!(["nginx", "--tls"])
+            && web["args"] == json!(["-g", "daemon off;"])
+            && web["resources"]
+                == json!({"limits": {"cpu": "250m"}, "requests": {"memory": "32Mi"}})
+            // KubeEdge's node selector overrider: the group's label is the whole selector.
+            && spec["nodeSelector"] == json!({LABEL: "east"})
     };
-    let east = container("web-east").await;
+    let east = template_once(&cluster, "web-east", east_spec).await;
     let web = &east["containers"][0];
     assert_eq!(web["env"], json!([{"name": "REGION", "value": "east"}]));
     assert_eq!(web["command"], json!(["nginx", "--tls"]));
@@ -486,32 +509,37 @@ async fn an_edgeapplications_env_command_args_and_resources_overriders_reach_eac
         web["resources"],
         json!({"limits": {"cpu": "250m"}, "requests": {"memory": "32Mi"}})
     );
-    // KubeEdge's node selector overrider: the group's label is the whole selector.
     assert_eq!(east["nodeSelector"], json!({LABEL: "east"}));
-    let west = container("web-west").await;
+    let west_env = json!([{"name": "REGION", "value": "any"}, {"name": "DEBUG", "value": "1"},
+        {"name": "EXTRA", "value": "1"}]);
+    let west_spec = |spec: &Value| {
+        let web = &spec["containers"][0];
+        web["env"] == west_env
+            && web["args"] == json!(["-g", "daemon off;", "-v"])
+            && web.get("resources").is_none()
+    };
+    let west = template_once(&cluster, "web-west", west_spec).await;
     let web = &west["containers"][0];
-    assert_eq!(
-        web["env"],
-        json!([{"name": "REGION", "value": "any"}, {"name": "DEBUG", "value": "1"},
-            {"name": "EXTRA", "value": "1"}])
-    );
+    assert_eq!(web["env"], west_env);
     assert_eq!(web["args"], json!(["-g", "daemon off;", "-v"]));
-    assert!(web.get("resources").is_none());
+    assert!(web.get("resources").is_none(), "{web}");
 
-    // An overrider changed: the Deployment follows.
+    // An overrider changed: the Deployment follows (its env overrider gone, the template's
+    // env again).
     app["spec"]["workloadScope"]["targetNodeGroups"][1]["overriders"] = json!({
         "argsOverriders": [{"containerName": "web", "operator": "add", "value": ["--west"]}]});
     cluster.apply(app).unwrap();
-    eventually("web-west's args", WITHIN, || {
-        let west = cluster.get("Deployment", Some("default"), "web-west");
-        async move {
-            west.filter(|west| {
-                let web = &west["spec"]["template"]["spec"]["containers"][0];
-                web["args"] == json!(["-g", "daemon off;", "-v", "--west"])
-                    && web["env"].as_array().is_some_and(|env| env.len() == 2)
-            })
-        }
-    })
-    .await;
+    let template_env = json!([{"name": "REGION", "value": "any"}, {"name": "DEBUG", "value": "1"}]);
+    let changed = |spec: &Value| {
+        let web = &spec["containers"][0];
+        web["args"] == json!(["-g", "daemon off;", "-v", "--west"]) && web["env"] == template_env
+    };
+    let west = template_once(&cluster, "web-west", changed).await;
+    let web = &west["containers"][0];
+    assert_eq!(web["args"], json!(["-g", "daemon off;", "-v", "--west"]));
+    assert_eq!(web["env"], template_env);
+    // East's Deployment is left as it was.
+    let east = template_once(&cluster, "web-east", east_spec).await;
+    assert!(east_spec(&east), "{east}");
     cloud.stop().await;
 }

@@ -333,3 +333,136 @@ async fn endpoints_whose_service_is_not_known_yet_are_sent_once_it_is_and_then_f
         "the whole object was pushed: {seen:?}"
     );
 }
+
+/// Endpoints `web` with a backend per `(ip, node)`.
+fn web_at(backends: &[(&str, &str)]) -> Value {
+    let addresses: Vec<Value> = backends
+        .iter()
+        .map(|(ip, node)| json!({"ip": ip, "nodeName": node}))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Endpoints",
+        "metadata": {"name": "web", "namespace": "default"},
+        "subsets": [{"addresses": addresses, "ports": [{"port": 80}]}]})
+}
+
+/// The next push of Endpoints `web` listing exactly `want`.
+async fn web_push(socket: &mut Socket, seen: &mut Vec<Message>, want: &[&str]) -> Message {
+    let mut want: Vec<String> = want.iter().map(|ip| ip.to_string()).collect();
+    want.sort();
+    until_push(socket, seen, |m| {
+        m.resource() == "default/endpoints/web" && ips(&m.content) == want
+    })
+    .await
+}
+
+#[actix_rt::test]
+async fn a_node_that_changes_group_gets_its_new_groups_endpoint_changes_not_its_old_groups_and_a_new_watch_sees_its_new_group(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = start(dir.path(), |_| {}).await;
+    let cluster = cloud.cluster().unwrap().clone();
+    for (name, group) in [("a1", "a"), ("a2", "a"), ("b1", "b"), ("b2", "b")] {
+        cluster.apply(node(name, Some(group))).unwrap();
+    }
+    cluster.apply(service("web", true)).unwrap();
+    cluster
+        .apply(web_at(&[("10.1.0.1", "a1"), ("10.2.0.1", "b1")]))
+        .unwrap();
+    cluster.apply(slice("web", &["a1", "b1"])).unwrap();
+    // a1 and a2 watch as group a, b2 as group b.
+    let mut a1 = connect(&cloud, dir.path(), "a1").await;
+    let mut a2 = connect(&cloud, dir.path(), "a2").await;
+    let mut b2 = connect(&cloud, dir.path(), "b2").await;
+    let (mut seen_a1, mut seen_a2, mut seen_b2) = (Vec::new(), Vec::new(), Vec::new());
+    watch(&mut a1, &mut seen_a1, "a1", "/core/v1/endpoints/null/null").await;
+    watch(&mut a2, &mut seen_a2, "a2", "/core/v1/endpoints/null/null").await;
+    watch(&mut b2, &mut seen_b2, "b2", "/core/v1/endpoints/null/null").await;
+    web_push(&mut a1, &mut seen_a1, &["10.1.0.1"]).await;
+    web_push(&mut a2, &mut seen_a2, &["10.1.0.1"]).await;
+    web_push(&mut b2, &mut seen_b2, &["10.2.0.1"]).await;
+
+    // a2 moves to group b: its view becomes group b's.
+    cluster.apply(node("a2", Some("b"))).unwrap();
+    web_push(&mut a2, &mut seen_a2, &["10.2.0.1"]).await;
+    // A new watch of a2 after the move (its first of EndpointSlices) starts from group b's
+    // backends, and follows group b's changes.
+    seen_a2.clear();
+    watch(
+        &mut a2,
+        &mut seen_a2,
+        "a2",
+        "/discovery.k8s.io/v1/endpointslices/null/null",
+    )
+    .await;
+    let first = push_with(
+        &mut a2,
+        &mut seen_a2,
+        "default/endpointslice/web-abc",
+        &["b1"],
+    )
+    .await;
+    assert_eq!(first.operation(), Some(&Operation::Insert));
+    cluster.apply(slice("web", &["a1", "b1", "b2"])).unwrap();
+    push_with(
+        &mut a2,
+        &mut seen_a2,
+        "default/endpointslice/web-abc",
+        &["b1", "b2"],
+    )
+    .await;
+    seen_a2.clear();
+
+    // A change of group a's backends only, then one of group b's: a2 (now in b) is sent the
+    // second, never the first; b2 likewise.
+    cluster
+        .apply(web_at(&[
+            ("10.1.0.1", "a1"),
+            ("10.1.0.2", "a1"),
+            ("10.2.0.1", "b1"),
+        ]))
+        .unwrap();
+    cluster
+        .apply(web_at(&[
+            ("10.1.0.1", "a1"),
+            ("10.1.0.2", "a1"),
+            ("10.2.0.1", "b1"),
+            ("10.2.0.2", "b2"),
+        ]))
+        .unwrap();
+    web_push(&mut a1, &mut seen_a1, &["10.1.0.1", "10.1.0.2"]).await;
+    for (socket, seen) in [(&mut a2, &mut seen_a2), (&mut b2, &mut seen_b2)] {
+        let update = web_push(socket, seen, &["10.2.0.1", "10.2.0.2"]).await;
+        assert_eq!(update.operation(), Some(&Operation::Update));
+        let others: Vec<&Message> = seen
+            .iter()
+            .filter(|m| m.resource() == "default/endpoints/web")
+            .collect();
+        assert!(
+            others.iter().all(|m| ips(&m.content) == ["10.2.0.1"]),
+            "a node of group b was sent group a's backends or a second copy: {others:?}"
+        );
+    }
+    // Back in group a: a1's backends again, and group b's next change is not a2's.
+    cluster.apply(node("a2", Some("a"))).unwrap();
+    web_push(&mut a2, &mut seen_a2, &["10.1.0.1", "10.1.0.2"]).await;
+    cluster
+        .apply(web_at(&[
+            ("10.1.0.1", "a1"),
+            ("10.1.0.2", "a1"),
+            ("10.2.0.1", "b1"),
+        ]))
+        .unwrap();
+    web_push(&mut b2, &mut seen_b2, &["10.2.0.1"]).await;
+    cluster
+        .apply(web_at(&[("10.1.0.1", "a1"), ("10.2.0.1", "b1")]))
+        .unwrap();
+    web_push(&mut a2, &mut seen_a2, &["10.1.0.1"]).await;
+    web_push(&mut a1, &mut seen_a1, &["10.1.0.1"]).await;
+    assert!(
+        !seen_a2
+            .iter()
+            .any(|m| m.resource() == "default/endpoints/web"
+                && ips(&m.content).iter().any(|ip| ip.starts_with("10.2."))),
+        "a2, back in group a, was sent group b's backends: {seen_a2:?}"
+    );
+}

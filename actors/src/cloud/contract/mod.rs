@@ -239,14 +239,23 @@ impl ToNodes {
         })
     }
 
-    /// A watch's corrected view for the one node its resource names:
+    /// A watch's push ([`application::watch_push`], its resource naming any one of them) for
+    /// every node in `nodes`, that all see the object alike: one message, encoded once
+    /// ([`NodeMessage::untracked`]).
+    pub(crate) fn untracked_for(nodes: Vec<String>, message: Message) -> Self {
+        ToNodes {
+            nodes,
+            message: NodeMessage::untracked(message),
+        }
+    }
+
+    /// A watch's corrected view for every node in `nodes`, that all see the object alike:
     /// [`NodeMessage::refresh`].
-    pub(crate) fn refresh(message: Message) -> Option<Self> {
-        let node = edgehive_protocols::node_of(message.resource())?.to_owned();
-        Some(ToNodes {
-            nodes: vec![node],
+    pub(crate) fn refresh_for(nodes: Vec<String>, message: Message) -> Self {
+        ToNodes {
+            nodes,
             message: NodeMessage::refresh(message),
-        })
+        }
     }
 
     /// `message` for the one node its cloud-form resource names; `None` if it names none.

@@ -145,6 +145,11 @@ impl GroupWatcher {
 
     fn on_node(&mut self, event: WatchEvent) -> (BTreeSet<String>, BTreeSet<String>) {
         let name = meta_str(&event.object, "name").to_owned();
+        // A node's change alters only its own entry in the statuses of the groups that
+        // select it: those are rebuilt only when that entry changed (not on the echo of
+        // the label this controller wrote, nor on a change of another label), or each of
+        // a group's nodes would rebuild the group's status from every node.
+        let was = self.membership.entry(&name);
         let mut groups = self.membership.selecting(&name);
         if event.event_type == EventType::Deleted {
             self.membership.nodes.remove(&name);
@@ -161,6 +166,9 @@ impl GroupWatcher {
                 .nodes
                 .insert(name.clone(), NodeView::from_object(&event.object));
             groups.extend(self.membership.selecting(&name));
+            if self.membership.entry(&name) == was {
+                groups.clear();
+            }
         }
         (BTreeSet::from([name]), groups)
     }

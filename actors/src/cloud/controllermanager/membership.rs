@@ -153,6 +153,16 @@ impl Membership {
         })
     }
 
+    /// What node `name`'s entries in the groups' statuses are made of: the groups that
+    /// select it, its owner and its readiness (`None`: the node is not known).
+    pub(super) fn entry(
+        &self,
+        name: &str,
+    ) -> Option<(BTreeSet<String>, Option<String>, &'static str)> {
+        let node = self.nodes.get(name)?;
+        Some((self.selecting(name), self.owner(name), node.ready))
+    }
+
     /// The label node `name` must get (`Some(None)`: lose it), or `None` when it is right.
     pub(super) fn label_change(&self, name: &str) -> Option<Option<String>> {
         let node = self.nodes.get(name)?;
@@ -216,6 +226,46 @@ mod tests {
 
     fn group(created: &str, spec: Value) -> Group {
         Group::from_object(&json!({"metadata": {"creationTimestamp": created}, "spec": spec}))
+    }
+
+    #[test]
+    fn a_nodes_status_entry_changes_with_its_groups_owner_and_readiness_not_its_own_label_echo() {
+        let mut m = Membership::default();
+        m.groups.insert(
+            "east".into(),
+            group(
+                "2026-01-01T00:00:00Z",
+                json!({"matchLabels": {"zone": "e"}}),
+            ),
+        );
+        m.nodes
+            .insert("n".into(), node(json!({"zone": "e"}), "True"));
+        let before = m.entry("n");
+        assert_eq!(
+            before,
+            Some((
+                BTreeSet::from(["east".to_owned()]),
+                Some("east".to_owned()),
+                "Ready"
+            ))
+        );
+        // The label the controller writes, and any other label: every group's view of the
+        // node is as it was, so no group's status is rebuilt for it.
+        m.nodes.insert(
+            "n".into(),
+            node(json!({"zone": "e", BELONGING_TO: "east", "x": "y"}), "True"),
+        );
+        assert_eq!(m.entry("n"), before);
+        // Its readiness, or leaving the group, changes it.
+        m.nodes.insert(
+            "n".into(),
+            node(json!({"zone": "e", BELONGING_TO: "east"}), "False"),
+        );
+        assert_ne!(m.entry("n"), before);
+        m.nodes
+            .insert("n".into(), node(json!({"zone": "w"}), "True"));
+        assert_eq!(m.entry("n"), Some((BTreeSet::new(), None, "Ready")));
+        assert_eq!(m.entry("ghost"), None);
     }
 
     #[test]

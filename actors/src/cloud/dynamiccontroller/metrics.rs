@@ -116,6 +116,17 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts `n` views of the service-topology filter with one outcome (a group's nodes).
+    pub(super) fn topology_n(&self, outcome: &'static str, n: usize) {
+        if n > 0 {
+            self.topology
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.to_owned(),
+                })
+                .inc_by(n as u64);
+        }
+    }
+
     /// Counts an answered application.
     pub(super) fn answered(&self, verb: &str, approved: bool) {
         self.requests

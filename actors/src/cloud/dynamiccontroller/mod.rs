@@ -18,8 +18,8 @@
 //!   backends of its node group (`topology`, applied by `watches::shown` to lists, gets and
 //!   pushes alike; docs/nodegroups.md).
 //!
-//! Files, bottom first: `metrics`, `resources`, `selector`, `topology` → `policy` →
-//! `watches` → `controller` → `mod.rs`.
+//! Files, bottom first: `metrics`, `resources`, `selector`, `topology`, `viewers` →
+//! `policy` → `watches` → `controller` → `mod.rs`.
 
 mod controller;
 mod metrics;
@@ -27,6 +27,7 @@ mod policy;
 mod resources;
 mod selector;
 mod topology;
+mod viewers;
 mod watches;
 
 use std::sync::Arc;

@@ -26,6 +26,7 @@ use super::policy::{Policy, Scope};
 use super::resources::Resource;
 use super::selector::Selector;
 use super::topology::{Changed, SharedTopology, Topology, View};
+use super::viewers::Viewers;
 use crate::cloud::cluster::{EventType, SharedCluster};
 use crate::cloud::contract::application::watch_push;
 use crate::cloud::contract::{route, ToNodes};
@@ -122,6 +123,8 @@ struct KindState {
     objects: BTreeMap<(String, String), Value>,
     /// Subscriptions by `(node, id)`.
     subscriptions: BTreeMap<(String, String), Subscription>,
+    /// Their nodes by group (the topology's), kept with `subscriptions`.
+    viewers: Viewers,
     /// Dropping it stops the kind's watcher.
     _stop: oneshot::Sender<()>,
 }
@@ -209,10 +212,15 @@ impl WatchHub {
                     .retain(|waiting| waiting.node != node || ids.contains(&waiting.id));
                 let mut emptied = Vec::new();
                 for (kind, state) in &mut self.kinds {
+                    let viewers = &mut state.viewers;
                     let before = state.subscriptions.len();
-                    state
-                        .subscriptions
-                        .retain(|(n, id), _| n != &node || ids.contains(id));
+                    state.subscriptions.retain(|(n, id), _| {
+                        let keep = n != &node || ids.contains(id);
+                        if !keep {
+                            viewers.remove(n, id);
+                        }
+                        keep
+                    });
                     let removed = before - state.subscriptions.len();
                     self.metrics.subscriptions.dec_by(removed as i64);
                     if state.subscriptions.is_empty() {
@@ -273,89 +281,102 @@ impl WatchHub {
             }
         };
         if let Some(changed) = changed {
+            if let Changed::Node { name, .. } = &changed {
+                let topology = read(&self.topology.topology);
+                for state in self.kinds.values_mut() {
+                    state.viewers.regroup(name, topology.group_of(name));
+                }
+            }
             self.correct(&changed);
         }
     }
 
     /// Sends each watcher whose view of an Endpoints or EndpointSlice `changed` altered the
-    /// view it has now, as an update at the same version ([`ToNodes::refresh`]).
+    /// view it has now, as an update at the same version ([`ToNodes::refresh_for`]): each
+    /// group's view judged once, from the index of the watching nodes by group.
     fn correct(&mut self, changed: &Changed) {
-        let topology = read(&self.topology.topology);
-        let policy = &self.policy;
-        let pod_node = |ns: &str, name: &str| policy.pod_node(ns, name);
-        for kind in super::topology::FILTERED_KINDS {
-            let Some(state) = self.kinds.get(kind) else {
-                continue;
-            };
-            for object in state.objects.values() {
-                // Who may see it differently: for a Service, every watcher of its objects;
-                // for a node, the node itself, and, where it has a backend, the nodes of
-                // its old and new groups.
-                let everyone = match changed {
-                    Changed::Service { key, .. } => {
-                        if Topology::service_of(kind, object).as_ref() != Some(key) {
+        let mut pushes = Vec::new();
+        {
+            let topology = read(&self.topology.topology);
+            let policy = &self.policy;
+            let pod_node = |ns: &str, name: &str| policy.pod_node(ns, name);
+            for kind in super::topology::FILTERED_KINDS {
+                let Some(state) = self.kinds.get(kind) else {
+                    continue;
+                };
+                for object in state.objects.values() {
+                    // Who may see it differently: for a Service, every watcher of its
+                    // objects; for a node, the node itself (alone: its view before used its
+                    // old group), and, where it has a backend, the nodes of its old and new
+                    // groups.
+                    let concerned: Vec<Vec<&str>> = match changed {
+                        Changed::Service { key, .. } => {
+                            if Topology::service_of(kind, object).as_ref() != Some(key) {
+                                continue;
+                            }
+                            classes(&state.viewers)
+                        }
+                        Changed::Node { name, before } => {
+                            let mut concerned = Vec::new();
+                            if state.viewers.group_of(name).is_some() {
+                                concerned.push(vec![name.as_str()]);
+                            }
+                            if Topology::has_backend_on(kind, object, name, &pod_node) {
+                                let now = topology.group_of(name);
+                                let mut groups = vec![before.as_deref()];
+                                if now != before.as_deref() {
+                                    groups.push(now);
+                                }
+                                for group in groups.into_iter().flatten() {
+                                    concerned.push(
+                                        state
+                                            .viewers
+                                            .nodes_in(Some(group))
+                                            .filter(|node| node != name)
+                                            .collect(),
+                                    );
+                                }
+                            }
+                            concerned
+                        }
+                    };
+                    for members in concerned {
+                        let Some(viewer) = members.first() else {
+                            continue;
+                        };
+                        let before = topology.view_before(kind, viewer, object, &pod_node, changed);
+                        let now = topology.view(kind, viewer, object, &pod_node);
+                        if before == now {
                             continue;
                         }
-                        true
-                    }
-                    Changed::Node { name, .. } => {
-                        Topology::has_backend_on(kind, object, name, &pod_node)
-                    }
-                };
-                let (moved, groups) = match changed {
-                    Changed::Node { name, before } => (
-                        Some(name.as_str()),
-                        [before.as_deref(), topology.group_of(name)],
-                    ),
-                    Changed::Service { .. } => (None, [None, None]),
-                };
-                let mut judged: HashSet<&str> = HashSet::new();
-                for subscription in state.subscriptions.values() {
-                    let node = subscription.node.as_str();
-                    if judged.contains(node) || !subscription.matches(object) {
-                        continue;
-                    }
-                    let concerned = match moved {
-                        None => true,
-                        Some(moved) => {
-                            node == moved
-                                || (everyone && {
-                                    let group = topology.group_of(node);
-                                    group.is_some() && groups.contains(&group)
-                                })
+                        let operation = if before == View::Withheld {
+                            Operation::Insert
+                        } else {
+                            Operation::Update
+                        };
+                        let Some(mut shown) = now.object(object) else {
+                            continue;
+                        };
+                        if shown["apiVersion"].as_str().unwrap_or_default().is_empty() {
+                            if let Some(subscription) = state.subscriptions.values().next() {
+                                shown["apiVersion"] =
+                                    Value::from(subscription.resource.api_version());
+                            }
                         }
-                    };
-                    if !concerned {
-                        continue;
-                    }
-                    judged.insert(node);
-                    if !policy.visible(node, subscription.scope, object) {
-                        continue;
-                    }
-                    let before = topology.view_before(kind, node, object, &pod_node, changed);
-                    let now = topology.view(kind, node, object, &pod_node);
-                    if before == now {
-                        continue;
-                    }
-                    let operation = if before == View::Withheld {
-                        Operation::Insert
-                    } else {
-                        Operation::Update
-                    };
-                    let Some(mut shown) = now.object(object) else {
-                        continue;
-                    };
-                    if shown["apiVersion"].as_str().unwrap_or_default().is_empty() {
-                        shown["apiVersion"] = Value::from(subscription.resource.api_version());
-                    }
-                    let push = watch_push(node, operation, &shown);
-                    if let Some(push) = ToNodes::refresh(push) {
-                        self.metrics.topology("corrected");
-                        self.metrics.pushes.inc();
-                        self.outbox.send_to(push);
+                        let nodes = selecting(state, policy, members.into_iter(), object);
+                        let Some(first) = nodes.first() else {
+                            continue;
+                        };
+                        let push = watch_push(first, operation, &shown);
+                        self.metrics.topology_n("corrected", nodes.len());
+                        pushes.push(ToNodes::refresh_for(nodes, push));
                     }
                 }
             }
+        }
+        for push in pushes {
+            self.metrics.pushes.inc_by(push.nodes.len() as u64);
+            self.outbox.send_to(push);
         }
     }
 
@@ -378,6 +399,7 @@ impl WatchHub {
                     .remove(&(subscription.node.clone(), subscription.id.clone()))
                     .is_some()
             {
+                state.viewers.remove(&subscription.node, &subscription.id);
                 self.metrics.subscriptions.dec();
             }
         }
@@ -408,6 +430,7 @@ impl WatchHub {
                 KindState {
                     objects: BTreeMap::new(),
                     subscriptions: BTreeMap::new(),
+                    viewers: Viewers::default(),
                     _stop: stop,
                 },
             );
@@ -442,6 +465,11 @@ impl WatchHub {
                 }
             }
         }
+        state.viewers.insert(
+            &subscription.node,
+            &subscription.id,
+            read(&self.topology.topology).group_of(&subscription.node),
+        );
         let key = (subscription.node.clone(), subscription.id.clone());
         if state.subscriptions.insert(key, subscription).is_none() {
             self.metrics.subscriptions.inc();
@@ -497,41 +525,140 @@ impl WatchHub {
         if object["kind"].as_str().unwrap_or_default().is_empty() {
             object["kind"] = Value::from(kind);
         }
-        let topology = read(&self.topology.topology);
-        // Each node is judged once per change, however many of its watches select it.
-        let mut judged: HashMap<&str, bool> = HashMap::new();
-        for subscription in state.subscriptions.values() {
-            let node = subscription.node.as_str();
-            if judged.contains_key(node) || !subscription.matches(&object) {
-                continue;
-            }
-            let visible = self.policy.visible(node, subscription.scope, &object);
-            judged.insert(node, visible);
-            if !visible {
-                continue;
-            }
-            if object["apiVersion"].as_str().unwrap_or_default().is_empty() {
+        if object["apiVersion"].as_str().unwrap_or_default().is_empty() {
+            if let Some(subscription) = state.subscriptions.values().next() {
                 object["apiVersion"] = Value::from(subscription.resource.api_version());
             }
-            let Some(shown) = shown(&topology, &self.policy, &self.metrics, kind, node, &object)
-            else {
-                continue;
+        }
+        let pushes = if Topology::filters(kind) {
+            self.by_group(kind, &operation, &object, previous.as_ref())
+        } else {
+            // Every node that may see it sees it whole: one message for all of them.
+            let Some(state) = self.kinds.get(kind) else {
+                return;
             };
-            if let Some(previous) = &previous {
-                if Topology::filters(kind)
-                    && same_view(&topology, &self.policy, kind, node, previous, &shown)
-                {
-                    self.metrics.topology("unchanged");
+            // Each node judged once, however many of its watches select it (they are in
+            // node order).
+            let mut nodes: Vec<String> = Vec::new();
+            for subscription in state.subscriptions.values() {
+                if nodes.last() == Some(&subscription.node) {
                     continue;
                 }
+                if subscription.matches(&object)
+                    && self
+                        .policy
+                        .visible(&subscription.node, subscription.scope, &object)
+                {
+                    nodes.push(subscription.node.clone());
+                }
             }
-            let push = watch_push(&subscription.node, operation.clone(), &shown);
-            if let Some(push) = ToNodes::untracked(push) {
-                self.metrics.pushes.inc();
-                self.outbox.send_to(push);
-            }
+            push_for(nodes, &operation, &object).into_iter().collect()
+        };
+        for push in pushes {
+            self.metrics.pushes.inc_by(push.nodes.len() as u64);
+            self.outbox.send_to(push);
         }
     }
+
+    /// The pushes of a change of a filtered kind (Endpoints, EndpointSlice): each group's
+    /// view judged once (a node the topology does not know, alone), and sent, encoded once,
+    /// to the group's nodes that select and may see the object, only where the view
+    /// changed ([`same_view`]; a whole view always does).
+    fn by_group(
+        &self,
+        kind: &str,
+        operation: &Operation,
+        object: &Value,
+        previous: Option<&Value>,
+    ) -> Vec<ToNodes> {
+        let Some(state) = self.kinds.get(kind) else {
+            return Vec::new();
+        };
+        let topology = read(&self.topology.topology);
+        let policy = &self.policy;
+        let pod_node = |ns: &str, name: &str| policy.pod_node(ns, name);
+        let mut pushes = Vec::new();
+        for members in classes(&state.viewers) {
+            let Some(viewer) = members.first() else {
+                continue;
+            };
+            let view = topology.view(kind, viewer, object, &pod_node);
+            let (shown, dropped) = match view {
+                View::Withheld => {
+                    self.metrics.topology_n("withheld", members.len());
+                    continue;
+                }
+                View::Whole => (object.clone(), None),
+                View::Filtered {
+                    object: shown,
+                    dropped,
+                } => {
+                    if previous.is_some_and(|previous| {
+                        same_view(&topology, policy, kind, viewer, previous, &shown)
+                    }) {
+                        self.metrics.topology_n("unchanged", members.len());
+                        continue;
+                    }
+                    (shown, Some(dropped))
+                }
+            };
+            let nodes = selecting(state, policy, members.into_iter(), object);
+            if let Some(dropped) = dropped {
+                self.metrics.topology_n("filtered", nodes.len());
+                self.metrics
+                    .topology_dropped
+                    .inc_by((dropped * nodes.len()) as u64);
+            }
+            pushes.extend(push_for(nodes, operation, &shown));
+        }
+        pushes
+    }
+}
+
+/// The nodes alike to the service-topology filter, from the index: each group's nodes
+/// together, and each node the topology does not know alone (it sees only its own
+/// backends).
+fn classes(viewers: &Viewers) -> Vec<Vec<&str>> {
+    let mut classes = Vec::new();
+    for (group, nodes) in viewers.groups() {
+        match group {
+            Some(_) => classes.push(nodes.iter().map(String::as_str).collect()),
+            None => classes.extend(nodes.iter().map(|node| vec![node.as_str()])),
+        }
+    }
+    classes
+}
+
+/// Of `nodes` (each once), those with a subscription of the kind that selects `object` and
+/// that may see it, in order.
+fn selecting<'a>(
+    state: &KindState,
+    policy: &Policy,
+    nodes: impl Iterator<Item = &'a str>,
+    object: &Value,
+) -> Vec<String> {
+    let mut selected: Vec<String> = Vec::new();
+    for node in nodes {
+        let sees = state.viewers.ids_of(node).any(|id| {
+            state
+                .subscriptions
+                .get(&(node.to_owned(), id.to_owned()))
+                .is_some_and(|subscription| {
+                    subscription.matches(object) && policy.visible(node, subscription.scope, object)
+                })
+        });
+        if sees {
+            selected.push(node.to_owned());
+        }
+    }
+    selected
+}
+
+/// One watch push of `shown` for all of `nodes` (none when there are none).
+fn push_for(nodes: Vec<String>, operation: &Operation, shown: &Value) -> Option<ToNodes> {
+    let first = nodes.first()?;
+    let push = watch_push(first, operation.clone(), shown);
+    Some(ToNodes::untracked_for(nodes, push))
 }
 
 /// Whether `viewer`'s filtered view of `previous` (the object before a change) is `shown`

@@ -538,11 +538,12 @@ impl NodeCell {
     pub(crate) fn keepalive_missed(&self, session: u64) {
         let handle = {
             let state = self.lock();
-            let found = [&state.connection, &state.incoming]
-                .into_iter()
-                .flatten()
-                .find(|connection| connection.id == session)
-                .map(|connection| connection.session.close.clone());
+            let mut found = None;
+            for connection in state.connection.iter().chain(&state.incoming) {
+                if connection.id == session {
+                    found = Some(connection.session.close.clone());
+                }
+            }
             found
         };
         if let Some(close) = handle {

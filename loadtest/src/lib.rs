@@ -48,7 +48,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use awc::ws::{Frame, Message as WsMessage};
-use edgehive_actors::cloud::cloudhub::{ByteString, EdgeInbox, FromCloud, MemoryConnector};
+use edgehive_actors::cloud::cloudhub::{
+    ByteString, EdgeInbox, EdgeLink, FromCloud, LinkSendError, MemoryConnector,
+};
 use edgehive_actors::identity::certs::{self, CertAuthority};
 use edgehive_actors::identity::tls::edge_client_config;
 use edgehive_protocols::{
@@ -714,7 +716,7 @@ const MEMORY_ARBITERS: usize = 2;
 
 /// The in-process fleet's links: per edge, the sender into its session and the tag it was
 /// linked under (a storm's old session may still say goodbye after the new one is linked).
-type Links = Rc<RefCell<Vec<Option<(u32, mpsc::Sender<ByteString>)>>>>;
+type Links = Rc<RefCell<Vec<Option<(u32, EdgeLink)>>>>;
 
 /// Links every edge to the in-process cloud over channels. The fleet costs no task per edge:
 /// one task reads every edge's frames from the cloud (and ACKs), one sends the keepalives
@@ -775,12 +777,12 @@ fn memory_fleet(
                     Ok(()) => {}
                     // The session is behind: wait for room, as a socket write would, without
                     // holding up the other edges.
-                    Err(mpsc::error::TrySendError::Full(ack)) => {
+                    Err(LinkSendError::Full(ack)) => {
                         actix_rt::spawn(async move {
                             let _ = link.send(ack).await;
                         });
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => continue,
+                    Err(LinkSendError::Closed(_)) => continue,
                 }
                 reader_fleet.acks.fetch_add(1, Ordering::Relaxed);
                 note_change(&reader_fleet, index, stamps);

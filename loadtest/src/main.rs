@@ -119,8 +119,13 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Before any thread: allocate with mimalloc, as a process that runs a cloud does.
-    alloc::use_mimalloc();
+    // Before any thread: allocate with mimalloc, as a process that runs a cloud does. A heap
+    // profiler that hooks malloc (heaptrack) sees nothing of mimalloc's blocks:
+    // `EDGEHIVE_LOADTEST_SYSTEM_ALLOC=1` keeps the system's allocator for such a run (its
+    // memory figures are then not those of `edgehive cloud`).
+    if std::env::var_os("EDGEHIVE_LOADTEST_SYSTEM_ALLOC").is_none() {
+        alloc::use_mimalloc();
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);

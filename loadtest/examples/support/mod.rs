@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use edgehive::cloud::CloudProcess;
-use edgehive_actors::cloud::cloudhub::{ByteString, FromCloud};
+use edgehive_actors::cloud::cloudhub::{ByteString, EdgeLink, FromCloud};
 use edgehive_protocols::{encode, Message};
 use tokio::sync::mpsc;
 
 /// Each node's link to the cloud (what it sends on), by node index.
-pub type Links = Arc<Mutex<Vec<Option<mpsc::Sender<ByteString>>>>>;
+pub type Links = Arc<Mutex<Vec<Option<EdgeLink>>>>;
 
 /// Links `nodes` edges named `name(i)` to the cloud over channels, spread over two arbiters,
 /// their frames all into `inbox` (tagged with the index); fills `links` and returns every
@@ -24,7 +24,7 @@ pub async fn link_fleet(
     name: fn(usize) -> String,
     inbox: &mpsc::Sender<(u32, FromCloud)>,
     links: &Links,
-) -> anyhow::Result<Vec<mpsc::Sender<ByteString>>> {
+) -> anyhow::Result<Vec<EdgeLink>> {
     let connector = cloud.hub().memory_connector();
     let arbiters: Vec<actix_rt::Arbiter> = (0..2).map(|_| actix_rt::Arbiter::new()).collect();
     let started = Instant::now();
@@ -52,7 +52,7 @@ pub async fn link_fleet(
 
 /// Keepalives on every link every 5 s, as edges send them, so no session times out while
 /// the example runs.
-pub fn keep_alive(all: &[mpsc::Sender<ByteString>]) {
+pub fn keep_alive(all: &[EdgeLink]) {
     let all = all.to_vec();
     actix_rt::spawn(async move {
         let keepalive = ByteString::from(encode(&Message::keepalive()));

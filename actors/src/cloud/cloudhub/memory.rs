@@ -15,9 +15,11 @@ use futures_util::Stream;
 use tokio::sync::mpsc;
 
 use super::link::Outgoing;
+pub use super::queue::TrySendError as LinkSendError;
+use super::queue::{QueueReceiver, QueueSender};
 
 /// Frames an edge may have in flight to its session before sending waits (a socket's buffer).
-pub(super) const MEMORY_LINK_CAPACITY: usize = 16;
+const MEMORY_LINK_CAPACITY: usize = 16;
 
 /// A frame from the cloud to a linked edge.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,9 +39,40 @@ pub enum FromCloud {
 /// Where the cloud writes to linked edges: `(tag, frame)`, the tag given at link time.
 pub type EdgeInbox = mpsc::Sender<(u32, FromCloud)>;
 
+/// What an edge sends its session: one message per send, as a text frame; dropping every
+/// clone is the connection ending. At most [`MEMORY_LINK_CAPACITY`] frames wait (a socket's
+/// buffer), in a queue that holds no memory while empty (`queue.rs`).
+#[derive(Clone)]
+pub struct EdgeLink(QueueSender<ByteString>);
+
+impl std::fmt::Debug for EdgeLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EdgeLink").finish_non_exhaustive()
+    }
+}
+
+impl EdgeLink {
+    /// Sends `frame` unless the session is behind (full) or gone (closed).
+    pub fn try_send(&self, frame: ByteString) -> Result<(), LinkSendError<ByteString>> {
+        self.0.try_send(frame)
+    }
+
+    /// Sends `frame`, waiting for room as a socket write would; gives it back if the session
+    /// is gone.
+    pub async fn send(&self, frame: ByteString) -> Result<(), ByteString> {
+        self.0.send(frame).await
+    }
+}
+
+/// A new link: the edge's end, and the session's.
+pub(crate) fn edge_link() -> (EdgeLink, QueueReceiver<ByteString>) {
+    let (sender, receiver) = super::queue::queue(MEMORY_LINK_CAPACITY);
+    (EdgeLink(sender), receiver)
+}
+
 /// The channels of one linked session.
 pub(crate) struct MemoryLink {
-    pub(crate) from_edge: mpsc::Receiver<ByteString>,
+    pub(crate) from_edge: QueueReceiver<ByteString>,
     pub(crate) to_edge: EdgeInbox,
     pub(crate) tag: u32,
 }
@@ -72,7 +105,7 @@ impl MemoryLink {
 
 impl MemoryWriter {
     /// Passes the session's frames on in order; tells the edge when the session ends.
-    pub(crate) async fn write_loop(self, mut queue: mpsc::Receiver<Outgoing>) {
+    pub(crate) async fn write_loop(self, mut queue: QueueReceiver<Outgoing>) {
         let mut closed = FromCloud::Closed {
             code: 1006,
             reason: String::new(),

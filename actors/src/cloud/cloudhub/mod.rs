@@ -14,7 +14,8 @@
 //!   resend deadline and its connection; created on the node's first message or connect,
 //!   it outlives connections and is restarted after a panic with its pool intact. Node
 //!   actors run on `NODE_ARBITERS` arbiters of CloudHub's own, not on the hub's.
-//! - `session.rs`: one `NodeSession` actor per connection: frames in, frames out, keepalive.
+//! - `session.rs`: one `NodeSession` actor per connection: frames in, frames out, keepalive
+//!   (its deadline on `keepalive.rs`'s wheel).
 //! - `server.rs`: the actix-web WebSocket server edges connect to (headers `node_id`,
 //!   `project_id`, `ConnectionUse: msg`, any path).
 //! - `pool.rs`: what a node still has to receive; `dispatch.rs`: where its upstream messages go;
@@ -28,9 +29,10 @@
 //! cycle), bottom first: `link.rs` (what goes down a link: the writer's items, the frames
 //! and close a node sends its session) → `socket.rs`, `memory.rs` (the transports) →
 //! `context.rs` (what the hub shares with every node) → `dispatch.rs` → `node.rs` →
-//! `session.rs` (a connection, which feeds its node) and `hub.rs` → `server.rs` → this file.
-//! The leaves (`auth`, `limits`, `pool`, `metrics`, `options`, `gate`, `certlimits`,
-//! `certserver`, `mirror`) import none of those.
+//! `session.rs` (a connection, which feeds its node), `hub.rs` and `keepalive.rs` (every
+//! session's keepalive deadline on one wheel) → `server.rs` → this file. The leaves (`auth`,
+//! `limits`, `pool`, `queue`, `metrics`, `options`, `gate`, `certlimits`, `certserver`,
+//! `mirror`) import none of those.
 
 mod auth;
 mod certlimits;
@@ -40,6 +42,7 @@ mod dispatch;
 // Also CloudStream's ports (`cloud/cloudstream`): one handshake gate for every TLS port.
 pub(crate) mod gate;
 mod hub;
+mod keepalive;
 mod limits;
 mod link;
 #[cfg(feature = "test-hooks")]
@@ -49,6 +52,7 @@ mod mirror;
 mod node;
 mod options;
 mod pool;
+mod queue;
 mod server;
 mod session;
 mod socket;
@@ -65,7 +69,7 @@ pub use gate::{ConnectionLimits, GateMetrics};
 pub use hub::CrashNode;
 pub use hub::{CloudHub, ListNodes, CLOUDHUB_MODULE};
 #[cfg(feature = "test-hooks")]
-pub use memory::{ByteString, EdgeInbox, FromCloud};
+pub use memory::{ByteString, EdgeInbox, EdgeLink, FromCloud, LinkSendError};
 pub use metrics::ReasonLabels;
 pub use mirror::BindingMirror;
 pub use node::NodeInfo;

@@ -55,13 +55,56 @@ const ACK_EVENT_RETRIES: u32 = 60;
 /// How soon a node tries again when its session's mailbox was full.
 const SESSION_FULL_RETRY: Duration = Duration::from_millis(10);
 
-/// Counters of one connection, shared by its session and its node.
-#[derive(Debug, Default)]
+/// Counters of one connection, shared by its session, its node and the keepalive wheel.
+#[derive(Debug)]
 pub(crate) struct ConnectionStats {
     /// Frames received on it.
     pub(crate) frames_in: AtomicU64,
     /// Frames written to it.
     pub(crate) frames_out: AtomicU64,
+    /// When it last showed it is alive (opened, or a keepalive), in [`clock_ms`].
+    alive_ms: AtomicU64,
+    /// Its session ended.
+    ended: AtomicBool,
+}
+
+impl ConnectionStats {
+    /// The counters of a connection opened now.
+    pub(crate) fn new() -> Self {
+        ConnectionStats {
+            frames_in: AtomicU64::new(0),
+            frames_out: AtomicU64::new(0),
+            alive_ms: AtomicU64::new(clock_ms()),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    /// Notes a keepalive.
+    pub(crate) fn alive(&self) {
+        self.alive_ms.store(clock_ms(), Ordering::Relaxed);
+    }
+
+    /// When the connection last showed it is alive, in [`clock_ms`].
+    pub(crate) fn alive_ms(&self) -> u64 {
+        self.alive_ms.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the connection's session ended.
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the connection's session ended.
+    pub(crate) fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::Relaxed)
+    }
+}
+
+/// Milliseconds on a monotonic clock that starts with the first call in the process.
+pub(crate) fn clock_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The node's current connection.
@@ -566,6 +609,29 @@ impl NodeCell {
     pub(crate) fn keepalive(&self) {
         self.last_keepalive_ms
             .store(unix_ms(SystemTime::now()), Ordering::Relaxed);
+    }
+
+    /// Connection `session` sent no keepalive in time (the keepalive wheel says so): it is
+    /// closed (Away, "keepalive timeout"). A session the cell no longer holds is being closed
+    /// already.
+    pub(crate) fn keepalive_missed(&self, session: u64) {
+        let handle = {
+            let state = self.lock();
+            let mut found = None;
+            for connection in state.connection.iter().chain(&state.incoming) {
+                if connection.id == session {
+                    found = Some(connection.session.close.clone());
+                }
+            }
+            found
+        };
+        if let Some(close) = handle {
+            tracing::warn!(node = %self.name, session, "no keepalive in time; closing the session");
+            close.do_send(CloseSession {
+                code: CloseCode::Away,
+                reason: "keepalive timeout".to_owned(),
+            });
+        }
     }
 
     /// Counts a frame a session put into the node's mailbox.

@@ -31,16 +31,13 @@ use actix_web::http::StatusCode;
 use actix_web::web::{Bytes, BytesMut};
 use actix_web::{web, App, HttpRequest, HttpResponse};
 use actix_ws::{CloseCode, CloseReason};
-#[cfg(feature = "test-hooks")]
-use bytestring::ByteString;
 use tokio::io::AsyncWriteExt;
-#[cfg(feature = "test-hooks")]
-use tokio::sync::mpsc;
 
 use super::gate::{self, Gate, GateMetrics};
 use super::hub::{Admit, AdmitAbandoned, CloudHub, CloudHubModule, Shared, CLOUDHUB_MODULE};
+use super::keepalive::KeepaliveWheel;
 #[cfg(feature = "test-hooks")]
-use super::memory::{EdgeInbox, MemoryLink, MEMORY_LINK_CAPACITY};
+use super::memory::{edge_link, EdgeInbox, EdgeLink, MemoryLink};
 use super::node::NodeCell;
 use super::options::{CloudHubOptions, CloudHubSecurity};
 use super::session::{Link, NodeSession, SessionConfig};
@@ -147,6 +144,7 @@ pub async fn start_cloudhub_with(
         warnings: Arc::new(std::sync::Mutex::new(WarnBudget::with_limit(
             REFUSAL_WARNINGS_PER_WINDOW,
         ))),
+        keepalives: KeepaliveWheel::start(options.keepalive_interval),
     });
     #[cfg(feature = "test-hooks")]
     let memory = MemoryConnector {
@@ -231,6 +229,8 @@ struct ServerContext {
     /// Warning lines for refused connections, for all peers together (each refusal is
     /// counted and recorded whatever the budget says).
     warnings: Arc<std::sync::Mutex<WarnBudget>>,
+    /// Every session's keepalive deadline.
+    keepalives: Arc<KeepaliveWheel>,
 }
 
 /// Refused-connection warnings logged per [`WarnBudget::WINDOW`], all peers together.
@@ -614,11 +614,13 @@ fn start_session(
 ) {
     let hub_context = &context.shared.hub;
     let config = SessionConfig {
-        keepalive_interval: hub_context.options.keepalive_interval,
         max_frame_bytes: hub_context.options.max_frame_bytes,
     };
     let (addr, stats) =
         NodeSession::start(cell.clone(), hub_context.clone(), session_id, config, link);
+    context
+        .keepalives
+        .track(cell.clone(), stats.clone(), session_id);
     cell.attach(session_id, addr.into(), stats, store_id, hub_context);
 }
 
@@ -653,7 +655,7 @@ impl MemoryConnector {
         node: &str,
         tag: u32,
         to_edge: EdgeInbox,
-    ) -> Result<mpsc::Sender<ByteString>, MemoryRefused> {
+    ) -> Result<EdgeLink, MemoryRefused> {
         check_node_name(node)
             .map_err(|reason| MemoryRefused(format!("invalid node name {node:?}: {reason}")))?;
         let hub = before_handshake(&self.context, node, None)
@@ -661,7 +663,7 @@ impl MemoryConnector {
         let (cell, session_id) = admit(&self.context, hub, node, None)
             .await
             .map_err(|close| MemoryRefused(close.description.unwrap_or_default()))?;
-        let (sender, from_edge) = mpsc::channel(MEMORY_LINK_CAPACITY);
+        let (sender, from_edge) = edge_link();
         let link = Link::Memory(MemoryLink {
             from_edge,
             to_edge,

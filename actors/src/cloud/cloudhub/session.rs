@@ -7,24 +7,25 @@
 //! more than that. Writes go through a writer task in order. A WebSocket connection's frames
 //! are read and written by [`super::socket`], on the connection itself.
 //!
-//! Keepalives stay here: the session notes the time in the node's cell and moves its own
-//! deadline; no keepalive for `keepalive_interval` closes the connection. So a healthy idle
-//! connection makes no actor but its own session do anything, and no timer fires for it.
+//! Keepalives stay here: the session notes the time in the node's cell and in the
+//! connection's stats, which the keepalive wheel (`keepalive.rs`) looks at about once per
+//! `keepalive_interval`; no keepalive for that long closes the connection. So a healthy idle
+//! connection makes no actor but its own session do anything, and has no timer of its own.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use actix_ws::{AggregatedMessage, CloseCode, CloseReason, ProtocolError};
 use edgehive_protocols::application::APPLICATION_REQUEST_OPERATION;
 use edgehive_protocols::{decode_with_limit, DecodeError, Group, Message, Operation};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::context::HubContext;
 use super::link::{CloseSession, Outgoing, WriteFrame};
 use super::metrics::CloudHubMetrics;
 use super::node::{ConnectionStats, FromEdge, NodeActor, NodeCell};
+use super::queue::{self, QueueSender, TrySendError};
 use crate::hive::log::{clip, WarnBudget};
 use crate::hive::RefusalKind;
 
@@ -48,7 +49,6 @@ pub(crate) enum Link {
 /// Settings a session needs.
 #[derive(Debug, Clone)]
 pub(crate) struct SessionConfig {
-    pub(crate) keepalive_interval: Duration,
     pub(crate) max_frame_bytes: usize,
 }
 
@@ -62,11 +62,9 @@ pub struct NodeSession {
     session_id: u64,
     config: SessionConfig,
     stats: Arc<ConnectionStats>,
-    writer: mpsc::Sender<Outgoing>,
+    writer: QueueSender<Outgoing>,
     /// Tells a socket's writer to give up when its queue has no room for the close frame.
     abort_writer: Option<oneshot::Sender<()>>,
-    /// Closes the connection unless a keepalive moves it.
-    deadline: Option<SpawnHandle>,
     /// How many warnings about this edge's frames may be logged.
     warnings: WarnBudget,
     closing: bool,
@@ -81,8 +79,8 @@ impl NodeSession {
         config: SessionConfig,
         link: Link,
     ) -> (Addr<NodeSession>, Arc<ConnectionStats>) {
-        let (writer, queue) = mpsc::channel(WRITE_QUEUE_CAPACITY);
-        let stats = Arc::new(ConnectionStats::default());
+        let (writer, queue) = queue::queue(WRITE_QUEUE_CAPACITY);
+        let stats = Arc::new(ConnectionStats::new());
         let session_stats = stats.clone();
         let addr = NodeSession::create(move |ctx| {
             ctx.set_mailbox_capacity(SESSION_MAILBOX_CAPACITY);
@@ -113,7 +111,6 @@ impl NodeSession {
                 stats: session_stats,
                 writer,
                 abort_writer,
-                deadline: None,
                 warnings: WarnBudget::default(),
                 closing: false,
             }
@@ -123,18 +120,6 @@ impl NodeSession {
 
     fn metrics(&self) -> &CloudHubMetrics {
         &self.hub.metrics
-    }
-
-    /// (Re)starts the keepalive deadline: one timer, moved by each keepalive.
-    fn arm_deadline(&mut self, ctx: &mut Context<Self>) {
-        if let Some(handle) = self.deadline.take() {
-            ctx.cancel_future(handle);
-        }
-        self.deadline = Some(ctx.run_later(self.config.keepalive_interval, |session, ctx| {
-            session.deadline = None;
-            tracing::warn!(node = %session.cell.name(), session = session.session_id, "no keepalive in time; closing the session");
-            session.close(ctx, CloseCode::Away, "keepalive timeout");
-        }));
     }
 
     fn close(&mut self, ctx: &mut Context<Self>, code: CloseCode, reason: &str) {
@@ -192,7 +177,7 @@ impl NodeSession {
             }
             Some(Operation::Keepalive) => {
                 self.cell.keepalive();
-                self.arm_deadline(ctx);
+                self.stats.alive();
                 return;
             }
             Some(_) => {}
@@ -264,11 +249,8 @@ impl NodeSession {
 impl Actor for NodeSession {
     type Context = Context<Self>;
 
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        self.arm_deadline(ctx);
-    }
-
     fn stopped(&mut self, _: &mut Context<Self>) {
+        self.stats.end();
         self.cell.session_ended(self.session_id, &self.hub);
     }
 }
@@ -326,8 +308,7 @@ impl Handler<WriteFrame> for NodeSession {
         if self.closing {
             return;
         }
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.writer.try_send(Outgoing::Text(frame))
-        {
+        if let Err(TrySendError::Full(_)) = self.writer.try_send(Outgoing::Text(frame)) {
             tracing::warn!(node = %self.cell.name(), "edge is not reading its frames; closing the session");
             self.metrics().drop_reason("slow_peer");
             self.close(ctx, CloseCode::Again, "not reading");

@@ -25,9 +25,10 @@ use actix_ws::{AggregatedMessage, CloseReason};
 use bytestring::ByteString;
 use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::link::Outgoing;
+use super::queue::QueueReceiver;
 
 /// Bytes asked of the connection per read (on the stack, copied into the frame buffer).
 const READ_CHUNK: usize = 2048;
@@ -342,7 +343,7 @@ impl SocketWriter {
 
     /// Writes what the session queues until it closes or the connection fails; a close frame
     /// (or, when the session ends without one, an empty close frame) ends the connection.
-    pub(crate) async fn write_loop(mut self, queue: mpsc::Receiver<Outgoing>) {
+    pub(crate) async fn write_loop(mut self, queue: QueueReceiver<Outgoing>) {
         let aborted = self.abort.take();
         let writing = self.write_all(queue);
         match aborted {
@@ -357,7 +358,7 @@ impl SocketWriter {
         }
     }
 
-    async fn write_all(&mut self, mut queue: mpsc::Receiver<Outgoing>) {
+    async fn write_all(&mut self, mut queue: QueueReceiver<Outgoing>) {
         let mut codec = Codec::new();
         let mut buf = BytesMut::new();
         loop {
@@ -386,7 +387,7 @@ impl SocketWriter {
                     return;
                 }
                 if buf.len() < KEEP_BUFFER {
-                    next = queue.try_recv().ok();
+                    next = queue.try_recv();
                 }
             }
             if self.io.write_all(&buf).await.is_err() || self.io.flush().await.is_err() {

@@ -91,7 +91,9 @@ impl<T> QueueSender<T> {
         Ok(())
     }
 
-    /// Queues `item`, waiting for room; gives it back if the receiver is gone.
+    /// Queues `item`, waiting for room; gives it back if the receiver is gone. (The
+    /// in-process link's, behind `test-hooks`; sockets' writers never wait.)
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(crate) async fn send(&self, item: T) -> Result<(), T> {
         let mut item = Some(item);
         poll_fn(|cx| {

@@ -28,6 +28,10 @@
 //! sessions, node actors and controllers, without sockets, HTTP or TLS, so a fleet can be
 //! larger than the file limit allows sockets. Its figures are the whole process's.
 //!
+//! Cluster mode (`--kubeconfig`): the scenarios' Nodes, Pods and ConfigMaps are written at a
+//! Kubernetes API server instead of the admin endpoint, so the tool drives any
+//! KubeEdge-compatible cloud; `--ca-from-secret` takes the CA from `kubeedge/casecret`.
+//!
 //! Several clouds (`--cloud A --cloud B`, or `--cloud A,B`: replicas sharing one cluster)
 //! split the fleet round-robin, edge `i` on address `i mod n`; the report's `clouds` says how
 //! many edges each address was given and how many had connected when the hold began.
@@ -106,8 +110,15 @@ pub struct LoadOptions {
     pub cloud_pid: Option<u32>,
     /// What to run once connected.
     pub scenario: Scenario,
-    /// The cloud's admin endpoint (`host:port`), where `fanout` and `storm` write.
+    /// The cloud's admin endpoint (`host:port`, the embedded cluster), where the scenarios
+    /// that change objects write unless `kubeconfig` is given.
     pub admin: Option<String>,
+    /// Cluster mode: a kubeconfig of the API server the cloud watches; the scenarios' Nodes,
+    /// Pods and ConfigMaps are written there (any KubeEdge-compatible cloud).
+    pub kubeconfig: Option<PathBuf>,
+    /// Take the cloud's CA from the Secret `kubeedge/casecret` in the cluster of `kubeconfig`
+    /// (as cloudcore keeps it) instead of `ca`'s files.
+    pub ca_from_secret: bool,
     /// `fanout`: changes per second.
     pub rate: u32,
     /// `fanout`: changes in all.
@@ -464,25 +475,40 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     } else {
         None
     };
-    let ca = match &options.ca {
-        Some((cert, key)) => Some(Arc::new(
+    let cluster = match &options.kubeconfig {
+        Some(path) if in_process.is_none() => Some(Writer::cluster(path).await?),
+        _ => None,
+    };
+    let ca = match (&options.ca, &cluster) {
+        (_, Some(Writer::Cluster(client))) if options.ca_from_secret => {
+            Some(Arc::new(ca_from_secret(client).await?))
+        }
+        (Some((cert, key)), _) => Some(Arc::new(
             CertAuthority::load(cert, key).context("cannot load the cloud's CA")?,
         )),
-        None => None,
+        _ if options.ca_from_secret => {
+            anyhow::bail!("--ca-from-secret reads the CA from the cluster of --kubeconfig")
+        }
+        _ => None,
     };
-    let admin = match options.scenario {
+    let writer = match options.scenario {
         Scenario::Streams => {
             anyhow::bail!("--scenario streams runs with run_streams, not with a CloudHub fleet")
         }
         Scenario::Hold => None,
         Scenario::Fanout | Scenario::Storm | Scenario::Broadcast | Scenario::Upstream => {
-            Some(options.admin.clone().context(
-                "--admin HOST:PORT (the cloud's admin endpoint) is needed to write changes",
-            )?)
+            match (cluster, &options.admin) {
+                (Some(cluster), _) => Some(cluster),
+                (None, Some(admin)) => Some(Writer::Admin(admin.clone())),
+                (None, None) => anyhow::bail!(
+                    "--kubeconfig FILE (the cloud's API server) or --admin HOST:PORT (an \
+                     edgehive cloud's admin endpoint) is needed to write changes"
+                ),
+            }
         }
     };
-    if let Some(admin) = &admin {
-        create_nodes(admin, &options.prefix, options.edges).await?;
+    if let Some(writer) = &writer {
+        create_nodes(writer, &options.prefix, options.edges).await?;
     }
     let (due, due_requests) = match (options.scenario, &in_process) {
         (Scenario::Upstream, Some(_)) => {
@@ -564,13 +590,13 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     let cpu_before = options.cloud_pid.and_then(cpu_ticks);
     let tool_before = cpu_ticks(std::process::id());
     let hold_started = Instant::now();
-    let changes = match (options.scenario, &admin) {
-        (Scenario::Fanout, Some(admin)) => Some(fanout(&options, admin, &fleet).await?),
-        (Scenario::Storm, Some(admin)) => {
-            Some(reconnect_storm(&options, admin, &fleet, &storm).await?)
+    let changes = match (options.scenario, &writer) {
+        (Scenario::Fanout, Some(writer)) => Some(fanout(&options, writer, &fleet).await?),
+        (Scenario::Storm, Some(writer)) => {
+            Some(reconnect_storm(&options, writer, &fleet, &storm).await?)
         }
-        (Scenario::Broadcast, Some(admin)) => Some(broadcast(&options, admin, &fleet).await?),
-        (Scenario::Upstream, Some(admin)) => Some(upstream(&options, admin, &fleet).await?),
+        (Scenario::Broadcast, Some(writer)) => Some(broadcast(&options, writer, &fleet).await?),
+        (Scenario::Upstream, Some(writer)) => Some(upstream(&options, writer, &fleet).await?),
         _ => {
             tokio::time::sleep(options.hold).await;
             None
@@ -942,30 +968,180 @@ pub fn markdown(report: &LoadReport) -> String {
     table
 }
 
-/// Applies one manifest per node (`manifest(index)`), 500 a request.
+/// Applies one object per node (`object(index)`), 500 a request.
 async fn apply_per_node(
-    admin: &str,
+    writer: &Writer,
     edges: usize,
-    manifest: impl Fn(usize) -> String,
+    object: impl Fn(usize) -> Value,
 ) -> anyhow::Result<()> {
     let indices: Vec<usize> = (0..edges).collect();
     for chunk in indices.chunks(500) {
-        apply(admin, chunk.iter().map(|index| manifest(*index)).collect()).await?;
+        writer
+            .apply(chunk.iter().map(|index| object(*index)).collect())
+            .await?;
     }
     Ok(())
 }
 
-/// Creates the fleet's Node objects (edge label) through the admin endpoint.
-async fn create_nodes(admin: &str, prefix: &str, edges: usize) -> anyhow::Result<()> {
-    apply_per_node(admin, edges, |index| {
-        format!(
-            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {prefix}{index}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n"
-        )
+/// Creates the fleet's Node objects (edge label).
+async fn create_nodes(writer: &Writer, prefix: &str, edges: usize) -> anyhow::Result<()> {
+    apply_per_node(writer, edges, |index| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("{prefix}{index}"),
+                         "labels": {"node-role.kubernetes.io/edge": ""}},
+        })
     })
     .await
 }
 
-async fn apply(admin: &str, body: String) -> anyhow::Result<()> {
+/// Where the tool writes the objects of its scenarios: the edgehive cloud's admin endpoint
+/// (its embedded cluster), or a Kubernetes API server (`--kubeconfig`), the way any
+/// KubeEdge-compatible cloud is driven.
+pub enum Writer {
+    /// `POST /api/v1/apply` at this `host:port`: every object of a batch in one request.
+    Admin(String),
+    /// The API server: one create or merge patch per object, [`API_WRITES_AT_ONCE`] at a
+    /// time.
+    Cluster(kube::Client),
+}
+
+/// Requests the tool has in flight at once to the API server.
+const API_WRITES_AT_ONCE: usize = 32;
+
+impl Writer {
+    /// A client for the API server of the kubeconfig at `path` (its current context).
+    pub async fn cluster(path: &std::path::Path) -> anyhow::Result<Writer> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("cannot read the kubeconfig {}", path.display()))?;
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .with_context(|| format!("the kubeconfig {} is not usable", path.display()))?;
+        Ok(Writer::Cluster(
+            kube::Client::try_from(config).context("cannot make a Kubernetes client")?,
+        ))
+    }
+
+    /// Creates or changes every object of `objects` (Nodes, Pods, ConfigMaps): in the
+    /// cluster, an object that exists gets the given labels, annotations, data and spec as a
+    /// merge patch, one that does not is created.
+    async fn apply(&self, objects: Vec<Value>) -> anyhow::Result<()> {
+        match self {
+            Writer::Admin(admin) => {
+                // JSON is YAML: one document per object.
+                let body = objects
+                    .iter()
+                    .map(|object| format!("---\n{object}\n"))
+                    .collect();
+                apply_admin(admin, body).await
+            }
+            Writer::Cluster(client) => {
+                let mut writes = futures_util::stream::iter(
+                    objects.into_iter().map(|object| upsert(client, object)),
+                )
+                .buffer_unordered(API_WRITES_AT_ONCE);
+                while let Some(written) = writes.next().await {
+                    written?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The API of `object`'s kind (Node, Pod or ConfigMap; core `v1`) and the object's name.
+fn api_of(
+    client: &kube::Client,
+    object: &Value,
+) -> anyhow::Result<(kube::Api<kube::api::DynamicObject>, String)> {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let plural = match kind {
+        "Node" => "nodes",
+        "Pod" => "pods",
+        "ConfigMap" => "configmaps",
+        other => anyhow::bail!("the tool writes no {other:?} objects"),
+    };
+    let resource = kube::api::ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let api = match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => kube::Api::namespaced_with(client.clone(), namespace, &resource),
+        None => kube::Api::all_with(client.clone(), &resource),
+    };
+    Ok((api, name))
+}
+
+/// Merge-patches `object` in the cluster (what the tool changes: labels, annotations, data,
+/// spec), or creates it when it does not exist.
+async fn upsert(client: &kube::Client, object: Value) -> anyhow::Result<()> {
+    let (api, name) = api_of(client, &object)?;
+    let patch = kube::api::Patch::Merge(&object);
+    match api.patch(&name, &Default::default(), &patch).await {
+        Ok(_) => return Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => anyhow::bail!("patching {name}: {error}"),
+    }
+    let created: kube::api::DynamicObject =
+        serde_json::from_value(object).context("an object the tool made does not parse")?;
+    match api.create(&Default::default(), &created).await {
+        Ok(_) => Ok(()),
+        // Created meanwhile (another tool process): patch it after all.
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let object = serde_json::to_value(&created)?;
+            api.patch(
+                &name,
+                &Default::default(),
+                &kube::api::Patch::Merge(&object),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|error| anyhow::anyhow!("patching {name}: {error}"))
+        }
+        Err(error) => anyhow::bail!("creating {name}: {error}"),
+    }
+}
+
+/// The cloud's CA as cloudcore keeps it in the cluster: Secret `kubeedge/casecret`, `cadata`
+/// the certificate (DER) and `cakeydata` its key (SEC1 DER).
+async fn ca_from_secret(client: &kube::Client) -> anyhow::Result<CertAuthority> {
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), "kubeedge");
+    let secret = secrets
+        .get("casecret")
+        .await
+        .context("cannot read the Secret kubeedge/casecret (the cloud's CA)")?;
+    let field = |key: &str| -> anyhow::Result<Vec<u8>> {
+        secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(key))
+            .map(|bytes| bytes.0.clone())
+            .with_context(|| format!("the Secret kubeedge/casecret has no {key:?}"))
+    };
+    let pair = certs::DerPair {
+        cert_der: field("cadata")?,
+        key_sec1_der: field("cakeydata")?,
+    };
+    // The CA is read from PEM files; the pair passes through a private temporary folder.
+    let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
+    let (cert, key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+    pair.write(&cert, &key)
+        .context("the Secret kubeedge/casecret does not hold a CA certificate and its key")?;
+    CertAuthority::load(&cert, &key).context("cannot load the CA of kubeedge/casecret")
+}
+
+async fn apply_admin(admin: &str, body: String) -> anyhow::Result<()> {
     let client = awc::Client::builder()
         .timeout(Duration::from_secs(60))
         .finish();
@@ -986,30 +1162,39 @@ async fn apply(admin: &str, body: String) -> anyhow::Result<()> {
 }
 
 /// The pod of node `index` at change number `seq`, stamped with the write time.
-fn pod_change(prefix: &str, index: usize, seq: u64) -> String {
-    format!(
-        "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
-         \x20 labels:\n    seq: \"{seq}\"\n  annotations:\n    {WRITTEN_AT}: \"{}\"\n\
-         spec:\n  nodeName: {prefix}{index}\n  containers:\n  - name: c\n    image: nginx\n",
-        now_micros()
-    )
+fn pod_change(prefix: &str, index: usize, seq: u64) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("fan-{index}"), "namespace": "default",
+            "labels": {"seq": seq.to_string()},
+            "annotations": {WRITTEN_AT: now_micros().to_string()},
+        },
+        "spec": {"nodeName": format!("{prefix}{index}"),
+                 "containers": [{"name": "c", "image": "nginx"}]},
+    })
 }
 
-/// Gives node `index` pod `fan-{index}` (with `volumes`, YAML lines of its spec) and waits
-/// until every edge has ACKed its pod (at most 120 s).
+/// Gives node `index` pod `fan-{index}` (with `volumes`, its spec's volumes, or none) and
+/// waits until every edge has ACKed its pod (at most 120 s).
 async fn pod_per_node(
     options: &LoadOptions,
-    admin: &str,
+    writer: &Writer,
     fleet: &Fleet,
-    volumes: &str,
+    volumes: Option<Value>,
 ) -> anyhow::Result<()> {
     let edges = options.edges;
-    apply_per_node(admin, edges, |index| {
-        format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
-             spec:\n  nodeName: {}{index}\n  containers:\n  - name: c\n    image: nginx\n{volumes}",
-            options.prefix
-        )
+    apply_per_node(writer, edges, |index| {
+        let mut pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("fan-{index}"), "namespace": "default"},
+            "spec": {"nodeName": format!("{}{index}", options.prefix),
+                     "containers": [{"name": "c", "image": "nginx"}]},
+        });
+        if let Some(volumes) = &volumes {
+            pod["spec"]["volumes"] = volumes.clone();
+        }
+        pod
     })
     .await?;
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -1028,27 +1213,28 @@ async fn pod_per_node(
 /// every node (encoded once in the cloud). Ends when every node has the last version.
 async fn broadcast(
     options: &LoadOptions,
-    admin: &str,
+    writer: &Writer,
     fleet: &Fleet,
 ) -> anyhow::Result<ChangeReport> {
     let edges = options.edges;
-    let volumes = "  volumes:\n  - name: shared\n    configMap:\n      name: fan-shared\n";
-    pod_per_node(options, admin, fleet, volumes).await?;
+    let volumes = serde_json::json!([{"name": "shared", "configMap": {"name": "fan-shared"}}]);
+    pod_per_node(options, writer, fleet, Some(volumes)).await?;
     eprintln!("loadtest: changing the ConfigMap every pod uses");
     let rate = u64::from(options.rate.max(1));
     let first_write = now_micros();
     let began = Instant::now();
     for seq in 1..=options.changes {
-        apply(
-            admin,
-            format!(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fan-shared\n  namespace: default\n\
-                 \x20 labels:\n    seq: \"{seq}\"\n  annotations:\n    {WRITTEN_AT}: \"{}\"\n\
-                 data:\n  seq: \"{seq}\"\n",
-                now_micros()
-            ),
-        )
-        .await?;
+        writer
+            .apply(vec![serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {
+                    "name": "fan-shared", "namespace": "default",
+                    "labels": {"seq": seq.to_string()},
+                    "annotations": {WRITTEN_AT: now_micros().to_string()},
+                },
+                "data": {"seq": seq.to_string()},
+            })])
+            .await?;
         keep_pace(options, fleet, began, seq, 1, rate).await;
     }
     let last_seq = vec![options.changes; edges];
@@ -1068,11 +1254,11 @@ async fn broadcast(
 /// progress). Latency is from the edge's send to the reply's arrival.
 async fn upstream(
     options: &LoadOptions,
-    admin: &str,
+    writer: &Writer,
     fleet: &Fleet,
 ) -> anyhow::Result<ChangeReport> {
     let edges = options.edges.max(1);
-    pod_per_node(options, admin, fleet, "").await?;
+    pod_per_node(options, writer, fleet, None).await?;
     eprintln!("loadtest: the edges report status now");
     let rate = u64::from(options.rate.max(1));
     let first_request = now_micros();
@@ -1127,7 +1313,11 @@ async fn keep_pace(
 
 /// Writes `--changes` changes at `--rate`, round-robin over the nodes, then waits until every
 /// pod's last version arrived (at most 60 s after the last write).
-async fn fanout(options: &LoadOptions, admin: &str, fleet: &Fleet) -> anyhow::Result<ChangeReport> {
+async fn fanout(
+    options: &LoadOptions,
+    writer: &Writer,
+    fleet: &Fleet,
+) -> anyhow::Result<ChangeReport> {
     let edges = options.edges.max(1);
     let rate = u64::from(options.rate.max(1));
     // Ten batches a second; each batch is one apply request.
@@ -1138,14 +1328,14 @@ async fn fanout(options: &LoadOptions, admin: &str, fleet: &Fleet) -> anyhow::Re
     let mut last_seq = vec![0u64; edges];
     while written < options.changes {
         let batch = per_batch.min(options.changes - written);
-        let mut body = String::new();
+        let mut objects = Vec::new();
         for k in written..written + batch {
             let index = usize::try_from(k % edges as u64).unwrap_or(0);
             let seq = k / edges as u64 + 1;
             last_seq[index] = seq;
-            body.push_str(&pod_change(&options.prefix, index, seq));
+            objects.push(pod_change(&options.prefix, index, seq));
         }
-        apply(admin, body).await?;
+        writer.apply(objects).await?;
         written += batch;
         keep_pace(options, fleet, began, written, batch, rate).await;
     }
@@ -1157,7 +1347,7 @@ async fn fanout(options: &LoadOptions, admin: &str, fleet: &Fleet) -> anyhow::Re
 /// away; all reconnect together. Ends when every node has its change (at most 60 s after).
 async fn reconnect_storm(
     options: &LoadOptions,
-    admin: &str,
+    writer: &Writer,
     fleet: &Fleet,
     storm: &watch::Sender<u64>,
 ) -> anyhow::Result<ChangeReport> {
@@ -1168,7 +1358,7 @@ async fn reconnect_storm(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let last_seq = vec![1u64; edges];
-    apply_per_node(admin, edges, |index| pod_change(&options.prefix, index, 1)).await?;
+    apply_per_node(writer, edges, |index| pod_change(&options.prefix, index, 1)).await?;
     eprintln!("loadtest: {edges} edges away, one change each written; all reconnect now");
     let reconnect_began = now_micros();
     storm.send_modify(|generation| *generation += 1);
@@ -1642,6 +1832,63 @@ mod tests {
         assert_eq!(ack.parent_id(), Some(sent.id()));
         assert_eq!(ack.route, expected.route);
         assert_eq!(ack.content, expected.content);
+    }
+
+    /// Frames a real edgecore (KubeEdge v1.22.0) and cloudcore exchanged, captured on the
+    /// wire (the pod's content cut to its metadata): `(sent by cloudcore, edgecore's ACK)`.
+    const GOLDEN_POD_INSERT: &str = r#"{"header":{"msg_id":"cd73b2bf-9ddb-4a0c-984a-d4242cd59186","timestamp":1795244553668,"resourceversion":"303"},"route":{"source":"edgecontroller","group":"resource","operation":"insert","resource":"default/pod/pod-3"},"content":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"pod-3","namespace":"default","uid":"34e4c1b3-8913-45f2-9c8a-f8545588f7ac","resourceVersion":"303"}}}"#;
+    const GOLDEN_POD_ACK: &str = r#"{"header":{"msg_id":"1e887552-e97e-4789-98bc-6687c2a8df54","parent_msg_id":"cd73b2bf-9ddb-4a0c-984a-d4242cd59186","timestamp":1795244553688},"route":{"source":"edgecontroller","group":"resource","operation":"response","resource":"default/pod/pod-3"},"content":"OK"}"#;
+    const GOLDEN_KEEPALIVE: &str = r#"{"header":{"msg_id":"0eecebaa-c796-454d-a6bf-28e239f31c3d","timestamp":1795244489351},"route":{"source":"websocket","group":"resource","operation":"keepalive","resource":"node"},"content":"ping"}"#;
+    const GOLDEN_NODEPATCH_ROUTE: &str = r#"{"source":"edged","group":"meta","operation":"patch","resource":"default/nodepatch/edge-2"}"#;
+    const GOLDEN_PODSTATUS_ROUTE: &str = r#"{"source":"edged","group":"meta","operation":"update","resource":"default/podstatus/fan-0"}"#;
+
+    /// The frame as JSON without what differs per message (its id and time).
+    fn shape(frame: &str) -> Value {
+        let mut value: Value = serde_json::from_str(frame).unwrap();
+        let header = value["header"].as_object_mut().unwrap();
+        assert!(
+            header.remove("msg_id").is_some_and(|id| id != ""),
+            "{frame}"
+        );
+        assert!(
+            header
+                .remove("timestamp")
+                .is_some_and(|t| t.as_u64() > Some(0)),
+            "{frame}"
+        );
+        value
+    }
+
+    #[test]
+    fn acks_and_keepalives_are_sent_as_real_edgecore_sends_them() {
+        let fleet = Fleet::new(1, Due::default());
+        let (ack, _) = fleet.read(GOLDEN_POD_INSERT.as_bytes()).unwrap();
+        assert_eq!(shape(&ack), shape(GOLDEN_POD_ACK));
+        assert_eq!(
+            shape(&encode(&Message::keepalive())),
+            shape(GOLDEN_KEEPALIVE)
+        );
+    }
+
+    #[test]
+    fn upstream_routes_are_sent_as_real_edgecore_sends_them() {
+        let route = |message: &Message| serde_json::to_value(&message.route).unwrap();
+        let nodepatch = upstream_request("edge-", 2, 1);
+        assert_eq!(
+            route(&nodepatch),
+            serde_json::from_str::<Value>(GOLDEN_NODEPATCH_ROUTE).unwrap()
+        );
+        // edged sends the patch as a JSON string.
+        let patch: Value = serde_json::from_str(nodepatch.content.as_str().unwrap()).unwrap();
+        assert_eq!(patch["status"]["conditions"][0]["type"], "Ready");
+        let podstatus = upstream_request("edge-", 0, 2);
+        assert_eq!(
+            route(&podstatus),
+            serde_json::from_str::<Value>(GOLDEN_PODSTATUS_ROUTE).unwrap()
+        );
+        for key in ["UID", "Name", "Status"] {
+            assert!(podstatus.content.get(key).is_some(), "{key}");
+        }
     }
 
     #[test]

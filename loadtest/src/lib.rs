@@ -177,6 +177,9 @@ pub struct LoadReport {
     /// `fanout`/`storm`: what the changes did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<ChangeReport>,
+    /// Edges that dropped and dialled another cloud (several `--cloud`s), when any did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverReport>,
     /// Where the run was measured.
     pub machine: Machine,
 }
@@ -246,6 +249,30 @@ impl std::fmt::Display for Machine {
     }
 }
 
+/// Edges whose connection dropped (a cloud of several died or handed them over) and dialled
+/// the next address: when they were all back and had every change written before they came
+/// back.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverReport {
+    /// Edges that lost their connection at least once.
+    pub edges_dropped: usize,
+    /// Of those, not connected again at the end.
+    pub not_back: usize,
+    /// Of those, connected again but without every change written before they came back.
+    pub not_caught_up: usize,
+    /// The first drop (unix milliseconds).
+    pub first_drop_unix_ms: u64,
+    /// The last of them connected again (unix milliseconds).
+    pub last_back_unix_ms: u64,
+    /// The last of them caught up (unix milliseconds).
+    pub last_caught_up_unix_ms: u64,
+    /// From the first drop until every dropped edge was connected again.
+    pub seconds_to_all_back: Option<f64>,
+    /// From the first drop until every dropped edge was back and caught up.
+    pub seconds_to_all_caught_up: Option<f64>,
+}
+
 /// Changes written and what reached the edges.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -303,6 +330,18 @@ struct Fleet {
     reply_failures: AtomicU64,
     /// `upstream`: how an edge is told to send its next request.
     due: Due,
+    /// Per edge, the UID of its pod as the cloud sent it (its pod status carries it).
+    pod_uid: Vec<std::sync::Mutex<Option<String>>>,
+    /// Per edge, the highest change number written to it (fanout).
+    written_seq: Vec<AtomicU64>,
+    /// Per edge, when its connection first dropped (not in a storm), unix µs; 0 never.
+    dropped_at: Vec<AtomicU64>,
+    /// Per edge, when it was last connected again after a drop, unix µs; 0 not (yet).
+    back_at: Vec<AtomicU64>,
+    /// Per edge, the change number written to it when it came back.
+    catch_up_to: Vec<AtomicU64>,
+    /// Per edge, when it had every change written before it came back, unix µs; 0 not yet.
+    caught_up_at: Vec<AtomicU64>,
 }
 
 /// How the `upstream` pacer reaches an edge.
@@ -326,9 +365,85 @@ impl Fleet {
             seen: counters(),
             upstream_asked: counters(),
             upstream_made: counters(),
+            written_seq: counters(),
+            pod_uid: (0..edges).map(|_| Default::default()).collect(),
+            dropped_at: counters(),
+            back_at: counters(),
+            catch_up_to: counters(),
+            caught_up_at: counters(),
             due,
             ..Fleet::default()
         }
+    }
+
+    /// Edge `index` lost its connection (the cloud closed it or died).
+    fn note_drop(&self, index: usize) {
+        let now = now_micros();
+        if let (Some(dropped), Some(back), Some(caught)) = (
+            self.dropped_at.get(index),
+            self.back_at.get(index),
+            self.caught_up_at.get(index),
+        ) {
+            let _ = dropped.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+            back.store(0, Ordering::Relaxed);
+            caught.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Edge `index` is connected again after a drop: it is caught up once it has the change
+    /// written to it last before now.
+    fn note_back(&self, index: usize) {
+        let now = now_micros();
+        let (Some(back), Some(target), Some(written), Some(seen), Some(caught)) = (
+            self.back_at.get(index),
+            self.catch_up_to.get(index),
+            self.written_seq.get(index),
+            self.seen.get(index),
+            self.caught_up_at.get(index),
+        ) else {
+            return;
+        };
+        back.store(now, Ordering::Relaxed);
+        let goal = written.load(Ordering::Relaxed);
+        target.store(goal, Ordering::Relaxed);
+        if seen.load(Ordering::Relaxed) >= goal {
+            caught.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// The drops and how long until every dropped edge was back and caught up; `None` when no
+    /// edge dropped.
+    fn failover(&self) -> Option<FailoverReport> {
+        let dropped: Vec<usize> = (0..self.dropped_at.len())
+            .filter(|index| self.dropped_at[*index].load(Ordering::Relaxed) > 0)
+            .collect();
+        let first_drop = dropped
+            .iter()
+            .map(|index| self.dropped_at[*index].load(Ordering::Relaxed))
+            .min()?;
+        let times = |of: &[AtomicU64]| -> (usize, u64) {
+            let times: Vec<u64> = dropped
+                .iter()
+                .map(|index| of[*index].load(Ordering::Relaxed))
+                .collect();
+            let missing = times.iter().filter(|time| **time == 0).count();
+            (missing, times.into_iter().max().unwrap_or(0))
+        };
+        let (not_back, last_back) = times(&self.back_at);
+        let (not_caught_up, last_caught_up) = times(&self.caught_up_at);
+        let ms = |micros: u64| micros / 1000;
+        Some(FailoverReport {
+            edges_dropped: dropped.len(),
+            not_back,
+            not_caught_up,
+            first_drop_unix_ms: ms(first_drop),
+            last_back_unix_ms: ms(last_back),
+            last_caught_up_unix_ms: ms(last_caught_up),
+            seconds_to_all_back: (not_back == 0)
+                .then(|| last_back.saturating_sub(first_drop) as f64 / 1e6),
+            seconds_to_all_caught_up: (not_caught_up == 0)
+                .then(|| last_caught_up.saturating_sub(first_drop) as f64 / 1e6),
+        })
     }
 
     /// Asks edge `index` for one more upstream request.
@@ -359,7 +474,12 @@ impl Fleet {
             return None;
         }
         let seq = made.fetch_add(1, Ordering::Relaxed) + 1;
-        let request = upstream_request(prefix, index, seq);
+        let uid = self
+            .pod_uid
+            .get(index)
+            .and_then(|uid| uid.lock().ok().and_then(|uid| uid.clone()))
+            .unwrap_or_default();
+        let request = upstream_request(prefix, index, seq, &uid);
         if let Ok(mut waiting) = self.upstream_waiting.lock() {
             waiting.insert(request.id().to_owned(), now_micros());
         }
@@ -379,13 +499,17 @@ impl Fleet {
             }
             return None;
         }
+        let mut stamps = incoming.content;
+        if !incoming.route.resource.contains("/pod/") {
+            stamps.uid = None;
+        }
         let message = Message {
             header: incoming.header,
             route: incoming.route,
             content: Value::Null,
         };
         let ack = Message::response_to(&message, Value::from("OK"));
-        Some((encode(&ack), incoming.content))
+        Some((encode(&ack), stamps))
     }
 
     /// A reply reached an edge: if it answers a waiting request, its latency, and whether it
@@ -416,8 +540,8 @@ impl Fleet {
 }
 
 /// Request `seq` of edge `index`: a `nodepatch` with a Ready condition when odd, a
-/// `podstatus` update of its pod when even.
-fn upstream_request(prefix: &str, index: usize, seq: u64) -> Message {
+/// `podstatus` update of its pod (`uid`, as the cloud sent it) when even.
+fn upstream_request(prefix: &str, index: usize, seq: u64, uid: &str) -> Message {
     let node = format!("{prefix}{index}");
     let now = edgehive_protocols::object::now_rfc3339();
     if seq % 2 == 1 {
@@ -441,7 +565,7 @@ fn upstream_request(prefix: &str, index: usize, seq: u64) -> Message {
             Group::Meta,
             Operation::Update,
             format!("default/podstatus/fan-{index}"),
-            serde_json::json!({"UID": "", "Name": format!("fan-{index}"), "Status": status}),
+            serde_json::json!({"UID": uid, "Name": format!("fan-{index}"), "Status": status}),
         )
     }
 }
@@ -648,6 +772,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         cloud_peak_rss_kib: peak.map(|peak| peak.peak()),
         scenario: options.scenario,
         changes,
+        failover: fleet.failover(),
         machine: Machine::this(),
     })
 }
@@ -683,21 +808,27 @@ fn socket_fleet(
             None => awc::Client::new(),
         };
         let scheme = if ca.is_some() { "wss" } else { "ws" };
-        let cloud = index % options.clouds.len();
-        let url = format!(
-            "{scheme}://{}/e632aba927ea4ac2b575ec1603d56f10/{node}/events",
-            options.clouds[cloud]
-        );
+        let clouds = options.clouds.clone();
+        let url = move |cloud: usize| {
+            format!(
+                "{scheme}://{}/e632aba927ea4ac2b575ec1603d56f10/{node}/events",
+                clouds[cloud]
+            )
+        };
+        let node = format!("{}{index}", options.prefix);
         let (fleet, gate, per_cloud) = (fleet.clone(), gate.clone(), per_cloud.clone());
         let heartbeat = options.heartbeat;
         let mut storm = storm_signal.clone();
         let prefix = options.prefix.clone();
+        let addresses = options.clouds.len();
         connecting.push(actix_rt::spawn(async move {
             let mut first = true;
+            let mut dropped = false;
+            let mut cloud = index % addresses;
             loop {
                 let permit = gate.clone().acquire_owned().await;
                 let request = client
-                    .ws(url.as_str())
+                    .ws(url(cloud))
                     .header("node_id", node.as_str())
                     .header("project_id", "e632aba927ea4ac2b575ec1603d56f10")
                     .header("ConnectionUse", "msg");
@@ -705,17 +836,28 @@ fn socket_fleet(
                     Ok(Ok((_, socket))) => {
                         drop(permit);
                         first = false;
+                        if dropped {
+                            fleet.note_back(index);
+                            dropped = false;
+                        }
                         fleet.connected.fetch_add(1, Ordering::Relaxed);
                         per_cloud[cloud].fetch_add(1, Ordering::Relaxed);
                         let me = (prefix.as_str(), index);
                         let stormed = edge(socket, heartbeat, &fleet, me, &mut storm).await;
                         per_cloud[cloud].fetch_sub(1, Ordering::Relaxed);
                         fleet.connected.fetch_sub(1, Ordering::Relaxed);
-                        if !stormed {
-                            return;
-                        }
-                        // Wait for the word to come back, then dial with everyone else.
-                        if storm.changed().await.is_err() {
+                        if stormed {
+                            // Wait for the word to come back, then dial with everyone else.
+                            if storm.changed().await.is_err() {
+                                return;
+                            }
+                        } else if addresses > 1 {
+                            // Dropped by one of several clouds: dial the next address, as an
+                            // edge with a list of servers does.
+                            fleet.note_drop(index);
+                            dropped = true;
+                            cloud = (cloud + 1) % addresses;
+                        } else {
                             return;
                         }
                     }
@@ -726,6 +868,9 @@ fn socket_fleet(
                     _ => {
                         drop(permit);
                         fleet.refused_again.fetch_add(1, Ordering::Relaxed);
+                        if dropped {
+                            cloud = (cloud + 1) % addresses;
+                        }
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
@@ -1083,32 +1228,51 @@ fn api_of(
 }
 
 /// Merge-patches `object` in the cluster (what the tool changes: labels, annotations, data,
-/// spec), or creates it when it does not exist.
+/// spec), or creates it when it does not exist. A request that did not reach the API server
+/// (connection refused or cut: an API server bounds its TLS handshakes per source, and the
+/// whole fleet's writes come from one address) is sent again, [`API_ATTEMPTS`] times at most.
 async fn upsert(client: &kube::Client, object: Value) -> anyhow::Result<()> {
     let (api, name) = api_of(client, &object)?;
-    let patch = kube::api::Patch::Merge(&object);
-    match api.patch(&name, &Default::default(), &patch).await {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match upsert_once(&api, &name, &object).await {
+            Err(kube::Error::Api(status)) => {
+                anyhow::bail!("writing {name}: {} {}", status.code, status.message)
+            }
+            Err(error) if attempt >= API_ATTEMPTS => {
+                anyhow::bail!("writing {name} ({attempt} attempts): {error}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await,
+            Ok(()) => return Ok(()),
+        }
+    }
+}
+
+/// Attempts at a write that did not reach the API server.
+const API_ATTEMPTS: u32 = 10;
+
+async fn upsert_once(
+    api: &kube::Api<kube::api::DynamicObject>,
+    name: &str,
+    object: &Value,
+) -> Result<(), kube::Error> {
+    let patch = kube::api::Patch::Merge(object);
+    match api.patch(name, &Default::default(), &patch).await {
         Ok(_) => return Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(error) => anyhow::bail!("patching {name}: {error}"),
+        Err(error) => return Err(error),
     }
     let created: kube::api::DynamicObject =
-        serde_json::from_value(object).context("an object the tool made does not parse")?;
+        serde_json::from_value(object.clone()).map_err(kube::Error::SerdeError)?;
     match api.create(&Default::default(), &created).await {
         Ok(_) => Ok(()),
         // Created meanwhile (another tool process): patch it after all.
-        Err(kube::Error::Api(status)) if status.code == 409 => {
-            let object = serde_json::to_value(&created)?;
-            api.patch(
-                &name,
-                &Default::default(),
-                &kube::api::Patch::Merge(&object),
-            )
+        Err(kube::Error::Api(status)) if status.code == 409 => api
+            .patch(name, &Default::default(), &patch)
             .await
-            .map(|_| ())
-            .map_err(|error| anyhow::anyhow!("patching {name}: {error}"))
-        }
-        Err(error) => anyhow::bail!("creating {name}: {error}"),
+            .map(|_| ()),
+        Err(error) => Err(error),
     }
 }
 
@@ -1336,6 +1500,10 @@ async fn fanout(
             objects.push(pod_change(&options.prefix, index, seq));
         }
         writer.apply(objects).await?;
+        for k in written..written + batch {
+            let index = usize::try_from(k % edges as u64).unwrap_or(0);
+            fleet.written_seq[index].fetch_max(k / edges as u64 + 1, Ordering::Relaxed);
+        }
         written += batch;
         keep_pace(options, fleet, began, written, batch, rate).await;
     }
@@ -1552,6 +1720,13 @@ async fn upstream_due(fleet: &Fleet, index: usize) {
 
 /// A stamped change that reached this edge (and was just ACKed): its latency and number.
 fn note_change(fleet: &Fleet, index: usize, stamps: Stamps) {
+    if let (Some(uid), Some(known)) = (stamps.uid, fleet.pod_uid.get(index)) {
+        if let Ok(mut known) = known.lock() {
+            if known.as_deref() != Some(uid.as_str()) {
+                *known = Some(uid);
+            }
+        }
+    }
     let Some(written) = stamps.written else {
         return;
     };
@@ -1563,6 +1738,13 @@ fn note_change(fleet: &Fleet, index: usize, stamps: Stamps) {
     }
     if let (Some(seen), Some(seq)) = (fleet.seen.get(index), stamps.seq) {
         seen.fetch_max(seq, Ordering::Relaxed);
+        let back = fleet.back_at[index].load(Ordering::Relaxed);
+        if back > 0
+            && seq >= fleet.catch_up_to[index].load(Ordering::Relaxed)
+            && fleet.caught_up_at[index].load(Ordering::Relaxed) == 0
+        {
+            fleet.caught_up_at[index].store(now, Ordering::Relaxed);
+        }
     }
 }
 
@@ -1581,11 +1763,13 @@ struct Incoming {
 }
 
 /// The stamps of a change the tool wrote (`metadata.annotations[WRITTEN_AT]`, unix µs, and
-/// `metadata.labels.seq`); none for any other content.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// `metadata.labels.seq`), and the object's `metadata.uid` (a pod's is sent back in the
+/// edge's pod status, as edged sends it); none for any other content.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Stamps {
     written: Option<u64>,
     seq: Option<u64>,
+    uid: Option<String>,
 }
 
 impl<'de> serde::Deserialize<'de> for Stamps {
@@ -1595,16 +1779,18 @@ impl<'de> serde::Deserialize<'de> for Stamps {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let stamps = Pick(
             "metadata",
-            Both(
+            Three(
                 ("annotations", Pick(WRITTEN_AT, Text)),
                 ("labels", Pick("seq", Text)),
+                ("uid", Text),
             ),
         );
-        let (written, seq) = deserializer.deserialize_any(AnyShape(stamps))?;
+        let (written, seq, uid) = deserializer.deserialize_any(AnyShape(stamps))?;
         let number = |text: Option<String>| text.and_then(|text| text.parse().ok());
         Ok(Stamps {
             written: number(written),
             seq: number(seq),
+            uid,
         })
     }
 }
@@ -1663,28 +1849,30 @@ impl<L: Lenient> Lenient for Pick<L> {
     }
 }
 
-/// Two fields of an object, each read with its own reader.
+/// Three fields of an object, each read with its own reader.
 #[derive(Clone, Copy)]
-struct Both<L, M>((&'static str, L), (&'static str, M));
+struct Three<L, M, N>((&'static str, L), (&'static str, M), (&'static str, N));
 
-impl<L: Lenient, M: Lenient> Lenient for Both<L, M> {
-    type Value = (L::Value, M::Value);
+impl<L: Lenient, M: Lenient, N: Lenient> Lenient for Three<L, M, N> {
+    type Value = (L::Value, M::Value, N::Value);
 
     fn object<'de, A: serde::de::MapAccess<'de>>(
         self,
         mut map: A,
     ) -> Result<Self::Value, A::Error> {
-        let (mut first, mut second) = Self::Value::default();
-        while let Some(key) = map.next_key_seed(KeyIn(&[self.0 .0, self.1 .0]))? {
+        let mut found = Self::Value::default();
+        let names = [self.0 .0, self.1 .0, self.2 .0];
+        while let Some(key) = map.next_key_seed(KeyIn(&names))? {
             match key {
-                Some(0) => first = map.next_value_seed(AnyShape(self.0 .1))?,
-                Some(_) => second = map.next_value_seed(AnyShape(self.1 .1))?,
+                Some(0) => found.0 = map.next_value_seed(AnyShape(self.0 .1))?,
+                Some(1) => found.1 = map.next_value_seed(AnyShape(self.1 .1))?,
+                Some(_) => found.2 = map.next_value_seed(AnyShape(self.2 .1))?,
                 None => {
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
             }
         }
-        Ok((first, second))
+        Ok(found)
     }
 }
 
@@ -1824,7 +2012,8 @@ mod tests {
             stamps,
             Stamps {
                 written: Some(1_700_000_000_000_001),
-                seq: Some(7)
+                seq: Some(7),
+                uid: None,
             }
         );
         let ack = decode(ack.as_bytes()).unwrap();
@@ -1862,8 +2051,13 @@ mod tests {
     #[test]
     fn acks_and_keepalives_are_sent_as_real_edgecore_sends_them() {
         let fleet = Fleet::new(1, Due::default());
-        let (ack, _) = fleet.read(GOLDEN_POD_INSERT.as_bytes()).unwrap();
+        let (ack, stamps) = fleet.read(GOLDEN_POD_INSERT.as_bytes()).unwrap();
         assert_eq!(shape(&ack), shape(GOLDEN_POD_ACK));
+        // The pod's UID, which the edge's pod status carries as edged's does.
+        assert_eq!(
+            stamps.uid.as_deref(),
+            Some("34e4c1b3-8913-45f2-9c8a-f8545588f7ac")
+        );
         assert_eq!(
             shape(&encode(&Message::keepalive())),
             shape(GOLDEN_KEEPALIVE)
@@ -1873,7 +2067,7 @@ mod tests {
     #[test]
     fn upstream_routes_are_sent_as_real_edgecore_sends_them() {
         let route = |message: &Message| serde_json::to_value(&message.route).unwrap();
-        let nodepatch = upstream_request("edge-", 2, 1);
+        let nodepatch = upstream_request("edge-", 2, 1, "");
         assert_eq!(
             route(&nodepatch),
             serde_json::from_str::<Value>(GOLDEN_NODEPATCH_ROUTE).unwrap()
@@ -1881,7 +2075,7 @@ mod tests {
         // edged sends the patch as a JSON string.
         let patch: Value = serde_json::from_str(nodepatch.content.as_str().unwrap()).unwrap();
         assert_eq!(patch["status"]["conditions"][0]["type"], "Ready");
-        let podstatus = upstream_request("edge-", 0, 2);
+        let podstatus = upstream_request("edge-", 0, 2, "34e4c1b3-8913-45f2-9c8a-f8545588f7ac");
         assert_eq!(
             route(&podstatus),
             serde_json::from_str::<Value>(GOLDEN_PODSTATUS_ROUTE).unwrap()
@@ -1889,6 +2083,10 @@ mod tests {
         for key in ["UID", "Name", "Status"] {
             assert!(podstatus.content.get(key).is_some(), "{key}");
         }
+        assert_eq!(
+            podstatus.content["UID"],
+            "34e4c1b3-8913-45f2-9c8a-f8545588f7ac"
+        );
     }
 
     #[test]

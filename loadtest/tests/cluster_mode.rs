@@ -97,3 +97,66 @@ fn ca_from_secret_without_a_casecret_says_so() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("kubeedge/casecret"), "{stderr}");
 }
+
+/// Two clouds (each knowing every node, as replicas of one cluster would), one killed while
+/// the fleet holds: its edges dial the next address, as an edge with a list of servers does,
+/// and the report's `failover` says how many dropped and that all are back.
+#[test]
+fn edges_of_a_killed_cloud_dial_the_next_address_and_the_report_says_when_all_were_back() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    const EDGES: usize = 10;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = support::start_plain_cloud(
+        dir_a.path(),
+        &crate::loadtest::fleet_manifests(dir_a.path(), EDGES),
+    );
+    let b = support::start_plain_cloud(
+        dir_b.path(),
+        &crate::loadtest::fleet_manifests(dir_b.path(), EDGES),
+    );
+    let mut tool = Command::new(TOOL)
+        .args([
+            "--cloud",
+            &format!("{},{}", a.websocket, b.websocket),
+            "--edges",
+            &EDGES.to_string(),
+            "--heartbeat",
+            "1",
+            "--hold",
+            "8",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the tool says the whole fleet is connected, B dies.
+    let stderr = BufReader::new(tool.stderr.take().unwrap());
+    let mut lines = stderr.lines();
+    let all = format!("{EDGES} connected");
+    assert!(
+        lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.contains(&all)),
+        "the fleet never connected"
+    );
+    drop(b);
+    // Keep reading so the tool never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    let output = tool.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        report["connectedAtEnd"], EDGES,
+        "B's edges are on A: {report}"
+    );
+    let failover = &report["failover"];
+    assert_eq!(failover["edgesDropped"], EDGES / 2, "{report}");
+    assert_eq!(failover["notBack"], 0, "{report}");
+    assert!(
+        failover["secondsToAllBack"].as_f64().unwrap() < 8.0,
+        "{report}"
+    );
+    drop(a);
+}

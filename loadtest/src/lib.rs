@@ -28,6 +28,10 @@
 //! sessions, node actors and controllers, without sockets, HTTP or TLS, so a fleet can be
 //! larger than the file limit allows sockets. Its figures are the whole process's.
 //!
+//! Cluster mode (`--kubeconfig`): the scenarios' Nodes, Pods and ConfigMaps are written at a
+//! Kubernetes API server instead of the admin endpoint, so the tool drives any
+//! KubeEdge-compatible cloud; `--ca-from-secret` takes the CA from `kubeedge/casecret`.
+//!
 //! Several clouds (`--cloud A --cloud B`, or `--cloud A,B`: replicas sharing one cluster)
 //! split the fleet round-robin, edge `i` on address `i mod n`; the report's `clouds` says how
 //! many edges each address was given and how many had connected when the hold began.
@@ -108,8 +112,15 @@ pub struct LoadOptions {
     pub cloud_pid: Option<u32>,
     /// What to run once connected.
     pub scenario: Scenario,
-    /// The cloud's admin endpoint (`host:port`), where `fanout` and `storm` write.
+    /// The cloud's admin endpoint (`host:port`, the embedded cluster), where the scenarios
+    /// that change objects write unless `kubeconfig` is given.
     pub admin: Option<String>,
+    /// Cluster mode: a kubeconfig of the API server the cloud watches; the scenarios' Nodes,
+    /// Pods and ConfigMaps are written there (any KubeEdge-compatible cloud).
+    pub kubeconfig: Option<PathBuf>,
+    /// Take the cloud's CA from the Secret `kubeedge/casecret` in the cluster of `kubeconfig`
+    /// (as cloudcore keeps it) instead of `ca`'s files.
+    pub ca_from_secret: bool,
     /// `fanout`: changes per second.
     pub rate: u32,
     /// `fanout`: changes in all.
@@ -168,6 +179,9 @@ pub struct LoadReport {
     /// `fanout`/`storm`: what the changes did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<ChangeReport>,
+    /// Edges that dropped and dialled another cloud (several `--cloud`s), when any did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverReport>,
     /// Where the run was measured.
     pub machine: Machine,
 }
@@ -237,6 +251,30 @@ impl std::fmt::Display for Machine {
     }
 }
 
+/// Edges whose connection dropped (a cloud of several died or handed them over) and dialled
+/// the next address: when they were all back and had every change written before they came
+/// back.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverReport {
+    /// Edges that lost their connection at least once.
+    pub edges_dropped: usize,
+    /// Of those, not connected again at the end.
+    pub not_back: usize,
+    /// Of those, connected again but without every change written before they came back.
+    pub not_caught_up: usize,
+    /// The first drop (unix milliseconds).
+    pub first_drop_unix_ms: u64,
+    /// The last of them connected again (unix milliseconds).
+    pub last_back_unix_ms: u64,
+    /// The last of them caught up (unix milliseconds).
+    pub last_caught_up_unix_ms: u64,
+    /// From the first drop until every dropped edge was connected again.
+    pub seconds_to_all_back: Option<f64>,
+    /// From the first drop until every dropped edge was back and caught up.
+    pub seconds_to_all_caught_up: Option<f64>,
+}
+
 /// Changes written and what reached the edges.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -294,6 +332,18 @@ struct Fleet {
     reply_failures: AtomicU64,
     /// `upstream`: how an edge is told to send its next request.
     due: Due,
+    /// Per edge, the UID of its pod as the cloud sent it (its pod status carries it).
+    pod_uid: Vec<std::sync::Mutex<Option<String>>>,
+    /// Per edge, the highest change number written to it (fanout).
+    written_seq: Vec<AtomicU64>,
+    /// Per edge, when its connection first dropped (not in a storm), unix µs; 0 never.
+    dropped_at: Vec<AtomicU64>,
+    /// Per edge, when it was last connected again after a drop, unix µs; 0 not (yet).
+    back_at: Vec<AtomicU64>,
+    /// Per edge, the change number written to it when it came back.
+    catch_up_to: Vec<AtomicU64>,
+    /// Per edge, when it had every change written before it came back, unix µs; 0 not yet.
+    caught_up_at: Vec<AtomicU64>,
 }
 
 /// How the `upstream` pacer reaches an edge.
@@ -317,9 +367,85 @@ impl Fleet {
             seen: counters(),
             upstream_asked: counters(),
             upstream_made: counters(),
+            written_seq: counters(),
+            pod_uid: (0..edges).map(|_| Default::default()).collect(),
+            dropped_at: counters(),
+            back_at: counters(),
+            catch_up_to: counters(),
+            caught_up_at: counters(),
             due,
             ..Fleet::default()
         }
+    }
+
+    /// Edge `index` lost its connection (the cloud closed it or died).
+    fn note_drop(&self, index: usize) {
+        let now = now_micros();
+        if let (Some(dropped), Some(back), Some(caught)) = (
+            self.dropped_at.get(index),
+            self.back_at.get(index),
+            self.caught_up_at.get(index),
+        ) {
+            let _ = dropped.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+            back.store(0, Ordering::Relaxed);
+            caught.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Edge `index` is connected again after a drop: it is caught up once it has the change
+    /// written to it last before now.
+    fn note_back(&self, index: usize) {
+        let now = now_micros();
+        let (Some(back), Some(target), Some(written), Some(seen), Some(caught)) = (
+            self.back_at.get(index),
+            self.catch_up_to.get(index),
+            self.written_seq.get(index),
+            self.seen.get(index),
+            self.caught_up_at.get(index),
+        ) else {
+            return;
+        };
+        back.store(now, Ordering::Relaxed);
+        let goal = written.load(Ordering::Relaxed);
+        target.store(goal, Ordering::Relaxed);
+        if seen.load(Ordering::Relaxed) >= goal {
+            caught.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// The drops and how long until every dropped edge was back and caught up; `None` when no
+    /// edge dropped.
+    fn failover(&self) -> Option<FailoverReport> {
+        let dropped: Vec<usize> = (0..self.dropped_at.len())
+            .filter(|index| self.dropped_at[*index].load(Ordering::Relaxed) > 0)
+            .collect();
+        let first_drop = dropped
+            .iter()
+            .map(|index| self.dropped_at[*index].load(Ordering::Relaxed))
+            .min()?;
+        let times = |of: &[AtomicU64]| -> (usize, u64) {
+            let times: Vec<u64> = dropped
+                .iter()
+                .map(|index| of[*index].load(Ordering::Relaxed))
+                .collect();
+            let missing = times.iter().filter(|time| **time == 0).count();
+            (missing, times.into_iter().max().unwrap_or(0))
+        };
+        let (not_back, last_back) = times(&self.back_at);
+        let (not_caught_up, last_caught_up) = times(&self.caught_up_at);
+        let ms = |micros: u64| micros / 1000;
+        Some(FailoverReport {
+            edges_dropped: dropped.len(),
+            not_back,
+            not_caught_up,
+            first_drop_unix_ms: ms(first_drop),
+            last_back_unix_ms: ms(last_back),
+            last_caught_up_unix_ms: ms(last_caught_up),
+            seconds_to_all_back: (not_back == 0)
+                .then(|| last_back.saturating_sub(first_drop) as f64 / 1e6),
+            seconds_to_all_caught_up: (not_caught_up == 0)
+                .then(|| last_caught_up.saturating_sub(first_drop) as f64 / 1e6),
+        })
     }
 
     /// Asks edge `index` for one more upstream request.
@@ -350,7 +476,12 @@ impl Fleet {
             return None;
         }
         let seq = made.fetch_add(1, Ordering::Relaxed) + 1;
-        let request = upstream_request(prefix, index, seq);
+        let uid = self
+            .pod_uid
+            .get(index)
+            .and_then(|uid| uid.lock().ok().and_then(|uid| uid.clone()))
+            .unwrap_or_default();
+        let request = upstream_request(prefix, index, seq, &uid);
         if let Ok(mut waiting) = self.upstream_waiting.lock() {
             waiting.insert(request.id().to_owned(), now_micros());
         }
@@ -370,13 +501,17 @@ impl Fleet {
             }
             return None;
         }
+        let mut stamps = incoming.content;
+        if !incoming.route.resource.contains("/pod/") {
+            stamps.uid = None;
+        }
         let message = Message {
             header: incoming.header,
             route: incoming.route,
             content: Value::Null,
         };
         let ack = Message::response_to(&message, Value::from("OK"));
-        Some((encode(&ack), incoming.content))
+        Some((encode(&ack), stamps))
     }
 
     /// A reply reached an edge: if it answers a waiting request, its latency, and whether it
@@ -407,8 +542,8 @@ impl Fleet {
 }
 
 /// Request `seq` of edge `index`: a `nodepatch` with a Ready condition when odd, a
-/// `podstatus` update of its pod when even.
-fn upstream_request(prefix: &str, index: usize, seq: u64) -> Message {
+/// `podstatus` update of its pod (`uid`, as the cloud sent it) when even.
+fn upstream_request(prefix: &str, index: usize, seq: u64, uid: &str) -> Message {
     let node = format!("{prefix}{index}");
     let now = edgehive_protocols::object::now_rfc3339();
     if seq % 2 == 1 {
@@ -432,7 +567,7 @@ fn upstream_request(prefix: &str, index: usize, seq: u64) -> Message {
             Group::Meta,
             Operation::Update,
             format!("default/podstatus/fan-{index}"),
-            serde_json::json!({"UID": "", "Name": format!("fan-{index}"), "Status": status}),
+            serde_json::json!({"UID": uid, "Name": format!("fan-{index}"), "Status": status}),
         )
     }
 }
@@ -466,25 +601,40 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     } else {
         None
     };
-    let ca = match &options.ca {
-        Some((cert, key)) => Some(Arc::new(
+    let cluster = match &options.kubeconfig {
+        Some(path) if in_process.is_none() => Some(Writer::cluster(path).await?),
+        _ => None,
+    };
+    let ca = match (&options.ca, &cluster) {
+        (_, Some(Writer::Cluster(client))) if options.ca_from_secret => {
+            Some(Arc::new(ca_from_secret(client).await?))
+        }
+        (Some((cert, key)), _) => Some(Arc::new(
             CertAuthority::load(cert, key).context("cannot load the cloud's CA")?,
         )),
-        None => None,
+        _ if options.ca_from_secret => {
+            anyhow::bail!("--ca-from-secret reads the CA from the cluster of --kubeconfig")
+        }
+        _ => None,
     };
-    let admin = match options.scenario {
+    let writer = match options.scenario {
         Scenario::Streams => {
             anyhow::bail!("--scenario streams runs with run_streams, not with a CloudHub fleet")
         }
         Scenario::Hold => None,
         Scenario::Fanout | Scenario::Storm | Scenario::Broadcast | Scenario::Upstream => {
-            Some(options.admin.clone().context(
-                "--admin HOST:PORT (the cloud's admin endpoint) is needed to write changes",
-            )?)
+            match (cluster, &options.admin) {
+                (Some(cluster), _) => Some(cluster),
+                (None, Some(admin)) => Some(Writer::Admin(admin.clone())),
+                (None, None) => anyhow::bail!(
+                    "--kubeconfig FILE (the cloud's API server) or --admin HOST:PORT (an \
+                     edgehive cloud's admin endpoint) is needed to write changes"
+                ),
+            }
         }
     };
-    if let Some(admin) = &admin {
-        create_nodes(admin, &options.prefix, options.edges).await?;
+    if let Some(writer) = &writer {
+        create_nodes(writer, &options.prefix, options.edges).await?;
     }
     let (due, due_requests) = match (options.scenario, &in_process) {
         (Scenario::Upstream, Some(_)) => {
@@ -566,13 +716,13 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
     let cpu_before = options.cloud_pid.and_then(cpu_ticks);
     let tool_before = cpu_ticks(std::process::id());
     let hold_started = Instant::now();
-    let changes = match (options.scenario, &admin) {
-        (Scenario::Fanout, Some(admin)) => Some(fanout(&options, admin, &fleet).await?),
-        (Scenario::Storm, Some(admin)) => {
-            Some(reconnect_storm(&options, admin, &fleet, &storm).await?)
+    let changes = match (options.scenario, &writer) {
+        (Scenario::Fanout, Some(writer)) => Some(fanout(&options, writer, &fleet).await?),
+        (Scenario::Storm, Some(writer)) => {
+            Some(reconnect_storm(&options, writer, &fleet, &storm).await?)
         }
-        (Scenario::Broadcast, Some(admin)) => Some(broadcast(&options, admin, &fleet).await?),
-        (Scenario::Upstream, Some(admin)) => Some(upstream(&options, admin, &fleet).await?),
+        (Scenario::Broadcast, Some(writer)) => Some(broadcast(&options, writer, &fleet).await?),
+        (Scenario::Upstream, Some(writer)) => Some(upstream(&options, writer, &fleet).await?),
         _ => {
             tokio::time::sleep(options.hold).await;
             None
@@ -624,6 +774,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         cloud_peak_rss_kib: peak.map(|peak| peak.peak()),
         scenario: options.scenario,
         changes,
+        failover: fleet.failover(),
         machine: Machine::this(),
     })
 }
@@ -659,21 +810,27 @@ fn socket_fleet(
             None => awc::Client::new(),
         };
         let scheme = if ca.is_some() { "wss" } else { "ws" };
-        let cloud = index % options.clouds.len();
-        let url = format!(
-            "{scheme}://{}/e632aba927ea4ac2b575ec1603d56f10/{node}/events",
-            options.clouds[cloud]
-        );
+        let clouds = options.clouds.clone();
+        let url = move |cloud: usize| {
+            format!(
+                "{scheme}://{}/e632aba927ea4ac2b575ec1603d56f10/{node}/events",
+                clouds[cloud]
+            )
+        };
+        let node = format!("{}{index}", options.prefix);
         let (fleet, gate, per_cloud) = (fleet.clone(), gate.clone(), per_cloud.clone());
         let heartbeat = options.heartbeat;
         let mut storm = storm_signal.clone();
         let prefix = options.prefix.clone();
+        let addresses = options.clouds.len();
         connecting.push(actix_rt::spawn(async move {
             let mut first = true;
+            let mut dropped = false;
+            let mut cloud = index % addresses;
             loop {
                 let permit = gate.clone().acquire_owned().await;
                 let request = client
-                    .ws(url.as_str())
+                    .ws(url(cloud))
                     .header("node_id", node.as_str())
                     .header("project_id", "e632aba927ea4ac2b575ec1603d56f10")
                     .header("ConnectionUse", "msg");
@@ -681,17 +838,28 @@ fn socket_fleet(
                     Ok(Ok((_, socket))) => {
                         drop(permit);
                         first = false;
+                        if dropped {
+                            fleet.note_back(index);
+                            dropped = false;
+                        }
                         fleet.connected.fetch_add(1, Ordering::Relaxed);
                         per_cloud[cloud].fetch_add(1, Ordering::Relaxed);
                         let me = (prefix.as_str(), index);
                         let stormed = edge(socket, heartbeat, &fleet, me, &mut storm).await;
                         per_cloud[cloud].fetch_sub(1, Ordering::Relaxed);
                         fleet.connected.fetch_sub(1, Ordering::Relaxed);
-                        if !stormed {
-                            return;
-                        }
-                        // Wait for the word to come back, then dial with everyone else.
-                        if storm.changed().await.is_err() {
+                        if stormed {
+                            // Wait for the word to come back, then dial with everyone else.
+                            if storm.changed().await.is_err() {
+                                return;
+                            }
+                        } else if addresses > 1 {
+                            // Dropped by one of several clouds: dial the next address, as an
+                            // edge with a list of servers does.
+                            fleet.note_drop(index);
+                            dropped = true;
+                            cloud = (cloud + 1) % addresses;
+                        } else {
                             return;
                         }
                     }
@@ -702,6 +870,9 @@ fn socket_fleet(
                     _ => {
                         drop(permit);
                         fleet.refused_again.fetch_add(1, Ordering::Relaxed);
+                        if dropped {
+                            cloud = (cloud + 1) % addresses;
+                        }
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
@@ -944,30 +1115,199 @@ pub fn markdown(report: &LoadReport) -> String {
     table
 }
 
-/// Applies one manifest per node (`manifest(index)`), 500 a request.
+/// Applies one object per node (`object(index)`), 500 a request.
 async fn apply_per_node(
-    admin: &str,
+    writer: &Writer,
     edges: usize,
-    manifest: impl Fn(usize) -> String,
+    object: impl Fn(usize) -> Value,
 ) -> anyhow::Result<()> {
     let indices: Vec<usize> = (0..edges).collect();
     for chunk in indices.chunks(500) {
-        apply(admin, chunk.iter().map(|index| manifest(*index)).collect()).await?;
+        writer
+            .apply(chunk.iter().map(|index| object(*index)).collect())
+            .await?;
     }
     Ok(())
 }
 
-/// Creates the fleet's Node objects (edge label) through the admin endpoint.
-async fn create_nodes(admin: &str, prefix: &str, edges: usize) -> anyhow::Result<()> {
-    apply_per_node(admin, edges, |index| {
-        format!(
-            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {prefix}{index}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n"
-        )
+/// Creates the fleet's Node objects (edge label).
+async fn create_nodes(writer: &Writer, prefix: &str, edges: usize) -> anyhow::Result<()> {
+    apply_per_node(writer, edges, |index| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("{prefix}{index}"),
+                         "labels": {"node-role.kubernetes.io/edge": ""}},
+        })
     })
     .await
 }
 
-async fn apply(admin: &str, body: String) -> anyhow::Result<()> {
+/// Where the tool writes the objects of its scenarios: the edgehive cloud's admin endpoint
+/// (its embedded cluster), or a Kubernetes API server (`--kubeconfig`), the way any
+/// KubeEdge-compatible cloud is driven.
+pub enum Writer {
+    /// `POST /api/v1/apply` at this `host:port`: every object of a batch in one request.
+    Admin(String),
+    /// The API server: one create or merge patch per object, [`API_WRITES_AT_ONCE`] at a
+    /// time.
+    Cluster(kube::Client),
+}
+
+/// Requests the tool has in flight at once to the API server.
+const API_WRITES_AT_ONCE: usize = 32;
+
+impl Writer {
+    /// A client for the API server of the kubeconfig at `path` (its current context).
+    pub async fn cluster(path: &std::path::Path) -> anyhow::Result<Writer> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("cannot read the kubeconfig {}", path.display()))?;
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .with_context(|| format!("the kubeconfig {} is not usable", path.display()))?;
+        Ok(Writer::Cluster(
+            kube::Client::try_from(config).context("cannot make a Kubernetes client")?,
+        ))
+    }
+
+    /// Creates or changes every object of `objects` (Nodes, Pods, ConfigMaps): in the
+    /// cluster, an object that exists gets the given labels, annotations, data and spec as a
+    /// merge patch, one that does not is created.
+    async fn apply(&self, objects: Vec<Value>) -> anyhow::Result<()> {
+        match self {
+            Writer::Admin(admin) => {
+                // JSON is YAML: one document per object.
+                let body = objects
+                    .iter()
+                    .map(|object| format!("---\n{object}\n"))
+                    .collect();
+                apply_admin(admin, body).await
+            }
+            Writer::Cluster(client) => {
+                let mut writes = futures_util::stream::iter(
+                    objects.into_iter().map(|object| upsert(client, object)),
+                )
+                .buffer_unordered(API_WRITES_AT_ONCE);
+                while let Some(written) = writes.next().await {
+                    written?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The API of `object`'s kind (Node, Pod or ConfigMap; core `v1`) and the object's name.
+fn api_of(
+    client: &kube::Client,
+    object: &Value,
+) -> anyhow::Result<(kube::Api<kube::api::DynamicObject>, String)> {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let plural = match kind {
+        "Node" => "nodes",
+        "Pod" => "pods",
+        "ConfigMap" => "configmaps",
+        other => anyhow::bail!("the tool writes no {other:?} objects"),
+    };
+    let resource = kube::api::ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let api = match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => kube::Api::namespaced_with(client.clone(), namespace, &resource),
+        None => kube::Api::all_with(client.clone(), &resource),
+    };
+    Ok((api, name))
+}
+
+/// Merge-patches `object` in the cluster (what the tool changes: labels, annotations, data,
+/// spec), or creates it when it does not exist. A request that did not reach the API server
+/// (connection refused or cut: an API server bounds its TLS handshakes per source, and the
+/// whole fleet's writes come from one address) is sent again, [`API_ATTEMPTS`] times at most.
+async fn upsert(client: &kube::Client, object: Value) -> anyhow::Result<()> {
+    let (api, name) = api_of(client, &object)?;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match upsert_once(&api, &name, &object).await {
+            Err(kube::Error::Api(status)) => {
+                anyhow::bail!("writing {name}: {} {}", status.code, status.message)
+            }
+            Err(error) if attempt >= API_ATTEMPTS => {
+                anyhow::bail!("writing {name} ({attempt} attempts): {error}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await,
+            Ok(()) => return Ok(()),
+        }
+    }
+}
+
+/// Attempts at a write that did not reach the API server.
+const API_ATTEMPTS: u32 = 10;
+
+async fn upsert_once(
+    api: &kube::Api<kube::api::DynamicObject>,
+    name: &str,
+    object: &Value,
+) -> Result<(), kube::Error> {
+    let patch = kube::api::Patch::Merge(object);
+    match api.patch(name, &Default::default(), &patch).await {
+        Ok(_) => return Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => return Err(error),
+    }
+    let created: kube::api::DynamicObject =
+        serde_json::from_value(object.clone()).map_err(kube::Error::SerdeError)?;
+    match api.create(&Default::default(), &created).await {
+        Ok(_) => Ok(()),
+        // Created meanwhile (another tool process): patch it after all.
+        Err(kube::Error::Api(status)) if status.code == 409 => api
+            .patch(name, &Default::default(), &patch)
+            .await
+            .map(|_| ()),
+        Err(error) => Err(error),
+    }
+}
+
+/// The cloud's CA as cloudcore keeps it in the cluster: Secret `kubeedge/casecret`, `cadata`
+/// the certificate (DER) and `cakeydata` its key (SEC1 DER).
+async fn ca_from_secret(client: &kube::Client) -> anyhow::Result<CertAuthority> {
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), "kubeedge");
+    let secret = secrets
+        .get("casecret")
+        .await
+        .context("cannot read the Secret kubeedge/casecret (the cloud's CA)")?;
+    let field = |key: &str| -> anyhow::Result<Vec<u8>> {
+        secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(key))
+            .map(|bytes| bytes.0.clone())
+            .with_context(|| format!("the Secret kubeedge/casecret has no {key:?}"))
+    };
+    let pair = certs::DerPair {
+        cert_der: field("cadata")?,
+        key_sec1_der: field("cakeydata")?,
+    };
+    // The CA is read from PEM files; the pair passes through a private temporary folder.
+    let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
+    let (cert, key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+    pair.write(&cert, &key)
+        .context("the Secret kubeedge/casecret does not hold a CA certificate and its key")?;
+    CertAuthority::load(&cert, &key).context("cannot load the CA of kubeedge/casecret")
+}
+
+async fn apply_admin(admin: &str, body: String) -> anyhow::Result<()> {
     let client = awc::Client::builder()
         .timeout(Duration::from_secs(60))
         .finish();
@@ -988,30 +1328,39 @@ async fn apply(admin: &str, body: String) -> anyhow::Result<()> {
 }
 
 /// The pod of node `index` at change number `seq`, stamped with the write time.
-fn pod_change(prefix: &str, index: usize, seq: u64) -> String {
-    format!(
-        "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
-         \x20 labels:\n    seq: \"{seq}\"\n  annotations:\n    {WRITTEN_AT}: \"{}\"\n\
-         spec:\n  nodeName: {prefix}{index}\n  containers:\n  - name: c\n    image: nginx\n",
-        now_micros()
-    )
+fn pod_change(prefix: &str, index: usize, seq: u64) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("fan-{index}"), "namespace": "default",
+            "labels": {"seq": seq.to_string()},
+            "annotations": {WRITTEN_AT: now_micros().to_string()},
+        },
+        "spec": {"nodeName": format!("{prefix}{index}"),
+                 "containers": [{"name": "c", "image": "nginx"}]},
+    })
 }
 
-/// Gives node `index` pod `fan-{index}` (with `volumes`, YAML lines of its spec) and waits
-/// until every edge has ACKed its pod (at most 120 s).
+/// Gives node `index` pod `fan-{index}` (with `volumes`, its spec's volumes, or none) and
+/// waits until every edge has ACKed its pod (at most 120 s).
 async fn pod_per_node(
     options: &LoadOptions,
-    admin: &str,
+    writer: &Writer,
     fleet: &Fleet,
-    volumes: &str,
+    volumes: Option<Value>,
 ) -> anyhow::Result<()> {
     let edges = options.edges;
-    apply_per_node(admin, edges, |index| {
-        format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: fan-{index}\n  namespace: default\n\
-             spec:\n  nodeName: {}{index}\n  containers:\n  - name: c\n    image: nginx\n{volumes}",
-            options.prefix
-        )
+    apply_per_node(writer, edges, |index| {
+        let mut pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("fan-{index}"), "namespace": "default"},
+            "spec": {"nodeName": format!("{}{index}", options.prefix),
+                     "containers": [{"name": "c", "image": "nginx"}]},
+        });
+        if let Some(volumes) = &volumes {
+            pod["spec"]["volumes"] = volumes.clone();
+        }
+        pod
     })
     .await?;
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -1030,27 +1379,28 @@ async fn pod_per_node(
 /// every node (encoded once in the cloud). Ends when every node has the last version.
 async fn broadcast(
     options: &LoadOptions,
-    admin: &str,
+    writer: &Writer,
     fleet: &Fleet,
 ) -> anyhow::Result<ChangeReport> {
     let edges = options.edges;
-    let volumes = "  volumes:\n  - name: shared\n    configMap:\n      name: fan-shared\n";
-    pod_per_node(options, admin, fleet, volumes).await?;
+    let volumes = serde_json::json!([{"name": "shared", "configMap": {"name": "fan-shared"}}]);
+    pod_per_node(options, writer, fleet, Some(volumes)).await?;
     eprintln!("loadtest: changing the ConfigMap every pod uses");
     let rate = u64::from(options.rate.max(1));
     let first_write = now_micros();
     let began = Instant::now();
     for seq in 1..=options.changes {
-        apply(
-            admin,
-            format!(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fan-shared\n  namespace: default\n\
-                 \x20 labels:\n    seq: \"{seq}\"\n  annotations:\n    {WRITTEN_AT}: \"{}\"\n\
-                 data:\n  seq: \"{seq}\"\n",
-                now_micros()
-            ),
-        )
-        .await?;
+        writer
+            .apply(vec![serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {
+                    "name": "fan-shared", "namespace": "default",
+                    "labels": {"seq": seq.to_string()},
+                    "annotations": {WRITTEN_AT: now_micros().to_string()},
+                },
+                "data": {"seq": seq.to_string()},
+            })])
+            .await?;
         keep_pace(options, fleet, began, seq, 1, rate).await;
     }
     let last_seq = vec![options.changes; edges];
@@ -1070,11 +1420,11 @@ async fn broadcast(
 /// progress). Latency is from the edge's send to the reply's arrival.
 async fn upstream(
     options: &LoadOptions,
-    admin: &str,
+    writer: &Writer,
     fleet: &Fleet,
 ) -> anyhow::Result<ChangeReport> {
     let edges = options.edges.max(1);
-    pod_per_node(options, admin, fleet, "").await?;
+    pod_per_node(options, writer, fleet, None).await?;
     eprintln!("loadtest: the edges report status now");
     let rate = u64::from(options.rate.max(1));
     let first_request = now_micros();
@@ -1129,7 +1479,11 @@ async fn keep_pace(
 
 /// Writes `--changes` changes at `--rate`, round-robin over the nodes, then waits until every
 /// pod's last version arrived (at most 60 s after the last write).
-async fn fanout(options: &LoadOptions, admin: &str, fleet: &Fleet) -> anyhow::Result<ChangeReport> {
+async fn fanout(
+    options: &LoadOptions,
+    writer: &Writer,
+    fleet: &Fleet,
+) -> anyhow::Result<ChangeReport> {
     let edges = options.edges.max(1);
     let rate = u64::from(options.rate.max(1));
     // Ten batches a second; each batch is one apply request.
@@ -1140,14 +1494,18 @@ async fn fanout(options: &LoadOptions, admin: &str, fleet: &Fleet) -> anyhow::Re
     let mut last_seq = vec![0u64; edges];
     while written < options.changes {
         let batch = per_batch.min(options.changes - written);
-        let mut body = String::new();
+        let mut objects = Vec::new();
         for k in written..written + batch {
             let index = usize::try_from(k % edges as u64).unwrap_or(0);
             let seq = k / edges as u64 + 1;
             last_seq[index] = seq;
-            body.push_str(&pod_change(&options.prefix, index, seq));
+            objects.push(pod_change(&options.prefix, index, seq));
         }
-        apply(admin, body).await?;
+        writer.apply(objects).await?;
+        for k in written..written + batch {
+            let index = usize::try_from(k % edges as u64).unwrap_or(0);
+            fleet.written_seq[index].fetch_max(k / edges as u64 + 1, Ordering::Relaxed);
+        }
         written += batch;
         keep_pace(options, fleet, began, written, batch, rate).await;
     }
@@ -1159,7 +1517,7 @@ async fn fanout(options: &LoadOptions, admin: &str, fleet: &Fleet) -> anyhow::Re
 /// away; all reconnect together. Ends when every node has its change (at most 60 s after).
 async fn reconnect_storm(
     options: &LoadOptions,
-    admin: &str,
+    writer: &Writer,
     fleet: &Fleet,
     storm: &watch::Sender<u64>,
 ) -> anyhow::Result<ChangeReport> {
@@ -1170,7 +1528,7 @@ async fn reconnect_storm(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let last_seq = vec![1u64; edges];
-    apply_per_node(admin, edges, |index| pod_change(&options.prefix, index, 1)).await?;
+    apply_per_node(writer, edges, |index| pod_change(&options.prefix, index, 1)).await?;
     eprintln!("loadtest: {edges} edges away, one change each written; all reconnect now");
     let reconnect_began = now_micros();
     storm.send_modify(|generation| *generation += 1);
@@ -1364,6 +1722,13 @@ async fn upstream_due(fleet: &Fleet, index: usize) {
 
 /// A stamped change that reached this edge (and was just ACKed): its latency and number.
 fn note_change(fleet: &Fleet, index: usize, stamps: Stamps) {
+    if let (Some(uid), Some(known)) = (stamps.uid, fleet.pod_uid.get(index)) {
+        if let Ok(mut known) = known.lock() {
+            if known.as_deref() != Some(uid.as_str()) {
+                *known = Some(uid);
+            }
+        }
+    }
     let Some(written) = stamps.written else {
         return;
     };
@@ -1375,6 +1740,13 @@ fn note_change(fleet: &Fleet, index: usize, stamps: Stamps) {
     }
     if let (Some(seen), Some(seq)) = (fleet.seen.get(index), stamps.seq) {
         seen.fetch_max(seq, Ordering::Relaxed);
+        let back = fleet.back_at[index].load(Ordering::Relaxed);
+        if back > 0
+            && seq >= fleet.catch_up_to[index].load(Ordering::Relaxed)
+            && fleet.caught_up_at[index].load(Ordering::Relaxed) == 0
+        {
+            fleet.caught_up_at[index].store(now, Ordering::Relaxed);
+        }
     }
 }
 
@@ -1393,11 +1765,13 @@ struct Incoming {
 }
 
 /// The stamps of a change the tool wrote (`metadata.annotations[WRITTEN_AT]`, unix µs, and
-/// `metadata.labels.seq`); none for any other content.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// `metadata.labels.seq`), and the object's `metadata.uid` (a pod's is sent back in the
+/// edge's pod status, as edged sends it); none for any other content.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Stamps {
     written: Option<u64>,
     seq: Option<u64>,
+    uid: Option<String>,
 }
 
 impl<'de> serde::Deserialize<'de> for Stamps {
@@ -1407,16 +1781,18 @@ impl<'de> serde::Deserialize<'de> for Stamps {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let stamps = Pick(
             "metadata",
-            Both(
+            Three(
                 ("annotations", Pick(WRITTEN_AT, Text)),
                 ("labels", Pick("seq", Text)),
+                ("uid", Text),
             ),
         );
-        let (written, seq) = deserializer.deserialize_any(AnyShape(stamps))?;
+        let (written, seq, uid) = deserializer.deserialize_any(AnyShape(stamps))?;
         let number = |text: Option<String>| text.and_then(|text| text.parse().ok());
         Ok(Stamps {
             written: number(written),
             seq: number(seq),
+            uid,
         })
     }
 }
@@ -1475,28 +1851,30 @@ impl<L: Lenient> Lenient for Pick<L> {
     }
 }
 
-/// Two fields of an object, each read with its own reader.
+/// Three fields of an object, each read with its own reader.
 #[derive(Clone, Copy)]
-struct Both<L, M>((&'static str, L), (&'static str, M));
+struct Three<L, M, N>((&'static str, L), (&'static str, M), (&'static str, N));
 
-impl<L: Lenient, M: Lenient> Lenient for Both<L, M> {
-    type Value = (L::Value, M::Value);
+impl<L: Lenient, M: Lenient, N: Lenient> Lenient for Three<L, M, N> {
+    type Value = (L::Value, M::Value, N::Value);
 
     fn object<'de, A: serde::de::MapAccess<'de>>(
         self,
         mut map: A,
     ) -> Result<Self::Value, A::Error> {
-        let (mut first, mut second) = Self::Value::default();
-        while let Some(key) = map.next_key_seed(KeyIn(&[self.0 .0, self.1 .0]))? {
+        let mut found = Self::Value::default();
+        let names = [self.0 .0, self.1 .0, self.2 .0];
+        while let Some(key) = map.next_key_seed(KeyIn(&names))? {
             match key {
-                Some(0) => first = map.next_value_seed(AnyShape(self.0 .1))?,
-                Some(_) => second = map.next_value_seed(AnyShape(self.1 .1))?,
+                Some(0) => found.0 = map.next_value_seed(AnyShape(self.0 .1))?,
+                Some(1) => found.1 = map.next_value_seed(AnyShape(self.1 .1))?,
+                Some(_) => found.2 = map.next_value_seed(AnyShape(self.2 .1))?,
                 None => {
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
             }
         }
-        Ok((first, second))
+        Ok(found)
     }
 }
 
@@ -1636,7 +2014,8 @@ mod tests {
             stamps,
             Stamps {
                 written: Some(1_700_000_000_000_001),
-                seq: Some(7)
+                seq: Some(7),
+                uid: None,
             }
         );
         let ack = decode(ack.as_bytes()).unwrap();
@@ -1644,6 +2023,72 @@ mod tests {
         assert_eq!(ack.parent_id(), Some(sent.id()));
         assert_eq!(ack.route, expected.route);
         assert_eq!(ack.content, expected.content);
+    }
+
+    /// Frames a real edgecore (KubeEdge v1.22.0) and cloudcore exchanged, captured on the
+    /// wire (the pod's content cut to its metadata): `(sent by cloudcore, edgecore's ACK)`.
+    const GOLDEN_POD_INSERT: &str = r#"{"header":{"msg_id":"cd73b2bf-9ddb-4a0c-984a-d4242cd59186","timestamp":1795244553668,"resourceversion":"303"},"route":{"source":"edgecontroller","group":"resource","operation":"insert","resource":"default/pod/pod-3"},"content":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"pod-3","namespace":"default","uid":"34e4c1b3-8913-45f2-9c8a-f8545588f7ac","resourceVersion":"303"}}}"#;
+    const GOLDEN_POD_ACK: &str = r#"{"header":{"msg_id":"1e887552-e97e-4789-98bc-6687c2a8df54","parent_msg_id":"cd73b2bf-9ddb-4a0c-984a-d4242cd59186","timestamp":1795244553688},"route":{"source":"edgecontroller","group":"resource","operation":"response","resource":"default/pod/pod-3"},"content":"OK"}"#;
+    const GOLDEN_KEEPALIVE: &str = r#"{"header":{"msg_id":"0eecebaa-c796-454d-a6bf-28e239f31c3d","timestamp":1795244489351},"route":{"source":"websocket","group":"resource","operation":"keepalive","resource":"node"},"content":"ping"}"#;
+    const GOLDEN_NODEPATCH_ROUTE: &str = r#"{"source":"edged","group":"meta","operation":"patch","resource":"default/nodepatch/edge-2"}"#;
+    const GOLDEN_PODSTATUS_ROUTE: &str = r#"{"source":"edged","group":"meta","operation":"update","resource":"default/podstatus/fan-0"}"#;
+
+    /// The frame as JSON without what differs per message (its id and time).
+    fn shape(frame: &str) -> Value {
+        let mut value: Value = serde_json::from_str(frame).unwrap();
+        let header = value["header"].as_object_mut().unwrap();
+        assert!(
+            header.remove("msg_id").is_some_and(|id| id != ""),
+            "{frame}"
+        );
+        assert!(
+            header
+                .remove("timestamp")
+                .is_some_and(|t| t.as_u64() > Some(0)),
+            "{frame}"
+        );
+        value
+    }
+
+    #[test]
+    fn acks_and_keepalives_are_sent_as_real_edgecore_sends_them() {
+        let fleet = Fleet::new(1, Due::default());
+        let (ack, stamps) = fleet.read(GOLDEN_POD_INSERT.as_bytes()).unwrap();
+        assert_eq!(shape(&ack), shape(GOLDEN_POD_ACK));
+        // The pod's UID, which the edge's pod status carries as edged's does.
+        assert_eq!(
+            stamps.uid.as_deref(),
+            Some("34e4c1b3-8913-45f2-9c8a-f8545588f7ac")
+        );
+        assert_eq!(
+            shape(&encode(&Message::keepalive())),
+            shape(GOLDEN_KEEPALIVE)
+        );
+    }
+
+    #[test]
+    fn upstream_routes_are_sent_as_real_edgecore_sends_them() {
+        let route = |message: &Message| serde_json::to_value(&message.route).unwrap();
+        let nodepatch = upstream_request("edge-", 2, 1, "");
+        assert_eq!(
+            route(&nodepatch),
+            serde_json::from_str::<Value>(GOLDEN_NODEPATCH_ROUTE).unwrap()
+        );
+        // edged sends the patch as a JSON string.
+        let patch: Value = serde_json::from_str(nodepatch.content.as_str().unwrap()).unwrap();
+        assert_eq!(patch["status"]["conditions"][0]["type"], "Ready");
+        let podstatus = upstream_request("edge-", 0, 2, "34e4c1b3-8913-45f2-9c8a-f8545588f7ac");
+        assert_eq!(
+            route(&podstatus),
+            serde_json::from_str::<Value>(GOLDEN_PODSTATUS_ROUTE).unwrap()
+        );
+        for key in ["UID", "Name", "Status"] {
+            assert!(podstatus.content.get(key).is_some(), "{key}");
+        }
+        assert_eq!(
+            podstatus.content["UID"],
+            "34e4c1b3-8913-45f2-9c8a-f8545588f7ac"
+        );
     }
 
     #[test]

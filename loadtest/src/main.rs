@@ -53,7 +53,7 @@ struct Cli {
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
     /// The cloud's CA certificate (PEM): mutual TLS with certificates signed from it.
-    #[arg(long, requires = "ca_key")]
+    #[arg(long, requires = "ca_key", conflicts_with = "ca_from_secret")]
     ca_cert: Option<PathBuf>,
     /// The cloud's CA key (PEM).
     #[arg(long, requires = "ca_cert")]
@@ -70,6 +70,15 @@ struct Cli {
     /// and write their changes there (the embedded cluster).
     #[arg(long)]
     admin: Option<String>,
+    /// Cluster mode: the kubeconfig of the API server the cloud watches (any
+    /// KubeEdge-compatible cloud); the scenarios create and change their Nodes, Pods and
+    /// ConfigMaps there instead of at --admin.
+    #[arg(long, conflicts_with_all = ["in_process", "admin"])]
+    kubeconfig: Option<PathBuf>,
+    /// Mutual TLS with the CA cloudcore keeps in the Secret kubeedge/casecret (cadata,
+    /// cakeydata) of the --kubeconfig cluster, instead of --ca-cert/--ca-key files.
+    #[arg(long, requires = "kubeconfig")]
+    ca_from_secret: bool,
     /// fanout, broadcast: changes per second.
     #[arg(long, default_value_t = 1000)]
     rate: u32,
@@ -185,6 +194,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let options = LoadOptions {
         scenario: cli.scenario,
         admin: cli.admin,
+        kubeconfig: cli.kubeconfig,
+        ca_from_secret: cli.ca_from_secret,
         rate: cli.rate,
         changes: cli.changes,
         clouds: cli.cloud,

@@ -8,6 +8,7 @@ mod support;
 mod unlisted;
 
 // One module per file of tests.
+mod cluster_mode;
 mod loadtest;
 mod product_build;
 

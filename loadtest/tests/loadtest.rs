@@ -50,7 +50,7 @@ fn a_small_fleet_connects_holds_and_acks_every_pod() {
 }
 
 /// `dir/manifests` holding Nodes `load-0` … and a pod `p-{i}` on each.
-fn fleet_manifests(dir: &std::path::Path, edges: usize) -> std::path::PathBuf {
+pub(crate) fn fleet_manifests(dir: &std::path::Path, edges: usize) -> std::path::PathBuf {
     let manifests = dir.join("manifests");
     std::fs::create_dir(&manifests).unwrap();
     let mut objects = String::new();

@@ -208,3 +208,73 @@ pub fn start_stream_cloud(dir: &Path, stream_ca: &Path) -> StreamCloud {
         stream: banner_field(&banner, "streams on https://", '\n').to_owned(),
     }
 }
+
+/// Runs `edgehive ARGS` (its standard error to `log`) and reads its banner, the first line it
+/// prints.
+pub fn spawn_edgehive(args: &[&str], log: &Path) -> (Process, String) {
+    let mut child = Command::new(cloud_binary())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let process = Process(child);
+    let mut banner = String::new();
+    BufReader::new(stdout).read_line(&mut banner).unwrap();
+    assert!(
+        !banner.is_empty(),
+        "edgehive {args:?} exited without a banner; its log: {}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    (process, banner)
+}
+
+/// The stand-in API server (`edgehive cluster`) on a free port, its data under `dir`; returns
+/// the process and the kubeconfig it wrote.
+pub fn start_standin(dir: &Path) -> (Process, PathBuf) {
+    let kubeconfig = dir.join("kubeconfig");
+    let (process, _) = spawn_edgehive(
+        &[
+            "cluster",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.join("standin").to_str().unwrap(),
+            "--kubeconfig-out",
+            kubeconfig.to_str().unwrap(),
+        ],
+        &dir.join("standin.log"),
+    );
+    (process, kubeconfig)
+}
+
+/// `edgehive cloud` on the API server of `kubeconfig` (`kubeAPIConfig`), mutual TLS on a free
+/// port with a CA it makes (files under `dir/pki`, none at the start) and publishes to
+/// `kubeedge/casecret` as cloudcore does; returns the process and where edges connect.
+pub fn start_cluster_cloud(dir: &Path, kubeconfig: &Path) -> (Process, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = dir.join("cloud.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kubeAPIConfig:\n  kubeConfig: {kubeconfig}\n\
+             commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+             modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n\
+             \x20   https:\n      address: 127.0.0.1\n      port: 0\n\
+             \x20   tlsCAFile: {pki}/ca.crt\n    tlsCAKeyFile: {pki}/ca.key\n\
+             \x20   tlsCertFile: {pki}/server.crt\n    tlsPrivateKeyFile: {pki}/server.key\n",
+            kubeconfig = kubeconfig.display(),
+            pki = dir.join("pki").display(),
+        ),
+    )
+    .unwrap();
+    let (process, banner) = spawn_edgehive(
+        &["cloud", "--config", config.to_str().unwrap()],
+        &dir.join("cloud.log"),
+    );
+    (
+        process,
+        banner_field(&banner, "WebSocket on ", ',').to_owned(),
+    )
+}

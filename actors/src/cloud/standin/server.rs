@@ -185,6 +185,7 @@ async fn handle(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> HttpResponse {
+    state.metrics.request(request.method().as_str());
     match serve(&request, payload, &state).await {
         Ok(response) => response,
         Err(refusal) => {

@@ -6,6 +6,7 @@
 //! body, a parameter it cannot honour, too many watches) is a [`Refusal`], answered with a
 //! `Status` and counted in `edgehive_standin_refused_total{reason}`.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{json, Value};
@@ -92,6 +93,13 @@ impl Refusal {
 #[derive(Debug, Clone, Default)]
 pub(super) struct StandinMetrics {
     refused: Family<ReasonLabels, Counter>,
+    requests: Family<VerbLabels, Counter>,
+}
+
+/// Label set of the stand-in's request counter: the HTTP method.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct VerbLabels {
+    verb: String,
 }
 
 impl StandinMetrics {
@@ -104,7 +112,21 @@ impl StandinMetrics {
              resource_version, watches)",
             metrics.refused.clone(),
         );
+        hive.metrics().register(
+            "edgehive_standin_requests",
+            "Requests the stand-in API server received, by HTTP method (writes: POST, PUT, \
+             PATCH, DELETE), refused ones included",
+            metrics.requests.clone(),
+        );
         metrics
+    }
+
+    pub(super) fn request(&self, verb: &str) {
+        self.requests
+            .get_or_create(&VerbLabels {
+                verb: verb.to_owned(),
+            })
+            .inc();
     }
 
     pub(super) fn refused(&self, refusal: &Refusal) {

@@ -162,6 +162,27 @@ fn cloud(dir: &Path, manifests: &Path, port: u16) -> PlainCloud {
     start_plain_cloud(dir, manifests, port)
 }
 
+/// A cloud on `dir` and an edge on `edge_dir` for `node`, with pods web and db (and their
+/// ConfigMap) delivered and their records settled; returns the manifests, the cloud, its
+/// WebSocket port and the edge.
+fn two_pods_delivered(dir: &Path, edge_dir: &Path, node: &str) -> (PathBuf, PlainCloud, u16, Edge) {
+    let manifests = manifests(dir, node);
+    let first = cloud(dir, &manifests, 0);
+    let port: u16 = first.websocket.rsplit(':').next().unwrap().parse().unwrap();
+    let edge = Edge::start(edge_dir, node, &[&first.websocket]);
+    apply(
+        &first.admin,
+        &format!(
+            "{}{}",
+            pod_yaml(node, "web", "nginx:1"),
+            pod_yaml(node, "db", "postgres:1")
+        ),
+    );
+    assert_eq!(converge("the pods", &first.admin, node, &edge.db), 3);
+    records_settled(&first.admin, node, 3);
+    (manifests, first, port, edge)
+}
+
 #[test]
 fn the_edge_fails_over_to_the_next_cloud_on_the_same_cluster_and_misses_nothing() {
     let node = "failover-a";
@@ -236,22 +257,8 @@ fn the_edge_fails_over_to_the_next_cloud_on_the_same_cluster_and_misses_nothing(
 #[test]
 fn a_restarted_cloud_sends_nothing_the_edge_acknowledged_and_what_changed_while_down_once() {
     let node = "restart-a";
-    let dir = tempfile::tempdir().unwrap();
-    let edge_dir = tempfile::tempdir().unwrap();
-    let manifests = manifests(dir.path(), node);
-    let first = cloud(dir.path(), &manifests, 0);
-    let port: u16 = first.websocket.rsplit(':').next().unwrap().parse().unwrap();
-    let edge = Edge::start(edge_dir.path(), node, &[&first.websocket]);
-    apply(
-        &first.admin,
-        &format!(
-            "{}{}",
-            pod_yaml(node, "web", "nginx:1"),
-            pod_yaml(node, "db", "postgres:1")
-        ),
-    );
-    assert_eq!(converge("the pods", &first.admin, node, &edge.db), 3);
-    records_settled(&first.admin, node, 3);
+    let (dir, edge_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (manifests, first, port, edge) = two_pods_delivered(dir.path(), edge_dir.path(), node);
     let cfg_before = edge_view(&edge.db).unwrap()["configmap"].clone();
     let written_before = edge.written();
     let stale_before = metric(&edge.admin, "edgehive_metamanager_stale_writes_total");
@@ -315,22 +322,8 @@ fn recorded_store(admin: &str, node: &str) -> Option<String> {
 #[test]
 fn an_edge_whose_store_was_replaced_while_the_cloud_was_down_gets_everything_again() {
     let node = "wiped-a";
-    let dir = tempfile::tempdir().unwrap();
-    let edge_dir = tempfile::tempdir().unwrap();
-    let manifests = manifests(dir.path(), node);
-    let first = cloud(dir.path(), &manifests, 0);
-    let port: u16 = first.websocket.rsplit(':').next().unwrap().parse().unwrap();
-    let edge = Edge::start(edge_dir.path(), node, &[&first.websocket]);
-    apply(
-        &first.admin,
-        &format!(
-            "{}{}",
-            pod_yaml(node, "web", "nginx:1"),
-            pod_yaml(node, "db", "postgres:1")
-        ),
-    );
-    assert_eq!(converge("the pods", &first.admin, node, &edge.db), 3);
-    records_settled(&first.admin, node, 3);
+    let (dir, edge_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_, first, port, edge) = two_pods_delivered(dir.path(), edge_dir.path(), node);
     let mut recorded = None;
     wait("the edge's store recorded on its Node", || {
         recorded = recorded_store(&first.admin, node);

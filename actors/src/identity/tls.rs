@@ -47,6 +47,39 @@ fn roots(ca_der: &[u8]) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
+/// A server config (HTTP/1.1 by ALPN) presenting `cert_der` with `key`, with client
+/// certificates verified against `client_ca_der`: required at the handshake, or verified
+/// only when sent.
+fn server_config_with(
+    client_ca_der: &[u8],
+    require_client_cert: bool,
+    cert_der: &[u8],
+    key: &PrivateKeyDer<'static>,
+) -> Result<ServerConfig, TlsError> {
+    let provider = provider();
+    let builder = WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots(client_ca_der)?),
+        provider.clone(),
+    );
+    let builder = if require_client_cert {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    let verifier = builder
+        .build()
+        .map_err(|error| TlsError::Verifier(error.to_string()))?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from(cert_der.to_vec())],
+            key.clone_key(),
+        )?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
 fn private_key(key: &KeyPair) -> PrivateKeyDer<'static> {
     PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialized_der().to_vec()))
 }
@@ -80,28 +113,12 @@ impl CloudTls {
         client_ca_der: &[u8],
         require_client_cert: bool,
     ) -> Result<ServerConfig, TlsError> {
-        let provider = provider();
-        let builder = WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots(client_ca_der)?),
-            provider.clone(),
-        );
-        let builder = if require_client_cert {
-            builder
-        } else {
-            builder.allow_unauthenticated()
-        };
-        let verifier = builder
-            .build()
-            .map_err(|error| TlsError::Verifier(error.to_string()))?;
-        let mut config = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(
-                vec![CertificateDer::from(self.server_cert.clone())],
-                self.server_key.clone_key(),
-            )?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(config)
+        server_config_with(
+            client_ca_der,
+            require_client_cert,
+            &self.server_cert,
+            &self.server_key,
+        )
     }
 
     /// CloudHub's WebSocket port: a client certificate signed by the CA is required.
@@ -315,23 +332,7 @@ impl ReplicaCredentials {
     /// is verified against the CA when sent, not required (the forward path answers a caller
     /// without one, or with a node's, with a counted refusal it can read).
     pub fn server_config(&self) -> Result<ServerConfig, TlsError> {
-        let provider = provider();
-        let verifier = WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots(&self.ca_der)?),
-            provider.clone(),
-        )
-        .allow_unauthenticated()
-        .build()
-        .map_err(|error| TlsError::Verifier(error.to_string()))?;
-        let mut config = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(
-                vec![CertificateDer::from(self.cert_der.clone())],
-                self.key.clone_key(),
-            )?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(config)
+        server_config_with(&self.ca_der, false, &self.cert_der, &self.key)
     }
 
     /// A client config to forward to replica `owner`: presents this replica's certificate and

@@ -330,7 +330,9 @@ async fn a_mapper_on_mqtt_reports_reads_and_follows_its_devices_as_with_edgecore
         .await;
     let devices = members["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 1, "{members}");
-    assert_eq!(devices[0]["id"], "thermo-1");
+    // The id is KubeEdge v1.16+'s `{namespace}/{name}`, what a mapper puts in its topics.
+    assert_eq!(devices[0]["id"], "default/thermo-1");
+    assert_eq!(devices[0]["name"], "thermo-1");
     assert_eq!(devices[0]["twin"]["temperature"]["actual"]["value"], "21");
 
     // The cloud changes the desired value: a delta with the new one.
@@ -354,7 +356,7 @@ async fn a_mapper_on_mqtt_reports_reads_and_follows_its_devices_as_with_edgecore
             |update| {
                 update["added_devices"]
                     .as_array()
-                    .is_some_and(|added| added.iter().any(|d| d["id"] == "thermo-2"))
+                    .is_some_and(|added| added.iter().any(|d| d["id"] == "default/thermo-2"))
             },
         )
         .await
@@ -397,6 +399,163 @@ async fn the_broker_down_and_back_is_reconnected_and_a_report_after_it_reaches_t
         .await;
     assert_eq!(result["twin"]["temperature"]["actual"]["value"], "30");
     reported_in_cluster(&cloud, "thermo-1", "30").await;
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+/// edgecore v1.22's device topics: `$hw/events/device/{namespace}/{name}/...`.
+const NS_DEVICE: &str = "$hw/events/device/default/thermo-1";
+
+#[actix_rt::test]
+async fn a_mapper_on_edgecore_v1_22_namespaced_topics_reports_gets_follows_deltas_and_updates_state(
+) {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, edge) = cloud_and_edge("edge-ns", dir.path(), broker.port).await;
+    let mut mapper = Mapper::connect(broker.port, "mapper-ns").await;
+    let update = format!("{NS_DEVICE}/twin/update");
+
+    // A reading: the result and the delta on the namespaced topics, the value in the cluster.
+    let result = mapper
+        .ask(
+            &update,
+            &twin_update("ns-1", "21"),
+            &format!("{update}/result"),
+            |answer| answer["event_id"] == "ns-1",
+        )
+        .await;
+    assert_eq!(
+        result["twin"]["temperature"]["actual"]["value"], "21",
+        "{result}"
+    );
+    assert!(result.get("code").is_none(), "{result}");
+    mapper
+        .next_on(&format!("{update}/delta"), WITHIN, |delta| {
+            delta["delta"]["temperature"] == "20"
+        })
+        .await
+        .expect("a delta on the namespaced topic: desired 20, reported 21");
+    reported_in_cluster(&cloud, "thermo-1", "21").await;
+
+    // twin/get -> twin/get/result on the namespaced topic.
+    let got = mapper
+        .ask(
+            &format!("{NS_DEVICE}/twin/get"),
+            &json!({"event_id": "ns-g"}),
+            &format!("{NS_DEVICE}/twin/get/result"),
+            |answer| answer["event_id"] == "ns-g",
+        )
+        .await;
+    assert_eq!(got["twin"]["temperature"]["actual"]["value"], "21", "{got}");
+    assert_eq!(got["twin"]["temperature"]["expected"]["value"], "20");
+
+    // The cloud changes the desired value: a delta on the namespaced topic.
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(device("thermo-1", "edge-ns", "25")).unwrap();
+    mapper
+        .next_on(&format!("{update}/delta"), WITHIN, |delta| {
+            delta["delta"]["temperature"] == "25"
+        })
+        .await
+        .expect("a delta with the cloud's new desired value 25 on the namespaced topic");
+
+    // state/update, answered on the namespaced result topic and stored.
+    let state = mapper
+        .ask(
+            &format!("{NS_DEVICE}/state/update"),
+            &json!({"event_id": "ns-s", "timestamp": 1, "state": "online"}),
+            &format!("{NS_DEVICE}/state/update/result"),
+            |answer| answer["event_id"] == "ns-s",
+        )
+        .await;
+    assert_eq!(state["device"]["state"], "online", "{state}");
+    let shown = http_json(edge.admin_addr(), "/api/v1/devices/default/thermo-1").await;
+    assert_eq!(shown["state"], "online", "{shown}");
+
+    // Another namespace's device (same name, or one on another node) is not this node's:
+    // 404 and counted, sent again and from other connections.
+    cluster
+        .apply(
+            json!({"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "Device",
+            "metadata": {"name": "thermo-9", "namespace": "other"},
+            "spec": {"deviceModelRef": {"name": "thermo-model"}, "nodeName": "edge-elsewhere",
+                     "properties": [{"name": "temperature", "desired": {"value": "1"}}]}}),
+        )
+        .unwrap();
+    let foreign = [
+        "$hw/events/device/other/thermo-1/twin/update",
+        "$hw/events/device/other/thermo-9/twin/update",
+        "$hw/events/device/other/thermo-9/twin/get",
+        "$hw/events/device/thermo-9/twin/get",
+    ];
+    let mut others = Vec::new();
+    for n in 0..3 {
+        others.push(Mapper::connect(broker.port, &format!("ns-foreign-{n}")).await);
+    }
+    let mut asked = 0u64;
+    for (n, topic) in foreign.iter().enumerate() {
+        for (m, client) in std::iter::once(&mut mapper)
+            .chain(others.iter_mut())
+            .enumerate()
+        {
+            for round in 0..2 {
+                let event_id = format!("f-{n}-{m}-{round}");
+                let answer = client
+                    .ask(
+                        topic,
+                        &twin_update(&event_id, "5"),
+                        &format!("{topic}/result"),
+                        |answer| answer["event_id"] == event_id.as_str(),
+                    )
+                    .await;
+                assert_eq!(answer["code"], 404, "{topic}: {answer}");
+                asked += 1;
+            }
+        }
+    }
+    // Malformed levels and topics a mapper may not ask (edgecore's `twin/+` also takes
+    // `twin/cloud_updated`, the cloud's own sync): refused as bad_topic, never answered.
+    let malformed = [
+        "$hw/events/device/default/thermo-1/twin/cloud_updated",
+        "$hw/events/device/default/thermo-1/twin/edge_updated",
+        "$hw/events/device/default/thermo-1/twin/delete",
+        "$hw/events/device/default//twin/update",
+        "$hw/events/device//thermo-1/state/update",
+    ];
+    for _round in 0..3 {
+        for topic in malformed {
+            for client in std::iter::once(&mapper).chain(others.iter()) {
+                client
+                    .publish(topic, twin_update("bad", "9").to_string())
+                    .await;
+            }
+        }
+    }
+    let bad = (3 * malformed.len() * (1 + others.len())) as u64;
+    eventually("every refusal counted", WITHIN, || async {
+        let (_, metrics) = http_get(edge.admin_addr(), "/metrics").await;
+        (refused(&metrics, "unknown_device") >= asked && refused(&metrics, "bad_topic") >= bad)
+            .then_some(())
+    })
+    .await;
+    // Nothing foreign reached the store or the cluster; the device still serves.
+    let shown = http_json(edge.admin_addr(), "/api/v1/devices/default/thermo-1").await;
+    assert_eq!(
+        shown["twin"]["temperature"]["actual"]["value"], "21",
+        "{shown}"
+    );
+    let result = mapper
+        .ask(
+            &update,
+            &twin_update("ns-after", "22"),
+            &format!("{update}/result"),
+            |answer| answer["event_id"] == "ns-after",
+        )
+        .await;
+    assert_eq!(result["twin"]["temperature"]["actual"]["value"], "22");
+    reported_in_cluster(&cloud, "thermo-1", "22").await;
     edge.stop().await;
     cloud.stop().await;
 }
@@ -1000,7 +1159,8 @@ async fn rule_topics_beyond_256_are_refused_and_counted_each_time() {
     eventually("256 rule topics", Duration::from_secs(60), || async {
         let status = bus_state(&edge).await;
         let topics = status["topics"].as_array()?.len();
-        (topics == 7 + 256).then_some(())
+        let fixed = edgehive_actors::edge::bus_topics::fixed_topics(node).len();
+        (topics == fixed + 256).then_some(())
     })
     .await;
     for round in 1..=3usize {
@@ -1013,7 +1173,10 @@ async fn rule_topics_beyond_256_are_refused_and_counted_each_time() {
         .await;
     }
     let status = bus_state(&edge).await;
-    assert_eq!(status["topics"].as_array().unwrap().len(), 7 + 256);
+    assert_eq!(
+        status["topics"].as_array().unwrap().len(),
+        edgehive_actors::edge::bus_topics::fixed_topics(node).len() + 256
+    );
     assert_eq!(status["state"], "connected");
     router.stop().await;
     edge.stop().await;

@@ -67,12 +67,29 @@ fuzz_target!(|data: &[u8]| {
                 .any(|fixed| topic_matches(fixed, candidate));
             assert!(subscribed, "{candidate:?} read but never subscribed");
             let rebuilt = match request {
-                Request::TwinUpdate(device) => format!("{DEVICE_PREFIX}{device}/twin/update"),
-                Request::TwinGet(device) => format!("{DEVICE_PREFIX}{device}/twin/get"),
-                Request::StateUpdate(device) => format!("{DEVICE_PREFIX}{device}/state/update"),
+                Request::TwinUpdate(device) => {
+                    format!("{DEVICE_PREFIX}{}/twin/update", device.levels())
+                }
+                Request::TwinGet(device) => format!("{DEVICE_PREFIX}{}/twin/get", device.levels()),
+                Request::StateUpdate(device) => {
+                    format!("{DEVICE_PREFIX}{}/state/update", device.levels())
+                }
                 Request::MembershipGet => format!("{NODE_PREFIX}{node}/membership/get"),
             };
             assert_eq!(rebuilt, candidate);
+            if let Request::TwinUpdate(device)
+            | Request::TwinGet(device)
+            | Request::StateUpdate(device) = request
+            {
+                assert!(!device.name.contains('/') && !device.name.is_empty());
+                assert!(device
+                    .namespace
+                    .is_none_or(|namespace| !namespace.contains('/') && !namespace.is_empty()));
+            }
+            // A request's replies are never read as a request (no loop through the broker).
+            for reply in ["result", "delta", "document"] {
+                assert!(parse_topic(&format!("{candidate}/{reply}"), node).is_none());
+            }
         }
         if check_publish_topic(candidate).is_ok() {
             assert!(valid_topic(candidate));

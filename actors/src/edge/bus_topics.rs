@@ -1,5 +1,6 @@
 //! EventBus's topics, pure (no I/O; fuzzed by `fuzz/fuzz_targets/topic.rs`): the topics it
-//! subscribes after every connect, what a DeviceTwin topic asks, which topics a Router rule
+//! subscribes after every connect, what a DeviceTwin topic asks (either device form:
+//! [`parse_topic`]), which topics a Router rule
 //! may name, and MQTT's filter matching.
 //!
 //! KubeEdge's edgecore (external broker mode) subscribes, besides DeviceTwin's topics, three
@@ -17,31 +18,75 @@ pub const UPLOAD_TOPICS: [&str; 3] = ["$hw/events/upload/#", "SYS/dis/upload_rec
 /// The longest topic a rule may name (KubeEdge's `sub_topics.topic` is `varchar(256)`).
 pub const MAX_TOPIC_BYTES: usize = 256;
 
+/// The device a DeviceTwin topic names: KubeEdge v1.16+'s `{namespace}/{name}` (two topic
+/// levels, as edgecore v1.22 reads them), or the pre-1.16 `{name}` alone (one level).
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub struct DeviceRef<'a> {
+    /// The Device's namespace, `None` in the pre-1.16 form.
+    pub namespace: Option<&'a str>,
+    /// The Device's name.
+    pub name: &'a str,
+}
+
+impl DeviceRef<'_> {
+    /// The topic levels naming the device (`{namespace}/{name}` or `{name}`): replies to a
+    /// request go on the form it came in.
+    pub fn levels(&self) -> String {
+        match self.namespace {
+            Some(namespace) => format!("{namespace}/{}", self.name),
+            None => self.name.to_owned(),
+        }
+    }
+}
+
 /// What a DeviceTwin topic asks.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 pub enum Request<'a> {
-    /// `$hw/events/device/{device}/twin/update`: a mapper's reading.
-    TwinUpdate(&'a str),
-    /// `$hw/events/device/{device}/twin/get`: the device's twins.
-    TwinGet(&'a str),
-    /// `$hw/events/device/{device}/state/update`: the device's state.
-    StateUpdate(&'a str),
+    /// `$hw/events/device/{namespace}/{name}/twin/update` (or `{name}/twin/update`): a
+    /// mapper's reading.
+    TwinUpdate(DeviceRef<'a>),
+    /// `.../twin/get`: the device's twins.
+    TwinGet(DeviceRef<'a>),
+    /// `.../state/update`: the device's state.
+    StateUpdate(DeviceRef<'a>),
     /// `$hw/events/node/{node}/membership/get`: the node's devices.
     MembershipGet,
 }
 
 /// The request `topic` makes of node `node`'s DeviceTwin, or `None` for a topic EventBus
-/// does not serve.
+/// does not serve. A device topic is told apart by its number of levels, as a name holds no
+/// `/`: `$hw/events/device/{a}/{b}/{c}` (six levels) is the pre-1.16 form, device `a`;
+/// `$hw/events/device/{a}/{b}/{c}/{d}` (seven) the namespaced form, device `b` of namespace
+/// `a`. No request of one form has the other's length, and the other form's replies
+/// (`.../twin/update/result`, seven levels) never read as a request (`update/result` is
+/// no action).
 pub fn parse_topic<'a>(topic: &'a str, node: &str) -> Option<Request<'a>> {
     if let Some(rest) = topic.strip_prefix(DEVICE_PREFIX) {
-        let (device, action) = rest.split_once('/')?;
-        if device.is_empty() {
+        let levels: Vec<&str> = rest.split('/').collect();
+        if levels.iter().any(|level| level.is_empty()) {
             return None;
         }
+        let (device, action) = match levels.as_slice() {
+            [name, first, second] => (
+                DeviceRef {
+                    namespace: None,
+                    name,
+                },
+                (*first, *second),
+            ),
+            [namespace, name, first, second] => (
+                DeviceRef {
+                    namespace: Some(namespace),
+                    name,
+                },
+                (*first, *second),
+            ),
+            _ => return None,
+        };
         return match action {
-            "twin/update" => Some(Request::TwinUpdate(device)),
-            "twin/get" => Some(Request::TwinGet(device)),
-            "state/update" => Some(Request::StateUpdate(device)),
+            ("twin", "update") => Some(Request::TwinUpdate(device)),
+            ("twin", "get") => Some(Request::TwinGet(device)),
+            ("state", "update") => Some(Request::StateUpdate(device)),
             _ => None,
         };
     }
@@ -56,10 +101,13 @@ pub fn is_twin_topic(topic: &str) -> bool {
     topic.starts_with(DEVICE_PREFIX) || topic.starts_with(NODE_PREFIX)
 }
 
-/// The topics EventBus subscribes for node `node` whatever the rules: DeviceTwin's, then
-/// KubeEdge's [`UPLOAD_TOPICS`].
+/// The topics EventBus subscribes for node `node` whatever the rules: DeviceTwin's (edgecore
+/// v1.22's namespaced filters, `twin/+` as edgecore subscribes it, then the pre-1.16 forms),
+/// then KubeEdge's [`UPLOAD_TOPICS`].
 pub fn fixed_topics(node: &str) -> Vec<String> {
     let mut topics = vec![
+        format!("{DEVICE_PREFIX}+/+/state/update"),
+        format!("{DEVICE_PREFIX}+/+/twin/+"),
         format!("{DEVICE_PREFIX}+/twin/update"),
         format!("{DEVICE_PREFIX}+/twin/get"),
         format!("{DEVICE_PREFIX}+/state/update"),
@@ -178,14 +226,65 @@ mod tests {
 
     #[test]
     fn topics_name_the_device_and_the_request() {
+        let legacy = |name| DeviceRef {
+            namespace: None,
+            name,
+        };
+        let namespaced = |namespace, name| DeviceRef {
+            namespace: Some(namespace),
+            name,
+        };
         assert_eq!(
             parse_topic("$hw/events/device/sensor-1/twin/update", "n1"),
-            Some(Request::TwinUpdate("sensor-1"))
+            Some(Request::TwinUpdate(legacy("sensor-1")))
         );
         assert_eq!(
             parse_topic("$hw/events/device/s/state/update", "n1"),
-            Some(Request::StateUpdate("s"))
+            Some(Request::StateUpdate(legacy("s")))
         );
+        assert_eq!(
+            parse_topic("$hw/events/device/default/s/twin/get", "n1"),
+            Some(Request::TwinGet(namespaced("default", "s")))
+        );
+        // A namespaced device named `twin` is not the pre-1.16 form's `twin/...`.
+        assert_eq!(
+            parse_topic("$hw/events/device/ns/twin/twin/update", "n1"),
+            Some(Request::TwinUpdate(namespaced("ns", "twin")))
+        );
+        for unserved in [
+            "$hw/events/device/s/twin/get/result",
+            "$hw/events/device/ns/s/twin/update/result",
+            "$hw/events/device/ns/s/twin/cloud_updated",
+            "$hw/events/device/ns//twin/update",
+            "$hw/events/device//s/twin/update",
+            "$hw/events/device/a/b/c/twin/update",
+            "$hw/events/device/twin/update",
+        ] {
+            assert_eq!(parse_topic(unserved, "n1"), None, "{unserved}");
+        }
+        for topic in [
+            "$hw/events/device/ns/s/twin/update",
+            "$hw/events/device/ns/s/state/update",
+            "$hw/events/device/s/twin/update",
+        ] {
+            assert!(
+                fixed_topics("n1").iter().any(|f| topic_matches(f, topic)),
+                "{topic}"
+            );
+        }
+        // Neither form's replies reach a filter EventBus subscribes (no loop).
+        for reply in [
+            "$hw/events/device/ns/s/twin/update/result",
+            "$hw/events/device/ns/s/twin/update/delta",
+            "$hw/events/device/s/twin/update/delta",
+            "$hw/events/device/s/twin/get/result",
+            "$hw/events/device/s/state/update/result",
+        ] {
+            assert!(
+                !fixed_topics("n1").iter().any(|f| topic_matches(f, reply)),
+                "{reply}"
+            );
+        }
         assert_eq!(
             parse_topic("$hw/events/node/n1/membership/get", "n1"),
             Some(Request::MembershipGet)

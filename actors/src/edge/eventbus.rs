@@ -4,15 +4,22 @@
 //!
 //! | a mapper publishes | EventBus answers on |
 //! | --- | --- |
-//! | `$hw/events/device/{device}/twin/update` | `.../twin/update/result` (and `.../twin/update/delta` while a desired value differs) |
-//! | `$hw/events/device/{device}/twin/get` | `.../twin/get/result` |
-//! | `$hw/events/device/{device}/state/update` | `.../state/update/result` |
+//! | `$hw/events/device/{namespace}/{name}/twin/update` | `.../twin/update/result` (and `.../twin/update/delta` while a desired value differs) |
+//! | `$hw/events/device/{namespace}/{name}/twin/get` | `.../twin/get/result` |
+//! | `$hw/events/device/{namespace}/{name}/state/update` | `.../state/update/result` |
 //! | `$hw/events/node/{node}/membership/get` | `.../membership/get/result` |
 //!
-//! And unasked: `$hw/events/device/{device}/twin/update/delta` when the cloud changes a
-//! desired value, `$hw/events/node/{node}/membership/updated` when devices are added or removed.
+//! And unasked: `$hw/events/device/{namespace}/{name}/twin/update/delta` when the cloud
+//! changes a desired value, `$hw/events/node/{node}/membership/updated` when devices are
+//! added or removed.
 //!
-//! `{device}` is the Device's name (one MQTT topic level; KubeEdge's device id). Reports go to
+//! `{namespace}/{name}` is KubeEdge v1.16+'s device id (edgecore v1.22's topics; the
+//! membership topics show it as `id`). The pre-1.16 form `$hw/events/device/{name}/...` is
+//! served too, for older mappers: a device topic's number of levels tells the forms apart
+//! ([`parse_topic`]); a bare name is refused (`ambiguous_device`) when two namespaces have
+//! such a device here. Replies go on the form of the request; a delta after a reading too,
+//! one after a cloud change on the namespaced form and, while the name is unique on the
+//! node, the pre-1.16 one. Reports go to
 //! DeviceTwin as the local API's do ([`ReportTwin`], [`ReportState`]): stored, sent up to the
 //! cloud until confirmed; DeviceTwin's committed changes come back through [`TwinChanges`].
 //! Payloads are KubeEdge's JSON (`event_id`, `timestamp`, `twin: {name: {actual: {value}}}`);
@@ -54,7 +61,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::bus_topics::{
     check_publish_topic, check_rule_topic, covers, fixed_topics, is_twin_topic, parse_topic,
-    Request, DEVICE_PREFIX, NODE_PREFIX, UPLOAD_TOPICS,
+    DeviceRef, Request, DEVICE_PREFIX, NODE_PREFIX, UPLOAD_TOPICS,
 };
 use super::contract::{route, BusMessage, ToCloud, TwinChange, TwinChanges};
 use super::devicetwin::{ReportState, ReportTwin, TwinError};
@@ -753,9 +760,16 @@ async fn handle_device_message(
     match outcome {
         Ok((answer, device)) => {
             shared.publish(client, result_topic, answer);
-            if let Some(id) = device {
-                // After a reading, the desired values it does not meet yet (as edgecore).
-                publish_delta(shared, client, &id).await;
+            if let (Some(id), Request::TwinUpdate(asked)) = (device, request) {
+                // After a reading, the desired values it does not meet yet (as edgecore),
+                // on the form of the request.
+                publish_delta(
+                    shared,
+                    client,
+                    &id,
+                    DeltaForms::Asked(asked.namespace.is_some()),
+                )
+                .await;
             }
         }
         Err(refusal) => {
@@ -773,8 +787,25 @@ async fn handle_device_message(
 /// The answer to publish and the device (`{ns}/{name}`) whose delta follows, if any.
 type Answer = Result<(Value, Option<String>), Refusal>;
 
-/// The device named `name` on this edge (the topic names devices by name).
-async fn find_device(shared: &Shared, name: &str) -> Result<DeviceView, Refusal> {
+/// The device a topic names on this edge: `{namespace}/{name}` looked up as such (a device
+/// of another namespace, or not on this node, is unknown), a bare `{name}` (pre-1.16 form)
+/// only if one namespace has a device of that name here.
+async fn find_device(shared: &Shared, device: DeviceRef<'_>) -> Result<DeviceView, Refusal> {
+    let name = device.name;
+    if let Some(namespace) = device.namespace {
+        return shared
+            .twins
+            .get(format!("{namespace}/{name}"))
+            .await
+            .map_err(|error| Refusal::new("store", 500, error.to_string()))?
+            .ok_or_else(|| {
+                Refusal::new(
+                    "unknown_device",
+                    404,
+                    format!("device {namespace}/{name} is not on this node"),
+                )
+            });
+    }
     let devices = shared
         .twins
         .list()
@@ -810,10 +841,11 @@ fn twin_error(error: TwinError) -> Refusal {
 async fn twin_update(
     hive: &Hive,
     shared: &Shared,
-    name: &str,
+    asked: DeviceRef<'_>,
     body: &Map<String, Value>,
 ) -> Answer {
-    let device = find_device(shared, name).await?;
+    let device = find_device(shared, asked).await?;
+    let name = &device.id;
     let Some(twins) = body.get("twin").and_then(Value::as_object) else {
         return Err(Refusal::new(
             "no_value",
@@ -883,8 +915,8 @@ fn event_id_of(body: &Map<String, Value>) -> &str {
         .unwrap_or_default()
 }
 
-async fn twin_get(shared: &Shared, name: &str, event_id: &str) -> Answer {
-    let device = find_device(shared, name).await?;
+async fn twin_get(shared: &Shared, asked: DeviceRef<'_>, event_id: &str) -> Answer {
+    let device = find_device(shared, asked).await?;
     Ok((
         json!({"event_id": event_id, "timestamp": now_ms(), "twin": device.twin}),
         None,
@@ -894,10 +926,10 @@ async fn twin_get(shared: &Shared, name: &str, event_id: &str) -> Answer {
 async fn state_update(
     hive: &Hive,
     shared: &Shared,
-    name: &str,
+    asked: DeviceRef<'_>,
     body: &Map<String, Value>,
 ) -> Answer {
-    let device = find_device(shared, name).await?;
+    let device = find_device(shared, asked).await?;
     let Some(state) = body
         .get("state")
         .and_then(Value::as_str)
@@ -937,11 +969,11 @@ async fn state_update(
     ))
 }
 
-/// A device as the membership topics show it: KubeEdge's Device shape, its id the name
-/// the device topics use.
+/// A device as the membership topics show it: KubeEdge's Device shape, its id
+/// `{namespace}/{name}` as edgecore v1.22's (what a mapper puts after `$hw/events/device/`).
 fn device_json(device: &DeviceView) -> Value {
     let mut value = json!({
-        "id": device.name,
+        "id": device.id,
         "name": device.name,
         "twin": device.twin,
     });
@@ -991,10 +1023,40 @@ fn delta_of(device: &DeviceView) -> Option<Value> {
     })
 }
 
-async fn publish_delta(shared: &Shared, client: &AsyncClient, id: &str) {
+/// On which device topic forms a delta goes.
+#[derive(Clone, Copy)]
+enum DeltaForms {
+    /// After a reading: the form it came in (`true`: namespaced).
+    Asked(bool),
+    /// A change from the cloud: the namespaced form (edgecore v1.22's), and the pre-1.16
+    /// form too while one namespace alone has a device of that name on this node (an older
+    /// mapper's only way to hear it; with two, a bare name would name either).
+    Both,
+}
+
+async fn publish_delta(shared: &Shared, client: &AsyncClient, id: &str, forms: DeltaForms) {
     match shared.twins.get(id.to_owned()).await {
         Ok(Some(device)) => {
-            if let Some(delta) = delta_of(&device) {
+            let Some(delta) = delta_of(&device) else {
+                return;
+            };
+            let (namespaced, legacy) = match forms {
+                DeltaForms::Asked(namespaced) => (namespaced, !namespaced),
+                DeltaForms::Both => {
+                    let unique = match shared.twins.list().await {
+                        Ok(devices) => {
+                            devices.iter().filter(|d| d.name == device.name).count() == 1
+                        }
+                        Err(_) => false,
+                    };
+                    (true, unique)
+                }
+            };
+            if namespaced {
+                let topic = format!("{DEVICE_PREFIX}{}/twin/update/delta", device.id);
+                shared.publish(client, topic, delta.clone());
+            }
+            if legacy {
                 let topic = format!("{DEVICE_PREFIX}{}/twin/update/delta", device.name);
                 shared.publish(client, topic, delta);
             }
@@ -1006,7 +1068,7 @@ async fn publish_delta(shared: &Shared, client: &AsyncClient, id: &str) {
 
 async fn publish_change(shared: &Shared, client: &AsyncClient, change: TwinChange) {
     match change {
-        TwinChange::Device(id) => publish_delta(shared, client, &id).await,
+        TwinChange::Device(id) => publish_delta(shared, client, &id, DeltaForms::Both).await,
         TwinChange::Membership { added, removed } => {
             let mut added_devices = Vec::new();
             for id in added {
@@ -1018,7 +1080,7 @@ async fn publish_change(shared: &Shared, client: &AsyncClient, change: TwinChang
                 .iter()
                 .map(|id| {
                     let name = id.rsplit('/').next().unwrap_or_default();
-                    json!({"id": name, "name": name})
+                    json!({"id": id, "name": name})
                 })
                 .collect();
             let topic = format!("{NODE_PREFIX}{}/membership/updated", shared.node_name);

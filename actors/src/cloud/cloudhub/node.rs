@@ -397,13 +397,10 @@ impl NodeCell {
     ) {
         let (replaced, new_store, resync, first_seen) = {
             let mut state = self.lock();
-            let new_store = match (&state.store_id, &store_id) {
-                (Some(known), Some(now)) => known != now,
-                _ => false,
-            };
-            let first_seen = match (&state.store_id, &store_id) {
-                (None, Some(now)) => Some(now.clone()),
-                _ => None,
+            let (new_store, first_seen) = match (&state.store_id, &store_id) {
+                (Some(known), Some(now)) => (known != now, None),
+                (None, Some(now)) => (false, Some(now.clone())),
+                (_, None) => (false, None),
             };
             if store_id.is_some() {
                 state.store_id = store_id.clone();
@@ -443,18 +440,7 @@ impl NodeCell {
         }
         if resync {
             tracing::warn!(node = %self.name, "the edge's store is not the one it had: sending everything bound to it again");
-            hub.metrics.stores_replaced.inc();
-            let resync = ResyncNode {
-                node: self.name.clone(),
-                store_id: store_id.clone().unwrap_or_default(),
-            };
-            match hub.hive.tell(route::EDGECONTROLLER, resync) {
-                Ok(()) => self.lock().resync_owed = false,
-                // Still owed: the node's next connection asks again.
-                Err(refused) => {
-                    tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController to send everything again; asking on the next connection");
-                }
-            }
+            self.ask_resync(store_id.as_deref().unwrap_or_default(), hub);
         }
         if let Some(store_id) = first_seen {
             let seen = StoreSeen {
@@ -493,23 +479,37 @@ impl NodeCell {
     /// records, if still to come, are not taken) and EdgeController sends everything again.
     /// Says whether it did.
     pub(crate) fn store_replaced(&self, store_id: &str, hub: &HubContext) -> bool {
-        if self.lock().store_id.as_deref() != Some(store_id) {
-            return false;
+        {
+            let mut state = self.lock();
+            if state.store_id.as_deref() != Some(store_id) {
+                return false;
+            }
+            state.resync_owed = true;
         }
         self.forget_store();
         tracing::warn!(node = %self.name, "the edge's store is not the one the cluster recorded: sending everything bound to it again");
+        self.ask_resync(store_id, hub)
+    }
+
+    /// Asks EdgeController to send everything bound to the node again (its store is now
+    /// `store_id`), counted; the resync stays owed, so the node's next connection asks again,
+    /// until EdgeController takes one. Says whether it did.
+    fn ask_resync(&self, store_id: &str, hub: &HubContext) -> bool {
         hub.metrics.stores_replaced.inc();
         let resync = ResyncNode {
             node: self.name.clone(),
             store_id: store_id.to_owned(),
         };
-        if let Err(refused) = hub.hive.tell(route::EDGECONTROLLER, resync) {
-            // Unknown again, so the node's next connection asks again.
-            self.lock().store_id = None;
-            tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController to send everything again; asking on the next connection");
-            return false;
+        match hub.hive.tell(route::EDGECONTROLLER, resync) {
+            Ok(()) => {
+                self.lock().resync_owed = false;
+                true
+            }
+            Err(refused) => {
+                tracing::warn!(node = %self.name, error = %refused.error, "cannot ask EdgeController to send everything again; asking on the next connection");
+                false
+            }
         }
-        true
     }
 
     /// The session `id` ended (closed by either side, or its actor stopped).

@@ -99,6 +99,15 @@ enum Accepted {
     Admin(String, String, InboundGuard),
 }
 
+/// A head that is neither of the two a forwarding replica sends.
+fn bad() -> Option<Refusal> {
+    Some(refusal(
+        "forward_bad_request",
+        StatusCode::BAD_REQUEST,
+        "a forwarded connection starts with CONNECT {node}:0 or GET /api/v1/sync/{node}".into(),
+    ))
+}
+
 async fn check(
     context: &Arc<StreamContext>,
     io: &mut TlsStream<TcpStream>,
@@ -156,11 +165,7 @@ async fn check(
         )));
     };
     let Some((req, early)) = parsed else {
-        return Err(Some(refusal(
-            "forward_bad_request",
-            StatusCode::BAD_REQUEST,
-            "a forwarded connection starts with CONNECT {node}:0 or GET /api/v1/sync/{node}".into(),
-        )));
+        return Err(bad());
     };
     let hop = req
         .head()
@@ -197,13 +202,6 @@ async fn check(
     let guard = InboundGuard {
         _permit: permit,
         metrics: context.metrics().clone(),
-    };
-    let bad = || {
-        Some(refusal(
-            "forward_bad_request",
-            StatusCode::BAD_REQUEST,
-            "a forwarded connection starts with CONNECT {node}:0 or GET /api/v1/sync/{node}".into(),
-        ))
     };
     let identity = forwarding.credentials.identity.clone();
     if req.method() == Method::CONNECT {

@@ -125,15 +125,8 @@ fn every_manifest_parses_and_the_kustomization_lists_them_all() {
 /// an edge's request), with the module that makes them: (kind, subresource, verb, who).
 /// Literal-kind calls are found in the source by [`literal_calls`].
 const NON_LITERAL_CALLS: &[(&str, &str, &str, &str)] = &[
-    // controllermanager/applications.rs: an EdgeApplication's workloads, per node group.
-    ("Deployment", "", "get", "EdgeApplication controller"),
-    ("Deployment", "", "create", "EdgeApplication controller"),
-    ("Deployment", "", "update", "EdgeApplication controller"),
-    ("Deployment", "", "delete", "EdgeApplication controller"),
-    ("Service", "", "get", "EdgeApplication controller"),
-    ("Service", "", "create", "EdgeApplication controller"),
-    ("Service", "", "update", "EdgeApplication controller"),
-    ("Service", "", "delete", "EdgeApplication controller"),
+    // controllermanager/applications.rs: an EdgeApplication's workloads (below, from
+    // `WORKLOAD_KINDS`).
     // edgecontroller/upstream.rs: a node registers itself, a node's update.
     ("Node", "", "create", "EdgeController upstream"),
     ("Node", "", "update", "EdgeController upstream"),
@@ -368,6 +361,13 @@ fn cluster_role_grants_exactly_the_calls_the_cloud_makes() {
     let mut used: BTreeSet<Grant> = literal.keys().cloned().collect();
     for (kind, sub, verb, _) in NON_LITERAL_CALLS {
         used.insert(grant(kind, sub, verb));
+    }
+    // controllermanager/applications.rs: an EdgeApplication's workloads, of the kinds it
+    // makes (get, then create or update; delete).
+    for (kind, _, _) in edgehive_actors::cloud::controllermanager::WORKLOAD_KINDS {
+        for verb in ["get", "create", "update", "delete"] {
+            used.insert(grant(kind, "", verb));
+        }
     }
     let missing: Vec<_> = used
         .difference(&role)

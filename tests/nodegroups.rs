@@ -401,7 +401,7 @@ async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_remov
         service["metadata"]["ownerReferences"][0]["uid"],
         uid.as_str()
     );
-    // The status reports each of the four workloads.
+    // The status reports each of the four workloads (by manifest, then name, as KubeEdge).
     eventually("workloadStatus", WITHIN, || {
         let app = cluster
             .get("EdgeApplication", Some("default"), "shop")
@@ -425,8 +425,8 @@ async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_remov
             (names
                 == [
                     "Deployment/web-east",
-                    "Service/web-east",
                     "Deployment/web-west",
+                    "Service/web-east",
                     "Service/web-west",
                 ])
             .then_some(())
@@ -541,5 +541,192 @@ async fn an_edgeapplications_env_command_args_and_resources_overriders_reach_eac
     // East's Deployment is left as it was.
     let east = template_once(&cluster, "web-east", east_spec).await;
     assert!(east_spec(&east), "{east}");
+    cloud.stop().await;
+}
+
+/// The refusals of `reason` the cloud counted.
+fn refusals(cloud: &CloudProcess, reason: &str) -> u64 {
+    support::metric_sum(
+        &cloud.hive().metrics().encode(),
+        &format!("edgehive_nodegroupcontroller_refused_total{{reason=\"{reason}\"}}"),
+    )
+}
+
+/// The application's `workloadStatus` as `kind/name conditions` (ordinal order).
+fn workload_statuses(cluster: &EmbeddedCluster, name: &str) -> Vec<String> {
+    let app = cluster.get("EdgeApplication", Some("default"), name);
+    app.and_then(|app| app["status"]["workloadStatus"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {}/{} {}",
+                s["identifier"]["ordinal"],
+                s["identifier"]["kind"].as_str().unwrap_or_default(),
+                s["identifier"]["name"].as_str().unwrap_or_default(),
+                s["conditions"].as_str().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[actix_rt::test]
+async fn an_edgeapplications_configmap_daemonset_statefulset_and_job_are_made_once_and_other_kinds_refused(
+) {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    let manifests = |config: &str, extra: Value| {
+        let mut manifests = vec![
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
+                   "data": {"mode": config}}),
+            json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
+                   "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                            "template": {"metadata": {"labels": {"app": "agent"}},
+                                         "spec": {"containers": [{"name": "a", "image": "agent:1"}]}}}}),
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
+                   "spec": {"serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                            "template": {"metadata": {"labels": {"app": "db"}},
+                                         "spec": {"containers": [{"name": "d", "image": "db:1"}]}}}}),
+            json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "setup"},
+                   "spec": {"template": {"spec": {"restartPolicy": "Never",
+                            "containers": [{"name": "s", "image": "setup:1"}]}}}}),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"},
+                   "stringData": {"t": "x"}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": "everything"}}),
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "elsewhere", "namespace": "kube-system"}}),
+        ];
+        manifests.extend(extra.as_array().cloned().unwrap_or_default());
+        json!({
+            "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+            "metadata": {"name": "kit", "namespace": "default"},
+            "spec": {
+                "workloadTemplate": {"manifests": manifests},
+                "workloadScope": {"targetNodeGroups": [
+                    {"name": "east", "overriders": {"replicas": 3,
+                        "imageOverriders": [{"component": "Tag", "operator": "replace", "value": "9"}]}},
+                    {"name": "west"},
+                ]},
+            },
+        })
+    };
+    let app = cluster.apply(manifests("a", Value::Null)).unwrap();
+    let uid = app["metadata"]["uid"].as_str().unwrap().to_owned();
+    // Each made once, under its own name, owned by the application, without the group
+    // overrides (KubeEdge overrides Deployments alone).
+    for (kind, name) in [
+        ("ConfigMap", "settings"),
+        ("DaemonSet", "agent"),
+        ("StatefulSet", "db"),
+        ("Job", "setup"),
+    ] {
+        let made = eventually(&format!("{kind} {name}"), WITHIN, || {
+            let found = cluster.get(kind, Some("default"), name);
+            async move { found }
+        })
+        .await;
+        assert_eq!(made["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+        assert_eq!(cluster.count(kind, |_| true), 1, "{kind} made once");
+        let pod = &made["spec"]["template"]["spec"];
+        assert!(pod["nodeSelector"].is_null(), "{kind}: {made}");
+        if let Some(image) = pod["containers"][0]["image"].as_str() {
+            assert!(image.ends_with(":1"), "{kind} overridden: {image}");
+        }
+    }
+    // Refused: never made, each counted once, an Event on the application says why, and the
+    // status has an entry for every manifest.
+    eventually("refusals counted", WITHIN, || {
+        let counted = (refusals(&cloud, "kind"), refusals(&cloud, "namespace"));
+        async move { (counted == (2, 1)).then_some(()) }
+    })
+    .await;
+    assert!(cluster.get("Secret", Some("default"), "token").is_none());
+    assert!(cluster.get("ClusterRole", None, "everything").is_none());
+    assert!(cluster
+        .get("ConfigMap", Some("kube-system"), "elsewhere")
+        .is_none());
+    let events = || {
+        let mut messages: Vec<String> = cluster
+            .list("Event")
+            .0
+            .iter()
+            .filter(|e| {
+                e["reason"] == "ManifestRefused" && e["involvedObject"]["uid"] == uid.as_str()
+            })
+            .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        messages.sort();
+        messages
+    };
+    let said = events();
+    assert_eq!(said.len(), 3, "{said:?}");
+    assert!(
+        said[0].starts_with("manifest 4 (v1 Secret \"token\")"),
+        "{said:?}"
+    );
+    assert!(said[1].contains("ClusterRole"), "{said:?}");
+    assert!(said[2].contains("kube-system"), "{said:?}");
+    let want = [
+        "0 ConfigMap/settings Available",
+        "1 DaemonSet/agent Available",
+        "2 StatefulSet/db Available",
+        "3 Job/setup Available",
+        "4 Secret/token Processing",
+        "5 ClusterRole/everything Processing",
+        "6 ConfigMap/elsewhere Processing",
+    ];
+    eventually("workloadStatus", WITHIN, || {
+        let got = workload_statuses(&cluster, "kit");
+        async move { (got == want).then_some(()) }
+    })
+    .await;
+    // Sent again (the same manifests, another write of the application): not counted again.
+    let mut again = manifests("a", Value::Null);
+    again["metadata"]["labels"] = json!({"touched": "1"});
+    cluster.apply(again).unwrap();
+    // A changed manifest is written; a new refusal (another form: an old apiVersion, no
+    // name) is counted, the old ones are not.
+    cluster
+        .apply(manifests(
+            "b",
+            json!([
+                {"apiVersion": "extensions/v1beta1", "kind": "Deployment", "metadata": {"name": "old"}},
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {}},
+            ]),
+        ))
+        .unwrap();
+    eventually("settings updated", WITHIN, || {
+        let found = cluster
+            .get("ConfigMap", Some("default"), "settings")
+            .filter(|c| c["data"]["mode"] == "b");
+        async move { found }
+    })
+    .await;
+    eventually("new refusals counted", WITHIN, || {
+        let counted = (
+            refusals(&cloud, "api_version"),
+            refusals(&cloud, "name"),
+            refusals(&cloud, "kind"),
+            refusals(&cloud, "namespace"),
+        );
+        async move { (counted == (1, 1, 2, 1)).then_some(()) }
+    })
+    .await;
+    assert_eq!(events().len(), 5);
+    assert!(cluster.get("Deployment", Some("default"), "old").is_none());
+    assert_eq!(cluster.count("Deployment", |_| true), 0);
+    // Deleting the application deletes what it made.
+    cluster
+        .delete("EdgeApplication", Some("default"), "kit")
+        .unwrap();
+    eventually("its workloads gone", WITHIN, || {
+        let left: usize = ["ConfigMap", "DaemonSet", "StatefulSet", "Job"]
+            .iter()
+            .map(|kind| cluster.count(kind, |_| true))
+            .sum();
+        async move { (left == 0).then_some(()) }
+    })
+    .await;
     cloud.stop().await;
 }

@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
 use futures_util::FutureExt;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
@@ -200,6 +201,9 @@ pub const KINDS: &[&str] = &[
     "NodeGroup",
     "EdgeApplication",
     "Deployment",
+    "DaemonSet",
+    "StatefulSet",
+    "Job",
     "Rule",
     "RuleEndpoint",
 ];
@@ -231,6 +235,10 @@ pub fn kind_info(kind: &str) -> Option<KindInfo> {
         "ClusterObjectSync" => custom::<ClusterObjectSync>(false, true),
         // Made by the EdgeApplication controller for each target node group.
         "Deployment" => builtin::<Deployment>(true, true),
+        // Made once as given by the EdgeApplication controller (`WORKLOAD_KINDS`).
+        "DaemonSet" => builtin::<DaemonSet>(true, true),
+        "StatefulSet" => builtin::<StatefulSet>(true, true),
+        "Job" => builtin::<Job>(true, true),
         "NodeGroup" => copied(APPS_GROUP, "NodeGroup", "nodegroups", false, true),
         "EdgeApplication" => copied(
             APPS_GROUP,

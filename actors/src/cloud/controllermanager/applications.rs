@@ -7,7 +7,7 @@ use edgehive_protocols::object::meta_str;
 use serde_json::{json, Value};
 
 use super::metrics::{Metrics, RETRY_INTERVAL};
-use super::workloads::{render, Workload};
+use super::workloads::{render, Refused, Rendered, Workload};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
 use crate::cloud::contract::route;
 use crate::cloud::watcher::{KindWatcher, WatchMetrics};
@@ -27,6 +27,9 @@ pub(super) struct ApplicationWatcher {
     made: BTreeMap<AppKey, BTreeSet<WorkloadKey>>,
     /// Applications with a write that failed, tried again later.
     owed: BTreeSet<AppKey>,
+    /// The refusals reported for each application (counted, logged and an Event written
+    /// once each, not again on every status echo).
+    reported: BTreeMap<AppKey, BTreeSet<String>>,
 }
 
 fn key_of(object: &Value) -> AppKey {
@@ -55,6 +58,7 @@ impl ApplicationWatcher {
             apps: BTreeMap::new(),
             made: BTreeMap::new(),
             owed: BTreeSet::new(),
+            reported: BTreeMap::new(),
         }
     }
 
@@ -95,8 +99,9 @@ impl ApplicationWatcher {
         // embedded cluster has none.
         self.apps.remove(&key);
         self.owed.remove(&key);
+        self.reported.remove(&key);
         let mut gone = self.made.remove(&key).unwrap_or_default();
-        gone.extend(render(&event.object).0.iter().map(Workload::key));
+        gone.extend(render(&event.object).workloads.iter().map(Workload::key));
         for workload in gone {
             self.delete(&workload).await;
         }
@@ -121,10 +126,8 @@ impl ApplicationWatcher {
     /// status.
     async fn apply(&mut self, app: &Value) {
         let key = key_of(app);
-        let (workloads, skipped) = render(app);
-        if skipped > 0 {
-            self.metrics.count_as("workload", "skipped", skipped as u64);
-        }
+        let Rendered { workloads, refused } = render(app);
+        self.report(app, &key, &refused).await;
         let mut failed = false;
         let mut statuses = Vec::new();
         let mut desired = BTreeSet::new();
@@ -144,6 +147,35 @@ impl ApplicationWatcher {
             }));
             desired.insert(workload.key());
         }
+        // A refused manifest has its entry too, `Processing` (the CRD's conditions are
+        // `Processing` and `Available`; the why is in the Event and the log).
+        for refused in &refused {
+            let (group, version) = refused
+                .api_version
+                .rsplit_once('/')
+                .unwrap_or(("", &refused.api_version));
+            statuses.push(json!({
+                "identifier": {
+                    "group": group, "version": version, "kind": refused.kind,
+                    "namespace": refused.namespace, "name": refused.name,
+                    "ordinal": refused.ordinal,
+                },
+                "conditions": "Processing",
+            }));
+        }
+        // KubeEdge's order: by manifest, then name.
+        statuses.sort_by(|a, b| {
+            let at = |s: &Value| {
+                (
+                    s["identifier"]["ordinal"].as_u64().unwrap_or_default(),
+                    s["identifier"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
+            };
+            at(a).cmp(&at(b))
+        });
         let before = self.made.insert(key.clone(), desired.clone());
         for stale in before.unwrap_or_default().difference(&desired) {
             if !self.delete(stale).await {
@@ -177,6 +209,29 @@ impl ApplicationWatcher {
         }
     }
 
+    /// Counts, logs and writes an Event on `app` for each refusal not reported yet.
+    async fn report(&mut self, app: &Value, key: &AppKey, refused: &[Refused]) {
+        let now: BTreeSet<String> = refused.iter().map(|r| r.message.clone()).collect();
+        let before = self.reported.insert(key.clone(), now).unwrap_or_default();
+        for refused in refused {
+            if before.contains(&refused.message) {
+                continue;
+            }
+            self.metrics.refused(refused.reason);
+            let (namespace, name) = key;
+            tracing::warn!(%namespace, %name, reason = refused.reason, "EdgeApplication manifest refused: {}", refused.message);
+            let event = refusal_event(app, refused);
+            match self.cluster.create(event).await {
+                Ok(_) => self.metrics.count("event", true),
+                Err(error) if error.status() == 409 => {}
+                Err(error) => {
+                    tracing::warn!(%namespace, %name, %error, "cannot write the EdgeApplication's Event");
+                    self.metrics.count("event", false);
+                }
+            }
+        }
+    }
+
     /// Creates `object`, or updates it when the cluster's copy differs; whether it is as
     /// asked now.
     async fn write(&self, object: &Value) -> bool {
@@ -206,4 +261,27 @@ impl ApplicationWatcher {
             }
         }
     }
+}
+
+/// A Warning Event on `app` saying why a manifest is not made (`kubectl describe` shows
+/// it), named after the application and the refusal, so the same refusal is one Event.
+fn refusal_event(app: &Value, refused: &Refused) -> Value {
+    use std::hash::{Hash, Hasher};
+    let (namespace, name) = key_of(app);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (meta_str(app, "uid"), &refused.message).hash(&mut hasher);
+    let now = edgehive_protocols::object::now_rfc3339();
+    json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": format!("{name}.{:016x}", hasher.finish()), "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": app["apiVersion"], "kind": "EdgeApplication",
+            "namespace": namespace, "name": name, "uid": meta_str(app, "uid"),
+        },
+        "reason": "ManifestRefused",
+        "message": refused.message,
+        "type": "Warning",
+        "source": {"component": "edgehive-nodegroupcontroller"},
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    })
 }

@@ -11,15 +11,25 @@ pub(super) const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 /// The controllers' counters.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Metrics {
-    /// Writes to the cluster by `what` (`label`, `status`, `workload`, `delete`) and `result`
-    /// (`ok`, `failed`, `skipped`: a manifest of a kind not rendered).
+    /// Writes to the cluster by `what` (`label`, `status`, `workload`, `delete`, `event`)
+    /// and `result` (`ok`, `failed`).
     pub(super) writes: Family<Vec<(String, String)>, Counter>,
+    /// EdgeApplication manifests refused, by `reason` (`kind`, `api_version`, `name`,
+    /// `namespace`; `workloads::Refused`), each counted once per application.
+    pub(super) refused: Family<Vec<(String, String)>, Counter>,
 }
 
 impl Metrics {
     /// Counts one write of `what` that succeeded or not.
     pub(super) fn count(&self, what: &str, ok: bool) {
         self.count_as(what, if ok { "ok" } else { "failed" }, 1);
+    }
+
+    /// Counts one manifest refused for `reason`.
+    pub(super) fn refused(&self, reason: &str) {
+        self.refused
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc();
     }
 
     /// Counts `n` writes of `what` with `result`.

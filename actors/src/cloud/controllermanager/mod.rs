@@ -14,12 +14,15 @@
 //! (`edgehive_nodegroupcontroller_writes_total{what, result}`).
 //!
 //! The same module runs KubeEdge's EdgeApplication controller: for each EdgeApplication
-//! (namespaced) and each of its `spec.workloadScope.targetNodeGroups`, every Deployment and
-//! Service of `spec.workloadTemplate.manifests` is made as `<name>-<group>` with the group's
-//! overrides (replicas; image, env, command, args and resources overriders) and the node
-//! selector
-//! `apps.kubeedge.io/belonging-to: <group>`, owned by the application (its ownerReferences;
-//! deleting the application deletes them), and `status.workloadStatus` lists each one.
+//! (namespaced), every Deployment and Service of `spec.workloadTemplate.manifests` is made
+//! once per target group of `spec.workloadScope.targetNodeGroups`, as `<name>-<group>` with
+//! the group's overrides (replicas; image, env, command, args and resources overriders) and
+//! the node selector `apps.kubeedge.io/belonging-to: <group>`; a ConfigMap, DaemonSet,
+//! StatefulSet or Job is made once as given (KubeEdge overrides Deployments alone); any other
+//! manifest is refused with why (`edgehive_nodegroupcontroller_refused_total{reason}`, a
+//! Warning Event on the application). Everything made is owned by the application (its
+//! ownerReferences; deleting the application deletes them), and `status.workloadStatus`
+//! lists each one.
 //!
 //! Its files import one way: `metrics`, `membership`, `overriders` → `workloads` (the
 //! decisions, no I/O) → `applications` (the EdgeApplication loop) → `controller` (the actor and the
@@ -34,7 +37,7 @@ mod workloads;
 
 pub use controller::NodeGroupController;
 pub use membership::BELONGING_TO;
-pub use workloads::SERVICE_TOPOLOGY;
+pub use workloads::{Shape, SERVICE_TOPOLOGY, WORKLOAD_KINDS};
 
 use crate::cloud::cluster::SharedCluster;
 use crate::hive::{Hive, Module};
@@ -54,6 +57,11 @@ impl NodeGroupControllerModule {
             "edgehive_nodegroupcontroller_writes",
             "Node labels and NodeGroup statuses the NodeGroup controller wrote, by result",
             metrics.writes.clone(),
+        );
+        hive.metrics().register(
+            "edgehive_nodegroupcontroller_refused",
+            "EdgeApplication manifests the controller does not make, by reason",
+            metrics.refused.clone(),
         );
         NodeGroupControllerModule {
             cluster: cluster.into(),

@@ -1,15 +1,25 @@
-//! What an EdgeApplication asks for: one copy of each manifest per target NodeGroup, with
-//! the group's overrides. Pure decisions, no I/O.
+//! What an EdgeApplication asks for: its manifests made per target NodeGroup with the
+//! group's overrides, or once as given, by kind (as KubeEdge v1.22's controller does); a
+//! manifest it does not make is refused with why. Pure decisions, no I/O.
 //!
-//! A copy is named `<manifest name>-<group>` (KubeEdge's name overrider), lives in the
-//! manifest's namespace (the application's when it names none), is owned by the
-//! application (`ownerReferences`, controller), and runs on the group's nodes: a Deployment's
-//! pod template gets the node selector `apps.kubeedge.io/belonging-to: <group>` (the whole
-//! selector, as KubeEdge's), its replicas and container images the group's `replicas` and
-//! `imageOverriders`, its containers the `envOverriders`, `commandOverriders`,
-//! `argsOverriders` and `resourcesOverriders` (`overriders`); a Service gets the
-//! annotation `apps.kubeedge.io/service-topology: range-nodegroup`. Kinds other than
-//! Deployment and Service are not rendered (counted as skipped by the caller).
+//! Every object made is owned by the application (`ownerReferences`, controller) and lives
+//! in the application's namespace (a manifest naming another is refused: Kubernetes' garbage
+//! collector would delete a dependent whose owner is not in its namespace).
+//!
+//! - **Per group** ([`Shape::PerGroup`]): a Deployment or Service is made once per target
+//!   group, named `<manifest name>-<group>` (KubeEdge's name overrider). A Deployment's pod
+//!   template gets the node selector `apps.kubeedge.io/belonging-to: <group>` (the whole
+//!   selector, as KubeEdge's), its replicas and container images the group's `replicas` and
+//!   `imageOverriders`, its containers the `envOverriders`, `commandOverriders`,
+//!   `argsOverriders` and `resourcesOverriders` (`overriders`); a Service gets the
+//!   annotation `apps.kubeedge.io/service-topology: range-nodegroup`.
+//! - **Once** ([`Shape::Once`]): a ConfigMap, DaemonSet, StatefulSet or Job is made once, as
+//!   given, under its own name: KubeEdge applies the group overriders to Deployments alone
+//!   and makes every other manifest once, as written.
+//! - **Refused** ([`Refused`]): any other kind (a Secret: the cloud writes no Secret; a
+//!   cluster-scoped kind: it cannot be owned by a namespaced application; a kind the
+//!   cloud's ClusterRole does not grant), a known kind at another apiVersion, a manifest
+//!   without a name, or in another namespace.
 
 use edgehive_protocols::object::meta_str;
 use serde_json::{json, Value};
@@ -20,8 +30,26 @@ use super::overriders;
 /// The annotation KubeEdge gives a group's Service (its endpoint filter reads it).
 pub const SERVICE_TOPOLOGY: &str = "apps.kubeedge.io/service-topology";
 
-/// The kinds rendered.
-pub(super) const KINDS: [&str; 2] = ["Deployment", "Service"];
+/// How the controller makes a manifest of a kind it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// One copy per target node group, with the group's overrides.
+    PerGroup,
+    /// One object, as the manifest gives it.
+    Once,
+}
+
+/// The kinds an EdgeApplication's manifests may hold: kind, the apiVersion it must give, and
+/// how it is made. The cloud's ClusterRole grants `get`, `create`, `update`, `delete` on
+/// each (deploy/manifests/02-clusterrole.yaml).
+pub const WORKLOAD_KINDS: &[(&str, &str, Shape)] = &[
+    ("Deployment", "apps/v1", Shape::PerGroup),
+    ("Service", "v1", Shape::PerGroup),
+    ("ConfigMap", "v1", Shape::Once),
+    ("DaemonSet", "apps/v1", Shape::Once),
+    ("StatefulSet", "apps/v1", Shape::Once),
+    ("Job", "batch/v1", Shape::Once),
+];
 
 /// One workload to be made: the object and which manifest it comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,9 +71,82 @@ impl Workload {
     }
 }
 
-/// Every workload application `app` asks for, by target group then manifest; manifests of
-/// other kinds are left out and counted in the second value.
-pub(super) fn render(app: &Value) -> (Vec<Workload>, usize) {
+/// A manifest the controller does not make, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Refused {
+    /// The manifest's index in `spec.workloadTemplate.manifests`.
+    pub(super) ordinal: usize,
+    /// The counter's reason label: `kind`, `api_version`, `name`, `namespace`.
+    pub(super) reason: &'static str,
+    /// What a user reads (the log line and the Event's message).
+    pub(super) message: String,
+    /// The manifest's kind, apiVersion, namespace and name as given.
+    pub(super) kind: String,
+    pub(super) api_version: String,
+    pub(super) namespace: String,
+    pub(super) name: String,
+}
+
+/// What an application asks for: the workloads (the ones made once first, in manifest
+/// order, then by target group and manifest) and the manifests refused.
+#[derive(Debug, Default)]
+pub(super) struct Rendered {
+    pub(super) workloads: Vec<Workload>,
+    pub(super) refused: Vec<Refused>,
+}
+
+/// How manifest `manifest` of an application in `namespace` is made, or why it is not.
+fn judge(manifest: &Value, namespace: &str, ordinal: usize) -> Result<Shape, Box<Refused>> {
+    let kind = manifest["kind"].as_str().unwrap_or_default();
+    let api_version = manifest["apiVersion"].as_str().unwrap_or_default();
+    let name = meta_str(manifest, "name");
+    let given = meta_str(manifest, "namespace");
+    let refuse = |reason: &'static str, message: String| {
+        Box::new(Refused {
+            ordinal,
+            reason,
+            message: format!("manifest {ordinal} ({api_version} {kind} {name:?}): {message}"),
+            kind: kind.to_owned(),
+            api_version: api_version.to_owned(),
+            namespace: if given.is_empty() { namespace } else { given }.to_owned(),
+            name: name.to_owned(),
+        })
+    };
+    let taken = || {
+        WORKLOAD_KINDS
+            .iter()
+            .map(|(kind, version, _)| format!("{version} {kind}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some((_, want, shape)) = WORKLOAD_KINDS.iter().find(|(k, _, _)| *k == kind) else {
+        return Err(refuse(
+            "kind",
+            format!("the EdgeApplication controller makes only {}", taken()),
+        ));
+    };
+    if api_version != *want {
+        return Err(refuse(
+            "api_version",
+            format!("{kind} is made at apiVersion {want} only"),
+        ));
+    }
+    if name.is_empty() {
+        return Err(refuse("name", "metadata.name is missing".to_owned()));
+    }
+    if !given.is_empty() && given != namespace {
+        return Err(refuse(
+            "namespace",
+            format!(
+                "it names namespace {given:?}, not the application's {namespace:?} (an owned object lives in its owner's namespace)"
+            ),
+        ));
+    }
+    Ok(*shape)
+}
+
+/// Every workload application `app` asks for, and the manifests it refuses.
+pub(super) fn render(app: &Value) -> Rendered {
     let manifests = app["spec"]["workloadTemplate"]["manifests"]
         .as_array()
         .cloned()
@@ -63,44 +164,58 @@ pub(super) fn render(app: &Value) -> (Vec<Workload>, usize) {
         "blockOwnerDeletion": true,
     }]);
     let namespace = meta_str(app, "namespace");
-    let mut workloads = Vec::new();
-    let mut skipped = 0;
+    let mut rendered = Rendered::default();
+    let mut per_group = Vec::new();
+    for (ordinal, manifest) in manifests.iter().enumerate() {
+        match judge(manifest, namespace, ordinal) {
+            Err(refused) => rendered.refused.push(*refused),
+            Ok(Shape::PerGroup) => per_group.push((ordinal, manifest)),
+            Ok(Shape::Once) => rendered.workloads.push(Workload {
+                ordinal,
+                object: owned(manifest, None, namespace, &owner),
+            }),
+        }
+    }
     for target in &targets {
         let Some(group) = target["name"].as_str().filter(|g| !g.is_empty()) else {
             continue;
         };
         let overriders = &target["overriders"];
-        for (ordinal, manifest) in manifests.iter().enumerate() {
-            let kind = manifest["kind"].as_str().unwrap_or_default();
-            let name = meta_str(manifest, "name");
-            if !KINDS.contains(&kind) || name.is_empty() {
-                skipped += 1;
-                continue;
-            }
-            let mut object = manifest.clone();
-            let metadata = &mut object["metadata"];
-            metadata["name"] = json!(format!("{name}-{group}"));
-            if meta_str(manifest, "namespace").is_empty() {
-                metadata["namespace"] = json!(namespace);
-            }
-            metadata["ownerReferences"] = owner.clone();
-            if let Some(fields) = metadata.as_object_mut() {
-                for field in ["resourceVersion", "uid", "creationTimestamp"] {
-                    fields.remove(field);
-                }
-            }
-            if let Some(fields) = object.as_object_mut() {
-                fields.remove("status");
-            }
-            if kind == "Deployment" {
+        for (ordinal, manifest) in &per_group {
+            let mut object = owned(manifest, Some(group), namespace, &owner);
+            if object["kind"] == "Deployment" {
                 deployment_overrides(&mut object, group, overriders);
             } else {
                 object["metadata"]["annotations"][SERVICE_TOPOLOGY] = json!("range-nodegroup");
             }
-            workloads.push(Workload { ordinal, object });
+            rendered.workloads.push(Workload {
+                ordinal: *ordinal,
+                object,
+            });
         }
     }
-    (workloads, skipped)
+    rendered
+}
+
+/// `manifest` as an object the application owns, in `namespace`: named for `group` when
+/// given, without what the API server sets.
+fn owned(manifest: &Value, group: Option<&str>, namespace: &str, owner: &Value) -> Value {
+    let mut object = manifest.clone();
+    let metadata = &mut object["metadata"];
+    if let Some(group) = group {
+        metadata["name"] = json!(format!("{}-{group}", meta_str(manifest, "name")));
+    }
+    metadata["namespace"] = json!(namespace);
+    metadata["ownerReferences"] = owner.clone();
+    if let Some(fields) = metadata.as_object_mut() {
+        for field in ["resourceVersion", "uid", "creationTimestamp"] {
+            fields.remove(field);
+        }
+    }
+    if let Some(fields) = object.as_object_mut() {
+        fields.remove("status");
+    }
+    object
 }
 
 fn deployment_overrides(object: &mut Value, group: &str, overriders: &Value) {
@@ -212,7 +327,7 @@ mod tests {
     }
 
     #[test]
-    fn each_group_gets_each_manifest_named_owned_and_overridden() {
+    fn deployments_and_services_are_made_per_group_owned_and_overridden_other_kinds_once() {
         let app = json!({
             "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
             "metadata": {"name": "app", "namespace": "ns", "uid": "u1"},
@@ -223,7 +338,10 @@ mod tests {
                          {"name": "c", "image": "nginx:1.27"}]}}}},
                     {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
                      "spec": {"selector": {"app": "web"}}},
-                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}},
+                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "ns"},
+                     "data": {"k": "v"}},
+                    {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
+                     "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "a:1"}]}}}},
                 ]},
                 "workloadScope": {"targetNodeGroups": [
                     {"name": "east", "overriders": {"replicas": 3,
@@ -232,30 +350,88 @@ mod tests {
                 ]},
             },
         });
-        let (workloads, skipped) = render(&app);
-        assert_eq!(skipped, 2);
+        let Rendered { workloads, refused } = render(&app);
+        assert_eq!(refused, []);
         let names: Vec<_> = workloads.iter().map(|w| w.key()).collect();
+        let key = |kind: &str, name: &str| (kind.to_owned(), "ns".to_owned(), name.to_owned());
         assert_eq!(
-            names[0],
-            ("Deployment".into(), "ns".into(), "web-east".into())
+            names,
+            [
+                key("ConfigMap", "x"),
+                key("DaemonSet", "agent"),
+                key("Deployment", "web-east"),
+                key("Service", "web-east"),
+                key("Deployment", "web-west"),
+                key("Service", "web-west"),
+            ]
         );
-        assert_eq!(names[3], ("Service".into(), "ns".into(), "web-west".into()));
-        let east = &workloads[0].object;
+        // Made once, as given: no override, no node selector, owned.
+        let daemonset = &workloads[1].object;
+        assert_eq!(
+            daemonset["spec"]["template"]["spec"]["containers"][0]["image"],
+            "a:1"
+        );
+        assert!(daemonset["spec"]["template"]["spec"]["nodeSelector"].is_null());
+        assert_eq!(daemonset["metadata"]["ownerReferences"][0]["uid"], "u1");
+        assert_eq!(workloads[0].object["data"]["k"], "v");
+        assert_eq!((workloads[0].ordinal, workloads[1].ordinal), (2, 3));
+        let east = &workloads[2].object;
         assert_eq!(east["spec"]["replicas"], 3);
         let pod = &east["spec"]["template"]["spec"];
         assert_eq!(pod["containers"][0]["image"], "nginx:1.28");
         assert_eq!(pod["nodeSelector"][BELONGING_TO], "east");
         assert_eq!(east["metadata"]["ownerReferences"][0]["uid"], "u1");
-        let west = &workloads[2].object;
+        let west = &workloads[4].object;
         assert_eq!(west["spec"]["replicas"], 1);
         assert_eq!(
             west["spec"]["template"]["spec"]["containers"][0]["image"],
             "nginx:1.27"
         );
         assert_eq!(
-            workloads[1].object["metadata"]["annotations"][SERVICE_TOPOLOGY],
+            workloads[3].object["metadata"]["annotations"][SERVICE_TOPOLOGY],
             "range-nodegroup"
         );
-        assert_eq!(workloads[1].ordinal, 1);
+        assert_eq!(workloads[3].ordinal, 1);
+    }
+
+    #[test]
+    fn a_manifest_of_another_kind_version_namespace_or_without_a_name_is_refused_with_why() {
+        let manifests = json!([
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "r"}},
+            {"apiVersion": "extensions/v1beta1", "kind": "Deployment", "metadata": {"name": "old"}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "kube-system"}},
+            {"metadata": {"name": "nothing"}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ok"}},
+        ]);
+        let app = json!({
+            "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+            "metadata": {"name": "app", "namespace": "ns", "uid": "u1"},
+            "spec": {"workloadTemplate": {"manifests": manifests},
+                     "workloadScope": {"targetNodeGroups": [{"name": "east"}]}},
+        });
+        let Rendered { workloads, refused } = render(&app);
+        let reasons: Vec<_> = refused.iter().map(|r| (r.ordinal, r.reason)).collect();
+        assert_eq!(
+            reasons,
+            [
+                (0, "kind"),
+                (1, "kind"),
+                (2, "api_version"),
+                (3, "name"),
+                (4, "namespace"),
+                (5, "kind"),
+            ]
+        );
+        assert!(
+            refused[0].message.contains("makes only"),
+            "{}",
+            refused[0].message
+        );
+        assert!(refused[4].message.contains("kube-system"));
+        assert_eq!(refused[4].namespace, "kube-system");
+        assert_eq!(workloads.len(), 1);
+        assert_eq!(workloads[0].key().2, "ok");
     }
 }

@@ -202,7 +202,7 @@ pub(crate) fn status(code: u16, reason: &str, message: &str, resource: &str, nam
 /// A watched object's change for `node`: `operation` (insert, update, delete) of `obj`
 /// (with its `kind` and `apiVersion`), resource `node/{node}/{ns or null}/{kind}/{name}`
 /// (the kind lowercased), header resourceversion the object's. It goes to CloudHub as
-/// [`ToNodes::untracked`](super::ToNodes::untracked): the ACK lane, not SyncController's records.
+/// [`ToNodes::untracked_for`](super::ToNodes::untracked_for): the ACK lane, not SyncController's records.
 pub(crate) fn watch_push(node: &str, operation: Operation, obj: &Value) -> Message {
     let namespace = meta_str(obj, "namespace");
     let namespace = if namespace.is_empty() {

@@ -229,16 +229,6 @@ pub struct ToNodes {
 }
 
 impl ToNodes {
-    /// A watch's push ([`application::watch_push`]) for the one node its resource names:
-    /// [`NodeMessage::untracked`].
-    pub(crate) fn untracked(message: Message) -> Option<Self> {
-        let node = edgehive_protocols::node_of(message.resource())?.to_owned();
-        Some(ToNodes {
-            nodes: vec![node],
-            message: NodeMessage::untracked(message),
-        })
-    }
-
     /// A watch's push ([`application::watch_push`], its resource naming any one of them) for
     /// every node in `nodes`, that all see the object alike: one message, encoded once
     /// ([`NodeMessage::untracked`]).

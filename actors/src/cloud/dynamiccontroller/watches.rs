@@ -9,6 +9,11 @@
 //! once. Each change goes to every node with a subscription that selects it (namespace,
 //! label and field selectors) and may see it ([`Policy::visible`]), once per node, in the
 //! order the watcher gives them.
+//!
+//! New watches are taken in batches (those waiting when the task turns to them, at most
+//! [`SUBSCRIBE_BATCH`]): their first objects are judged per watch (selectors, what the node
+//! may see) but filtered, built and encoded once per node group and object, one message
+//! for all the group's new watchers, as a change is; not once per watching node.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -94,7 +99,8 @@ enum Source {
 const TOPOLOGY_KINDS: [&str; 2] = ["Node", "Service"];
 
 /// What the edge `viewer` is shown of `obj` (of `kind`): the object, filtered by the
-/// service topology, or `None` (withheld); counted. Lists, gets and watches all ask here.
+/// service topology, or `None` (withheld); counted. Lists and gets ask here; a watch's
+/// first objects and its changes are the same view, taken once per node group.
 pub(super) fn shown(
     topology: &Topology,
     policy: &Policy,
@@ -177,13 +183,20 @@ impl WatchHub {
         loop {
             self.outbox.room().await;
             if !self.waiting.is_empty() && *self.topology.synced.borrow() {
-                let subscription = self.waiting.remove(0);
-                self.subscribe(subscription);
+                // The watches that waited for the topology start together, their first
+                // objects shared by group.
+                let batch = self.waiting.len().min(SUBSCRIBE_BATCH);
+                let batch: Vec<Subscription> = self.waiting.drain(..batch).collect();
+                let pushes = self.subscribe_all(batch);
+                self.send_all(pushes).await;
                 continue;
             }
             tokio::select! {
                 command = commands.recv() => match command {
-                    Some(command) => self.on_command(command),
+                    Some(command) => {
+                        let pushes = self.on_commands(command, &mut commands);
+                        self.send_all(pushes).await;
+                    }
                     None => break,
                 },
                 Some((source, change)) = self.changes.next(), if !self.changes.is_empty() => {
@@ -203,36 +216,72 @@ impl WatchHub {
         }
     }
 
-    fn on_command(&mut self, command: Command) {
-        match command {
-            Command::Subscribe(subscription) => self.subscribe(subscription),
-            Command::NeedTopology => self.start_topology(),
-            Command::Keep { node, ids } => {
-                self.waiting
-                    .retain(|waiting| waiting.node != node || ids.contains(&waiting.id));
-                let mut emptied = Vec::new();
-                for (kind, state) in &mut self.kinds {
-                    let viewers = &mut state.viewers;
-                    let before = state.subscriptions.len();
-                    state.subscriptions.retain(|(n, id), _| {
-                        let keep = n != &node || ids.contains(id);
-                        if !keep {
-                            viewers.remove(n, id);
-                        }
-                        keep
-                    });
-                    let removed = before - state.subscriptions.len();
-                    self.metrics.subscriptions.dec_by(removed as i64);
-                    if state.subscriptions.is_empty() {
-                        emptied.push(*kind);
+    /// Takes `first` and, while they are subscriptions, the commands already waiting behind
+    /// it (at most [`SUBSCRIBE_BATCH`] subscriptions): the pushes of the subscriptions' first
+    /// objects ([`WatchHub::subscribe_all`]), to be sent before anything else happens.
+    fn on_commands(&mut self, first: Command, commands: &mut CommandReceiver) -> Vec<ToNodes> {
+        let mut batch = Vec::new();
+        let mut next = Some(first);
+        while let Some(command) = next.take() {
+            match command {
+                Command::Subscribe(subscription) => {
+                    batch.push(subscription);
+                    if batch.len() < SUBSCRIBE_BATCH {
+                        next = commands.try_recv();
                     }
                 }
-                for kind in emptied {
-                    // Its watcher stops with the dropped sender.
-                    self.kinds.remove(kind);
-                    self.watching(kind, false);
+                Command::NeedTopology => {
+                    let pushes = self.subscribe_all(batch);
+                    self.start_topology();
+                    return pushes;
+                }
+                Command::Keep { node, ids } => {
+                    // A clean-up after them takes effect after they started (it sends
+                    // nothing, so their pushes may follow it).
+                    let pushes = self.subscribe_all(batch);
+                    self.keep(node, ids);
+                    return pushes;
                 }
             }
+        }
+        self.subscribe_all(batch)
+    }
+
+    /// Sends `pushes` in order, each when the outbox has room (a batch's first objects may
+    /// be many).
+    async fn send_all(&mut self, pushes: Vec<ToNodes>) {
+        for push in pushes {
+            self.outbox.room().await;
+            self.metrics.pushes.inc_by(push.nodes.len() as u64);
+            self.outbox.send_to(push);
+        }
+    }
+
+    /// A node keeps only the watches with these IDs (none: its connection ended).
+    fn keep(&mut self, node: String, ids: HashSet<String>) {
+        self.waiting
+            .retain(|waiting| waiting.node != node || ids.contains(&waiting.id));
+        let mut emptied = Vec::new();
+        for (kind, state) in &mut self.kinds {
+            let viewers = &mut state.viewers;
+            let before = state.subscriptions.len();
+            state.subscriptions.retain(|(n, id), _| {
+                let keep = n != &node || ids.contains(id);
+                if !keep {
+                    viewers.remove(n, id);
+                }
+                keep
+            });
+            let removed = before - state.subscriptions.len();
+            self.metrics.subscriptions.dec_by(removed as i64);
+            if state.subscriptions.is_empty() {
+                emptied.push(*kind);
+            }
+        }
+        for kind in emptied {
+            // Its watcher stops with the dropped sender.
+            self.kinds.remove(kind);
+            self.watching(kind, false);
         }
     }
 
@@ -380,7 +429,115 @@ impl WatchHub {
         }
     }
 
-    fn subscribe(&mut self, subscription: Subscription) {
+    /// Starts `batch`'s subscriptions (one of a filtered kind waits while the topology is not
+    /// listed) and returns the pushes of their first objects: the current objects each
+    /// selects, as the watch's start. All of them once the kind is synced; during the first
+    /// list, those already taken (the rest come as the list's next events: waiting for the
+    /// list's end instead lost what came before it to a subscription made meanwhile).
+    ///
+    /// Each object is judged per subscription (selectors, what the node may see) but shown,
+    /// built and encoded once per node group, as a change is ([`WatchHub::by_group`]); once
+    /// for all the batch's nodes for a kind the topology does not filter.
+    fn subscribe_all(&mut self, batch: Vec<Subscription>) -> Vec<ToNodes> {
+        let mut started: Vec<Subscription> = Vec::new();
+        for subscription in batch {
+            if let Some(subscription) = self.subscribe(subscription) {
+                // A later one with the same ID replaced an earlier one of the batch.
+                started.retain(|s| s.node != subscription.node || s.id != subscription.id);
+                started.push(subscription);
+            }
+        }
+        let mut kinds: Vec<&'static str> = Vec::new();
+        for subscription in &started {
+            if !kinds.contains(&subscription.resource.kind) {
+                kinds.push(subscription.resource.kind);
+            }
+        }
+        let mut pushes = Vec::new();
+        for kind in kinds {
+            let of_kind: Vec<&Subscription> =
+                started.iter().filter(|s| s.resource.kind == kind).collect();
+            pushes.extend(self.first_objects(kind, &of_kind));
+        }
+        pushes
+    }
+
+    /// The pushes of `kind`'s current objects to the new `subscriptions` (see
+    /// [`WatchHub::subscribe_all`]).
+    fn first_objects(&self, kind: &str, subscriptions: &[&Subscription]) -> Vec<ToNodes> {
+        let Some(state) = self.kinds.get(kind) else {
+            return Vec::new();
+        };
+        let topology = read(&self.topology.topology);
+        let policy = &self.policy;
+        let pod_node = |ns: &str, name: &str| policy.pod_node(ns, name);
+        let filters = Topology::filters(kind);
+        // The nodes that see every object alike: all of them for a kind not filtered; else
+        // each group's (`classes`), and a node the topology does not know alone.
+        let mut alike: HashMap<Option<&str>, usize> = HashMap::new();
+        let mut class_of = Vec::with_capacity(subscriptions.len());
+        let mut classes = 0;
+        for subscription in subscriptions {
+            let group = topology.group_of(&subscription.node);
+            let index = match (filters, group) {
+                (true, None) => {
+                    classes += 1;
+                    classes - 1
+                }
+                _ => {
+                    let key = if filters { group } else { None };
+                    *alike.entry(key).or_insert_with(|| {
+                        classes += 1;
+                        classes - 1
+                    })
+                }
+            };
+            class_of.push(index);
+        }
+        let judges: Vec<_> = subscriptions
+            .iter()
+            .map(|s| policy.judge(&s.node, s.scope))
+            .collect();
+        let mut pushes = Vec::new();
+        for obj in state.objects.values() {
+            let mut nodes: Vec<Vec<String>> = vec![Vec::new(); classes];
+            for (index, subscription) in subscriptions.iter().enumerate() {
+                if subscription.matches(obj) && judges[index].visible(obj) {
+                    nodes[class_of[index]].push(subscription.node.clone());
+                }
+            }
+            for members in nodes {
+                let Some(viewer) = members.first() else {
+                    continue;
+                };
+                let shown = if filters {
+                    let view = topology.view(kind, viewer, obj, &pod_node);
+                    match &view {
+                        View::Whole => {}
+                        View::Withheld => self.metrics.topology_n("withheld", members.len()),
+                        View::Filtered { dropped, .. } => {
+                            self.metrics.topology_n("filtered", members.len());
+                            self.metrics
+                                .topology_dropped
+                                .inc_by((dropped * members.len()) as u64);
+                        }
+                    }
+                    view.object(obj)
+                } else {
+                    Some(obj.clone())
+                };
+                let Some(shown) = shown else {
+                    continue;
+                };
+                pushes.extend(push_for(members, &Operation::Insert, &shown));
+            }
+        }
+        pushes
+    }
+
+    /// Files `subscription` (starting its kind's watcher if need be); the subscription
+    /// filed, or `None` when it waits for the topology.
+    fn subscribe(&mut self, subscription: Subscription) -> Option<Subscription> {
         let kind = subscription.resource.kind;
         if Topology::filters(kind) && !*self.topology.synced.borrow() {
             // Its start waits for the topology (a replaced ID waits as the new one).
@@ -389,7 +546,7 @@ impl WatchHub {
                 waiting.node != subscription.node || waiting.id != subscription.id
             });
             self.waiting.push(subscription);
-            return;
+            return None;
         }
         // The same ID on another kind (a replaced application) is dropped there first.
         for (other, state) in &mut self.kinds {
@@ -435,45 +592,21 @@ impl WatchHub {
                 },
             );
         }
-        let Some(state) = self.kinds.get_mut(kind) else {
-            return;
-        };
-        {
-            // The current objects it selects, as the watch's start: all of them once the
-            // kind is synced; during the first list, those already taken (the rest come as
-            // the list's next events). Waiting for the list's end instead lost what came
-            // before it to a subscription made meanwhile.
-            let judge = self.policy.judge(&subscription.node, subscription.scope);
-            let topology = read(&self.topology.topology);
-            for obj in state.objects.values() {
-                if subscription.matches(obj) && judge.visible(obj) {
-                    let Some(obj) = shown(
-                        &topology,
-                        &self.policy,
-                        &self.metrics,
-                        kind,
-                        &subscription.node,
-                        obj,
-                    ) else {
-                        continue;
-                    };
-                    let push = watch_push(&subscription.node, Operation::Insert, &obj);
-                    if let Some(push) = ToNodes::untracked(push) {
-                        self.metrics.pushes.inc();
-                        self.outbox.send_to(push);
-                    }
-                }
-            }
-        }
+        let state = self.kinds.get_mut(kind)?;
         state.viewers.insert(
             &subscription.node,
             &subscription.id,
             read(&self.topology.topology).group_of(&subscription.node),
         );
         let key = (subscription.node.clone(), subscription.id.clone());
-        if state.subscriptions.insert(key, subscription).is_none() {
+        if state
+            .subscriptions
+            .insert(key, subscription.clone())
+            .is_none()
+        {
             self.metrics.subscriptions.inc();
         }
+        Some(subscription)
     }
 
     /// Notes that `kind`'s watcher started or stopped.
@@ -742,6 +875,15 @@ impl Commands {
 }
 
 impl CommandReceiver {
+    /// The next command if one waits now.
+    pub(super) fn try_recv(&mut self) -> Option<Command> {
+        let command = self.receiver.try_recv().ok()?;
+        if !command.cleans_up() {
+            self.adding.fetch_sub(1, Ordering::AcqRel);
+        }
+        Some(command)
+    }
+
     /// The next command; `None` once every [`Commands`] is dropped.
     pub(super) async fn recv(&mut self) -> Option<Command> {
         let command = self.receiver.recv().await?;
@@ -772,7 +914,129 @@ pub(super) fn start(hub: WatchHub) -> Commands {
     sender
 }
 
+/// Subscriptions taken together ([`WatchHub::subscribe_all`]): those waiting when the task
+/// turns to them, up to this many, have their first objects shown and encoded once per
+/// node group.
+pub(super) const SUBSCRIBE_BATCH: usize = 256;
+
 /// Commands that add (subscriptions, the topology) that may wait for the task. Overflow
 /// policy: a watch that finds it full is refused (503, counted `busy`; the edge's MetaServer
 /// asks again with a backoff). Clean-ups are not counted here and never refused.
 pub(super) const COMMAND_CAPACITY: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::cluster::EmbeddedCluster;
+    use crate::cloud::controllermanager::{BELONGING_TO, SERVICE_TOPOLOGY};
+    use serde_json::json;
+
+    /// The IPs of an Endpoints frame's addresses, and the frame's resource.
+    fn read(push: &ToNodes) -> (Vec<String>, String) {
+        let message = edgehive_protocols::decode(push.message.frame().as_bytes()).unwrap();
+        let ips = message.content["subsets"][0]["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| a["ip"].as_str().unwrap().to_owned())
+            .collect();
+        (ips, message.resource().to_owned())
+    }
+
+    #[actix_rt::test]
+    async fn watches_started_together_are_sent_each_object_once_per_group_in_that_groups_view() {
+        let cluster = EmbeddedCluster::new();
+        let policy = Policy::new(&["endpoints".into()], Arc::new(cluster.clone())).unwrap();
+        let topology = Arc::new(SharedTopology::default());
+        {
+            let mut known = write(&topology.topology);
+            for (node, group) in [("a1", "a"), ("a2", "a"), ("b1", "b"), ("loose", "")] {
+                let labels = if group.is_empty() {
+                    json!({})
+                } else {
+                    json!({ BELONGING_TO: group })
+                };
+                known.node(
+                    &json!({"metadata": {"name": node, "labels": labels}}),
+                    false,
+                );
+            }
+            known.service(
+                &json!({"metadata": {"namespace": "default", "name": "web",
+                    "annotations": {SERVICE_TOPOLOGY: "range-nodegroup"}}}),
+                false,
+            );
+        }
+        let mut hub = WatchHub::new(
+            &Hive::new("cloud"),
+            Arc::new(cluster),
+            policy,
+            Metrics::default(),
+            topology,
+        );
+        let address = |ip: &str, node: &str| json!({"ip": ip, "nodeName": node});
+        let web = json!({"apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"namespace": "default", "name": "web", "resourceVersion": "7"},
+            "subsets": [{"addresses": [address("10.0.0.1", "a1"), address("10.0.0.2", "a2"),
+                address("10.0.0.3", "b1"), address("10.0.0.4", "loose"),
+                address("10.0.0.5", "ghost")]}]});
+        let (stop, _stopped) = oneshot::channel();
+        hub.kinds.insert(
+            "Endpoints",
+            KindState {
+                objects: BTreeMap::from([(("default".to_owned(), "web".to_owned()), web)]),
+                subscriptions: BTreeMap::new(),
+                viewers: Viewers::default(),
+                _stop: stop,
+            },
+        );
+        let resource = super::super::resources::find("", "v1", "endpoints").unwrap();
+        let watch = |node: &str, namespace: &str| Subscription {
+            node: node.to_owned(),
+            id: format!("{node}-{namespace}"),
+            resource,
+            scope: Scope::All,
+            namespace: namespace.to_owned(),
+            labels: Selector::default(),
+            fields: Selector::default(),
+        };
+        let batch = [
+            watch("a1", ""),
+            watch("b1", ""),
+            watch("a2", "default"),
+            watch("ghost", ""),
+            watch("loose", ""),
+            // Selects nothing: sent nothing.
+            watch("a2", "other"),
+            watch("b2", "other"),
+        ];
+        let batch: Vec<&Subscription> = batch.iter().collect();
+        let pushes = hub.first_objects("Endpoints", &batch);
+        let sent: Vec<(Vec<String>, Vec<String>, String)> = pushes
+            .iter()
+            .map(|push| {
+                let (ips, resource) = read(push);
+                (push.nodes.clone(), ips, resource)
+            })
+            .collect();
+        let ips = |list: &[&str]| list.iter().map(|ip| ip.to_string()).collect::<Vec<_>>();
+        let nodes = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        // One message for group a's two watchers, one for b's; the node in no group sees
+        // the grouped-nowhere backends (its own), the node the topology does not know only
+        // its own.
+        let web = "default/endpoints/web".to_owned();
+        assert_eq!(
+            sent,
+            [
+                (
+                    nodes(&["a1", "a2"]),
+                    ips(&["10.0.0.1", "10.0.0.2"]),
+                    web.clone()
+                ),
+                (nodes(&["b1"]), ips(&["10.0.0.3"]), web.clone()),
+                (nodes(&["ghost"]), ips(&["10.0.0.5"]), web.clone()),
+                (nodes(&["loose"]), ips(&["10.0.0.4"]), web),
+            ]
+        );
+    }
+}

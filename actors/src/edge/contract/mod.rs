@@ -29,7 +29,7 @@ pub(crate) use origin::CloudReply;
 pub use origin::Origin;
 pub(crate) use twin::Upload;
 pub use twin::{TwinBody, TwinMessage, TwinReply};
-pub use twin_changes::{TwinChange, TwinChanges};
+pub use twin_changes::{twin_document, TwinChange, TwinChanges};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -409,7 +409,10 @@ impl Handler<Envelope> for EventBus {
         let shared = self.shared.clone();
         match BusMessage::of(&envelope.into_message()) {
             // ServiceBus's.
-            BusMessage::Connection(_) | BusMessage::ServiceCall(_) => {}
+            BusMessage::Connection(_)
+            | BusMessage::ServiceCall(_)
+            | BusMessage::ServiceStart(_)
+            | BusMessage::ServiceStop(_) => {}
             BusMessage::RulePublish { topic, payload } => rule_publish(&shared, topic, payload),
             BusMessage::RuleSubscribe(topic) => {
                 ctx.wait(actix::fut::wrap_future(async move {

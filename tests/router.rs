@@ -1211,3 +1211,132 @@ async fn an_application_calls_a_servicebus_source_rule_on_its_node_and_gets_the_
     edge.stop().await;
     cloud.stop().await;
 }
+
+/// ServiceBus's local server under abuse: target URLs that are not ones and URLs beyond 256
+/// (from a cloud that sends them: a forged or a foreign Router) are refused every time and
+/// counted; an application's requests beyond 32 at once are answered `busy` at once; a
+/// request the cloud never answers is answered `no_answer` after `timeout`, each time, and
+/// the server keeps serving the URLs it has.
+#[actix_rt::test]
+async fn a_nodes_servicebus_refuses_bad_and_surplus_target_urls_and_bounds_waiting_requests() {
+    use edgehive_actors::cloud::contract::extension::to_node;
+    use edgehive_actors::cloud::contract::{route as cloud_route, ToNodes};
+    let dir = tempfile::tempdir().unwrap();
+    let node = "edge-sbcap";
+    // No Router: an upload reaches no module, so nobody answers.
+    let cloud = crate::support::start_cloud().await;
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = edge_config(node, cloud.websocket_addr(), dir.path());
+    config.modules.service_bus.enable = true;
+    config.modules.service_bus.port = port;
+    config.modules.service_bus.timeout = 2;
+    let edge = EdgeProcess::start(&config).await.unwrap();
+    eventually("the edge connects", WITHIN, || async {
+        edge.status().await.unwrap().connected.then_some(())
+    })
+    .await;
+    let start = |url: String| {
+        let message = to_node(
+            node,
+            "router_servicebus",
+            "user",
+            "start",
+            &url,
+            Value::Null,
+        );
+        cloud
+            .hive()
+            .tell(
+                cloud_route::CLOUDHUB,
+                ToNodes::from_message(message).unwrap(),
+            )
+            .unwrap();
+    };
+    let refused = |reason: &'static str| {
+        let admin = edge.admin_addr();
+        async move {
+            let metrics = http_get(admin, "/metrics").await.1;
+            metric_sum(
+                &metrics,
+                &format!("edgehive_servicebus_refused_total{{reason=\"{reason}\"}}"),
+            )
+        }
+    };
+    for round in 1..=3u64 {
+        for bad in [
+            "".to_owned(),
+            "/a b".to_owned(),
+            "/a\tb".to_owned(),
+            "/".to_owned() + &"x".repeat(300),
+        ] {
+            start(bad);
+        }
+        eventually("bad target URLs refused", WITHIN, || async {
+            (refused("bad_target_url").await == 4 * round).then_some(())
+        })
+        .await;
+    }
+    for n in 0..256 {
+        start(format!("/u{n}"));
+    }
+    // Nothing listened before; now it does, with all 256.
+    eventually("/u255 open", WITHIN, || async {
+        let answer = call_local(port, local_request("/u255", json!(1))).await?;
+        // Allowed: it goes up, and no answer comes (no Router).
+        let msg = answer.1["msg"].as_str().unwrap_or_default().to_owned();
+        (answer.1["code"] == 400 && !msg.contains("not allowed")).then_some(answer)
+    })
+    .await;
+    for round in 1..=3u64 {
+        start(format!("/more{round}"));
+        start("/u0".to_owned()); // Already open: not one more.
+        eventually("a URL beyond 256 refused", WITHIN, || async {
+            (refused("too_many_target_urls").await == round).then_some(())
+        })
+        .await;
+    }
+    let (_, answer) = call_local(port, local_request("/more1", json!(1)))
+        .await
+        .unwrap();
+    assert_eq!(answer["code"], 400);
+    assert!(
+        answer["msg"].as_str().unwrap().contains("is not allowed"),
+        "{answer}"
+    );
+
+    // A request the cloud does not answer: code 400 (edgecore's) after `timeout`, each time.
+    let before = refused("no_answer").await;
+    for _ in 0..2 {
+        let (_, answer) = call_local(port, local_request("/u7", json!(1)))
+            .await
+            .unwrap();
+        assert_eq!(answer["code"], 400, "{answer}");
+    }
+    assert_eq!(refused("no_answer").await, before + 2);
+
+    // 40 at once: 32 wait for the cloud, the rest are answered `busy` at once; twice.
+    for round in 1..=2u64 {
+        let calls: Vec<_> = (0..40)
+            .map(|n| call_local(port, local_request(&format!("/u{n}"), json!(n))))
+            .collect();
+        let answers = futures_util::future::join_all(calls).await;
+        let busy = answers
+            .iter()
+            .filter(|answer| answer.as_ref().is_some_and(|a| a.1["code"] == 503))
+            .count();
+        assert!(busy >= 8, "round {round}: {busy} busy of 40");
+        assert!(refused("busy").await >= 8 * round);
+    }
+    // Still serving: a good request still goes up (and still gets no answer here).
+    let (_, answer) = call_local(port, local_request("/u1", json!(1)))
+        .await
+        .unwrap();
+    assert_eq!(answer["code"], 400);
+    edge.stop().await;
+    cloud.stop().await;
+}

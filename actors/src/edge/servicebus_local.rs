@@ -85,7 +85,15 @@ pub(super) struct Local {
     slots: Arc<Semaphore>,
     /// The URLs were read back from the database (once per process).
     loaded: std::sync::atomic::AtomicBool,
+    /// A retry of a failed listen is scheduled.
+    retrying: std::sync::atomic::AtomicBool,
+    /// Listens that failed in a row (the first is logged as an error).
+    listen_failures: std::sync::atomic::AtomicU32,
 }
+
+/// The wait before listening again after the port could not be taken (another process, or
+/// this one's previous server still closing).
+const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
 const SCHEMA: &str =
     "CREATE TABLE IF NOT EXISTS target_urls (url varchar(256) NOT NULL PRIMARY KEY);";
@@ -109,6 +117,8 @@ impl Local {
             server: Mutex::new(None),
             slots: Arc::new(Semaphore::new(MAX_LOCAL_REQUESTS)),
             loaded: std::sync::atomic::AtomicBool::new(false),
+            retrying: std::sync::atomic::AtomicBool::new(false),
+            listen_failures: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -211,10 +221,27 @@ impl Local {
         let mut server = locks::lock(&self.server);
         match (wanted, server.is_some()) {
             (true, false) => match self.serve() {
-                Ok(handle) => *server = Some(handle),
+                Ok(handle) => {
+                    *server = Some(handle);
+                    self.listen_failures
+                        .store(0, std::sync::atomic::Ordering::Relaxed);
+                }
                 Err(error) => {
-                    // Tried again at the next `start`, or the next start of the process.
-                    tracing::error!(%error, host = %self.host, port = self.port, "servicebus cannot listen");
+                    use std::sync::atomic::Ordering;
+                    if self.listen_failures.fetch_add(1, Ordering::Relaxed) == 0 {
+                        tracing::error!(%error, host = %self.host, port = self.port, "servicebus cannot listen; trying again every second");
+                    } else {
+                        tracing::debug!(%error, "servicebus still cannot listen");
+                    }
+                    // Tried again while a URL is open (one retry scheduled at a time).
+                    if !self.retrying.swap(true, Ordering::AcqRel) {
+                        let local = self.clone();
+                        actix_rt::spawn(async move {
+                            tokio::time::sleep(LISTEN_RETRY).await;
+                            local.retrying.store(false, Ordering::Release);
+                            local.listen_while_needed();
+                        });
+                    }
                 }
             },
             (false, true) => {

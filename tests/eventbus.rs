@@ -650,6 +650,29 @@ async fn a_mapper_hears_edgecores_twin_document_after_a_reading_and_after_a_clou
     assert!(twin["current"]["metadata"]["type"].is_string(), "{doc}");
     assert_eq!(twin["current"]["optional"], true, "{doc}");
     assert!(twin["current"].get("actual_version").is_none(), "{doc}");
+    // One document and one delta per update, as edgecore: what came before the answer to a
+    // twin/get asked after it (EventBus serves a device's messages in order).
+    mapper
+        .publish(
+            &format!("{NS_DEVICE}/twin/get"),
+            json!({"event_id": "doc-g"}).to_string(),
+        )
+        .await;
+    let more = mapper
+        .collect_until(WITHIN, |seen| {
+            position(
+                seen,
+                &format!("{NS_DEVICE}/twin/get/result"),
+                is_doc("doc-g"),
+            )
+            .is_some()
+        })
+        .await
+        .expect("the twin/get answer");
+    let all: Vec<&(String, Value)> = seen.iter().chain(&more).collect();
+    let count = |topic: &str| all.iter().filter(|(got, _)| got == topic).count();
+    assert_eq!(count(&format!("{update}/delta")), 1, "{all:?}");
+    assert_eq!(count(&document_topic), 1, "{all:?}");
 
     // A refused update (a property the device does not declare) changes no twin: the next
     // document is the next good reading's, with the last value 21.

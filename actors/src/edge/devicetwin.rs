@@ -90,8 +90,9 @@ impl actix::Message for ReportTwin {
 /// A mapper's twin update on MQTT: readings of several properties of one device, each taken
 /// as a [`ReportTwin`] is (stored, sent up), in order, stopping at the first refused. The
 /// answer is the update's twin document (KubeEdge's `{property: {last, current}}`), which
-/// EventBus publishes after its result with the update's `event_id`, as edgecore does; so
-/// DeviceTwin does not tell it on [`TwinChanges`] (a [`ReportTwin`]'s document it does).
+/// EventBus publishes after its result with the update's `event_id`, then the delta, as
+/// edgecore does; so DeviceTwin tells nothing of it on [`TwinChanges`] (a [`ReportTwin`]'s
+/// document and delta it does).
 #[derive(Debug)]
 pub struct ReportTwins {
     /// `{namespace}/{name}`.
@@ -417,9 +418,8 @@ impl Handler<ReportTwins> for DeviceTwin {
                     }
                 }
             }
-            if !document.is_empty() {
-                shared.changes.send(TwinChange::Device(report.id));
-            }
+            // EventBus publishes this update's document and delta itself, after its result
+            // (edgecore's one of each): nothing to tell the followers.
             outcome.map(|()| document)
         })
     }

@@ -15,8 +15,8 @@ const CAPACITY: usize = 256;
 /// A change DeviceTwin committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TwinChange {
-    /// A device's twins changed (desired values from the cloud, or a mapper's report):
-    /// `{namespace}/{name}`.
+    /// A device's twins changed (desired values from the cloud, or a reading on the local
+    /// API; a mapper's MQTT update is answered by EventBus itself): `{namespace}/{name}`.
     Device(String),
     /// A device's twin document: for each property whose twin changed, KubeEdge's TwinDoc
     /// `{"last": twin | null, "current": twin | null}` (a twin as [`twin_document`] takes

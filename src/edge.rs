@@ -117,6 +117,7 @@ impl EdgeProcess {
         if let Some(options) = config.service_bus_options() {
             hive.start_module(edgehive_actors::edge::servicebus::ServiceBusModule::new(
                 options,
+                store.clone(),
             ))?;
         }
         let node_module = config.modules.edged.enable;

@@ -560,6 +560,226 @@ async fn a_mapper_on_edgecore_v1_22_namespaced_topics_reports_gets_follows_delta
     cloud.stop().await;
 }
 
+impl Mapper {
+    /// The messages that come within `within`, in order, until `done` says the list is
+    /// complete (`None` if it never is).
+    async fn collect_until(
+        &mut self,
+        within: Duration,
+        done: impl Fn(&[(String, Value)]) -> bool,
+    ) -> Option<Vec<(String, Value)>> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut seen = Vec::new();
+        while !done(&seen) {
+            let (topic, payload) = tokio::time::timeout_at(deadline, self.received.recv())
+                .await
+                .ok()??;
+            seen.push((
+                topic,
+                serde_json::from_slice(&payload).unwrap_or(Value::Null),
+            ));
+        }
+        Some(seen)
+    }
+}
+
+/// Where in `seen` the first message on `topic` that `accept` takes is.
+fn position(
+    seen: &[(String, Value)],
+    topic: &str,
+    accept: impl Fn(&Value) -> bool,
+) -> Option<usize> {
+    seen.iter()
+        .position(|(got, value)| got == topic && accept(value))
+}
+
+#[actix_rt::test]
+async fn a_mapper_hears_edgecores_twin_document_after_a_reading_and_after_a_cloud_change() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, edge) = cloud_and_edge("edge-doc", dir.path(), broker.port).await;
+    let mut mapper = Mapper::connect(broker.port, "mapper-doc").await;
+    let update = format!("{NS_DEVICE}/twin/update");
+    let document_topic = format!("{update}/document");
+    let is_doc = |event_id: &'static str| move |doc: &Value| doc["event_id"] == event_id;
+
+    // A reading: as edgecore, the result, then the document (the update's event_id; per
+    // twin `last` and `current`, without versions), then the delta.
+    mapper
+        .ask(
+            &update,
+            &twin_update("doc-1", "21"),
+            &format!("{update}/result"),
+            |answer| answer["event_id"] == "doc-1",
+        )
+        .await;
+    let seen = mapper
+        .collect_until(WITHIN, |seen| {
+            position(seen, &format!("{update}/delta"), |_| true).is_some()
+                && position(seen, &document_topic, is_doc("doc-1")).is_some()
+        })
+        .await
+        .expect("a document and a delta after the reading");
+    let at = position(&seen, &document_topic, is_doc("doc-1")).unwrap();
+    assert!(
+        at < position(&seen, &format!("{update}/delta"), |_| true).unwrap(),
+        "the document comes before the delta: {seen:?}"
+    );
+    let doc = &seen[at].1;
+    let twin = &doc["twin"]["temperature"];
+    assert!(doc["timestamp"].as_i64().unwrap() > 0, "{doc}");
+    assert_eq!(twin["last"]["expected"]["value"], "20", "{doc}");
+    assert!(
+        twin["last"].get("actual").is_none(),
+        "no reading before: {doc}"
+    );
+    assert_eq!(twin["current"]["expected"]["value"], "20", "{doc}");
+    assert_eq!(twin["current"]["actual"]["value"], "21", "{doc}");
+    assert!(
+        twin["current"]["actual"]["metadata"]["timestamp"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(
+        twin["current"]["metadata"], twin["last"]["metadata"],
+        "{doc}"
+    );
+    assert!(twin["current"]["metadata"]["type"].is_string(), "{doc}");
+    assert_eq!(twin["current"]["optional"], true, "{doc}");
+    assert!(twin["current"].get("actual_version").is_none(), "{doc}");
+    // One document and one delta per update, as edgecore: what came before the answer to a
+    // twin/get asked after it (EventBus serves a device's messages in order).
+    mapper
+        .publish(
+            &format!("{NS_DEVICE}/twin/get"),
+            json!({"event_id": "doc-g"}).to_string(),
+        )
+        .await;
+    let more = mapper
+        .collect_until(WITHIN, |seen| {
+            position(
+                seen,
+                &format!("{NS_DEVICE}/twin/get/result"),
+                is_doc("doc-g"),
+            )
+            .is_some()
+        })
+        .await
+        .expect("the twin/get answer");
+    let all: Vec<&(String, Value)> = seen.iter().chain(&more).collect();
+    let count = |topic: &str| all.iter().filter(|(got, _)| got == topic).count();
+    assert_eq!(count(&format!("{update}/delta")), 1, "{all:?}");
+    assert_eq!(count(&document_topic), 1, "{all:?}");
+
+    // A refused update (a property the device does not declare) changes no twin: the next
+    // document is the next good reading's, with the last value 21.
+    mapper
+        .ask(
+            &update,
+            &json!({"event_id": "doc-bad", "twin": {"humidity": {"actual": {"value": "1"}}}}),
+            &format!("{update}/result"),
+            |answer| answer["event_id"] == "doc-bad",
+        )
+        .await;
+    mapper
+        .publish(&update, twin_update("doc-2", "22").to_string())
+        .await;
+    let doc = mapper
+        .next_on(&document_topic, WITHIN, |_| true)
+        .await
+        .expect("the document of the reading 22");
+    assert_eq!(doc["event_id"], "doc-2", "{doc}");
+    assert_eq!(doc["twin"]["temperature"]["last"]["actual"]["value"], "21");
+    assert_eq!(
+        doc["twin"]["temperature"]["current"]["actual"]["value"],
+        "22"
+    );
+
+    // A pre-1.16 mapper's reading: the document on its form of the topic.
+    mapper
+        .ask(
+            UPDATE,
+            &twin_update("doc-3", "23"),
+            &format!("{UPDATE}/result"),
+            |answer| answer["event_id"] == "doc-3",
+        )
+        .await;
+    let doc = mapper
+        .next_on(&format!("{UPDATE}/document"), WITHIN, is_doc("doc-3"))
+        .await
+        .expect("the document on the pre-1.16 topic");
+    assert_eq!(
+        doc["twin"]["temperature"]["current"]["actual"]["value"],
+        "23"
+    );
+
+    // The cloud changes the desired value: a document (the old and new desired value, the
+    // reading kept) on the namespaced topic and, the name being unique here, the pre-1.16 one.
+    let cluster = cloud.cluster().unwrap().clone();
+    cluster.apply(device("thermo-1", "edge-doc", "25")).unwrap();
+    let seen = mapper
+        .collect_until(WITHIN, |seen| {
+            [&document_topic, &format!("{UPDATE}/document")]
+                .iter()
+                .all(|topic| position(seen, topic, |_| true).is_some())
+        })
+        .await
+        .expect("the cloud change's document on both forms");
+    let doc = &seen[position(&seen, &document_topic, |_| true).unwrap()].1;
+    let twin = &doc["twin"]["temperature"];
+    assert_eq!(twin["last"]["expected"]["value"], "20", "{doc}");
+    assert_eq!(twin["current"]["expected"]["value"], "25", "{doc}");
+    assert_eq!(twin["current"]["actual"]["value"], "23", "{doc}");
+
+    // The Device written again without a change to its properties: no document; the next
+    // one is the change to 26.
+    let mut relabelled = device("thermo-1", "edge-doc", "25");
+    relabelled["metadata"]["labels"] = json!({"site": "b"});
+    cluster.apply(relabelled).unwrap();
+    cluster.apply(device("thermo-1", "edge-doc", "26")).unwrap();
+    let doc = mapper
+        .next_on(&document_topic, WITHIN, |_| true)
+        .await
+        .expect("the document of the change to 26");
+    assert_eq!(
+        doc["twin"]["temperature"]["last"]["expected"]["value"], "25",
+        "{doc}"
+    );
+    assert_eq!(
+        doc["twin"]["temperature"]["current"]["expected"]["value"],
+        "26"
+    );
+
+    // A reading on the edge's local API changes the twin as one on MQTT does.
+    let response = admin_client()
+        .put(format!(
+            "http://{}/api/v1/devices/default/thermo-1/twins/temperature",
+            edge.admin_addr()
+        ))
+        .send_body("24")
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "{:?}", response.status());
+    let doc = mapper
+        .next_on(&document_topic, WITHIN, |_| true)
+        .await
+        .expect("the document of a local API reading");
+    assert_eq!(
+        doc["twin"]["temperature"]["last"]["actual"]["value"], "23",
+        "{doc}"
+    );
+    assert_eq!(
+        doc["twin"]["temperature"]["current"]["actual"]["value"],
+        "24"
+    );
+
+    edge.stop().await;
+    cloud.stop().await;
+}
+
 fn refused(metrics: &str, reason: &str) -> u64 {
     let prefix = format!("edgehive_eventbus_refused_total{{reason=\"{reason}\"}} ");
     metrics

@@ -969,3 +969,374 @@ async fn a_post_for_a_servicebus_rule_gets_the_node_applications_answer_through_
     edge.stop().await;
     cloud.stop().await;
 }
+
+/// A rule's REST target for servicebus sources: answers 200 with `got ` and the body, or
+/// under `/fail` 500 with `nope`; keeps the bodies it got.
+async fn answering_target() -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let got: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let seen = got.clone();
+    let server = HttpServer::new(move || {
+        let seen = seen.clone();
+        App::new().default_service(web::to(
+            move |request: actix_web::HttpRequest, body: web::Bytes| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock().unwrap().push(body.to_vec());
+                    if request.path().starts_with("/fail") {
+                        return HttpResponse::InternalServerError().body("nope");
+                    }
+                    let mut answer = b"got ".to_vec();
+                    answer.extend_from_slice(&body);
+                    HttpResponse::Ok().body(answer)
+                }
+            },
+        ))
+    })
+    .workers(2)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_rt::spawn(server.run());
+    (addr, got)
+}
+
+/// What an application on the node gets from the edge's ServiceBus local server: HTTP
+/// status and edgecore's `{"code", "msg", "body"}`; `None` while nothing listens.
+async fn call_local(port: u16, body: Vec<u8>) -> Option<(u16, Value)> {
+    let mut response = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .finish()
+        .post(format!("http://127.0.0.1:{port}/"))
+        .send_body(body)
+        .await
+        .ok()?;
+    let answer = response.body().limit(1 << 20).await.ok()?;
+    Some((
+        response.status().as_u16(),
+        serde_json::from_slice(&answer).unwrap_or(Value::Null),
+    ))
+}
+
+fn local_request(target_url: &str, payload: Value) -> Vec<u8> {
+    json!({"method": "POST", "targetURL": target_url, "payload": payload})
+        .to_string()
+        .into_bytes()
+}
+
+/// servicebus → rest (KubeEdge's servicebus source): a Rule with a `servicebus` source
+/// (`target_url`, `node_name`) opens the edge's local server (`modules.serviceBus.port`);
+/// an application's request there for that URL reaches the rule's REST target through the
+/// cloud as KubeEdge's upload (the request's bytes, base64 as edgecore sends a `[]byte`) and
+/// the target's answer comes back in edgecore's `{"code", "msg", "body"}`. A URL no rule
+/// opened, a body that is not the request, one over 5 MB and a rule whose target is not
+/// REST are refused every time, from new connections, counted; the rule's status counts;
+/// the URL closes when its rule goes, and the edge keeps its URLs across a restart.
+#[actix_rt::test]
+async fn an_application_calls_a_servicebus_source_rule_on_its_node_and_gets_the_rest_targets_answer(
+) {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    let node = "edge-sbsrc";
+    let (cloud, router) = start_cloud("    restTimeout: 20\n").await;
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = edge_config(node, cloud.websocket_addr(), dir.path());
+    config.modules.service_bus.enable = true;
+    config.modules.service_bus.port = port;
+    config.modules.service_bus.timeout = 10;
+    let edge = EdgeProcess::start(&config).await.unwrap();
+    eventually("the edge connects", WITHIN, || async {
+        edge.status().await.unwrap().connected.then_some(())
+    })
+    .await;
+    // No servicebus-source rule yet: nothing listens (edgecore's).
+    assert!(call_local(port, local_request("/a", json!({})))
+        .await
+        .is_none());
+
+    let (target, got) = answering_target().await;
+    let manifests = [
+        endpoint("sb", "servicebus"),
+        endpoint("rest", "rest"),
+        endpoint("bus", "eventbus"),
+        rule(
+            "app-call",
+            "sb",
+            &format!(r#"{{"target_url":"/a","node_name":"{node}"}}"#),
+            "rest",
+            &format!(r#"{{"resource":"http://{target}/in"}}"#),
+        ),
+        rule(
+            "app-fail",
+            "sb",
+            &format!(r#"{{"target_url":"/f","node_name":"{node}"}}"#),
+            "rest",
+            &format!(r#"{{"resource":"http://{target}/fail"}}"#),
+        ),
+        rule(
+            "app-bus",
+            "sb",
+            &format!(r#"{{"target_url":"/e","node_name":"{node}"}}"#),
+            "bus",
+            r#"{"topic":"t"}"#,
+        ),
+    ]
+    .concat();
+    apply(&cloud, &manifests).await;
+
+    let request = local_request("/a", json!({"x": 1}));
+    let (status, answer) = eventually("the local server answers for /a", WITHIN, || {
+        let request = request.clone();
+        async move {
+            let answer = call_local(port, request).await?;
+            (answer.1["code"] == 200).then_some(answer)
+        }
+    })
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["msg"], "receive response from cloud successfully");
+    let sent = base64::engine::general_purpose::STANDARD.encode(&request);
+    assert_eq!(answer["body"], format!("got {sent}"), "{answer}");
+    assert_eq!(got.lock().unwrap().last().unwrap(), sent.as_bytes());
+
+    // The target's failure answer comes back as KubeEdge's does; the rule counts a failure.
+    let (_, answer) = eventually("the local server answers for /f", WITHIN, || async {
+        let answer = call_local(port, local_request("/f", json!("p"))).await?;
+        (answer.1["code"] == 200).then_some(answer)
+    })
+    .await;
+    assert_eq!(answer["body"], "nope", "{answer}");
+
+    let refused = |reason: &'static str| {
+        let admin = edge.admin_addr();
+        async move {
+            let metrics = http_get(admin, "/metrics").await.1;
+            metric_sum(
+                &metrics,
+                &format!("edgehive_servicebus_refused_total{{reason=\"{reason}\"}}"),
+            )
+        }
+    };
+    // Wait for /e to be open too (its rule came with the others).
+    eventually("/e is open", WITHIN, || async {
+        let answer = call_local(port, local_request("/e", json!(1))).await?;
+        (answer.1["code"] == 502).then_some(())
+    })
+    .await;
+    let before = refused("cloud_refused").await;
+    for round in 1..=3u64 {
+        let (status, answer) = call_local(port, local_request("/b", json!(1)))
+            .await
+            .unwrap();
+        assert_eq!((status, &answer["code"]), (200, &json!(400)), "{answer}");
+        assert_eq!(
+            answer["msg"],
+            "url /b is not allowed and please make a rule for this url in the cloud"
+        );
+        let (_, answer) = call_local(port, b"{not json".to_vec()).await.unwrap();
+        assert_eq!(
+            (&answer["code"], &answer["msg"]),
+            (&json!(400), &json!("invalid params"))
+        );
+        let (_, answer) = call_local(port, b"[\"/a\"]".to_vec()).await.unwrap();
+        assert_eq!(answer["code"], 400, "{answer}");
+        let mut big = local_request("/a", json!(1));
+        big.resize(5_000_001, b' ');
+        let (_, answer) = call_local(port, big).await.unwrap();
+        assert_eq!(
+            (&answer["code"], &answer["msg"]),
+            (
+                &json!(400),
+                &json!("can't read data from body of the http's request")
+            )
+        );
+        let (_, answer) = call_local(port, local_request("/e", json!(1)))
+            .await
+            .unwrap();
+        assert_eq!(
+            answer["code"], 502,
+            "a rule whose target is not REST: {answer}"
+        );
+        assert_eq!(refused("not_allowed").await, round);
+        assert_eq!(refused("bad_request").await, 2 * round);
+        assert_eq!(refused("too_large").await, round);
+        assert_eq!(refused("cloud_refused").await, before + round);
+    }
+    let cloud_metrics = http_get(cloud.admin_addr(), "/metrics").await.1;
+    assert!(
+        metric_sum(
+            &cloud_metrics,
+            "edgehive_router_refused_total{reason=\"unsupported_target\"}"
+        ) >= 4
+    );
+    eventually("the rules' statuses", WITHIN, || async {
+        let ok = rule_status(&cloud, "app-call").await;
+        let fail = rule_status(&cloud, "app-fail").await;
+        (ok["successMessages"].as_u64() >= Some(1) && fail["failMessages"].as_u64() >= Some(1))
+            .then_some(())
+    })
+    .await;
+
+    // The edge keeps its URLs: after a restart, /a is served again before any rule changes.
+    edge.stop().await;
+    let edge = EdgeProcess::start(&config).await.unwrap();
+    let (_, answer) = eventually("/a after a restart", WITHIN, || async {
+        let answer = call_local(port, local_request("/a", json!(2))).await?;
+        (answer.1["code"] == 200).then_some(answer)
+    })
+    .await;
+    assert!(answer["body"].as_str().unwrap().starts_with("got "));
+
+    // The rule goes: its URL closes (`stop`), the others stay open.
+    cloud
+        .cluster()
+        .unwrap()
+        .delete("Rule", Some("default"), "app-call")
+        .unwrap();
+    eventually("/a closes with its rule", WITHIN, || async {
+        let answer = call_local(port, local_request("/a", json!(3))).await?;
+        (answer.1["code"] == 400).then_some(())
+    })
+    .await;
+    let (_, answer) = call_local(port, local_request("/f", json!(4)))
+        .await
+        .unwrap();
+    assert_eq!(answer["body"], "nope");
+    router.stop().await;
+    edge.stop().await;
+    cloud.stop().await;
+}
+
+/// ServiceBus's local server under abuse: target URLs that are not ones and URLs beyond 256
+/// (from a cloud that sends them: a forged or a foreign Router) are refused every time and
+/// counted; an application's requests beyond 32 at once are answered `busy` at once; a
+/// request the cloud never answers is answered `no_answer` after `timeout`, each time, and
+/// the server keeps serving the URLs it has.
+#[actix_rt::test]
+async fn a_nodes_servicebus_refuses_bad_and_surplus_target_urls_and_bounds_waiting_requests() {
+    use edgehive_actors::cloud::contract::extension::to_node;
+    use edgehive_actors::cloud::contract::{route as cloud_route, ToNodes};
+    let dir = tempfile::tempdir().unwrap();
+    let node = "edge-sbcap";
+    // No Router: an upload reaches no module, so nobody answers.
+    let cloud = crate::support::start_cloud().await;
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = edge_config(node, cloud.websocket_addr(), dir.path());
+    config.modules.service_bus.enable = true;
+    config.modules.service_bus.port = port;
+    config.modules.service_bus.timeout = 2;
+    let edge = EdgeProcess::start(&config).await.unwrap();
+    eventually("the edge connects", WITHIN, || async {
+        edge.status().await.unwrap().connected.then_some(())
+    })
+    .await;
+    let start = |url: String| {
+        let message = to_node(
+            node,
+            "router_servicebus",
+            "user",
+            "start",
+            &url,
+            Value::Null,
+        );
+        cloud
+            .hive()
+            .tell(
+                cloud_route::CLOUDHUB,
+                ToNodes::from_message(message).unwrap(),
+            )
+            .unwrap();
+    };
+    let refused = |reason: &'static str| {
+        let admin = edge.admin_addr();
+        async move {
+            let metrics = http_get(admin, "/metrics").await.1;
+            metric_sum(
+                &metrics,
+                &format!("edgehive_servicebus_refused_total{{reason=\"{reason}\"}}"),
+            )
+        }
+    };
+    for round in 1..=3u64 {
+        for bad in [
+            "".to_owned(),
+            "/a b".to_owned(),
+            "/a\tb".to_owned(),
+            "/".to_owned() + &"x".repeat(300),
+        ] {
+            start(bad);
+        }
+        eventually("bad target URLs refused", WITHIN, || async {
+            (refused("bad_target_url").await == 4 * round).then_some(())
+        })
+        .await;
+    }
+    for n in 0..256 {
+        start(format!("/u{n}"));
+    }
+    // Nothing listened before; now it does, with all 256.
+    eventually("/u255 open", WITHIN, || async {
+        let answer = call_local(port, local_request("/u255", json!(1))).await?;
+        // Allowed: it goes up, and no answer comes (no Router).
+        let msg = answer.1["msg"].as_str().unwrap_or_default().to_owned();
+        (answer.1["code"] == 400 && !msg.contains("not allowed")).then_some(answer)
+    })
+    .await;
+    for round in 1..=3u64 {
+        start(format!("/more{round}"));
+        start("/u0".to_owned()); // Already open: not one more.
+        eventually("a URL beyond 256 refused", WITHIN, || async {
+            (refused("too_many_target_urls").await == round).then_some(())
+        })
+        .await;
+    }
+    let (_, answer) = call_local(port, local_request("/more1", json!(1)))
+        .await
+        .unwrap();
+    assert_eq!(answer["code"], 400);
+    assert!(
+        answer["msg"].as_str().unwrap().contains("is not allowed"),
+        "{answer}"
+    );
+
+    // A request the cloud does not answer: code 400 (edgecore's) after `timeout`, each time.
+    let before = refused("no_answer").await;
+    for _ in 0..2 {
+        let (_, answer) = call_local(port, local_request("/u7", json!(1)))
+            .await
+            .unwrap();
+        assert_eq!(answer["code"], 400, "{answer}");
+    }
+    assert_eq!(refused("no_answer").await, before + 2);
+
+    // 40 at once: 32 wait for the cloud, the rest are answered `busy` at once; twice.
+    for round in 1..=2u64 {
+        let calls: Vec<_> = (0..40)
+            .map(|n| call_local(port, local_request(&format!("/u{n}"), json!(n))))
+            .collect();
+        let answers = futures_util::future::join_all(calls).await;
+        let busy = answers
+            .iter()
+            .filter(|answer| answer.as_ref().is_some_and(|a| a.1["code"] == 503))
+            .count();
+        assert!(busy >= 8, "round {round}: {busy} busy of 40");
+        assert!(refused("busy").await >= 8 * round);
+    }
+    // Still serving: a good request still goes up (and still gets no answer here).
+    let (_, answer) = call_local(port, local_request("/u1", json!(1)))
+        .await
+        .unwrap();
+    assert_eq!(answer["code"], 400);
+    edge.stop().await;
+    cloud.stop().await;
+}

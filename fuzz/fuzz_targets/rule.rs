@@ -5,12 +5,13 @@
 //! panicking: a parsed path names an object-name node and namespace and clean segments, and
 //! prints back to a path that parses to itself; a rule's path has no empty segment; a match
 //! gives the rest of the call's path after the rule's; a path matches itself with nothing
-//! left; an upload resource splits back to itself.
+//! left; an upload resource, and a ServiceBus upload's (node and target URL), splits back to
+//! itself.
 #![no_main]
 
 use edgehive::router::rules::{
-    endpoint_type, is_clean_segment, is_object_name, join, key_of, match_path, parse_rest_path,
-    parse_upload_resource, properties, RuleSpec,
+    endpoint_type, is_clean_segment, is_object_name, is_target_url, join, key_of, match_path,
+    parse_rest_path, parse_service_resource, parse_upload_resource, properties, RuleSpec,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -50,6 +51,11 @@ fuzz_target!(|data: &[u8]| {
     if let Some((node, namespace, topic)) = parse_upload_resource(path) {
         assert_eq!(format!("node/{node}/{namespace}/{topic}"), path);
         assert!(!node.contains('/') && !namespace.contains('/'));
+    }
+
+    if let Some((node, url)) = parse_service_resource(path) {
+        assert_eq!(format!("node/{node}/{url}"), path);
+        assert!(!node.contains('/') && is_target_url(url));
     }
 
     let Ok(object) = serde_json::from_str::<serde_json::Value>(object) else {

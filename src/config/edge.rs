@@ -551,7 +551,8 @@ pub struct ServiceBusConfig {
     pub enable: bool,
     /// The host of the node's applications that calls go to.
     pub server: String,
-    /// KubeEdge's port of edgecore's own ServiceBus server; accepted, no server is started.
+    /// The local server's port (on `server`), where the node's applications call
+    /// servicebus-source rules; it listens only while such a rule is open on this node.
     pub port: u16,
     /// Seconds a call to an application may take.
     pub timeout: u64,
@@ -578,6 +579,7 @@ impl EdgeConfig {
             .then(|| edgehive_actors::edge::servicebus::ServiceBusOptions {
                 server: bus.server.clone(),
                 timeout: Duration::from_secs(bus.timeout),
+                port: bus.port,
                 // edgecore's maxBodySize.
                 max_body_bytes: 5_000_000,
             })

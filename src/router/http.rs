@@ -11,7 +11,7 @@ use edgehive_actors::cloud::contract::{route, ToNodes};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use super::rules::{join, lock, parse_rest_path, EndpointType, RestPath, RuleState};
+use super::rules::{join, lock, parse_rest_path, Delivery, EndpointType, RestPath, RuleState};
 use super::{Shared, EVENTBUS_SOURCE, SERVICEBUS_SOURCE};
 
 /// The label every edge node has (KubeEdge's); the REST port sends to no other node.
@@ -345,12 +345,17 @@ async fn call_servicebus(
     }
 }
 
+/// The most of a REST target's answer that goes back to an edge's ServiceBus (KubeEdge's
+/// `MaxRespBodyLength`, 1 MiB).
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
 /// The rule's worker: POSTs each queued message to its REST target, one at a time, each
-/// within `restTimeout`; ends when the rule is gone.
+/// within `restTimeout`, and a servicebus upload's answer back to its edge; ends when the
+/// rule is gone.
 pub(super) fn spawn_rest_worker(
     shared: Arc<Shared>,
     rule: Weak<RuleState>,
-    mut queue: tokio::sync::mpsc::Receiver<(String, Vec<u8>)>,
+    mut queue: tokio::sync::mpsc::Receiver<Delivery>,
 ) {
     actix_rt::spawn(async move {
         let timeout = shared.config.rest_timeout();
@@ -358,27 +363,62 @@ pub(super) fn spawn_rest_worker(
             .timeout(timeout)
             .disable_redirects()
             .finish();
-        while let Some((url, body)) = queue.recv().await {
+        while let Some(Delivery { url, body, answer }) = queue.recv().await {
+            let wants_body = answer.is_some();
             let sent = tokio::time::timeout(timeout, async {
-                let response = client.post(url.as_str()).send_body(body).await;
-                response.map(|response| response.status())
+                let mut response = client
+                    .post(url.as_str())
+                    .send_body(body)
+                    .await
+                    .map_err(|error| error.to_string())?;
+                let status = response.status();
+                if !wants_body {
+                    return Ok((status, Vec::new()));
+                }
+                // KubeEdge's Router reads at most 1 MiB of it and sends that.
+                let mut taken = Vec::new();
+                while let Some(chunk) = response.next().await {
+                    let chunk = chunk.map_err(|error| error.to_string())?;
+                    let room = MAX_ANSWER_BYTES - taken.len();
+                    taken.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                    if taken.len() >= MAX_ANSWER_BYTES {
+                        break;
+                    }
+                }
+                Ok::<_, String>((status, taken))
             })
             .await;
             let Some(rule) = rule.upgrade() else {
                 break;
             };
             let keep = shared.config.max_errors;
-            match sent {
-                Ok(Ok(status)) if status.is_success() => {
-                    rule.succeeded();
-                    shared.metrics.outcome("eventbus_to_rest", true);
-                    continue;
+            let direction = if wants_body {
+                "servicebus_to_rest"
+            } else {
+                "eventbus_to_rest"
+            };
+            let outcome = match sent {
+                Ok(Ok((status, taken))) => {
+                    if status.is_success() {
+                        rule.succeeded();
+                        shared.metrics.outcome(direction, true);
+                    } else {
+                        rule.failed(format!("POST {url}: {status}"), keep);
+                        shared.metrics.outcome(direction, false);
+                    }
+                    // As KubeEdge's: the target's answer goes back whatever its status.
+                    Ok(taken)
                 }
-                Ok(Ok(status)) => rule.failed(format!("POST {url}: {status}"), keep),
-                Ok(Err(error)) => rule.failed(format!("POST {url}: {error}"), keep),
-                Err(_) => rule.failed(format!("POST {url}: no answer within {timeout:?}"), keep),
+                Ok(Err(error)) => Err(format!("POST {url}: {error}")),
+                Err(_) => Err(format!("POST {url}: no answer within {timeout:?}")),
+            };
+            if let Err(error) = &outcome {
+                rule.failed(error.clone(), keep);
+                shared.metrics.outcome(direction, false);
             }
-            shared.metrics.outcome("eventbus_to_rest", false);
+            if let Some(upload) = answer {
+                shared.answer_service_upload(&upload, outcome);
+            }
         }
     });
 }

@@ -20,6 +20,13 @@
 //!   (source `router_servicebus`, operation the HTTP method, resource `{port}:{path}`,
 //!   content `{header, body, method, url}`) to the node, and its ServiceBus's `response`
 //!   (`{header, status_code, body}`) answered to the caller, or 408 after `restTimeout`.
+//! - **servicebus → rest**: a Rule whose source is a `servicebus` RuleEndpoint with
+//!   `sourceResource` `{target_url, node_name}` and whose target is a `rest` one: the node's
+//!   ServiceBus is told `start` (resource `{target_url}`; `stop` when the rule goes), opens
+//!   its local HTTP server, and an application's request there for that `targetURL` comes
+//!   up as an upload (source `servicebus`, resource `node/{node}/{target_url}`), which the
+//!   rule's worker POSTs to the target; the target's answer body goes back to the edge as
+//!   the upload's `response` (or an `error` saying why), as KubeEdge's Router does.
 //! - Every rule has a token bucket (`messagesPerSecond`, `burst`), messages are at most
 //!   `maxMessageBytes`; a refusal is counted in `edgehive_router_refused_total{reason}`.
 //! - Each Rule's `status` (`successMessages`, `failMessages`, the last `maxErrors` `errors`)
@@ -35,7 +42,9 @@ use std::time::Duration;
 
 use actix::{Actor, Context, Handler};
 use edgehive_actors::cloud::cluster::{EventType, SharedCluster};
-use edgehive_actors::cloud::contract::extension::{claim_upstream_group, to_node};
+use edgehive_actors::cloud::contract::extension::{
+    claim_upstream_group, reply, reply_error, to_node,
+};
 use edgehive_actors::cloud::contract::{route, ToNodes};
 use edgehive_actors::cloud::watcher::{Change, KindWatcher, WatchMetrics};
 use edgehive_actors::hive::{Envelope, Hive, Module};
@@ -46,7 +55,7 @@ use prometheus_client::metrics::family::Family;
 use serde::Deserialize;
 use serde_json::Value;
 
-use rules::{endpoint_type, key_of, lock, EndpointType, Key, RuleSpec, RuleState};
+use rules::{endpoint_type, key_of, lock, Delivery, EndpointType, Key, RuleSpec, RuleState};
 
 /// KubeEdge's name of the module, and of its config section (`modules.router`).
 pub const ROUTER: &str = route::ROUTER;
@@ -56,6 +65,10 @@ pub const EVENTBUS_SOURCE: &str = "router_eventbus";
 
 /// The source module of the requests the Router sends an edge's ServiceBus (KubeEdge's).
 pub const SERVICEBUS_SOURCE: &str = "router_servicebus";
+
+/// The source of an edge ServiceBus's uploads (an application's request to a servicebus
+/// source), KubeEdge's module name.
+const SERVICEBUS_UPLOAD_SOURCE: &str = "servicebus";
 
 /// `modules.router` in `cloud.yaml`: KubeEdge's keys (`enable`, `address`, `port`,
 /// `restTimeout`) and edgehive's limits.
@@ -265,6 +278,26 @@ impl Shared {
         None
     }
 
+    /// The servicebus-source rule for `node`'s `target_url`.
+    fn servicebus_rule(&self, node: &str, target_url: &str) -> Option<Resolved> {
+        let rules: Vec<Arc<RuleState>> = lock(&self.rules).values().cloned().collect();
+        for rule in rules {
+            let spec = lock(&rule.spec).clone();
+            let namespace = &rule.key.0;
+            if spec.source_resource.get("node_name").map(String::as_str) != Some(node)
+                || spec.source_resource.get("target_url").map(String::as_str) != Some(target_url)
+                || self.endpoint(namespace, &spec.source) != Some(EndpointType::ServiceBus)
+            {
+                continue;
+            }
+            let target = self
+                .endpoint(namespace, &spec.target)
+                .unwrap_or(EndpointType::Other(String::new()));
+            return Some(Resolved { rule, spec, target });
+        }
+        None
+    }
+
     /// Takes a token of `rule`'s bucket.
     fn admit(&self, rule: &RuleState) -> bool {
         lock(&rule.bucket).take(self.config.messages_per_second, self.config.burst.max(1))
@@ -298,22 +331,56 @@ impl Shared {
         }
     }
 
+    /// Tells `spec`'s node to open a servicebus-source rule's `target_url` to its
+    /// applications (`start`), or to close it (`stop`): KubeEdge's message, source
+    /// `router_servicebus`, group `user`, resource `node/{node}/{target_url}`, no content.
+    fn service_listener(&self, spec: &RuleSpec, operation: &str) {
+        let (Some(node), Some(url)) = (
+            spec.source_resource.get("node_name"),
+            spec.source_resource.get("target_url"),
+        ) else {
+            return;
+        };
+        if !rules::is_object_name(node) || !rules::is_target_url(url) {
+            return;
+        }
+        let message = to_node(node, SERVICEBUS_SOURCE, "user", operation, url, Value::Null);
+        if let Some(delivery) = ToNodes::from_message(message) {
+            if let Err(refused) = self.hive.tell(route::CLOUDHUB, delivery) {
+                tracing::warn!(error = %refused.error, node, url, "router: cloudhub did not take a {operation}");
+            }
+        }
+    }
+
+    /// What a rule whose source endpoint is of type `source` asks of its node when it comes
+    /// (`on`) or goes: an eventbus source's topic subscribed, a servicebus source's target
+    /// URL opened; nothing for other sources.
+    fn announce(&self, source: Option<EndpointType>, namespace: &str, spec: &RuleSpec, on: bool) {
+        match source {
+            Some(EndpointType::EventBus) => {
+                let operation = if on { "subscribe" } else { "unsubscribe" };
+                self.subscription(namespace, spec, operation);
+            }
+            Some(EndpointType::ServiceBus) => {
+                self.service_listener(spec, if on { "start" } else { "stop" });
+            }
+            _ => {}
+        }
+    }
+
     /// A Rule's change from the watch.
     fn on_rule(self: &Arc<Self>, event_type: EventType, object: &Value) {
         let Some(key) = key_of(object) else {
             return;
         };
         let spec = RuleSpec::of(object);
-        let source_is_eventbus =
-            |spec: &RuleSpec| self.endpoint(&key.0, &spec.source) == Some(EndpointType::EventBus);
+        let source = |spec: &RuleSpec| self.endpoint(&key.0, &spec.source);
         match event_type {
             EventType::Deleted => {
                 let removed = lock(&self.rules).remove(&key);
                 if let Some(rule) = removed {
                     let old = lock(&rule.spec).clone();
-                    if source_is_eventbus(&old) {
-                        self.subscription(&key.0, &old, "unsubscribe");
-                    }
+                    self.announce(source(&old), &key.0, &old, false);
                 }
             }
             EventType::Added | EventType::Modified => {
@@ -322,12 +389,8 @@ impl Shared {
                     Some(rule) => {
                         let old = std::mem::replace(&mut *lock(&rule.spec), spec.clone());
                         if old != spec {
-                            if source_is_eventbus(&old) {
-                                self.subscription(&key.0, &old, "unsubscribe");
-                            }
-                            if source_is_eventbus(&spec) {
-                                self.subscription(&key.0, &spec, "subscribe");
-                            }
+                            self.announce(source(&old), &key.0, &old, false);
+                            self.announce(source(&spec), &key.0, &spec, true);
                         }
                     }
                     None => {
@@ -341,9 +404,7 @@ impl Shared {
                         ));
                         http::spawn_rest_worker(self.clone(), Arc::downgrade(&rule), receiver);
                         lock(&self.rules).insert(key.clone(), rule);
-                        if source_is_eventbus(&spec) {
-                            self.subscription(&key.0, &spec, "subscribe");
-                        }
+                        self.announce(source(&spec), &key.0, &spec, true);
                     }
                 }
             }
@@ -351,14 +412,13 @@ impl Shared {
     }
 
     /// A RuleEndpoint's change from the watch.
-    /// The rules of an endpoint that became (or stopped being) an eventbus one are
-    /// subscribed (unsubscribed) on their node: a rule may come before its endpoint.
+    /// The rules of an endpoint that became (or stopped being) an eventbus or servicebus one
+    /// are announced to (withdrawn from) their node: a rule may come before its endpoint.
     fn on_endpoint(&self, event_type: EventType, object: &Value) {
         let Some(key) = key_of(object) else {
             return;
         };
-        let eventbus = |this: &Self| this.endpoint(&key.0, &key.1) == Some(EndpointType::EventBus);
-        let was = eventbus(self);
+        let was = self.endpoint(&key.0, &key.1);
         {
             let mut endpoints = lock(&self.endpoints);
             match event_type {
@@ -373,11 +433,10 @@ impl Shared {
                 }
             }
         }
-        let is = eventbus(self);
+        let is = self.endpoint(&key.0, &key.1);
         if was == is {
             return;
         }
-        let operation = if is { "subscribe" } else { "unsubscribe" };
         let sources: Vec<RuleSpec> = lock(&self.rules)
             .iter()
             .filter(|((namespace, _), _)| *namespace == key.0)
@@ -385,7 +444,8 @@ impl Shared {
             .filter(|spec| spec.source == key.1)
             .collect();
         for spec in sources {
-            self.subscription(&key.0, &spec, operation);
+            self.announce(was.clone(), &key.0, &spec, false);
+            self.announce(is.clone(), &key.0, &spec, true);
         }
     }
 
@@ -403,6 +463,10 @@ impl Shared {
         }
         if message.operation() != Some(&Operation::Upload) {
             self.metrics.refuse("not_upload");
+            return;
+        }
+        if message.source().map(|source| source.as_str()) == Some(SERVICEBUS_UPLOAD_SOURCE) {
+            self.on_service_upload(message);
             return;
         }
         // Cloud form: node/{node}/{namespace}/{topic…}.
@@ -457,10 +521,112 @@ impl Shared {
             rule.failed("rate limited".to_owned(), keep);
             return;
         }
-        if rule.queue.try_send((url, body)).is_err() {
+        let delivery = Delivery {
+            url,
+            body,
+            answer: None,
+        };
+        if rule.queue.try_send(delivery).is_err() {
             self.metrics.refuse("queue_full");
             rule.failed("the rule's REST target queue is full".to_owned(), keep);
         }
+    }
+
+    /// An application's request through a node's ServiceBus (KubeEdge's servicebus source):
+    /// for the servicebus-source rule of that node and target URL, POSTed to the rule's REST
+    /// target by its worker, whose answer goes back to the edge; any refusal is counted and
+    /// answered at once (`error`), so the application is not left waiting.
+    fn on_service_upload(&self, message: Message) {
+        let refuse = |reason: &str, text: String| {
+            self.metrics.refuse(reason);
+            self.metrics.outcome("servicebus_to_rest", false);
+            self.answer_edge(reply_error(&message, text));
+        };
+        let Some((node, url)) = rules::parse_service_resource(message.resource()) else {
+            return refuse(
+                "bad_path",
+                "the upload names no node and target URL".to_owned(),
+            );
+        };
+        let Some(resolved) = self.servicebus_rule(node, url) else {
+            return refuse(
+                "no_rule",
+                format!("no rule for target URL {url} of node {node}"),
+            );
+        };
+        let rule = &resolved.rule;
+        let keep = self.config.max_errors;
+        let target = match (
+            &resolved.target,
+            resolved.spec.target_resource.get("resource"),
+        ) {
+            (EndpointType::Rest, Some(target)) => target.clone(),
+            _ => {
+                rule.failed(
+                    "the target is not a rest RuleEndpoint with a resource URL".to_owned(),
+                    keep,
+                );
+                return refuse(
+                    "unsupported_target",
+                    "the rule's target is not a rest RuleEndpoint with a resource URL".to_owned(),
+                );
+            }
+        };
+        // KubeEdge's `GetContentData`: a string's bytes, any other value as JSON.
+        let body = match &message.content {
+            Value::String(text) => text.clone().into_bytes(),
+            Value::Null => Vec::new(),
+            other => other.to_string().into_bytes(),
+        };
+        if body.len() > self.config.max_message_bytes {
+            rule.failed(
+                format!("message of {} bytes is too large", body.len()),
+                keep,
+            );
+            return refuse("too_large", "the message is too large".to_owned());
+        }
+        if body.is_empty() {
+            rule.failed("empty message".to_owned(), keep);
+            return refuse("empty", "empty message".to_owned());
+        }
+        if !self.admit(rule) {
+            rule.failed("rate limited".to_owned(), keep);
+            return refuse("rate_limited", "too many messages for this rule".to_owned());
+        }
+        let delivery = Delivery {
+            url: target,
+            body,
+            answer: Some(message.clone()),
+        };
+        if rule.queue.try_send(delivery).is_err() {
+            rule.failed("the rule's REST target queue is full".to_owned(), keep);
+            refuse(
+                "queue_full",
+                "the rule's REST target queue is full".to_owned(),
+            );
+        }
+    }
+
+    /// Gives an answer to an edge's upload to CloudHub for its node.
+    fn answer_edge(&self, answer: Message) {
+        if let Some(delivery) = ToNodes::from_message(answer) {
+            if let Err(refused) = self.hive.tell(route::CLOUDHUB, delivery) {
+                tracing::warn!(error = %refused.error, "router: cloudhub did not take an answer to a servicebus upload");
+            }
+        }
+    }
+
+    /// The REST target's answer to a servicebus upload: its body, as KubeEdge's Router
+    /// (`NewRespByMessage(message, string(body))`, at most 1 MiB of it); or why not.
+    fn answer_service_upload(&self, upload: &Message, outcome: Result<Vec<u8>, String>) {
+        let answer = match outcome {
+            Ok(body) => reply(
+                upload,
+                Value::String(String::from_utf8_lossy(&body).into_owned()),
+            ),
+            Err(text) => reply_error(upload, text),
+        };
+        self.answer_edge(answer);
     }
 
     /// Follows Rules and RuleEndpoints (one KindWatcher each), forever.

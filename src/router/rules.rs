@@ -148,8 +148,20 @@ pub(crate) struct RuleState {
     pub fail: AtomicU64,
     pub errors: Mutex<VecDeque<String>>,
     pub dirty: AtomicBool,
-    /// The REST target's queue (the rule's own worker drains it): URL and body.
-    pub queue: tokio::sync::mpsc::Sender<(String, Vec<u8>)>,
+    /// The REST target's queue (the rule's own worker drains it).
+    pub queue: tokio::sync::mpsc::Sender<Delivery>,
+}
+
+/// A message for a rule's REST target.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    /// The target's URL.
+    pub url: String,
+    /// What is POSTed.
+    pub body: Vec<u8>,
+    /// The edge's ServiceBus upload this answers (a servicebus-source rule's): the target's
+    /// answer goes back to it; `None` for an EventBus upload, which nobody waits for.
+    pub answer: Option<edgehive_protocols::Message>,
 }
 
 impl RuleState {
@@ -159,7 +171,7 @@ impl RuleState {
         key: Key,
         object: &Value,
         burst: u32,
-        queue: tokio::sync::mpsc::Sender<(String, Vec<u8>)>,
+        queue: tokio::sync::mpsc::Sender<Delivery>,
     ) -> Self {
         let status = &object["status"];
         let errors = status["errors"]
@@ -303,6 +315,28 @@ pub fn parse_upload_resource(resource: &str) -> Option<(&str, &str, &str)> {
     }
 }
 
+/// An edge ServiceBus's upload resource in the cloud's form, `node/{node}/{target_url}`
+/// (CloudHub put the node before the application's `targetURL`): node and target URL (the
+/// key of a servicebus-source rule), or `None`.
+pub fn parse_service_resource(resource: &str) -> Option<(&str, &str)> {
+    let mut parts = resource.splitn(3, '/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some("node"), Some(node), Some(url)) if is_target_url(url) => Some((node, url)),
+        _ => None,
+    }
+}
+
+/// The longest `sourceResource.target_url` a servicebus-source rule may have.
+pub const MAX_TARGET_URL_BYTES: usize = 256;
+
+/// A servicebus source's `target_url` (the key an application on the node names): 1 to
+/// [`MAX_TARGET_URL_BYTES`] bytes, no control character or space.
+pub fn is_target_url(url: &str) -> bool {
+    !url.is_empty()
+        && url.len() <= MAX_TARGET_URL_BYTES
+        && !url.chars().any(|c| c.is_control() || c == ' ')
+}
+
 /// `base` (a topic or a servicebus path), then the rest of the REST path after it
 /// (KubeEdge's `param`), one `/` between.
 pub fn join(base: &str, param: &str) -> String {
@@ -346,6 +380,23 @@ mod tests {
         assert!(!is_object_name(".."));
         assert!(!is_clean_segment(".."));
         assert!(!is_clean_segment("a+b"));
+    }
+
+    #[test]
+    fn a_servicebus_upload_names_its_node_and_target_url() {
+        assert_eq!(
+            parse_service_resource("node/edge-1//a"),
+            Some(("edge-1", "/a"))
+        );
+        assert_eq!(
+            parse_service_resource("node/edge-1/a/b"),
+            Some(("edge-1", "a/b"))
+        );
+        assert_eq!(parse_service_resource("node/edge-1/"), None);
+        assert_eq!(parse_service_resource("node/edge-1/a\nb"), None);
+        assert_eq!(parse_service_resource("node/edge-1/a b"), None);
+        assert_eq!(parse_service_resource("rule/x/y"), None);
+        assert!(!is_target_url(&"a".repeat(MAX_TARGET_URL_BYTES + 1)));
     }
 
     #[test]

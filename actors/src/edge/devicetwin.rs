@@ -35,12 +35,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 
 use super::contract::{
-    changes, route, CloudConnection, ConnectionState, ToCloud, TwinBody, TwinChange, TwinChanges,
-    TwinMessage, TwinReply, Upload,
+    changes, route, twin_document, CloudConnection, ConnectionState, ToCloud, TwinBody, TwinChange,
+    TwinChanges, TwinMessage, TwinReply, Upload,
 };
 use super::deliver::tell_with_retry;
 use super::store::StoreError;
-use super::twin_store::{DeviceSpec, TwinStore};
+use super::twin_store::{DeviceSpec, ReportedTwin, TwinStore};
 use crate::hive::locks;
 use crate::hive::{Accepts, Envelope, Hive, Module};
 
@@ -85,6 +85,24 @@ pub struct ReportTwin {
 
 impl actix::Message for ReportTwin {
     type Result = Result<Message, TwinError>;
+}
+
+/// A mapper's twin update on MQTT: readings of several properties of one device, each taken
+/// as a [`ReportTwin`] is (stored, sent up), in order, stopping at the first refused. The
+/// answer is the update's twin document (KubeEdge's `{property: {last, current}}`), which
+/// EventBus publishes after its result with the update's `event_id`, then the delta, as
+/// edgecore does; so DeviceTwin tells nothing of it on [`TwinChanges`] (a [`ReportTwin`]'s
+/// document and delta it does).
+#[derive(Debug)]
+pub struct ReportTwins {
+    /// `{namespace}/{name}`.
+    pub id: String,
+    /// `(property, value)`, values as text.
+    pub readings: Vec<(String, String)>,
+}
+
+impl actix::Message for ReportTwins {
+    type Result = Result<serde_json::Map<String, Value>, TwinError>;
 }
 
 /// A mapper reports a device's state (`online`, `offline`, ...).
@@ -258,6 +276,7 @@ impl Module for DeviceTwinModule {
         accepts
             .message::<TwinMessage>()
             .message::<ReportTwin>()
+            .message::<ReportTwins>()
             .message::<ReportState>();
     }
 
@@ -360,29 +379,80 @@ impl Handler<ReportTwin> for DeviceTwin {
     fn handle(&mut self, report: ReportTwin, _: &mut Context<Self>) -> Self::Result {
         let (hive, shared) = (self.hive.clone(), self.shared.clone());
         Box::pin(async move {
-            refuse_when_full(&shared)?;
-            let reported = shared
-                .store
-                .set_actual(report.id.clone(), report.property.clone(), report.value)
-                .await?;
-            let Some(reported) = reported else {
-                return Err(match shared.store.get(report.id.clone()).await? {
-                    None => TwinError::UnknownDevice(report.id),
-                    Some(_) => TwinError::UnknownProperty(report.id, report.property),
-                });
-            };
-            let sent = Upload::twin_reported(
-                &report.id,
-                &reported.property,
-                reported.twin,
-                &uuid::Uuid::new_v4().to_string(),
-                now_ms(),
+            let (sent, reported) =
+                report_reading(&hive, &shared, &report.id, report.property, report.value).await?;
+            let mut twin = serde_json::Map::new();
+            twin.insert(
+                reported.property,
+                serde_json::json!({"last": reported.last, "current": reported.twin}),
             );
-            upload(&hive, &shared, sent.clone()).await?;
+            shared.changes.send(TwinChange::Document {
+                id: report.id.clone(),
+                twin,
+            });
             shared.changes.send(TwinChange::Device(report.id));
             Ok(sent.into_message())
         })
     }
+}
+
+impl Handler<ReportTwins> for DeviceTwin {
+    type Result = ResponseFuture<Result<serde_json::Map<String, Value>, TwinError>>;
+
+    fn handle(&mut self, report: ReportTwins, _: &mut Context<Self>) -> Self::Result {
+        let (hive, shared) = (self.hive.clone(), self.shared.clone());
+        Box::pin(async move {
+            let mut document = serde_json::Map::new();
+            let mut outcome = Ok(());
+            for (property, value) in report.readings {
+                match report_reading(&hive, &shared, &report.id, property, value).await {
+                    Ok((_, reported)) => {
+                        document.insert(
+                            reported.property,
+                            serde_json::json!({"last": reported.last, "current": reported.twin}),
+                        );
+                    }
+                    Err(error) => {
+                        outcome = Err(error);
+                        break;
+                    }
+                }
+            }
+            // EventBus publishes this update's document and delta itself, after its result
+            // (edgecore's one of each): nothing to tell the followers.
+            outcome.map(|()| document)
+        })
+    }
+}
+
+/// A reading stored and sent up (until confirmed): the upload and what it changed.
+async fn report_reading(
+    hive: &Hive,
+    shared: &Shared,
+    id: &str,
+    property: String,
+    value: String,
+) -> Result<(Upload, ReportedTwin), TwinError> {
+    refuse_when_full(shared)?;
+    let reported = shared
+        .store
+        .set_actual(id.to_owned(), property.clone(), value)
+        .await?;
+    let Some(reported) = reported else {
+        return Err(match shared.store.get(id.to_owned()).await? {
+            None => TwinError::UnknownDevice(id.to_owned()),
+            Some(_) => TwinError::UnknownProperty(id.to_owned(), property),
+        });
+    };
+    let sent = Upload::twin_reported(
+        id,
+        &reported.property,
+        reported.twin.clone(),
+        &uuid::Uuid::new_v4().to_string(),
+        now_ms(),
+    );
+    upload(hive, shared, sent.clone()).await?;
+    Ok((sent, reported))
 }
 
 impl Handler<ReportState> for DeviceTwin {
@@ -545,9 +615,13 @@ async fn on_message(shared: &Shared, msg: TwinMessage) -> Option<TwinReply> {
                 Ok(())
             } else {
                 shared.settle(&id);
-                let existed = matches!(shared.store.get(id.clone()).await, Ok(Some(_)));
+                let before = shared.store.get(id.clone()).await.ok().flatten();
+                let existed = before.is_some();
                 let applied = apply_device_object(shared, id.clone(), delete, object).await;
                 if applied.is_ok() {
+                    if !delete {
+                        tell_document(shared, &id, before.map(|device| device.twin)).await;
+                    }
                     tell_device_change(shared, id, existed, delete);
                 }
                 applied
@@ -573,6 +647,27 @@ async fn on_message(shared: &Shared, msg: TwinMessage) -> Option<TwinReply> {
             );
             None
         }
+    }
+}
+
+/// Tells the followers the twin document of a cloud change to device `id` (its twins were
+/// `before`, none if it is new), if a twin changed; told before the delta's change, as
+/// edgecore publishes the document before the delta.
+async fn tell_document(shared: &Shared, id: &str, before: Option<serde_json::Map<String, Value>>) {
+    let after = match shared.store.get(id.to_owned()).await {
+        Ok(Some(device)) => device.twin,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(%error, id, "cannot read a changed device for its twin document");
+            return;
+        }
+    };
+    let twin = twin_document(&before.unwrap_or_default(), &after);
+    if !twin.is_empty() {
+        shared.changes.send(TwinChange::Document {
+            id: id.to_owned(),
+            twin,
+        });
     }
 }
 

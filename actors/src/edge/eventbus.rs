@@ -4,13 +4,14 @@
 //!
 //! | a mapper publishes | EventBus answers on |
 //! | --- | --- |
-//! | `$hw/events/device/{namespace}/{name}/twin/update` | `.../twin/update/result` (and `.../twin/update/delta` while a desired value differs) |
+//! | `$hw/events/device/{namespace}/{name}/twin/update` | `.../twin/update/result`, then edgecore's `.../twin/update/document` (each changed twin's `last` and `current`), then `.../twin/update/delta` while a desired value differs |
 //! | `$hw/events/device/{namespace}/{name}/twin/get` | `.../twin/get/result` |
 //! | `$hw/events/device/{namespace}/{name}/state/update` | `.../state/update/result` |
 //! | `$hw/events/node/{node}/membership/get` | `.../membership/get/result` |
 //!
-//! And unasked: `$hw/events/device/{namespace}/{name}/twin/update/delta` when the cloud
-//! changes a desired value, `$hw/events/node/{node}/membership/updated` when devices are
+//! And unasked: `$hw/events/device/{namespace}/{name}/twin/update/document` and then
+//! `.../twin/update/delta` when the cloud changes a desired value (the document also after a
+//! reading on the local API), `$hw/events/node/{node}/membership/updated` when devices are
 //! added or removed.
 //!
 //! `{namespace}/{name}` is KubeEdge v1.16+'s device id (edgecore v1.22's topics; the
@@ -64,7 +65,7 @@ use super::bus_topics::{
     DeviceRef, Request, DEVICE_PREFIX, NODE_PREFIX, UPLOAD_TOPICS,
 };
 use super::contract::{route, BusMessage, ToCloud, TwinChange, TwinChanges};
-use super::devicetwin::{ReportState, ReportTwin, TwinError};
+use super::devicetwin::{ReportState, ReportTwins, TwinError};
 use super::twin_store::{DeviceView, TwinStore};
 use crate::hive::locks;
 use crate::hive::{Accepts, Envelope, Hive, Module};
@@ -182,7 +183,7 @@ impl BusMetrics {
         );
         registry.register(
             "edgehive_eventbus_published",
-            "MQTT messages EventBus published (results, deltas, membership)",
+            "MQTT messages EventBus published (results, documents, deltas, membership)",
             metrics.published.clone(),
         );
         registry.register(
@@ -408,7 +409,10 @@ impl Handler<Envelope> for EventBus {
         let shared = self.shared.clone();
         match BusMessage::of(&envelope.into_message()) {
             // ServiceBus's.
-            BusMessage::Connection(_) | BusMessage::ServiceCall(_) => {}
+            BusMessage::Connection(_)
+            | BusMessage::ServiceCall(_)
+            | BusMessage::ServiceStart(_)
+            | BusMessage::ServiceStop(_) => {}
             BusMessage::RulePublish { topic, payload } => rule_publish(&shared, topic, payload),
             BusMessage::RuleSubscribe(topic) => {
                 ctx.wait(actix::fut::wrap_future(async move {
@@ -758,9 +762,18 @@ async fn handle_device_message(
         },
     };
     match outcome {
-        Ok((answer, device)) => {
+        Ok(Answered {
+            answer,
+            delta_of,
+            document,
+        }) => {
             shared.publish(client, result_topic, answer);
-            if let (Some(id), Request::TwinUpdate(asked)) = (device, request) {
+            if let Some(document) = document {
+                // edgecore's order: the result, the document, the delta; on the form of the
+                // request (`.../twin/update/document`).
+                shared.publish(client, format!("{}/document", message.topic), document);
+            }
+            if let (Some(id), Request::TwinUpdate(asked)) = (delta_of, request) {
                 // After a reading, the desired values it does not meet yet (as edgecore),
                 // on the form of the request.
                 publish_delta(
@@ -784,8 +797,27 @@ async fn handle_device_message(
     }
 }
 
-/// The answer to publish and the device (`{ns}/{name}`) whose delta follows, if any.
-type Answer = Result<(Value, Option<String>), Refusal>;
+/// What a device message is answered with.
+struct Answered {
+    /// The result.
+    answer: Value,
+    /// The device (`{ns}/{name}`) whose delta follows, if any.
+    delta_of: Option<String>,
+    /// The twin document that follows the result (a twin update's), if a twin changed.
+    document: Option<Value>,
+}
+
+impl Answered {
+    fn only(answer: Value) -> Answer {
+        Ok(Answered {
+            answer,
+            delta_of: None,
+            document: None,
+        })
+    }
+}
+
+type Answer = Result<Answered, Refusal>;
 
 /// The device a topic names on this edge: `{namespace}/{name}` looked up as such (a device
 /// of another namespace, or not on this node, is unknown), a bare `{name}` (pre-1.16 form)
@@ -881,17 +913,15 @@ async fn twin_update(
     if reports.is_empty() {
         return Err(Refusal::new("no_value", 400, "the update's twin is empty"));
     }
-    for (property, value) in reports {
-        let report = ReportTwin {
-            id: device.id.clone(),
-            property,
-            value,
-        };
-        hive.ask(route::TWIN, report, TWIN_TIMEOUT)
-            .await
-            .map_err(|error| Refusal::new("twin_unavailable", 503, error.to_string()))?
-            .map_err(twin_error)?;
-    }
+    let report = ReportTwins {
+        id: device.id.clone(),
+        readings: reports,
+    };
+    let document = hive
+        .ask(route::TWIN, report, TWIN_TIMEOUT)
+        .await
+        .map_err(|error| Refusal::new("twin_unavailable", 503, error.to_string()))?
+        .map_err(twin_error)?;
     let updated = shared
         .twins
         .get(device.id.clone())
@@ -903,10 +933,13 @@ async fn twin_update(
         .into_iter()
         .filter(|(property, _)| twins.contains_key(property))
         .collect();
-    Ok((
-        json!({"event_id": event_id_of(body), "timestamp": now_ms(), "twin": reported}),
-        Some(device.id),
-    ))
+    let event_id = event_id_of(body);
+    Ok(Answered {
+        answer: json!({"event_id": event_id, "timestamp": now_ms(), "twin": reported}),
+        delta_of: Some(device.id),
+        document: (!document.is_empty())
+            .then(|| json!({"event_id": event_id, "timestamp": now_ms(), "twin": document})),
+    })
 }
 
 fn event_id_of(body: &Map<String, Value>) -> &str {
@@ -917,10 +950,7 @@ fn event_id_of(body: &Map<String, Value>) -> &str {
 
 async fn twin_get(shared: &Shared, asked: DeviceRef<'_>, event_id: &str) -> Answer {
     let device = find_device(shared, asked).await?;
-    Ok((
-        json!({"event_id": event_id, "timestamp": now_ms(), "twin": device.twin}),
-        None,
-    ))
+    Answered::only(json!({"event_id": event_id, "timestamp": now_ms(), "twin": device.twin}))
 }
 
 async fn state_update(
@@ -955,18 +985,15 @@ async fn state_update(
         .await
         .map_err(|error| Refusal::new("store", 500, error.to_string()))?
         .unwrap_or(device);
-    Ok((
-        json!({
-            "event_id": event_id_of(body),
-            "timestamp": now_ms(),
-            "device": {
-                "name": updated.name,
-                "state": updated.state,
-                "last_online": updated.last_online,
-            },
-        }),
-        None,
-    ))
+    Answered::only(json!({
+        "event_id": event_id_of(body),
+        "timestamp": now_ms(),
+        "device": {
+            "name": updated.name,
+            "state": updated.state,
+            "last_online": updated.last_online,
+        },
+    }))
 }
 
 /// A device as the membership topics show it: KubeEdge's Device shape, its id
@@ -996,10 +1023,7 @@ async fn membership_get(shared: &Shared, event_id: &str) -> Answer {
         .await
         .map_err(|error| Refusal::new("store", 500, error.to_string()))?;
     let devices: Vec<Value> = devices.iter().map(device_json).collect();
-    Ok((
-        json!({"event_id": event_id, "timestamp": now_ms(), "devices": devices}),
-        None,
-    ))
+    Answered::only(json!({"event_id": event_id, "timestamp": now_ms(), "devices": devices}))
 }
 
 /// The desired values device `id` does not meet yet (`{property: desired}`), with its twins.
@@ -1066,9 +1090,43 @@ async fn publish_delta(shared: &Shared, client: &AsyncClient, id: &str, forms: D
     }
 }
 
+/// A twin document DeviceTwin told (a cloud change, a reading on the local API): on the
+/// namespaced topic and, while the name is unique on the node, the pre-1.16 one, as a delta
+/// after a cloud change.
+async fn publish_document(
+    shared: &Shared,
+    client: &AsyncClient,
+    id: &str,
+    twin: Map<String, Value>,
+) {
+    let document = json!({
+        "event_id": uuid::Uuid::new_v4().to_string(),
+        "timestamp": now_ms(),
+        "twin": twin,
+    });
+    let name = id.rsplit('/').next().unwrap_or_default();
+    let unique = match shared.twins.list().await {
+        Ok(devices) => devices.iter().filter(|d| d.name == name).count() == 1,
+        Err(_) => false,
+    };
+    shared.publish(
+        client,
+        format!("{DEVICE_PREFIX}{id}/twin/update/document"),
+        document.clone(),
+    );
+    if unique {
+        shared.publish(
+            client,
+            format!("{DEVICE_PREFIX}{name}/twin/update/document"),
+            document,
+        );
+    }
+}
+
 async fn publish_change(shared: &Shared, client: &AsyncClient, change: TwinChange) {
     match change {
         TwinChange::Device(id) => publish_delta(shared, client, &id, DeltaForms::Both).await,
+        TwinChange::Document { id, twin } => publish_document(shared, client, &id, twin).await,
         TwinChange::Membership { added, removed } => {
             let mut added_devices = Vec::new();
             for id in added {

@@ -7,7 +7,7 @@
 //! [`eventbus`] serves DeviceTwin's MQTT topics to mappers through the node's broker, and the
 //! Router's rule topics and KubeEdge's upload topics ([`bus_topics`] its topics' parsing and
 //! matching); [`servicebus`] makes the Router's HTTP calls to the node's
-//! applications.
+//! applications, and takes theirs to the Router (servicebus sources, `servicebus_local`).
 
 pub mod bus_topics;
 pub mod certmanager;
@@ -23,6 +23,7 @@ pub mod metamanager;
 pub mod metaserver;
 pub(crate) mod remote;
 pub mod servicebus;
+mod servicebus_local;
 pub mod store;
 pub mod twin_store;
 pub mod watch;

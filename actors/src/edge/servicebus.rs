@@ -4,6 +4,10 @@
 //! `http://{server}:{port}/{path}`, and answered to the cloud with KubeEdge's `HTTPResponse`
 //! (`{header, status_code, body}`, parent the call) as edgecore's ServiceBus answers.
 //!
+//! And the other way, KubeEdge's servicebus *source*: the Router's `start` and `stop` open
+//! and close target URLs to the node's applications, which call ServiceBus's local HTTP
+//! server; see [`super::servicebus_local`].
+//!
 //! Bounded: at most [`MAX_IN_FLIGHT`] calls at once (more are answered 503, `busy`), each
 //! within `timeout` (then 504, `timeout`), an answer body of at most `max_body_bytes` (then
 //! 500, `too_large`, as edgecore's "response body too large"); a call that is not one is
@@ -16,12 +20,12 @@ use std::time::Duration;
 
 use actix::{Actor, AsyncContext, Context, Handler};
 use edgehive_protocols::Message;
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use tokio::sync::Semaphore;
 
 use super::contract::{route, BusMessage, ServiceCall, ToCloud};
+use super::servicebus_local::{Local, ReasonLabels, Refused};
+use super::store::MetaStore;
 use crate::hive::{Envelope, Hive, Module};
 
 /// beehive name of the module.
@@ -34,22 +38,19 @@ pub const MAX_IN_FLIGHT: usize = 32;
 pub struct ServiceBusOptions {
     /// The host of the node's applications (`server`, KubeEdge's default `127.0.0.1`).
     pub server: String,
-    /// How long a call may take (`timeout`, seconds in the config).
+    /// How long a call may take (`timeout`, seconds in the config); also how long an
+    /// application's request to the local server waits for the cloud.
     pub timeout: Duration,
+    /// The local server's port (`port`, KubeEdge's 9060), on `server`.
+    pub port: u16,
     /// The largest answer body taken from an application.
     pub max_body_bytes: usize,
-}
-
-/// Label set of `edgehive_servicebus_refused_total`.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: String,
 }
 
 #[derive(Debug, Clone, Default)]
 struct Metrics {
     calls: Counter,
-    refused: Family<ReasonLabels, Counter>,
+    refused: Refused,
 }
 
 impl Metrics {
@@ -67,20 +68,24 @@ struct Shared {
     options: ServiceBusOptions,
     metrics: Metrics,
     slots: Arc<Semaphore>,
+    /// The local server (servicebus sources).
+    local: Arc<Local>,
 }
 
 /// The ServiceBus recipe.
 #[derive(Debug)]
 pub struct ServiceBusModule {
     options: ServiceBusOptions,
+    store: MetaStore,
     shared: std::sync::OnceLock<Arc<Shared>>,
 }
 
 impl ServiceBusModule {
-    /// ServiceBus with `options`.
-    pub fn new(options: ServiceBusOptions) -> Self {
+    /// ServiceBus with `options`, keeping its target URLs in `store` (the edge database).
+    pub fn new(options: ServiceBusOptions, store: MetaStore) -> Self {
         ServiceBusModule {
             options,
+            store,
             shared: std::sync::OnceLock::new(),
         }
     }
@@ -110,13 +115,21 @@ impl Module for ServiceBusModule {
                 );
                 registry.register(
                     "edgehive_servicebus_refused",
-                    "Router servicebus calls ServiceBus answered with an error, by reason (bad_request, busy, timeout, unreachable, too_large)",
+                    "Router servicebus calls, and applications' requests to the local server, ServiceBus answered with an error, by reason (bad_request, busy, timeout, unreachable, too_large, not_allowed, no_answer, cloud_refused, bad_target_url, too_many_target_urls, store)",
+                    metrics.refused.clone(),
+                );
+                let local = Local::new(
+                    hive.clone(),
+                    self.store.clone(),
+                    (self.options.server.clone(), self.options.port),
+                    self.options.timeout,
                     metrics.refused.clone(),
                 );
                 Arc::new(Shared {
                     options: self.options.clone(),
                     metrics,
                     slots: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+                    local: Arc::new(local),
                 })
             })
             .clone();
@@ -136,6 +149,15 @@ pub struct ServiceBus {
 
 impl Actor for ServiceBus {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let local = self.shared.local.clone();
+        ctx.wait(actix::fut::wrap_future(async move { local.load().await }));
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.shared.local.shut();
+    }
 }
 
 impl Handler<Envelope> for ServiceBus {
@@ -144,8 +166,24 @@ impl Handler<Envelope> for ServiceBus {
     /// Router's servicebus calls, each on a task of its own; EventBus's messages and the
     /// connection announcements are not ServiceBus's.
     fn handle(&mut self, envelope: Envelope, ctx: &mut Context<Self>) -> Option<Message> {
-        let BusMessage::ServiceCall(call) = BusMessage::of(&envelope.into_message()) else {
-            return None;
+        let call = match BusMessage::of(&envelope.into_message()) {
+            BusMessage::ServiceCall(call) => call,
+            // In order: a `stop` after a `start` leaves the URL closed.
+            BusMessage::ServiceStart(url) => {
+                let local = self.shared.local.clone();
+                ctx.wait(actix::fut::wrap_future(
+                    async move { local.start(url).await },
+                ));
+                return None;
+            }
+            BusMessage::ServiceStop(url) => {
+                let local = self.shared.local.clone();
+                ctx.wait(actix::fut::wrap_future(
+                    async move { local.stop(url).await },
+                ));
+                return None;
+            }
+            _ => return None,
         };
         let (hive, shared) = (self.hive.clone(), self.shared.clone());
         let answer = match call {

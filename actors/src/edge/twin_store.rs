@@ -155,6 +155,8 @@ pub(crate) struct ReportedTwin {
     pub property: String,
     /// The MsgTwin to send up (actual, expected, metadata).
     pub twin: Value,
+    /// The twin before the report (the twin document's `last`).
+    pub last: Value,
 }
 
 /// A handle on the device tables; cheap to clone.
@@ -357,6 +359,11 @@ impl TwinStore {
         self.store
             .exec(format!("report {id} {property}"), move |conn| {
                 let meta = json!({"timestamp": now_ms()}).to_string();
+                let last = read_devices(conn, Some(&id))?
+                    .into_iter()
+                    .next()
+                    .and_then(|device| device.twin.get(&property).cloned())
+                    .unwrap_or(Value::Null);
                 let changed = conn.execute(
                     "UPDATE device_twin SET actual = ?3, actual_meta = ?4 \
                      WHERE deviceid = ?1 AND name = ?2",
@@ -372,6 +379,7 @@ impl TwinStore {
                         id: id.clone(),
                         property: property.clone(),
                         twin,
+                        last,
                     })
                 }))
             })

@@ -9,7 +9,8 @@
 //!   reaches that module by name, in an [`Envelope`](crate::hive::Envelope). Only group `user`
 //!   and groups the cloud does not know may be claimed: the built-in groups stay with the
 //!   built-in controllers.
-//! - Downstream: [`reply`] (an answer to an upstream message, for the node it came from) and
+//! - Downstream: [`reply`] (an answer to an upstream message, for the node it came from; or
+//!   [`reply_error`], a refusal of it) and
 //!   [`to_node`] build the beehive message; [`ToNodes::from_message`](super::ToNodes::from_message)
 //!   makes it a delivery, and CloudHub takes it by name and type
 //!   (`hive.tell(route::CLOUDHUB, to_nodes)`, refused at once when CloudHub's mailbox is full;
@@ -96,6 +97,18 @@ pub(crate) fn claimant(hive: &Hive, message: &Message) -> Option<String> {
 /// from, so an edge's `request_cloud` gets it.
 pub fn reply(request: &Message, content: Value) -> Message {
     Message::response_to(request, content)
+}
+
+/// A refusal of `request`, an upstream message an extension received: operation `error`,
+/// parent = the request's id, content the text, resource as the request's (KubeEdge's
+/// `NewErrorMessage`), source and group as the request's (as [`reply`]: a `user` request's
+/// refusal takes the no-ACK lane), so an edge's `request_cloud` gets it at once instead of
+/// waiting out its timeout.
+pub fn reply_error(request: &Message, text: impl Into<String>) -> Message {
+    let mut refusal = Message::error_to(request, text);
+    refusal.route.source = request.route.source.clone();
+    refusal.route.group = request.route.group.clone();
+    refusal
 }
 
 /// A message from extension module `source` for `node`: `resource` in edge form

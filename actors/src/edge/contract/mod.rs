@@ -29,7 +29,7 @@ pub(crate) use origin::CloudReply;
 pub use origin::Origin;
 pub(crate) use twin::Upload;
 pub use twin::{TwinBody, TwinMessage, TwinReply};
-pub use twin_changes::{TwinChange, TwinChanges};
+pub use twin_changes::{twin_document, TwinChange, TwinChanges};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,6 +107,11 @@ pub enum BusMessage {
     /// Router's rest → servicebus call (source `router_servicebus`): an HTTP request for an
     /// application on the node, or why it is not one.
     ServiceCall(Result<Box<ServiceCall>, Box<(Origin, String)>>),
+    /// Router's `start` (source `router_servicebus`; a servicebus-source rule): applications
+    /// on the node may now send requests for this target URL (the resource) to the cloud.
+    ServiceStart(String),
+    /// Router's `stop`: the rule is gone; they may no longer.
+    ServiceStop(String),
     /// Another message from the cloud, by its id.
     Cloud(String),
 }
@@ -200,7 +205,13 @@ impl BusMessage {
         }
         let user = message.route.group.as_ref() == Some(&Group::User);
         if user && message.source().map(ModuleName::as_str) == Some(ROUTER_SERVICEBUS) {
-            return BusMessage::ServiceCall(service_call(message));
+            // KubeEdge's ServiceBus: `start` and `stop` manage its target URLs, any other
+            // operation is an HTTP method.
+            return match message.operation().map(Operation::as_str) {
+                Some("start") => BusMessage::ServiceStart(message.resource().to_owned()),
+                Some("stop") => BusMessage::ServiceStop(message.resource().to_owned()),
+                _ => BusMessage::ServiceCall(service_call(message)),
+            };
         }
         let from_router = message.source().map(ModuleName::as_str) == Some(ROUTER_EVENTBUS) && user;
         let topic = message.resource().to_owned();
@@ -497,6 +508,16 @@ pub(crate) enum Ask {
     /// watch application the edge still holds, by ID (`{}`: none), which is what the cloud
     /// keeps; a watch left out would lose its pushes.
     WatchSync(std::collections::BTreeMap<String, Application>),
+    /// ServiceBus's upload of an application's request to a servicebus source (KubeEdge's:
+    /// source `servicebus`, group `user`, operation `upload`, resource the request's
+    /// `targetURL`, content the request's bytes as Go writes a `[]byte`: base64); the answer
+    /// is the Router's `response` (the rule's REST target's answer body) or an `error`.
+    ServiceUpload {
+        /// The `targetURL` the application named.
+        target_url: String,
+        /// The application's request, as it sent it.
+        body: Vec<u8>,
+    },
 }
 
 impl Ask {
@@ -523,6 +544,16 @@ impl Ask {
                 // An Application is strings, bytes and a JSON value: it always serializes.
                 serde_json::to_value(&*app).unwrap_or_else(|_| json!({})),
             ),
+            Ask::ServiceUpload { target_url, body } => {
+                use base64::Engine as _;
+                Message::new(
+                    ModuleName::from("servicebus"),
+                    Group::User,
+                    Operation::Upload,
+                    target_url,
+                    Value::String(base64::engine::general_purpose::STANDARD.encode(body)),
+                )
+            }
             Ask::WatchSync(held) => Message::new(
                 ModuleName::MetaServer,
                 Group::DynamicController,

@@ -41,6 +41,11 @@ impl CloudReply {
         &self.0.content
     }
 
+    /// Whether the cloud refused the request (operation `error`; the content says why).
+    pub(crate) fn is_error(&self) -> bool {
+        self.0.operation() == Some(&edgehive_protocols::Operation::Error)
+    }
+
     /// Whether it is a plain `"OK"`.
     pub(crate) fn is_ok_text(&self) -> bool {
         self.0.content_str() == Some("OK")

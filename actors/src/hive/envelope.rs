@@ -26,12 +26,13 @@ pub struct Envelope {
 }
 
 /// The message of an envelope: its own, or one shared by the members of a group.
-// Not boxed: actix puts the whole envelope in a box of its own already, and a second
-// allocation per send is what the shared variant saves.
-#[allow(clippy::large_enum_variant)]
+///
+/// Boxed either way: a `Message` is about 300 bytes, and an envelope is moved five or six
+/// times between the sender and the handler (into actix's own box among them); copying a
+/// pointer instead costs one allocation and is cheaper (BENCHMARKS.md, Hive).
 #[derive(Debug)]
 pub(super) enum Payload {
-    Owned(Message),
+    Owned(Box<Message>),
     Shared(Arc<Message>),
 }
 
@@ -45,7 +46,7 @@ impl Payload {
 
     fn into_message(self) -> Message {
         match self {
-            Payload::Owned(message) => message,
+            Payload::Owned(message) => *message,
             Payload::Shared(message) => Arc::unwrap_or_clone(message),
         }
     }
@@ -59,7 +60,7 @@ impl Envelope {
     /// Wraps a message for a direct send to a known address (not counted by the hive).
     pub fn new(message: Message) -> Self {
         Envelope {
-            message: Payload::Owned(message),
+            message: Payload::Owned(Box::new(message)),
             ticket: None,
         }
     }

@@ -462,7 +462,7 @@ impl Hive {
             .get(name)
             .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?
             .route
-            .send(Payload::Owned(message))
+            .send(Payload::Owned(Box::new(message)))
     }
 
     /// Sends `message` to module `name` and waits up to `timeout` for the handler's reply.
@@ -477,7 +477,9 @@ impl Hive {
         timeout: Duration,
     ) -> Result<Message, HiveError> {
         let route = self.route(name)?;
-        route.request(Payload::Owned(message), timeout).await
+        route
+            .request(Payload::Owned(Box::new(message)), timeout)
+            .await
     }
 
     /// Sends a typed message to module `name` (by its actor type `A`) and waits up to

@@ -236,12 +236,18 @@ async fn group_broadcast_reaches_every_member() {
     })
     .await;
 
+    // The members share one message: each takes it whole and answers that very message.
+    let hello = msg("hello");
     let replies = hive
-        .request_group("meta", msg("hello"), SECOND)
+        .request_group("meta", hello.clone(), SECOND)
         .await
         .unwrap();
     assert_eq!(replies.len(), 3);
-    assert!(replies.iter().all(|(_, reply)| reply.is_ok()));
+    for (member, reply) in &replies {
+        let reply = reply.as_ref().unwrap();
+        assert_eq!(reply.parent_id(), Some(hello.id()), "{member}");
+        assert_eq!(reply.resource(), hello.resource(), "{member}");
+    }
 }
 
 #[actix_rt::test]
@@ -366,6 +372,44 @@ async fn shutdown_stops_restarts() {
     })
     .await;
     assert_eq!(info(&hive, "last").restarts, 0);
+}
+
+#[actix_rt::test]
+async fn a_module_that_is_gone_refuses_sends_requests_and_broadcasts_at_once_and_counts_them() {
+    let hive = Hive::new("test");
+    hive.start_module(ProbeModule::new("gone", "g")).unwrap();
+    hive.shutdown();
+    wait_until("stopped", || {
+        info(&hive, "gone").state == ModuleState::Stopped
+    })
+    .await;
+    // Each refusal is immediate (no timeout waited out) and counted, again and again.
+    let started = Instant::now();
+    for round in 0..3 {
+        assert!(
+            matches!(hive.send("gone", msg("x")), Err(HiveError::ModuleDown(_))),
+            "send, round {round}"
+        );
+        let refused = hive
+            .request("gone", msg("x"), Duration::from_secs(30))
+            .await;
+        assert!(
+            matches!(refused, Err(HiveError::ModuleDown(_))),
+            "request, round {round}: {refused:?}"
+        );
+        let delivery = hive.send_to_group("g", msg("x")).unwrap();
+        assert!(delivery.delivered.is_empty(), "round {round}");
+        assert!(
+            matches!(delivery.failed.as_slice(), [(name, HiveError::ModuleDown(_))] if name == "gone"),
+            "broadcast, round {round}: {:?}",
+            delivery.failed
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let info = info(&hive, "gone");
+    assert_eq!(info.messages_dropped, 9);
+    assert_eq!(info.messages_routed, 0);
+    assert_eq!(info.mailbox_depth, 0);
 }
 
 /// beehive's SendSync/SendResp loses about one reply in a thousand under load; the hive must

@@ -359,8 +359,11 @@ impl Message {
 
 impl MessageHeader {
     fn fresh() -> Self {
+        // Encoded into a buffer and copied once: `to_string` goes through the formatter and
+        // grows its string.
+        let mut id = Uuid::encode_buffer();
         MessageHeader {
-            id: Uuid::new_v4().to_string(),
+            id: Uuid::new_v4().hyphenated().encode_lower(&mut id).to_owned(),
             timestamp: now_millis(),
             ..MessageHeader::default()
         }

@@ -13,11 +13,43 @@ use super::metrics::ModuleStats;
 /// An envelope sent through the hive carries a ticket that keeps the target's mailbox depth
 /// and handled count true: the message counts as queued until the handler drops the envelope.
 ///
+/// The members of a group broadcast ([`Hive::send_to_group`]) share one message: a handler
+/// that reads it ([`Envelope::message`]) copies nothing; one that takes it
+/// ([`Envelope::into_message`]) gets a copy unless it is the last holder.
+///
 /// [`Hive::request`]: super::Hive::request
+/// [`Hive::send_to_group`]: super::Hive::send_to_group
 #[derive(Debug)]
 pub struct Envelope {
-    message: Message,
+    message: Payload,
     ticket: Option<Ticket>,
+}
+
+/// The message of an envelope: its own, or one shared by the members of a group.
+///
+/// Boxed either way: a `Message` is about 300 bytes, and an envelope is moved five or six
+/// times between the sender and the handler (into actix's own box among them); copying a
+/// pointer instead costs one allocation and is cheaper (BENCHMARKS.md, Hive).
+#[derive(Debug)]
+pub(super) enum Payload {
+    Owned(Box<Message>),
+    Shared(Arc<Message>),
+}
+
+impl Payload {
+    fn get(&self) -> &Message {
+        match self {
+            Payload::Owned(message) => message,
+            Payload::Shared(message) => message,
+        }
+    }
+
+    fn into_message(self) -> Message {
+        match self {
+            Payload::Owned(message) => *message,
+            Payload::Shared(message) => Arc::unwrap_or_clone(message),
+        }
+    }
 }
 
 impl actix::Message for Envelope {
@@ -28,14 +60,14 @@ impl Envelope {
     /// Wraps a message for a direct send to a known address (not counted by the hive).
     pub fn new(message: Message) -> Self {
         Envelope {
-            message,
+            message: Payload::Owned(Box::new(message)),
             ticket: None,
         }
     }
 
     /// An envelope holding one of the target's mailbox slots until its handler is done.
     pub(super) fn counted(
-        message: Message,
+        message: Payload,
         stats: Arc<ModuleStats>,
         slot: OwnedSemaphorePermit,
     ) -> Self {
@@ -51,22 +83,21 @@ impl Envelope {
     }
 
     /// Marks a message that never reached a handler (mailbox full or closed).
-    pub(super) fn undeliverable(mut self) -> Message {
+    pub(super) fn undeliverable(mut self) {
         if let Some(mut ticket) = self.ticket.take() {
             ticket.reached_handler = false;
             ticket.stats.rejected();
         }
-        self.message
     }
 
     /// The message inside.
     pub fn message(&self) -> &Message {
-        &self.message
+        self.message.get()
     }
 
-    /// Takes the message out.
+    /// Takes the message out (a copy when other members of a group still share it).
     pub fn into_message(self) -> Message {
-        self.message
+        self.message.into_message()
     }
 }
 

@@ -4,13 +4,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use actix::dev::ToEnvelope;
+use actix::dev::channel::AddressSender;
+use actix::dev::{SendError, ToEnvelope};
 use actix::{Actor, Addr, Handler, MailboxError, Recipient};
 use edgehive_protocols::Message;
 use futures_util::future::join_all;
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{oneshot, Semaphore};
 
+use super::envelope::Payload;
 use super::locks;
 use super::metrics::{ModuleState, ModuleStats};
 use super::{Envelope, HiveError, HiveMetrics, RefusalLog};
@@ -141,14 +143,10 @@ pub struct GroupDelivery {
 }
 
 struct Entry {
-    recipient: Recipient<Envelope>,
+    /// Where envelopes go: resolved here once per send, shared by every sender.
+    route: Arc<Route>,
     /// The current `Addr<M::Actor>`, for typed sends.
     addr: Box<dyn Any + Send + Sync>,
-    stats: Arc<ModuleStats>,
-    /// One permit per mailbox slot. actix's own capacity cannot bound the hive's sends
-    /// (`Recipient::try_send` never refuses, and every sender clone gets a slot of its own), so
-    /// the hive holds the bound itself: an envelope keeps its permit until handled.
-    slots: Arc<Semaphore>,
     capacity: usize,
     children: Option<ChildrenView>,
     /// `Recipient<M>` per accepted typed message, for the current address.
@@ -156,7 +154,124 @@ struct Entry {
     retype: TypedRoutes,
 }
 
-type Target = TypedTarget<Envelope>;
+/// A module's envelope route: the current actor's mailbox, its counters and its slots.
+struct Route {
+    mailbox: Box<dyn Mailbox>,
+    stats: Arc<ModuleStats>,
+    /// One permit per mailbox slot. actix's own capacity cannot bound the hive's sends
+    /// (`Recipient::try_send` never refuses, and every sender clone gets a slot of its own), so
+    /// the hive holds the bound itself: an envelope keeps its permit until handled.
+    slots: Arc<Semaphore>,
+}
+
+/// The sending end of a module's mailbox for envelopes, whatever its actor type: one sender
+/// per actor instance, kept by its [`Route`] (cloning an actix sender costs three allocations).
+trait Mailbox: Send + Sync {
+    /// Puts `envelope` in the mailbox (the hive's slots bound it, not actix's capacity), or
+    /// gives it back when the actor is gone.
+    fn push(&self, envelope: Envelope) -> Result<(), Box<Envelope>>;
+
+    /// Puts `envelope` in the mailbox with a channel for the handler's reply.
+    fn ask(&self, envelope: Envelope) -> Result<oneshot::Receiver<Option<Message>>, Box<Envelope>>;
+}
+
+/// The envelope a failed actix send gives back.
+fn given_back(error: SendError<Envelope>) -> Box<Envelope> {
+    match error {
+        SendError::Full(envelope) | SendError::Closed(envelope) => Box::new(envelope),
+    }
+}
+
+impl<A> Mailbox for AddressSender<A>
+where
+    A: Actor + Handler<Envelope>,
+    A::Context: ToEnvelope<A, Envelope>,
+{
+    fn push(&self, envelope: Envelope) -> Result<(), Box<Envelope>> {
+        // `do_send` never parks the sender and, unlike `Addr::do_send`, says when the mailbox
+        // is closed.
+        self.do_send(envelope).map_err(given_back)
+    }
+
+    fn ask(&self, envelope: Envelope) -> Result<oneshot::Receiver<Option<Message>>, Box<Envelope>> {
+        match self.send(envelope) {
+            Ok(reply) => Ok(reply),
+            // This sender was parked by actix's own capacity (other senders filled it): a
+            // fresh sender, as every request used before, is never parked.
+            Err(SendError::Full(envelope)) => self.clone().send(envelope).map_err(given_back),
+            Err(SendError::Closed(envelope)) => Err(Box::new(envelope)),
+        }
+    }
+}
+
+impl Route {
+    fn new<A>(mailbox: AddressSender<A>, stats: Arc<ModuleStats>, slots: Arc<Semaphore>) -> Self
+    where
+        A: Actor + Handler<Envelope>,
+        A::Context: ToEnvelope<A, Envelope>,
+    {
+        Route {
+            mailbox: Box::new(mailbox),
+            stats,
+            slots,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.stats.name
+    }
+
+    /// [`Hive::send`] once the module is found.
+    fn send(&self, message: Payload) -> Result<(), HiveError> {
+        let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+            self.stats.dropped.inc();
+            return Err(HiveError::MailboxFull(self.name().to_owned()));
+        };
+        let envelope = Envelope::counted(message, self.stats.clone(), slot);
+        match self.mailbox.push(envelope) {
+            Ok(()) => {
+                self.stats.delivered();
+                Ok(())
+            }
+            Err(envelope) => {
+                envelope.undeliverable();
+                Err(HiveError::ModuleDown(self.name().to_owned()))
+            }
+        }
+    }
+
+    /// [`Hive::request`] once the module is found.
+    async fn request(&self, message: Payload, timeout: Duration) -> Result<Message, HiveError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let slot = match Arc::clone(&self.slots).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => wait_for_slot(self.slots.clone(), self.name(), deadline, timeout).await?,
+        };
+        let envelope = Envelope::counted(message, self.stats.clone(), slot);
+        let reply = match self.mailbox.ask(envelope) {
+            Ok(reply) => reply,
+            Err(envelope) => {
+                envelope.undeliverable();
+                return Err(HiveError::ModuleDown(self.name().to_owned()));
+            }
+        };
+        self.stats.delivered();
+        match tokio::time::timeout_at(deadline, reply).await {
+            Ok(Ok(Some(reply))) => Ok(reply),
+            Ok(Ok(None)) => Err(HiveError::NoReply(self.name().to_owned())),
+            // The reply channel closed unanswered: the actor died with the message queued.
+            Ok(Err(_)) => {
+                self.stats.dropped.inc();
+                Err(HiveError::ModuleDown(self.name().to_owned()))
+            }
+            Err(_) => Err(HiveError::Timeout {
+                module: self.name().to_owned(),
+                timeout,
+            }),
+        }
+    }
+}
+
 type TypedTarget<M> = (Recipient<M>, Arc<ModuleStats>, Arc<Semaphore>);
 type AddrTarget<A> = (Addr<A>, Arc<ModuleStats>, Arc<Semaphore>);
 
@@ -248,7 +363,7 @@ impl Hive {
         group: &str,
         capacity: usize,
         accepts: Accepts<A>,
-        start: impl FnOnce(&Hive, Arc<ModuleStats>) -> Addr<A>,
+        start: impl FnOnce(&Hive, Arc<ModuleStats>) -> AddressSender<A>,
     ) -> Result<Addr<A>, HiveError>
     where
         A: Actor<Context = actix::Context<A>> + Handler<Envelope>,
@@ -260,18 +375,18 @@ impl Hive {
         let retype = accepts.into_routes();
         // The first actor is built here, outside the registry's lock: a module's `create` may
         // look up other modules.
-        let addr = start(self, stats.clone());
+        let mailbox = start(self, stats.clone());
+        let addr = Addr::new(mailbox.clone());
         let mut modules = self.write_modules();
         if modules.contains_key(&name) {
             return Err(HiveError::AlreadyRegistered(name));
         }
+        let slots = Arc::new(Semaphore::new(capacity));
         modules.insert(
             name,
             Entry {
-                recipient: addr.clone().recipient(),
+                route: Arc::new(Route::new(mailbox, stats, slots)),
                 addr: Box::new(addr.clone()),
-                stats,
-                slots: Arc::new(Semaphore::new(capacity)),
                 capacity,
                 children: None,
                 typed: retype(&addr),
@@ -282,13 +397,15 @@ impl Hive {
     }
 
     /// Points `name` at the actor the supervisor just started in place of a failed one.
-    pub(super) fn replace_addr<A>(&self, name: &str, addr: Addr<A>)
+    pub(super) fn replace_addr<A>(&self, name: &str, mailbox: &AddressSender<A>)
     where
         A: Actor + Handler<Envelope>,
         A::Context: ToEnvelope<A, Envelope>,
     {
+        let addr = Addr::new(mailbox.clone());
         if let Some(entry) = self.write_modules().get_mut(name) {
-            entry.recipient = addr.clone().recipient();
+            let (stats, slots) = (entry.route.stats.clone(), entry.route.slots.clone());
+            entry.route = Arc::new(Route::new(mailbox.clone(), stats, slots));
             entry.typed = (entry.retype)(&addr);
             entry.addr = Box::new(addr);
         }
@@ -307,13 +424,9 @@ impl Hive {
         self.inner.stop_signal.send_replace(true);
     }
 
-    /// Resolves once [`Hive::shutdown`] was called.
-    pub(super) fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut signal = self.inner.stop_signal.subscribe();
-        async move {
-            // An error means the hive is gone, which also means: stop.
-            let _ = signal.wait_for(|stopped| *stopped).await;
-        }
+    /// Turns `true` once [`Hive::shutdown`] was called.
+    pub(super) fn stop_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.stop_signal.subscribe()
     }
 
     /// The current typed address of module `name`.
@@ -333,7 +446,7 @@ impl Hive {
     pub fn group_members(&self, group: &str) -> Vec<String> {
         self.read_modules()
             .iter()
-            .filter(|(_, entry)| entry.stats.group == group)
+            .filter(|(_, entry)| entry.route.stats.group == group)
             .map(|(name, _)| name.clone())
             .collect()
     }
@@ -344,26 +457,12 @@ impl Hive {
     /// the message is rejected at once with [`HiveError::MailboxFull`] and counted as dropped;
     /// the caller keeps the decision (retry, keep it queued, or give up).
     pub fn send(&self, name: &str, message: Message) -> Result<(), HiveError> {
-        let (recipient, stats, slots) = self.target(name)?;
-        let Ok(slot) = slots.try_acquire_owned() else {
-            stats.dropped.inc();
-            return Err(HiveError::MailboxFull(name.to_owned()));
-        };
-        let envelope = Envelope::counted(message, stats.clone(), slot);
-        match recipient.try_send(envelope) {
-            Ok(()) => {
-                stats.delivered();
-                Ok(())
-            }
-            Err(actix::prelude::SendError::Full(envelope)) => {
-                envelope.undeliverable();
-                Err(HiveError::MailboxFull(name.to_owned()))
-            }
-            Err(actix::prelude::SendError::Closed(envelope)) => {
-                envelope.undeliverable();
-                Err(HiveError::ModuleDown(name.to_owned()))
-            }
-        }
+        // Under the registry's read lock: putting an envelope in a mailbox never waits.
+        self.read_modules()
+            .get(name)
+            .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?
+            .route
+            .send(Payload::Owned(Box::new(message)))
     }
 
     /// Sends `message` to module `name` and waits up to `timeout` for the handler's reply.
@@ -377,24 +476,10 @@ impl Hive {
         message: Message,
         timeout: Duration,
     ) -> Result<Message, HiveError> {
-        let (recipient, stats, slots) = self.target(name)?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        let timed_out = || HiveError::Timeout {
-            module: name.to_owned(),
-            timeout,
-        };
-        let slot = wait_for_slot(slots, name, deadline, timeout).await?;
-        let envelope = Envelope::counted(message, stats.clone(), slot);
-        stats.delivered();
-        match tokio::time::timeout_at(deadline, recipient.send(envelope)).await {
-            Ok(Ok(Some(reply))) => Ok(reply),
-            Ok(Ok(None)) => Err(HiveError::NoReply(name.to_owned())),
-            Ok(Err(MailboxError::Closed)) => {
-                stats.dropped.inc();
-                Err(HiveError::ModuleDown(name.to_owned()))
-            }
-            Ok(Err(MailboxError::Timeout)) | Err(_) => Err(timed_out()),
-        }
+        let route = self.route(name)?;
+        route
+            .request(Payload::Owned(Box::new(message)), timeout)
+            .await
     }
 
     /// Sends a typed message to module `name` (by its actor type `A`) and waits up to
@@ -425,39 +510,57 @@ impl Hive {
     }
 
     /// Sends `message` to every module of `group`, each under [`Hive::send`]'s policy.
+    ///
+    /// The members share the one message (see [`Envelope`]): a broadcast copies no content.
     pub fn send_to_group(&self, group: &str, message: Message) -> Result<GroupDelivery, HiveError> {
-        let members = self.group_members(group);
-        if members.is_empty() {
-            return Err(HiveError::UnknownGroup(group.to_owned()));
-        }
+        let message = Arc::new(message);
         let mut delivery = GroupDelivery::default();
-        for member in members {
-            match self.send(&member, message.clone()) {
-                Ok(()) => delivery.delivered.push(member),
-                Err(error) => delivery.failed.push((member, error)),
+        // Under the registry's read lock, as `send`.
+        for (name, entry) in self.read_modules().iter() {
+            if entry.route.stats.group != group {
+                continue;
             }
+            match entry.route.send(Payload::Shared(Arc::clone(&message))) {
+                Ok(()) => delivery.delivered.push(name.clone()),
+                Err(error) => delivery.failed.push((name.clone(), error)),
+            }
+        }
+        if delivery.delivered.is_empty() && delivery.failed.is_empty() {
+            return Err(HiveError::UnknownGroup(group.to_owned()));
         }
         Ok(delivery)
     }
 
     /// Sends `message` to every module of `group` and collects each member's reply.
+    ///
+    /// The members share the one message, as in [`Hive::send_to_group`].
     pub async fn request_group(
         &self,
         group: &str,
         message: Message,
         timeout: Duration,
     ) -> Result<Vec<(String, Result<Message, HiveError>)>, HiveError> {
-        let members = self.group_members(group);
+        let members: Vec<(String, Arc<Route>)> = self
+            .read_modules()
+            .iter()
+            .filter(|(_, entry)| entry.route.stats.group == group)
+            .map(|(name, entry)| (name.clone(), entry.route.clone()))
+            .collect();
         if members.is_empty() {
             return Err(HiveError::UnknownGroup(group.to_owned()));
         }
+        let message = Arc::new(message);
         let replies = join_all(
             members
                 .iter()
-                .map(|member| self.request(member, message.clone(), timeout)),
+                .map(|(_, route)| route.request(Payload::Shared(Arc::clone(&message)), timeout)),
         )
         .await;
-        Ok(members.into_iter().zip(replies).collect())
+        Ok(members
+            .into_iter()
+            .map(|(name, _)| name)
+            .zip(replies)
+            .collect())
     }
 
     /// Every registered module with its supervision state and counters, in name order.
@@ -480,14 +583,14 @@ impl Hive {
             })
             .map(|(name, entry, children, children_total)| ModuleInfo {
                 name: name.clone(),
-                group: entry.stats.group.clone(),
+                group: entry.route.stats.group.clone(),
                 parent: self.inner.process.clone(),
-                state: entry.stats.state(),
-                restarts: entry.stats.restarts.get(),
-                messages_routed: entry.stats.routed.get(),
-                messages_handled: entry.stats.handled.get(),
-                messages_dropped: entry.stats.dropped.get(),
-                mailbox_depth: entry.stats.depth.get(),
+                state: entry.route.stats.state(),
+                restarts: entry.route.stats.restarts.get(),
+                messages_routed: entry.route.stats.routed.get(),
+                messages_handled: entry.route.stats.handled.get(),
+                messages_dropped: entry.route.stats.dropped.get(),
+                mailbox_depth: entry.route.stats.depth.get(),
                 mailbox_capacity: entry.capacity,
                 children,
                 children_total,
@@ -589,7 +692,11 @@ impl Hive {
             .and_then(|recipient| recipient.downcast_ref::<Recipient<M>>())
             .cloned()
             .ok_or_else(|| HiveError::WrongType(name.to_owned()))?;
-        Ok((recipient, entry.stats.clone(), entry.slots.clone()))
+        Ok((
+            recipient,
+            entry.route.stats.clone(),
+            entry.route.slots.clone(),
+        ))
     }
 
     fn addr_target<A: Actor>(&self, name: &str) -> Result<AddrTarget<A>, HiveError> {
@@ -602,19 +709,14 @@ impl Hive {
             .downcast_ref::<Addr<A>>()
             .cloned()
             .ok_or_else(|| HiveError::WrongType(name.to_owned()))?;
-        Ok((addr, entry.stats.clone(), entry.slots.clone()))
+        Ok((addr, entry.route.stats.clone(), entry.route.slots.clone()))
     }
 
-    fn target(&self, name: &str) -> Result<Target, HiveError> {
-        let modules = self.read_modules();
-        let entry = modules
+    fn route(&self, name: &str) -> Result<Arc<Route>, HiveError> {
+        self.read_modules()
             .get(name)
-            .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?;
-        Ok((
-            entry.recipient.clone(),
-            entry.stats.clone(),
-            entry.slots.clone(),
-        ))
+            .map(|entry| entry.route.clone())
+            .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))
     }
 
     fn read_modules(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Entry>> {

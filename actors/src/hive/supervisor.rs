@@ -11,12 +11,12 @@
 //! A watcher is one parked future per supervised actor: it costs memory, never CPU, until
 //! its actor dies.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use actix::dev::channel::{self, AddressSender};
 use actix::{Actor, ActorContext, ActorFutureExt, Addr, ArbiterHandle, AsyncContext, Context};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use super::metrics::ModuleState;
 use super::metrics::ModuleStats;
@@ -55,6 +55,12 @@ pub(crate) trait Recipe: 'static {
         let _ = addr;
     }
 
+    /// [`Recipe::restarted`], given the sending end of the new actor's mailbox (the hive's
+    /// modules keep it to send envelopes through).
+    fn restarted_with(&mut self, mailbox: &AddressSender<Self::Actor>) {
+        self.restarted(&Addr::new(mailbox.clone()));
+    }
+
     /// The actor stopped for good (the hive shuts down, or [`Recipe::retired`] said so).
     fn stopped(&mut self) {}
 
@@ -66,50 +72,85 @@ pub(crate) trait Recipe: 'static {
 
 /// Starts the actor of `recipe` on the current arbiter and supervises it until `hive` shuts
 /// down (or the recipe retires). Must be called inside a running actix system.
-pub(super) fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> Addr<R::Actor> {
-    let (addr, died) = spawn_instance(hive, &mut recipe);
+/// Returns the sending end of its mailbox (an `Addr` is `Addr::new` of a clone).
+pub(super) fn supervise<R: Recipe>(hive: &Hive, mut recipe: R) -> AddressSender<R::Actor> {
+    let (mailbox, died) = spawn_instance(hive, &mut recipe);
     actix::spawn(watch(hive.clone(), recipe, died));
-    addr
+    mailbox
 }
 
 /// [`supervise`] on another arbiter: the actor, and every actor that replaces it, runs on
 /// `arbiter`'s thread, and so does its watcher. The address is ready at once (messages wait in
 /// the mailbox until the actor starts there). How a module spreads many children (CloudHub's
 /// node actors) over the cores, and how a busy module gets a thread of its own.
-pub(crate) fn supervise_on<R>(arbiter: &ArbiterHandle, hive: &Hive, mut recipe: R) -> Addr<R::Actor>
+#[cfg(feature = "cloud")] // CloudHub's node actors
+pub(crate) fn supervise_on<R>(arbiter: &ArbiterHandle, hive: &Hive, recipe: R) -> Addr<R::Actor>
 where
     R: Recipe + Send,
     R::Actor: Send,
 {
-    let (init, died) = instance(hive, &mut recipe);
-    let addr = R::Actor::start_in_arbiter(arbiter, init);
+    Addr::new(supervise_mailbox_on(arbiter, hive, recipe))
+}
+
+/// [`supervise_on`], returning the sending end of the actor's mailbox.
+fn supervise_mailbox_on<R>(
+    arbiter: &ArbiterHandle,
+    hive: &Hive,
+    mut recipe: R,
+) -> AddressSender<R::Actor>
+where
+    R: Recipe + Send,
+    R::Actor: Send,
+{
+    let (mailbox, died, start) = instance(hive, &mut recipe);
+    arbiter.spawn_fn(move || start.run());
     // Restarts (spawn_instance on the current arbiter) then happen on `arbiter` too.
     arbiter.spawn(watch(hive.clone(), recipe, died));
-    addr
+    mailbox
 }
 
 /// Starts an instance of `recipe` on the current arbiter.
-fn spawn_instance<R: Recipe>(hive: &Hive, recipe: &mut R) -> (Addr<R::Actor>, Died) {
-    let (init, died) = instance(hive, recipe);
-    (R::Actor::create(init), died)
+fn spawn_instance<R: Recipe>(hive: &Hive, recipe: &mut R) -> (AddressSender<R::Actor>, Died) {
+    let (mailbox, died, start) = instance(hive, recipe);
+    start.run();
+    (mailbox, died)
 }
 
-/// A fresh actor from `recipe`, as the context initialiser that gives it its mailbox capacity
-/// and its life guard, and the receiver that learns when it is gone.
+/// A fresh actor from `recipe`, not started yet: [`Start::run`] runs it on the current arbiter.
+struct Start<A: Actor> {
+    receiver: channel::AddressReceiver<A>,
+    actor: A,
+    /// Held by the actor's context: dropped when the actor is gone, whatever the reason.
+    guard: oneshot::Sender<()>,
+    /// Turns `true` when the hive shuts down.
+    stop: watch::Receiver<bool>,
+}
+
+impl<A: Actor<Context = Context<A>>> Start<A> {
+    /// As actix's `Actor::create`, with the mailbox made in [`instance`].
+    fn run(self) {
+        let mut ctx = Context::with_receiver(self.receiver);
+        ctx.spawn(life_guard::<A>(self.guard, self.stop));
+        actix::spawn(ctx.into_future(self.actor));
+    }
+}
+
+/// A fresh actor from `recipe`, with a mailbox of the recipe's capacity: the sending end of
+/// the mailbox (made here, not by actix, so the hive keeps a sender of its own), the receiver
+/// that learns when the instance is gone, and what starts it.
 fn instance<R: Recipe>(
     hive: &Hive,
     recipe: &mut R,
-) -> (impl FnOnce(&mut Context<R::Actor>) -> R::Actor, Died) {
+) -> (AddressSender<R::Actor>, Died, Start<R::Actor>) {
     let (guard, died) = oneshot::channel::<()>();
-    let stopped = hive.stopped();
-    let capacity = recipe.mailbox_capacity();
-    let actor = recipe.create();
-    let init = move |ctx: &mut Context<R::Actor>| {
-        ctx.set_mailbox_capacity(capacity);
-        ctx.spawn(life_guard::<R::Actor>(guard, stopped));
-        actor
+    let (mailbox, receiver) = channel::channel(recipe.mailbox_capacity());
+    let start = Start {
+        receiver,
+        actor: recipe.create(),
+        guard,
+        stop: hive.stop_signal(),
     };
-    (init, died)
+    (mailbox, died, start)
 }
 
 /// Resolves (with an error) when the instance whose life guard it belongs to is gone.
@@ -118,11 +159,12 @@ type Died = oneshot::Receiver<()>;
 /// The future that holds the guard and stops its actor when the hive shuts down.
 fn life_guard<A: Actor<Context = Context<A>>>(
     guard: oneshot::Sender<()>,
-    stopped: impl Future<Output = ()> + 'static,
+    mut stop: watch::Receiver<bool>,
 ) -> impl actix::ActorFuture<A, Output = ()> {
     actix::fut::wrap_future::<_, A>(async move {
         let _guard = guard;
-        stopped.await
+        // An error means the hive is gone, which also means: stop.
+        let _ = stop.wait_for(|stopped| *stopped).await;
     })
     .map(|(), _actor, ctx: &mut Context<A>| ctx.stop())
 }
@@ -154,8 +196,8 @@ async fn watch<R: Recipe>(hive: Hive, mut recipe: R, mut died: oneshot::Receiver
             recipe.stopped();
             return;
         }
-        let (addr, next) = spawn_instance(&hive, &mut recipe);
-        recipe.restarted(&addr);
+        let (mailbox, next) = spawn_instance(&hive, &mut recipe);
+        recipe.restarted_with(&mailbox);
         died = next;
     }
 }
@@ -181,14 +223,16 @@ impl Hive {
         M: Module,
         M::Actor: Send,
     {
-        self.register_module(module, |hive, recipe| supervise_on(arbiter, hive, recipe))
+        self.register_module(module, |hive, recipe| {
+            supervise_mailbox_on(arbiter, hive, recipe)
+        })
     }
 
     /// Registers `module` with the actor `supervise` starts from its recipe.
     fn register_module<M: Module>(
         &self,
         module: M,
-        supervise: impl FnOnce(&Hive, ModuleRecipe<M>) -> Addr<M::Actor>,
+        supervise: impl FnOnce(&Hive, ModuleRecipe<M>) -> AddressSender<M::Actor>,
     ) -> Result<Addr<M::Actor>, HiveError> {
         let name = module.name().to_owned();
         let group = module.group().to_owned();
@@ -237,8 +281,8 @@ impl<M: Module> Recipe for ModuleRecipe<M> {
         );
     }
 
-    fn restarted(&mut self, addr: &Addr<M::Actor>) {
-        self.hive.replace_addr(&self.stats.name, addr.clone());
+    fn restarted_with(&mut self, mailbox: &AddressSender<M::Actor>) {
+        self.hive.replace_addr(&self.stats.name, mailbox);
         self.stats.set_state(ModuleState::Running);
     }
 

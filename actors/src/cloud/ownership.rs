@@ -6,19 +6,22 @@
 //! With `modules.cloudHub.replica.enable`, [`start_replica`] gives the process an identity
 //! and two kinds of `coordination.k8s.io/v1` Lease in the `kubeedge` namespace:
 //!
-//! - its own, `edgehive-replica.{identity}`, renewed every `retryPeriod`: one write per
-//!   replica per period, whatever the number of nodes. A replica that has not renewed it for
+//! - its own, `edgehive-replica.{identity}`, renewed every `retryPeriod` through a cluster
+//!   port of its own (its own connection): one write per replica per period, whatever the
+//!   number of nodes, never queued behind the other writes. A replica that has not renewed it for
 //!   `renewDeadline` (shorter than `leaseDuration`) steps down: it sends nothing downstream,
 //!   resends nothing, reconciles nothing and writes no ObjectSync until it renews again
 //!   ([`ReplicaActing`]). Others count it dead once they have not seen it renewed for
 //!   `leaseDuration`, so it has stopped before anyone may think so. Stepped down for
 //!   `handOverAfter`, it closes each of its sessions once ([`HandOver`]), so their edges dial
 //!   the next replica on their list; a session opened on it while it is still stepped down is
-//!   closed after the same wait (not at once: with every replica cut off, edges cycle slowly).
+//!   closed after the same wait. Not while no other replica was seen live
+//!   (`another_replica_live`): with every replica stuck it keeps its sessions and says so.
 //! - one per node, `node.{node}` (the node's name in the `edgehive.io/node` annotation),
 //!   written when a session of the node opens on a replica: holder = the replica, its address
 //!   in `edgehive.io/address` (where another replica will forward to it). Never renewed: its
-//!   holder is alive while its replica's Lease is fresh.
+//!   holder is alive while its replica's Lease is fresh. These claims wait in a `ClaimQueue`
+//!   (one per node) and begin at a bounded rate (`Pace`).
 //!
 //! A replica serves a node when it acts and the node's Lease names it. All replicas watch the
 //! Leases ([`KindWatcher`]); one that sees a node's Lease move to another replica stops
@@ -630,7 +633,7 @@ async fn renew_forever(replica: Arc<Replica>, mut lease: LeaseKeeper) {
 
 /// Every `retry_period` while stepped down: closes (once) each session that has been open
 /// while this replica was stepped down for `hand_over_after`, unless no other replica was
-/// seen live ([`another_replica_live`]): then it keeps them and says so.
+/// seen live (`another_replica_live`): then it keeps them and says so.
 async fn hand_over_forever(replica: Arc<Replica>) {
     let wait = replica.options.hand_over_after;
     loop {

@@ -39,6 +39,8 @@ struct Writes {
     asked: Vec<String>,
     done: Vec<String>,
     leases: Vec<String>,
+    /// Lease reads.
+    lease_reads: Vec<String>,
 }
 
 /// A replica's way to the cluster: the faulty port, recording its record writes.
@@ -85,6 +87,13 @@ impl ClusterPort for Recording {
         "recording"
     }
     fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value> {
+        if kind == "Lease" {
+            self.writes
+                .lock()
+                .unwrap()
+                .lease_reads
+                .push(name.to_owned());
+        }
         self.inner.get(kind, namespace, name)
     }
     fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)> {
@@ -509,6 +518,10 @@ async fn an_edge_that_moves_to_another_replica_is_served_there_and_the_first_clo
     );
     assert_eq!(b.ownership_events("taken_over"), 1);
     assert_eq!(a.ownership_events("lost"), 1);
+    // cloud-b knew the node's Lease from its watch: its claim was one update, no read.
+    assert_eq!(b.node_lease_writes("edge-1"), 1);
+    let reads = b.writes.lock().unwrap().lease_reads.clone();
+    assert!(!reads.contains(&"node.edge-1".to_owned()), "{reads:?}");
     a.stop().await;
     b.stop().await;
 }

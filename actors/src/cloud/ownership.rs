@@ -153,6 +153,8 @@ struct Holder {
     address: String,
     /// The node Lease's resourceVersion this was read from (older events are ignored).
     version: String,
+    /// Its `leaseTransitions`.
+    transitions: u64,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -762,6 +764,7 @@ async fn watch_leases(replica: Arc<Replica>) {
                 .unwrap_or_default()
                 .to_owned(),
             version: meta_str(lease, "resourceVersion").to_owned(),
+            transitions: lease["spec"]["leaseTransitions"].as_u64().unwrap_or(0),
         };
         replica.holder_seen(node, holder);
     }
@@ -995,12 +998,48 @@ impl Replica {
         }
     }
 
-    /// Makes `node`'s Lease name this replica: created, or updated at the version read (a
-    /// conflict is read again and decided again). Returns what it now says and the holder it
-    /// replaced.
+    /// What this replica's write of a node Lease made it say.
+    fn written(&self, lease: &Value) -> Holder {
+        Holder {
+            replica: self.options.identity.clone(),
+            address: self.options.address.clone(),
+            version: meta_str(lease, "resourceVersion").to_owned(),
+            transitions: lease["spec"]["leaseTransitions"].as_u64().unwrap_or(0),
+        }
+    }
+
+    /// Makes `node`'s Lease name this replica: when the watch (or an earlier write) told its
+    /// version, one update at that version; else, or when that version is stale, read, then
+    /// created or updated at the version read (a conflict is read again and decided again).
+    /// Returns what it now says and the holder it replaced.
     async fn write_claim(&self, node: &str) -> Result<(Holder, Option<String>), ClusterError> {
         let name = node_lease_name(node);
         let identity = &self.options.identity;
+        let known = locks::lock(&self.holders).get(node).cloned();
+        if let Some(known) = known {
+            // The Lease as this replica writes it: nobody else writes node Leases but
+            // replicas, so nothing else in it is lost (uid and creation time are kept).
+            let now = micro_time(SystemTime::now());
+            let moved = u64::from(known.replica != *identity);
+            let lease = json!({
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": LEASE_NAMESPACE,
+                    "resourceVersion": known.version,
+                    "labels": {"edgehive.io/lease": "node"},
+                    "annotations": {NODE_ANNOTATION: node,
+                        ADDRESS_ANNOTATION: self.options.address}},
+                "spec": {"holderIdentity": identity, "acquireTime": now,
+                    "renewTime": now, "leaseTransitions": known.transitions + moved,
+                    "leaseDurationSeconds": self.options.lease_duration.as_secs().max(1)},
+            });
+            match self.cluster.update(lease).await {
+                Ok(updated) => return Ok((self.written(&updated), Some(known.replica))),
+                // Changed or gone since (409 or 404, whichever adapter): read it.
+                Err(error) if matches!(error.status(), 404 | 409) => {}
+                Err(error) => return Err(error),
+            }
+        }
         for _ in 0..5 {
             let now = micro_time(SystemTime::now());
             let written = match self
@@ -1041,18 +1080,14 @@ impl Replica {
                     lease["metadata"]["annotations"][NODE_ANNOTATION] = json!(node);
                     match self.cluster.update(lease).await {
                         Ok(updated) => Ok((updated, previous)),
-                        Err(ClusterError::Conflict { .. }) => continue,
+                        // A conflict (the kube adapter's is an `Api` 409): read again.
+                        Err(error) if error.status() == 409 => continue,
                         Err(error) => Err(error),
                     }
                 }
             };
             let (lease, previous) = written?;
-            let holder = Holder {
-                replica: identity.clone(),
-                address: self.options.address.clone(),
-                version: meta_str(&lease, "resourceVersion").to_owned(),
-            };
-            return Ok((holder, previous));
+            return Ok((self.written(&lease), previous));
         }
         Err(ClusterError::Unavailable(format!(
             "the Lease {LEASE_NAMESPACE}/{name} kept changing under this replica's claim"

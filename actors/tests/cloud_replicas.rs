@@ -41,6 +41,8 @@ struct Writes {
     leases: Vec<String>,
     /// Lease reads.
     lease_reads: Vec<String>,
+    /// Lists asked for, by kind.
+    lists: Vec<String>,
 }
 
 /// A replica's way to the cluster: the faulty port, recording its record writes.
@@ -97,6 +99,7 @@ impl ClusterPort for Recording {
         self.inner.get(kind, namespace, name)
     }
     fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)> {
+        self.writes.lock().unwrap().lists.push(kind.to_owned());
         self.inner.list(kind)
     }
     fn watch(&self, kind: &str) -> Watch {
@@ -897,5 +900,59 @@ async fn a_node_that_reconnects_while_its_claim_waits_costs_one_lease_write() {
         "one write for four sessions"
     );
     assert_eq!(a.gauge("edgehive_cloud_ownership_claims_waiting"), 0);
+    a.stop().await;
+}
+
+/// Nodes that come to a replica while its read of their sync records is under way (a slow
+/// API server at a failover) wait for that read to end and are read together next: one list
+/// of each record kind at a time, not one more per 100 ms.
+#[actix_rt::test]
+async fn nodes_that_come_during_a_read_of_records_wait_for_it_and_are_read_together() {
+    let cluster = EmbeddedCluster::new();
+    for node in ["edge-1", "edge-2", "edge-3"] {
+        edge_node(&cluster, node);
+        pod(&cluster, &format!("web-{node}"), node);
+    }
+    let a = Replica::start("cloud-a", &cluster, test_options()).await;
+    // SyncController's own read at start (records, then Nodes) done first.
+    let start = Instant::now();
+    loop {
+        let lists = a.writes.lock().unwrap().lists.clone();
+        let at = lists.iter().position(|kind| kind == "ClusterObjectSync");
+        if at.is_some_and(|at| lists[at..].iter().any(|kind| kind == "Node")) {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "no read at start: {lists:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    a.faulty.gate_lists(gate.clone());
+    let record_lists = || {
+        let writes = a.writes.lock().unwrap();
+        let lists = writes.lists.iter();
+        lists.filter(|kind| kind.ends_with("ObjectSync")).count()
+    };
+    let lists_before = record_lists();
+    let mut edges = Vec::new();
+    for node in ["edge-1", "edge-2", "edge-3"] {
+        edges.push(Edge::connect(a.addr(), node).await);
+        a.sees_owner(node, "cloud-a").await;
+        // Well past the 100 ms in which nodes are gathered for one read.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    assert_eq!(
+        record_lists() - lists_before,
+        1,
+        "record lists begun while the first is held: {:?}",
+        a.writes.lock().unwrap().lists
+    );
+    gate.add_permits(1_000);
+    // Each node is served once its records are read: its pod arrives.
+    for edge in &mut edges {
+        let got = next_pod(edge).await;
+        edge.ack(&got).await;
+    }
+    // Two reads in all (each a list of both record kinds).
+    assert_eq!(record_lists() - lists_before, 4);
     a.stop().await;
 }

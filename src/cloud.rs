@@ -154,10 +154,8 @@ impl CloudProcess {
         manifests: Option<&Path>,
         plug: impl FnOnce(&Plug) -> anyhow::Result<()>,
     ) -> anyhow::Result<Self> {
-        let (embedded, cluster): (Option<EmbeddedCluster>, SharedCluster) = match config
-            .kube_api_config
-            .kube_options()
-        {
+        let kube_options = config.kube_api_config.kube_options();
+        let (embedded, cluster): (Option<EmbeddedCluster>, SharedCluster) = match &kube_options {
             Some(options) => {
                 if manifests.is_some() {
                     anyhow::bail!(
@@ -176,7 +174,7 @@ impl CloudProcess {
                     // KubeEdge's reliable-sync CRDs, as cloudcore needs them.
                     required.extend_from_slice(&["ObjectSync", "ClusterObjectSync"]);
                 }
-                let kube = KubeCluster::connect(&options, &required)
+                let kube = KubeCluster::connect(options, &required)
                     .await
                     .context("cannot start on the Kubernetes API server")?;
                 (None, std::sync::Arc::new(kube))
@@ -273,8 +271,21 @@ impl CloudProcess {
                      Kubernetes cluster, and the embedded cluster belongs to one process"
                 );
             }
-            edgehive_actors::cloud::ownership::start_replica(&hive, cluster.clone(), options)
-                .await?;
+            // The replica's own Lease on a client of its own (its own kept-alive connection),
+            // so a renewal never waits behind the node-Lease and record writes on `cluster`'s.
+            let lease_cluster: SharedCluster = match &kube_options {
+                Some(kube) => std::sync::Arc::new(KubeCluster::connect(kube, &[]).await.context(
+                    "cannot open the replica's Lease connection to the Kubernetes API server",
+                )?),
+                None => cluster.clone(),
+            };
+            edgehive_actors::cloud::ownership::start_replica(
+                &hive,
+                cluster.clone(),
+                lease_cluster,
+                options,
+            )
+            .await?;
         }
         let security = CloudHubSecurity {
             tls: tls.clone(),

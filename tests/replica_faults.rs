@@ -1046,6 +1046,79 @@ fn edges_of_a_replica_cut_off_for_good_end_equal_through_the_live_one() {
     assert!(closed >= victims.len() as u64, "{closed} < {victims:?}");
 }
 
+/// Every replica stuck (here the only one, cut off from the API server for good as far as it
+/// can tell): stepped down past handOverAfterSeconds (unset: 12 s), it keeps its edges'
+/// sessions, since a hand-over would only move them between replicas that cannot act, and
+/// says so (`hand_over_held`, its gauge at 1); reconnected, it acts again and its edges, which
+/// never left, end equal to the cluster.
+#[test]
+fn a_replica_with_no_other_seen_live_keeps_its_edges_past_the_hand_over_wait_and_says_so() {
+    let rig = Rig::with(
+        1,
+        2,
+        "alone",
+        Setup {
+            proxied: true,
+            ..Setup::default()
+        },
+    );
+    for edge in &rig.edges {
+        assert!(rig
+            .kube
+            .create_pod(&format!("seed-{}", edge.node), &edge.node));
+    }
+    rig.converge("the seed pods");
+    let cut = &rig.replicas[0];
+    let step_down = "edgehive_cloud_ownership_total{event=\"step_down\"}";
+    let resumed = "edgehive_cloud_ownership_total{event=\"resumed\"}";
+    let held = "edgehive_cloud_ownership_total{event=\"hand_over_held\"}";
+    let handed_over = "edgehive_cloud_ownership_total{event=\"handed_over\"}";
+    let resumes = metric(&cut.admin, resumed);
+    let proxy = rig.proxy.as_ref().unwrap();
+    proxy.refuse(true);
+    proxy.cut();
+    wait("the cut-off replica stepping down", || {
+        let now = metric(&cut.admin, step_down);
+        let acting = metric(&cut.admin, "edgehive_cloud_ownership_acting");
+        (now > 0 && acting == 0).not_then(|| format!("step_down {now}, acting {acting}"))
+    });
+    // The hand-over wait runs out: held, not handed over.
+    wait("the hand-over decision", || {
+        let (kept, closed) = (metric(&cut.admin, held), metric(&cut.admin, handed_over));
+        (kept + closed > 0).not_then(|| format!("hand_over_held {kept}, handed_over {closed}"))
+    });
+    assert_eq!(metric(&cut.admin, handed_over), 0, "handed over");
+    assert_eq!(metric(&cut.admin, held), 1);
+    assert_eq!(
+        metric(&cut.admin, "edgehive_cloud_ownership_hand_over_held"),
+        1
+    );
+    for edge in &rig.edges {
+        assert!(rig
+            .kube
+            .create_pod(&format!("cut-{}", edge.node), &edge.node));
+        assert_eq!(
+            edge.connected_to().as_deref(),
+            Some(cut.websocket.as_str()),
+            "{}",
+            edge.node
+        );
+    }
+
+    proxy.refuse(false);
+    wait("the reconnected replica acting again", || {
+        let now = metric(&cut.admin, resumed);
+        (now > resumes).not_then(|| format!("resumed {now}"))
+    });
+    let compared = rig.converge("every edge equal to the cluster after the reconnect");
+    assert!(compared >= 2 * 2, "{compared}");
+    assert_eq!(metric(&cut.admin, handed_over), 0, "handed over");
+    assert_eq!(
+        metric(&cut.admin, "edgehive_cloud_ownership_hand_over_held"),
+        0
+    );
+}
+
 /// An edge whose store is wiped while the replica serving it dies comes back, with an empty
 /// store, to the other replica, which reads from the records that the edge acknowledged
 /// everything and has never seen its store: the store identity the first replica recorded

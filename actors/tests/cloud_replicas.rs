@@ -22,14 +22,13 @@ const LEASE_DURATION: Duration = Duration::from_secs(8);
 /// Renewed every 300 ms, acting for 3 s after a renewal, dead for others after 8 s (wide
 /// margins: a loaded machine must not make a replica step down, nor look dead, by accident).
 /// `hand_over_after`: zero (never) unless a test is about the hand-over.
-fn lease(identity: &str, address: SocketAddr, hand_over_after: Duration) -> ReplicaOptions {
+fn lease_options(hand_over_after: Duration) -> ReplicaOptions {
     ReplicaOptions {
-        identity: identity.into(),
-        address: address.to_string(),
         lease_duration: LEASE_DURATION,
         renew_deadline: Duration::from_secs(3),
         retry_period: Duration::from_millis(300),
         hand_over_after,
+        ..ReplicaOptions::default()
     }
 }
 
@@ -40,6 +39,10 @@ struct Writes {
     asked: Vec<String>,
     done: Vec<String>,
     leases: Vec<String>,
+    /// Lease reads.
+    lease_reads: Vec<String>,
+    /// Lists asked for, by kind.
+    lists: Vec<String>,
 }
 
 /// A replica's way to the cluster: the faulty port, recording its record writes.
@@ -86,9 +89,17 @@ impl ClusterPort for Recording {
         "recording"
     }
     fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> ClusterFuture<Value> {
+        if kind == "Lease" {
+            self.writes
+                .lock()
+                .unwrap()
+                .lease_reads
+                .push(name.to_owned());
+        }
         self.inner.get(kind, namespace, name)
     }
     fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)> {
+        self.writes.lock().unwrap().lists.push(kind.to_owned());
         self.inner.list(kind)
     }
     fn watch(&self, kind: &str) -> Watch {
@@ -132,19 +143,21 @@ impl ClusterPort for Recording {
     }
 }
 
-/// One cloud replica: its hive, its WebSocket server, its (faulty) way to the shared cluster
-/// and the record writes it made.
+/// One cloud replica: its hive, its WebSocket server, its (faulty) ways to the shared
+/// cluster (one for everything, one of its own for its Lease renewals, as a process has two
+/// clients) and the record writes it made.
 struct Replica {
     name: &'static str,
     hive: Hive,
     server: CloudHubServer,
     faulty: FaultyCluster,
+    lease_faulty: FaultyCluster,
     writes: Arc<Mutex<Writes>>,
 }
 
 impl Replica {
     async fn start(name: &'static str, cluster: &EmbeddedCluster, hub: CloudHubOptions) -> Self {
-        Self::handing_over(name, cluster, hub, Duration::ZERO).await
+        Self::with(name, cluster, hub, lease_options(Duration::ZERO)).await
     }
 
     /// A replica that closes its sessions after `hand_over_after` stepped down.
@@ -154,21 +167,37 @@ impl Replica {
         hub: CloudHubOptions,
         hand_over_after: Duration,
     ) -> Self {
+        Self::with(name, cluster, hub, lease_options(hand_over_after)).await
+    }
+
+    /// A replica with `options` (its identity and address filled in).
+    async fn with(
+        name: &'static str,
+        cluster: &EmbeddedCluster,
+        hub: CloudHubOptions,
+        options: ReplicaOptions,
+    ) -> Self {
         let hive = Hive::new(name);
         let faulty = FaultyCluster::new(cluster.clone());
+        let lease_faulty = FaultyCluster::new(cluster.clone());
         let writes = Arc::new(Mutex::new(Writes::default()));
         let port: SharedCluster = Arc::new(Recording {
             inner: Arc::new(faulty.clone()),
             writes: writes.clone(),
         });
+        let lease_port: SharedCluster = Arc::new(Recording {
+            inner: Arc::new(lease_faulty.clone()),
+            writes: writes.clone(),
+        });
         let server = start_cloudhub(&hive, hub).await.unwrap();
-        start_replica(
-            &hive,
-            port.clone(),
-            lease(name, server.local_addr(), hand_over_after),
-        )
-        .await
-        .unwrap();
+        let options = ReplicaOptions {
+            identity: name.into(),
+            address: server.local_addr().to_string(),
+            ..options
+        };
+        start_replica(&hive, port.clone(), lease_port, options)
+            .await
+            .unwrap();
         hive.start_module(EdgeControllerModule::new(&hive, port.clone()))
             .unwrap();
         hive.start_module(SyncControllerModule::new(
@@ -182,8 +211,15 @@ impl Replica {
             hive,
             server,
             faulty,
+            lease_faulty,
             writes,
         }
+    }
+
+    /// Cuts (or restores) both its connections to the cluster.
+    fn cut(&self, cut: bool) {
+        self.faulty.cut(cut);
+        self.lease_faulty.cut(cut);
     }
 
     fn addr(&self) -> SocketAddr {
@@ -244,6 +280,17 @@ impl Replica {
         let own = format!("edgehive-replica.{}", self.name);
         let mine = writes.leases.iter().filter(|name| **name == own).count();
         (mine, writes.leases.len() - mine)
+    }
+
+    /// Writes asked of the cluster for `node`'s Lease so far.
+    fn node_lease_writes(&self, node: &str) -> usize {
+        let name = format!("node.{node}");
+        let writes = self.writes.lock().unwrap();
+        writes.leases.iter().filter(|lease| **lease == name).count()
+    }
+
+    fn gauge(&self, name: &str) -> u64 {
+        metric_sum(&self.hive.metrics().encode(), name)
     }
 
     async fn stop(self) {
@@ -474,6 +521,10 @@ async fn an_edge_that_moves_to_another_replica_is_served_there_and_the_first_clo
     );
     assert_eq!(b.ownership_events("taken_over"), 1);
     assert_eq!(a.ownership_events("lost"), 1);
+    // cloud-b knew the node's Lease from its watch: its claim was one update, no read.
+    assert_eq!(b.node_lease_writes("edge-1"), 1);
+    let reads = b.writes.lock().unwrap().lease_reads.clone();
+    assert!(!reads.contains(&"node.edge-1".to_owned()), "{reads:?}");
     a.stop().await;
     b.stop().await;
 }
@@ -503,7 +554,7 @@ async fn a_replica_cut_off_from_the_cluster_stops_sending_before_its_lease_expir
     // Cut off: cloud-a cannot renew its Lease. It steps down within its renew deadline,
     // while cloud-b still sees its Lease fresh (before anyone may count it dead).
     let cut_at = Instant::now();
-    a.faulty.cut(true);
+    a.cut(true);
     while a.ownership_events("step_down") == 0 {
         assert!(
             cut_at.elapsed() < LEASE_DURATION,
@@ -543,7 +594,7 @@ async fn a_replica_cut_off_from_the_cluster_stops_sending_before_its_lease_expir
     }
 
     // Back: it renews, acts again and the edge gets the pod it has not ACKed.
-    a.faulty.cut(false);
+    a.cut(false);
     let resent = next_pod(&mut edge).await;
     assert_eq!(resent.id(), first.id());
     edge.ack(&resent).await;
@@ -696,8 +747,15 @@ async fn closed_after_the_wait(edge: &mut Edge, quiet: Duration) {
 async fn a_stepped_down_replica_closes_its_sessions_after_the_hand_over_wait_and_not_before() {
     let cluster = EmbeddedCluster::new();
     edge_node(&cluster, "edge-1");
+    edge_node(&cluster, "edge-2");
     let wait = Duration::from_secs(5);
     let a = Replica::handing_over("cloud-a", &cluster, test_options(), wait).await;
+    // Another replica, live (a hand-over has somewhere to go), serving edge-2.
+    let b = Replica::start("cloud-b", &cluster, test_options()).await;
+    let _on_b = Edge::connect(b.addr(), "edge-2").await;
+    b.sees_owner("edge-2", "cloud-b").await;
+    pod(&cluster, "web-2", "edge-2");
+    a.sees_owner("edge-2", "cloud-b").await;
     let mut edge = Edge::connect(a.addr(), "edge-1").await;
     a.sees_owner("edge-1", "cloud-a").await;
     let web = pod(&cluster, "web", "edge-1");
@@ -711,7 +769,7 @@ async fn a_stepped_down_replica_closes_its_sessions_after_the_hand_over_wait_and
 
     // Cut off: stepped down, the session is closed once the wait is over (the step-down was
     // seen at or after it happened; 3 s of 5 leave a margin for a slow poll).
-    a.faulty.cut(true);
+    a.cut(true);
     stepped_down(&a, 0).await;
     closed_after_the_wait(&mut edge, Duration::from_secs(3)).await;
     assert_eq!(a.ownership_events("handed_over"), 1);
@@ -722,7 +780,7 @@ async fn a_stepped_down_replica_closes_its_sessions_after_the_hand_over_wait_and
     assert_eq!(a.ownership_events("handed_over"), 2);
 
     // Back: acting again, a session stays.
-    a.faulty.cut(false);
+    a.cut(false);
     let start = Instant::now();
     while a.ownership_events("resumed") < 2 {
         assert!(start.elapsed() < DEADLINE, "cloud-a did not resume");
@@ -731,5 +789,170 @@ async fn a_stepped_down_replica_closes_its_sessions_after_the_hand_over_wait_and
     let mut back = Edge::connect(a.addr(), "edge-1").await;
     open_for(&mut back, wait + Duration::from_secs(1)).await;
     assert_eq!(a.ownership_events("handed_over"), 2);
+    assert_eq!(a.ownership_events("hand_over_held"), 0);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Every replica stuck (here the only one, cut off): a hand-over would only move the edge
+/// between replicas that cannot act, so the replica keeps its session past the wait and says
+/// so (`hand_over_held`, once, and its gauge while it lasts).
+#[actix_rt::test]
+async fn a_replica_stepped_down_with_no_other_replica_seen_live_keeps_its_sessions_and_says_so() {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-1");
+    let wait = Duration::from_secs(5);
+    let a = Replica::handing_over("cloud-a", &cluster, test_options(), wait).await;
+    let mut edge = Edge::connect(a.addr(), "edge-1").await;
+    a.sees_owner("edge-1", "cloud-a").await;
+
+    a.cut(true);
+    stepped_down(&a, 0).await;
+    // Well past the wait: still open, nothing handed over, held and said so.
+    open_for(&mut edge, wait + Duration::from_secs(4)).await;
+    assert_eq!(a.ownership_events("handed_over"), 0);
+    assert_eq!(a.ownership_events("hand_over_held"), 1);
+    assert_eq!(a.gauge("edgehive_cloud_ownership_hand_over_held"), 1);
+
+    // Back: acting, the hold is over and the session is the one it kept.
+    a.cut(false);
+    let start = Instant::now();
+    while a.ownership_events("resumed") < 2
+        || a.gauge("edgehive_cloud_ownership_hand_over_held") != 0
+    {
+        assert!(start.elapsed() < DEADLINE, "cloud-a did not resume");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    open_for(&mut edge, Duration::from_secs(1)).await;
+    assert_eq!(a.ownership_events("handed_over"), 0);
+    assert_eq!(a.ownership_events("hand_over_held"), 1);
+    a.stop().await;
+}
+
+/// A replica's Lease renewals go on a connection of their own: with every node-Lease write
+/// of the replica held (an API server behind on them), it keeps renewing and acting.
+#[actix_rt::test]
+async fn a_replica_keeps_its_lease_while_its_node_lease_writes_are_held() {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-1");
+    let a = Replica::start("cloud-a", &cluster, test_options()).await;
+    let held = Arc::new(tokio::sync::Semaphore::new(0));
+    a.faulty.hold_writes(&["Lease"], held.clone());
+    let _edge = Edge::connect(a.addr(), "edge-1").await;
+    let (renewals, _) = a.lease_writes();
+    // Past the renew deadline (3 s) with margin: still acting, renewals going on.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(a.ownership_events("step_down"), 0, "stepped down");
+    assert_eq!(a.gauge("edgehive_cloud_ownership_acting"), 1);
+    assert!(a.lease_writes().0 > renewals, "no renewal while held");
+    assert_eq!(
+        a.ownership_events("claimed"),
+        0,
+        "a claim answered while held"
+    );
+    // Released: the claim is answered and the node served.
+    held.add_permits(1000);
+    a.sees_owner("edge-1", "cloud-a").await;
+    let start = Instant::now();
+    while a.ownership_events("claimed") == 0 {
+        assert!(start.elapsed() < DEADLINE, "the claim was never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.stop().await;
+}
+
+/// Node-Lease writes wait their turn (paced, a bounded number in flight) and a node whose
+/// session opens several times while its claim waits costs one write.
+#[actix_rt::test]
+async fn a_node_that_reconnects_while_its_claim_waits_costs_one_lease_write() {
+    let cluster = EmbeddedCluster::new();
+    edge_node(&cluster, "edge-1");
+    edge_node(&cluster, "edge-2");
+    let options = ReplicaOptions {
+        // One claim a second, one in flight.
+        node_lease_writes_per_second: 1,
+        ..lease_options(Duration::ZERO)
+    };
+    let a = Replica::with("cloud-a", &cluster, test_options(), options).await;
+    let held = Arc::new(tokio::sync::Semaphore::new(0));
+    a.faulty.hold_writes(&["Lease"], held.clone());
+    let _first = Edge::connect(a.addr(), "edge-1").await;
+    let start = Instant::now();
+    while a.node_lease_writes("edge-1") == 0 {
+        assert!(start.elapsed() < DEADLINE, "edge-1's claim never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // edge-2 connects four times while edge-1's claim is in flight.
+    let mut sessions = Vec::new();
+    for _ in 0..4 {
+        sessions.push(Edge::connect(a.addr(), "edge-2").await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(a.ownership_events("claim_coalesced") >= 3);
+    assert_eq!(a.gauge("edgehive_cloud_ownership_claims_waiting"), 1);
+    held.add_permits(1000);
+    a.sees_owner("edge-1", "cloud-a").await;
+    a.sees_owner("edge-2", "cloud-a").await;
+    assert_eq!(a.node_lease_writes("edge-1"), 1);
+    assert_eq!(
+        a.node_lease_writes("edge-2"),
+        1,
+        "one write for four sessions"
+    );
+    assert_eq!(a.gauge("edgehive_cloud_ownership_claims_waiting"), 0);
+    a.stop().await;
+}
+
+/// Nodes that come to a replica while its read of their sync records is under way (a slow
+/// API server at a failover) wait for that read to end and are read together next: one list
+/// of each record kind at a time, not one more per 100 ms.
+#[actix_rt::test]
+async fn nodes_that_come_during_a_read_of_records_wait_for_it_and_are_read_together() {
+    let cluster = EmbeddedCluster::new();
+    for node in ["edge-1", "edge-2", "edge-3"] {
+        edge_node(&cluster, node);
+        pod(&cluster, &format!("web-{node}"), node);
+    }
+    let a = Replica::start("cloud-a", &cluster, test_options()).await;
+    // SyncController's own read at start (records, then Nodes) done first.
+    let start = Instant::now();
+    loop {
+        let lists = a.writes.lock().unwrap().lists.clone();
+        let at = lists.iter().position(|kind| kind == "ClusterObjectSync");
+        if at.is_some_and(|at| lists[at..].iter().any(|kind| kind == "Node")) {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "no read at start: {lists:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    a.faulty.gate_lists(gate.clone());
+    let record_lists = || {
+        let writes = a.writes.lock().unwrap();
+        let lists = writes.lists.iter();
+        lists.filter(|kind| kind.ends_with("ObjectSync")).count()
+    };
+    let lists_before = record_lists();
+    let mut edges = Vec::new();
+    for node in ["edge-1", "edge-2", "edge-3"] {
+        edges.push(Edge::connect(a.addr(), node).await);
+        a.sees_owner(node, "cloud-a").await;
+        // Well past the 100 ms in which nodes are gathered for one read.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    assert_eq!(
+        record_lists() - lists_before,
+        1,
+        "record lists begun while the first is held: {:?}",
+        a.writes.lock().unwrap().lists
+    );
+    gate.add_permits(1_000);
+    // Each node is served once its records are read: its pod arrives.
+    for edge in &mut edges {
+        let got = next_pod(edge).await;
+        edge.ack(&got).await;
+    }
+    // Two reads in all (each a list of both record kinds).
+    assert_eq!(record_lists() - lists_before, 4);
     a.stop().await;
 }

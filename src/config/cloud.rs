@@ -720,6 +720,9 @@ pub struct ReplicaConfig {
     /// move to another replica (more than renewDeadlineSeconds; 0: never); unset: twice
     /// leaseDurationSeconds.
     pub hand_over_after_seconds: Option<u64>,
+    /// Most node-Lease writes (one per session start, a node's waiting ones coalesced) begun
+    /// per second.
+    pub node_lease_writes_per_second: u32,
 }
 
 impl Default for ReplicaConfig {
@@ -735,6 +738,7 @@ impl Default for ReplicaConfig {
             renew_deadline_seconds: 10,
             retry_period_seconds: 2,
             hand_over_after_seconds: None,
+            node_lease_writes_per_second: 100,
         }
     }
 }
@@ -773,6 +777,12 @@ impl ReplicaConfig {
                 "seconds (0, or more than renewDeadlineSeconds)",
             )?;
         }
+        within(
+            "modules.cloudHub.replica.nodeLeaseWritesPerSecond",
+            u64::from(self.node_lease_writes_per_second),
+            1..=10_000,
+            "writes a second",
+        )?;
         within(
             "modules.cloudHub.replica.maxForwards",
             self.max_forwards as u64,
@@ -971,6 +981,7 @@ impl CloudHubConfig {
                     .hand_over_after_seconds
                     .unwrap_or(replica.lease_duration_seconds * 2),
             ),
+            node_lease_writes_per_second: replica.node_lease_writes_per_second,
         }))
     }
 

@@ -719,6 +719,13 @@ mod tests {
         assert_eq!(options.address, "10.0.0.5:10000");
         assert_eq!(options.lease_duration.as_secs(), 15);
         assert_eq!(options.hand_over_after.as_secs(), 30);
+        assert_eq!(options.node_lease_writes_per_second, 100);
+        let config = cloud(
+            "modules:\n  cloudHub:\n    replica:\n      enable: true\n      identity: cloud-a\n      address: 10.0.0.5:10000\n      nodeLeaseWritesPerSecond: 20\n",
+        )
+        .unwrap();
+        let options = config.modules.cloud_hub.replica_options().unwrap().unwrap();
+        assert_eq!(options.node_lease_writes_per_second, 20);
         for (yaml, seconds) in [("0", 0), ("11", 11)] {
             let config = cloud(&format!(
                 "modules:\n  cloudHub:\n    replica:\n      enable: true\n      identity: cloud-a\n      address: 10.0.0.5:10000\n      handOverAfterSeconds: {yaml}\n"
@@ -757,6 +764,11 @@ mod tests {
             ("identity: Cloud_A", "identity"),
             ("maxForwards: 0", "maxForwards"),
             ("forwardDialTimeoutSeconds: 0", "forwardDialTimeoutSeconds"),
+            ("nodeLeaseWritesPerSecond: 0", "nodeLeaseWritesPerSecond"),
+            (
+                "nodeLeaseWritesPerSecond: 10001",
+                "nodeLeaseWritesPerSecond",
+            ),
         ] {
             let error = cloud(&format!(
                 "modules:\n  cloudHub:\n    replica:\n      {yaml}\n"

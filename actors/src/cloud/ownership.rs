@@ -6,26 +6,29 @@
 //! With `modules.cloudHub.replica.enable`, [`start_replica`] gives the process an identity
 //! and two kinds of `coordination.k8s.io/v1` Lease in the `kubeedge` namespace:
 //!
-//! - its own, `edgehive-replica.{identity}`, renewed every `retryPeriod`: one write per
-//!   replica per period, whatever the number of nodes. A replica that has not renewed it for
+//! - its own, `edgehive-replica.{identity}`, renewed every `retryPeriod` through a cluster
+//!   port of its own (its own connection): one write per replica per period, whatever the
+//!   number of nodes, never queued behind the other writes. A replica that has not renewed it for
 //!   `renewDeadline` (shorter than `leaseDuration`) steps down: it sends nothing downstream,
 //!   resends nothing, reconciles nothing and writes no ObjectSync until it renews again
 //!   ([`ReplicaActing`]). Others count it dead once they have not seen it renewed for
 //!   `leaseDuration`, so it has stopped before anyone may think so. Stepped down for
 //!   `handOverAfter`, it closes each of its sessions once ([`HandOver`]), so their edges dial
 //!   the next replica on their list; a session opened on it while it is still stepped down is
-//!   closed after the same wait (not at once: with every replica cut off, edges cycle slowly).
+//!   closed after the same wait. Not while no other replica was seen live
+//!   (`another_replica_live`): with every replica stuck it keeps its sessions and says so.
 //! - one per node, `node.{node}` (the node's name in the `edgehive.io/node` annotation),
 //!   written when a session of the node opens on a replica: holder = the replica, its address
 //!   in `edgehive.io/address` (where another replica will forward to it). Never renewed: its
-//!   holder is alive while its replica's Lease is fresh.
+//!   holder is alive while its replica's Lease is fresh. These claims wait in a `ClaimQueue`
+//!   (one per node) and begin at a bounded rate (`Pace`).
 //!
 //! A replica serves a node when it acts and the node's Lease names it. All replicas watch the
 //! Leases ([`KindWatcher`]); one that sees a node's Lease move to another replica stops
 //! serving it (CloudHub closes its session, SyncController forgets its records:
 //! [`NodeOwner`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -40,7 +43,7 @@ use serde_json::{json, Value};
 use crate::cloud::cluster::{ClusterError, EventType, SharedCluster};
 use crate::cloud::contract::ownership::{HandOver, NodeOwner, RecordsRead, ReplicaActing};
 use crate::cloud::contract::route;
-use crate::cloud::watcher::{KindWatcher, WatchMetrics};
+use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
 use crate::hive::locks;
 use crate::hive::{Hive, HiveError, Refused};
 
@@ -74,6 +77,9 @@ pub struct ReplicaOptions {
     /// How long the replica stays stepped down before it closes its sessions, so their
     /// edges move to another replica; zero: never. Longer than `renew_deadline`.
     pub hand_over_after: Duration,
+    /// Most node-Lease writes (claims, one per session start, coalesced per node) begun per
+    /// second; at most a tenth of it (1 to 16) in flight at once.
+    pub node_lease_writes_per_second: u32,
 }
 
 impl Default for ReplicaOptions {
@@ -85,6 +91,7 @@ impl Default for ReplicaOptions {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
             hand_over_after: Duration::from_secs(30),
+            node_lease_writes_per_second: 100,
         }
     }
 }
@@ -114,6 +121,11 @@ impl ReplicaOptions {
                 "renewDeadlineSeconds must be shorter than leaseDurationSeconds".into(),
             ));
         }
+        if self.node_lease_writes_per_second == 0 {
+            return Err(ReplicaError::Invalid(
+                "nodeLeaseWritesPerSecond must be at least 1".into(),
+            ));
+        }
         if !self.hand_over_after.is_zero() && self.hand_over_after <= self.renew_deadline {
             return Err(ReplicaError::Invalid(
                 "handOverAfterSeconds must be 0 or longer than renewDeadlineSeconds".into(),
@@ -141,6 +153,8 @@ struct Holder {
     address: String,
     /// The node Lease's resourceVersion this was read from (older events are ignored).
     version: String,
+    /// Its `leaseTransitions`.
+    transitions: u64,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -153,6 +167,8 @@ struct Metrics {
     events: Family<EventLabels, Counter>,
     acting: Gauge,
     served: Gauge,
+    claims_waiting: Gauge,
+    hand_over_held: Gauge,
 }
 
 impl Metrics {
@@ -164,7 +180,9 @@ impl Metrics {
              taken_over (claimed from another replica), lost (another replica took a node), \
              step_down (its Lease not renewed in time), resumed (renewed again), \
              handed_over (a session closed after handOverAfterSeconds stepped down, one per \
-             session), renew_failed, claim_failed",
+             session), hand_over_held (a hand-over due but held: no other replica seen live), \
+             claim_coalesced (a session start whose node's claim was already waiting), \
+             renew_failed, claim_failed",
             self.events.clone(),
         );
         registry.register(
@@ -176,6 +194,17 @@ impl Metrics {
             "edgehive_cloud_ownership_nodes",
             "Nodes whose Lease names this replica",
             self.served.clone(),
+        );
+        registry.register(
+            "edgehive_cloud_ownership_claims_waiting",
+            "Nodes whose Lease write (claim) waits for its turn (nodeLeaseWritesPerSecond)",
+            self.claims_waiting.clone(),
+        );
+        registry.register(
+            "edgehive_cloud_ownership_hand_over_held",
+            "1 while this replica is stepped down past handOverAfterSeconds and keeps its \
+             sessions because it has seen no other replica live (every replica stuck)",
+            self.hand_over_held.clone(),
         );
     }
 
@@ -192,6 +221,8 @@ impl Metrics {
 struct Replica {
     hive: Hive,
     cluster: SharedCluster,
+    /// The same cluster on a connection of its own: this replica's Lease renewals.
+    lease_cluster: SharedCluster,
     options: ReplicaOptions,
     acting: AtomicBool,
     /// The node's holder, from this replica's writes and the watch.
@@ -202,7 +233,107 @@ struct Replica {
     stepped_down: Mutex<Option<Instant>>,
     /// Other replicas' Leases: the resourceVersion seen and when it was first seen.
     replicas: Mutex<HashMap<String, (String, Instant)>>,
+    /// When the watch of the Leases last told anything: what this replica knows of the
+    /// cluster is as of then.
+    view: Mutex<Option<Instant>>,
+    /// Claims waiting for their write, one per node.
+    claims: Mutex<ClaimQueue>,
+    /// Woken when a claim is queued.
+    claims_queued: tokio::sync::Notify,
     metrics: Metrics,
+}
+
+/// Node-Lease claims waiting for their write: one per node. A node whose session opens again
+/// while its claim waits keeps its place, and the latest session is the one claimed for, so
+/// a node that reconnects several times costs one write. Holds at most one entry per node
+/// that opened a session here since the queue last drained (an entry whose session ended is
+/// dropped when its turn comes).
+#[derive(Debug, Default)]
+struct ClaimQueue {
+    order: VecDeque<String>,
+    waiting: HashMap<String, u64>,
+}
+
+impl ClaimQueue {
+    /// Queues a claim of `node` for `session`; `false` when one was waiting already (it now
+    /// claims for the newer of the two sessions: ids grow).
+    fn push(&mut self, node: &str, session: u64) -> bool {
+        if let Some(waiting) = self.waiting.get_mut(node) {
+            *waiting = (*waiting).max(session);
+            return false;
+        }
+        self.waiting.insert(node.to_owned(), session);
+        self.order.push_back(node.to_owned());
+        true
+    }
+
+    /// The claim whose turn it is.
+    fn pop(&mut self) -> Option<(String, u64)> {
+        let node = self.order.pop_front()?;
+        let session = self.waiting.remove(&node)?;
+        Some((node, session))
+    }
+
+    fn len(&self) -> usize {
+        self.waiting.len()
+    }
+}
+
+/// At most `rate` claims begun a second (a token bucket holding one second's worth).
+#[derive(Debug)]
+struct Pace {
+    rate: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Pace {
+    fn new(rate: u32, now: Instant) -> Self {
+        let rate = f64::from(rate.max(1));
+        Pace {
+            rate,
+            tokens: rate,
+            at: now,
+        }
+    }
+
+    /// Takes a claim's turn at `now`, or says how long until there is one.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = self.at.max(now);
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.rate);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = Duration::from_secs_f64((1.0 - self.tokens) / self.rate);
+            Err(wait.max(Duration::from_millis(1)))
+        }
+    }
+}
+
+/// Claims in flight at once for `rate` a second: a tenth of it, 1 to 16.
+fn claims_in_flight(rate: u32) -> usize {
+    (rate / 10).clamp(1, 16) as usize
+}
+
+/// Whether a hand-over would move edges to a replica that can serve them: another replica's
+/// Lease was seen renewed (`renewals`: when each was last seen renewed) within
+/// `lease_duration` before `view`, the last time the watch of the Leases told anything. With
+/// the watch working that is "another replica is alive now"; with this replica cut off, "one
+/// was alive when it lost sight of the cluster". None seen (every replica stuck, or this one
+/// alone): `false`.
+fn another_replica_live(
+    renewals: impl IntoIterator<Item = Instant>,
+    view: Option<Instant>,
+    lease_duration: Duration,
+) -> bool {
+    let Some(view) = view else {
+        return false;
+    };
+    renewals
+        .into_iter()
+        .any(|seen| view.saturating_duration_since(seen) < lease_duration)
 }
 
 /// A session open on this replica.
@@ -276,7 +407,8 @@ impl Ownership {
     }
 
     /// A session of `node` opened here (id `session`): a replica records that it serves the
-    /// node (one write), and serves it once that is written.
+    /// node (one write, queued and paced: `node_lease_writes_per_second`), and serves it once
+    /// that is written.
     pub fn session_opened(&self, node: &str, session: u64) {
         if let Some(replica) = self.replica.get() {
             let open = OpenSession {
@@ -285,7 +417,7 @@ impl Ownership {
                 handed_over: false,
             };
             locks::lock(&replica.sessions).insert(node.to_owned(), open);
-            Replica::claim(replica.clone(), node.to_owned(), session);
+            replica.queue_claim(node, session);
         }
     }
 
@@ -301,12 +433,18 @@ impl Ownership {
     }
 }
 
-/// Starts `hive`'s replica: its Lease (renewed on this arbiter every `retry_period`) and the
-/// watch of the Leases. Returns once the first renewal was tried; the replica acts from its
-/// first renewal on.
+/// Starts `hive`'s replica: its Lease (renewed on this arbiter every `retry_period`), the
+/// node-Lease writer and the watch of the Leases. Returns once the first renewal was tried;
+/// the replica acts from its first renewal on.
+///
+/// `lease_cluster` is the same cluster as `cluster` on a connection of its own (for the kube
+/// adapter a second client, so a kept-alive connection of its own): the replica's renewals
+/// go there and never wait behind the node-Lease, record and controller writes on
+/// `cluster`'s connections.
 pub async fn start_replica(
     hive: &Hive,
     cluster: SharedCluster,
+    lease_cluster: SharedCluster,
     options: ReplicaOptions,
 ) -> Result<(), ReplicaError> {
     options.check()?;
@@ -315,6 +453,7 @@ pub async fn start_replica(
     let replica = Arc::new(Replica {
         hive: hive.clone(),
         cluster,
+        lease_cluster,
         options,
         acting: AtomicBool::new(false),
         holders: Mutex::default(),
@@ -322,6 +461,9 @@ pub async fn start_replica(
         // Not acting until the first renewal.
         stepped_down: Mutex::new(Some(Instant::now())),
         replicas: Mutex::default(),
+        view: Mutex::default(),
+        claims: Mutex::default(),
+        claims_queued: tokio::sync::Notify::new(),
         metrics,
     });
     if Ownership::of(hive).replica.set(replica.clone()).is_err() {
@@ -333,6 +475,7 @@ pub async fn start_replica(
     let mut lease = LeaseKeeper::default();
     lease.renew_once(&replica).await;
     actix::spawn(renew_forever(replica.clone(), lease));
+    actix::spawn(claim_forever(replica.clone()));
     if !replica.options.hand_over_after.is_zero() {
         actix::spawn(hand_over_forever(replica.clone()));
     }
@@ -395,7 +538,7 @@ impl LeaseKeeper {
         let lease = match self.last.take() {
             Some(lease) => lease,
             None => match replica
-                .cluster
+                .lease_cluster
                 .get("Lease", Some(LEASE_NAMESPACE), &name)
                 .await
             {
@@ -411,7 +554,7 @@ impl LeaseKeeper {
                             "leaseDurationSeconds": seconds,
                             "acquireTime": now, "renewTime": now, "leaseTransitions": 0},
                     });
-                    self.last = Some(replica.cluster.create(lease).await?);
+                    self.last = Some(replica.lease_cluster.create(lease).await?);
                     return Ok(());
                 }
                 Err(error) => return Err(error),
@@ -424,7 +567,7 @@ impl LeaseKeeper {
         lease["metadata"]["annotations"][ADDRESS_ANNOTATION] = json!(options.address);
         // A conflict (someone else wrote it: a replica with the same identity, an
         // operator) is read again on the next renewal.
-        self.last = Some(replica.cluster.update(lease).await?);
+        self.last = Some(replica.lease_cluster.update(lease).await?);
         Ok(())
     }
 
@@ -491,22 +634,37 @@ async fn renew_forever(replica: Arc<Replica>, mut lease: LeaseKeeper) {
 }
 
 /// Every `retry_period` while stepped down: closes (once) each session that has been open
-/// while this replica was stepped down for `hand_over_after`.
+/// while this replica was stepped down for `hand_over_after`, unless no other replica was
+/// seen live (`another_replica_live`): then it keeps them and says so.
 async fn hand_over_forever(replica: Arc<Replica>) {
     let wait = replica.options.hand_over_after;
     loop {
         tokio::time::sleep(replica.options.retry_period).await;
         let Some(since) = *locks::lock(&replica.stepped_down) else {
+            replica.hold_hand_over(false, 0);
             continue;
         };
         let due: Vec<(String, u64)> = locks::lock(&replica.sessions)
-            .iter_mut()
+            .iter()
             .filter(|(_, open)| !open.handed_over && open.opened.max(since).elapsed() >= wait)
-            .map(|(node, open)| {
-                open.handed_over = true;
-                (node.clone(), open.id)
-            })
+            .map(|(node, open)| (node.clone(), open.id))
             .collect();
+        if due.is_empty() {
+            continue;
+        }
+        if !replica.another_replica_live() {
+            replica.hold_hand_over(true, due.len());
+            continue;
+        }
+        replica.hold_hand_over(false, 0);
+        {
+            let mut sessions = locks::lock(&replica.sessions);
+            for (node, session) in &due {
+                if let Some(open) = sessions.get_mut(node).filter(|open| open.id == *session) {
+                    open.handed_over = true;
+                }
+            }
+        }
         for (node, session) in due {
             let hand_over = HandOver {
                 node: node.clone(),
@@ -526,6 +684,38 @@ async fn hand_over_forever(replica: Arc<Replica>) {
     }
 }
 
+/// Writes the queued claims: at most `node_lease_writes_per_second` begun a second, at most
+/// [`claims_in_flight`] at once.
+async fn claim_forever(replica: Arc<Replica>) {
+    let rate = replica.options.node_lease_writes_per_second;
+    let slots = Arc::new(tokio::sync::Semaphore::new(claims_in_flight(rate)));
+    let mut pace = Pace::new(rate, Instant::now());
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        loop {
+            let queued = replica.claims_queued.notified();
+            if locks::lock(&replica.claims).len() > 0 {
+                break;
+            }
+            queued.await;
+        }
+        while let Err(wait) = pace.take(Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+        let next = {
+            let mut claims = locks::lock(&replica.claims);
+            let next = claims.pop();
+            replica.metrics.claims_waiting.set(claims.len() as i64);
+            next
+        };
+        if let Some((node, session)) = next {
+            actix::spawn(Replica::claim(replica.clone(), node, session, slot));
+        }
+    }
+}
+
 /// Follows the Leases: node Leases say who serves each node, replica Leases whether a
 /// replica is alive.
 async fn watch_leases(replica: Arc<Replica>) {
@@ -535,7 +725,11 @@ async fn watch_leases(replica: Arc<Replica>) {
     // Lease name → node, for deletes (which carry the identity only).
     let mut names: HashMap<String, String> = HashMap::new();
     loop {
-        let Some(event) = watcher.next().await.into_event() else {
+        let change = watcher.next().await;
+        if !matches!(change, Change::Interrupted(_)) {
+            *locks::lock(&replica.view) = Some(Instant::now());
+        }
+        let Some(event) = change.into_event() else {
             continue;
         };
         let lease = &event.object;
@@ -570,6 +764,7 @@ async fn watch_leases(replica: Arc<Replica>) {
                 .unwrap_or_default()
                 .to_owned(),
             version: meta_str(lease, "resourceVersion").to_owned(),
+            transitions: lease["spec"]["leaseTransitions"].as_u64().unwrap_or(0),
         };
         replica.holder_seen(node, holder);
     }
@@ -705,61 +900,146 @@ impl Replica {
         }
     }
 
-    /// Writes that this replica serves `node`, for session `session`, trying again while the
-    /// session is the node's here.
-    fn claim(replica: Arc<Replica>, node: String, session: u64) {
-        actix::spawn(async move {
-            let mut wait = Duration::from_millis(100);
-            loop {
+    /// Queues the claim of `node` for `session` (coalesced with one already waiting).
+    fn queue_claim(&self, node: &str, session: u64) {
+        let added = {
+            let mut claims = locks::lock(&self.claims);
+            let added = claims.push(node, session);
+            self.metrics.claims_waiting.set(claims.len() as i64);
+            added
+        };
+        if added {
+            self.claims_queued.notify_one();
+        } else {
+            self.metrics.count("claim_coalesced");
+        }
+    }
+
+    /// Whether another replica was seen live as of this replica's last view of the cluster.
+    fn another_replica_live(&self) -> bool {
+        let view = *locks::lock(&self.view);
+        let renewals: Vec<Instant> = locks::lock(&self.replicas)
+            .iter()
+            .filter(|(identity, _)| **identity != self.options.identity)
+            .map(|(_, (_, seen))| *seen)
+            .collect();
+        another_replica_live(renewals, view, self.options.lease_duration)
+    }
+
+    /// Holds (or stops holding) a due hand-over, saying so once each way.
+    fn hold_hand_over(&self, held: bool, sessions: usize) {
+        if (self.metrics.hand_over_held.get() == 1) == held {
+            return;
+        }
+        self.metrics.hand_over_held.set(i64::from(held));
+        let identity = &self.options.identity;
+        if held {
+            self.metrics.count("hand_over_held");
+            tracing::warn!(%identity, sessions, "stepped down past handOverAfterSeconds, but no other replica was seen live: keeping the sessions (a hand-over would only move edges between replicas that cannot act)");
+        } else {
+            tracing::info!(%identity, "no hand-over held any more");
+        }
+    }
+
+    /// Writes that this replica serves `node`, for session `session`, if the session is
+    /// still the node's here; on a failure queues it again after a wait. `slot` is its place
+    /// among the claims in flight.
+    async fn claim(
+        replica: Arc<Replica>,
+        node: String,
+        session: u64,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let current = locks::lock(&replica.sessions)
+            .get(&node)
+            .is_some_and(|open| open.id == session);
+        if !current {
+            return;
+        }
+        match replica.write_claim(&node).await {
+            Ok((holder, previous)) => {
+                drop(slot);
+                let was_mine = {
+                    let mut holders = locks::lock(&replica.holders);
+                    let known = holders.get(&node);
+                    let was_mine =
+                        known.is_some_and(|known| known.replica == replica.options.identity);
+                    if known.is_none_or(|known| is_newer(&holder.version, &known.version)) {
+                        holders.insert(node.clone(), holder);
+                    }
+                    was_mine
+                };
+                let event = match previous {
+                    Some(other) if other != replica.options.identity => "taken_over",
+                    _ => "claimed",
+                };
+                replica.metrics.count(event);
+                tracing::info!(%node, session, event, "this replica serves the node");
+                if was_mine {
+                    // Still ours (a reconnect): the pool knows what the edge has.
+                    replica.records_read(&node);
+                } else {
+                    replica.moved(&node, false, replica.holds(&node));
+                }
+            }
+            Err(error) => {
+                drop(slot);
+                replica.metrics.count("claim_failed");
+                let wait = replica.options.retry_period;
+                tracing::warn!(%node, %error, retry_in = ?wait, "cannot record that this replica serves the node");
+                tokio::time::sleep(wait).await;
                 let current = locks::lock(&replica.sessions)
                     .get(&node)
                     .is_some_and(|open| open.id == session);
-                if !current {
-                    return;
-                }
-                match replica.write_claim(&node).await {
-                    Ok((holder, previous)) => {
-                        let was_mine = {
-                            let mut holders = locks::lock(&replica.holders);
-                            let known = holders.get(&node);
-                            let was_mine = known
-                                .is_some_and(|known| known.replica == replica.options.identity);
-                            if known.is_none_or(|known| is_newer(&holder.version, &known.version)) {
-                                holders.insert(node.clone(), holder);
-                            }
-                            was_mine
-                        };
-                        let event = match previous {
-                            Some(other) if other != replica.options.identity => "taken_over",
-                            _ => "claimed",
-                        };
-                        replica.metrics.count(event);
-                        tracing::info!(%node, session, event, "this replica serves the node");
-                        if was_mine {
-                            // Still ours (a reconnect): the pool knows what the edge has.
-                            replica.records_read(&node);
-                        } else {
-                            replica.moved(&node, false, replica.holds(&node));
-                        }
-                        return;
-                    }
-                    Err(error) => {
-                        replica.metrics.count("claim_failed");
-                        tracing::warn!(%node, %error, retry_in = ?wait, "cannot record that this replica serves the node");
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(replica.options.retry_period);
-                    }
+                if current {
+                    replica.queue_claim(&node, session);
                 }
             }
-        });
+        }
     }
 
-    /// Makes `node`'s Lease name this replica: created, or updated at the version read (a
-    /// conflict is read again and decided again). Returns what it now says and the holder it
-    /// replaced.
+    /// What this replica's write of a node Lease made it say.
+    fn written(&self, lease: &Value) -> Holder {
+        Holder {
+            replica: self.options.identity.clone(),
+            address: self.options.address.clone(),
+            version: meta_str(lease, "resourceVersion").to_owned(),
+            transitions: lease["spec"]["leaseTransitions"].as_u64().unwrap_or(0),
+        }
+    }
+
+    /// Makes `node`'s Lease name this replica: when the watch (or an earlier write) told its
+    /// version, one update at that version; else, or when that version is stale, read, then
+    /// created or updated at the version read (a conflict is read again and decided again).
+    /// Returns what it now says and the holder it replaced.
     async fn write_claim(&self, node: &str) -> Result<(Holder, Option<String>), ClusterError> {
         let name = node_lease_name(node);
         let identity = &self.options.identity;
+        let known = locks::lock(&self.holders).get(node).cloned();
+        if let Some(known) = known {
+            // The Lease as this replica writes it: nobody else writes node Leases but
+            // replicas, so nothing else in it is lost (uid and creation time are kept).
+            let now = micro_time(SystemTime::now());
+            let moved = u64::from(known.replica != *identity);
+            let lease = json!({
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": LEASE_NAMESPACE,
+                    "resourceVersion": known.version,
+                    "labels": {"edgehive.io/lease": "node"},
+                    "annotations": {NODE_ANNOTATION: node,
+                        ADDRESS_ANNOTATION: self.options.address}},
+                "spec": {"holderIdentity": identity, "acquireTime": now,
+                    "renewTime": now, "leaseTransitions": known.transitions + moved,
+                    "leaseDurationSeconds": self.options.lease_duration.as_secs().max(1)},
+            });
+            match self.cluster.update(lease).await {
+                Ok(updated) => return Ok((self.written(&updated), Some(known.replica))),
+                // Changed or gone since (409 or 404, whichever adapter): read it.
+                Err(error) if matches!(error.status(), 404 | 409) => {}
+                Err(error) => return Err(error),
+            }
+        }
         for _ in 0..5 {
             let now = micro_time(SystemTime::now());
             let written = match self
@@ -800,18 +1080,14 @@ impl Replica {
                     lease["metadata"]["annotations"][NODE_ANNOTATION] = json!(node);
                     match self.cluster.update(lease).await {
                         Ok(updated) => Ok((updated, previous)),
-                        Err(ClusterError::Conflict { .. }) => continue,
+                        // A conflict (the kube adapter's is an `Api` 409): read again.
+                        Err(error) if error.status() == 409 => continue,
                         Err(error) => Err(error),
                     }
                 }
             };
             let (lease, previous) = written?;
-            let holder = Holder {
-                replica: identity.clone(),
-                address: self.options.address.clone(),
-                version: meta_str(&lease, "resourceVersion").to_owned(),
-            };
-            return Ok((holder, previous));
+            return Ok((self.written(&lease), previous));
         }
         Err(ClusterError::Unavailable(format!(
             "the Lease {LEASE_NAMESPACE}/{name} kept changing under this replica's claim"
@@ -839,6 +1115,70 @@ mod tests {
     }
 
     #[test]
+    fn a_node_that_reconnects_while_its_claim_waits_is_claimed_once_for_its_last_session() {
+        let mut queue = ClaimQueue::default();
+        assert!(queue.push("edge-a", 1));
+        assert!(queue.push("edge-b", 2));
+        for session in [3, 5, 4] {
+            assert!(!queue.push("edge-a", session), "coalesced");
+        }
+        assert_eq!(queue.len(), 2);
+        assert_eq!(queue.pop(), Some(("edge-a".to_owned(), 5)));
+        assert_eq!(queue.pop(), Some(("edge-b".to_owned(), 2)));
+        assert_eq!(queue.pop(), None);
+        // Its turn taken, a new session of the node queues again.
+        assert!(queue.push("edge-a", 6));
+        assert_eq!(queue.pop(), Some(("edge-a".to_owned(), 6)));
+        assert_eq!((queue.len(), queue.order.len()), (0, 0));
+    }
+
+    #[test]
+    fn claims_are_paced_at_the_configured_rate_whatever_the_backlog() {
+        let start = Instant::now();
+        let mut pace = Pace::new(100, start);
+        // A second's worth at once, then one per 10 ms.
+        let burst = (0..1000).take_while(|_| pace.take(start).is_ok()).count();
+        assert_eq!(burst, 100);
+        let wait = pace.take(start).unwrap_err();
+        assert!(wait <= Duration::from_millis(10), "{wait:?}");
+        // Ten simulated seconds of a backlog that always waits: at most 100 a second.
+        let mut now = start;
+        let mut taken = 0;
+        while now < start + Duration::from_secs(10) {
+            match pace.take(now) {
+                Ok(()) => taken += 1,
+                Err(wait) => now += wait,
+            }
+        }
+        assert!((990..=1001).contains(&taken), "{taken}");
+        // Idle for a minute: still one second's worth, not sixty.
+        now += Duration::from_secs(60);
+        let burst = (0..10_000).take_while(|_| pace.take(now).is_ok()).count();
+        assert_eq!(burst, 100);
+        assert_eq!(claims_in_flight(100), 10);
+        assert_eq!(claims_in_flight(1), 1);
+        assert_eq!(claims_in_flight(5000), 16);
+    }
+
+    #[test]
+    fn a_hand_over_needs_another_replica_seen_live_as_of_the_last_view() {
+        let lease = Duration::from_secs(15);
+        let t0 = Instant::now();
+        let at = |seconds: u64| t0 + Duration::from_secs(seconds);
+        // Every replica stuck, the watch still telling (node Leases written): the others'
+        // Leases were last renewed 20 s before the view: nowhere better to go.
+        assert!(!another_replica_live([at(0), at(1)], Some(at(21)), lease));
+        // One of them renewed 2 s before the view: it is live, hand over.
+        assert!(another_replica_live([at(0), at(19)], Some(at(21)), lease));
+        // This replica cut off at 10 s (its watch silent since), the other renewed at 9 s:
+        // live as far as this replica could see, however long ago that was.
+        assert!(another_replica_live([at(9)], Some(at(10)), lease));
+        // Alone, or no view yet: keep the sessions.
+        assert!(!another_replica_live([], Some(at(10)), lease));
+        assert!(!another_replica_live([at(9)], None, lease));
+    }
+
+    #[test]
     fn options_that_would_act_past_the_lease_are_refused() {
         let good = ReplicaOptions {
             identity: "cloud-a".into(),
@@ -860,6 +1200,11 @@ mod tests {
             ..good.clone()
         };
         assert_eq!(never.check(), Ok(()));
+        let unpaced = ReplicaOptions {
+            node_lease_writes_per_second: 0,
+            ..good.clone()
+        };
+        assert!(unpaced.check().is_err());
         let bad_name = ReplicaOptions {
             identity: "Cloud_A".into(),
             ..good

@@ -197,6 +197,7 @@ impl Module for SyncControllerModule {
             suspects_due: None,
             ownership: Ownership::of(hive),
             to_load: BTreeSet::new(),
+            loading: false,
         }
     }
 
@@ -238,6 +239,9 @@ pub struct SyncController {
     ownership: Arc<Ownership>,
     /// Nodes served since the last read of records: their records are read together.
     to_load: BTreeSet<String>,
+    /// A read of records for `to_load`'s nodes is under way: the nodes that come meanwhile
+    /// wait for the next one (one list of each record kind at a time, however many come).
+    loading: bool,
 }
 
 impl Actor for SyncController {
@@ -608,20 +612,25 @@ impl SyncController {
 
     /// `node` came to be served here (a replica): its records are read from the cluster with
     /// those of the other nodes that came meanwhile, one list of each record kind for all of
-    /// them (a failover moves many nodes at once).
+    /// them (a failover moves many nodes at once), one read at a time: nodes that come while
+    /// one is under way wait for it to end.
     fn load_node(&mut self, node: String, ctx: &mut Context<Self>) {
         let first = self.to_load.is_empty();
         self.to_load.insert(node);
-        if first {
+        if first && !self.loading {
             ctx.run_later(FLUSH_INTERVAL, |act, ctx| act.load_nodes(ctx));
         }
     }
 
     fn load_nodes(&mut self, ctx: &mut Context<Self>) {
+        if self.loading {
+            return;
+        }
         let wanted = std::mem::take(&mut self.to_load);
         if wanted.is_empty() {
             return;
         }
+        self.loading = true;
         let cluster = self.cluster.clone();
         let fut = async move {
             let listed = async {
@@ -639,6 +648,7 @@ impl SyncController {
             (listed, wanted)
         };
         ctx.spawn(fut.into_actor(self).map(|(result, wanted), act, ctx| {
+            act.loading = false;
             match result {
                 Ok(records) => {
                     let count = records.len();
@@ -670,6 +680,10 @@ impl SyncController {
                     tracing::info!(nodes = wanted.len(), records = count, "serving nodes: their sync records read");
                     act.set_gauge();
                     act.wake(ctx);
+                    if !act.to_load.is_empty() {
+                        // Those that came meanwhile, in one more read.
+                        ctx.run_later(FLUSH_INTERVAL, |act, ctx| act.load_nodes(ctx));
+                    }
                 }
                 Err(error) => {
                     tracing::warn!(nodes = wanted.len(), %error, "cannot read the sync records of nodes served now; trying again");

@@ -349,7 +349,8 @@ fn application(targets: Value) -> Value {
 }
 
 #[actix_rt::test]
-async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_removes_them() {
+async fn an_edgeapplication_makes_overridden_deployments_per_group_one_ranged_service_under_its_name_and_removes_them(
+) {
     let cloud = start_cloud().await;
     let cluster = cloud.cluster().unwrap().clone();
     let app = cluster
@@ -388,8 +389,10 @@ async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_remov
         west["spec"]["template"]["spec"]["nodeSelector"][LABEL],
         "west"
     );
-    let service = eventually("service web-west", WITHIN, || {
-        let found = cluster.get("Service", Some("default"), "web-west");
+    // The Service: one, under the manifest's own name (clients address `web` in every
+    // group, as with KubeEdge v1.22), ranged to each node group by its annotation.
+    let service = eventually("service web", WITHIN, || {
+        let found = cluster.get("Service", Some("default"), "web");
         async move { found }
     })
     .await;
@@ -401,7 +404,13 @@ async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_remov
         service["metadata"]["ownerReferences"][0]["uid"],
         uid.as_str()
     );
-    // The status reports each of the four workloads (by manifest, then name, as KubeEdge).
+    assert_eq!(service["spec"]["selector"]["app"], "web");
+    assert_eq!(cluster.count("Service", |_| true), 1);
+    for group in ["east", "west"] {
+        let name = format!("web-{group}");
+        assert!(cluster.get("Service", Some("default"), &name).is_none());
+    }
+    // The status reports each of the three workloads (by manifest, then name, as KubeEdge).
     eventually("workloadStatus", WITHIN, || {
         let app = cluster
             .get("EdgeApplication", Some("default"), "shop")
@@ -422,18 +431,12 @@ async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_remov
             })
             .collect();
         async move {
-            (names
-                == [
-                    "Deployment/web-east",
-                    "Deployment/web-west",
-                    "Service/web-east",
-                    "Service/web-west",
-                ])
-            .then_some(())
+            (names == ["Deployment/web-east", "Deployment/web-west", "Service/web"]).then_some(())
         }
     })
     .await;
-    // A group no longer targeted loses its workloads; an override changed is applied.
+    // A group no longer targeted loses its Deployment (the one Service stays, for the groups
+    // left); an override changed is applied.
     cluster
         .apply(application(
             json!([{"name": "east", "overriders": {"replicas": 2}}]),
@@ -441,11 +444,11 @@ async fn an_edgeapplication_makes_owned_overridden_workloads_per_group_and_remov
         .unwrap();
     eventually("web-west gone and web-east at 2 replicas", WITHIN, || {
         let west = cluster.get("Deployment", Some("default"), "web-west");
-        let west_service = cluster.get("Service", Some("default"), "web-west");
+        let service = cluster.get("Service", Some("default"), "web");
         let east = cluster.get("Deployment", Some("default"), "web-east");
         async move {
             (west.is_none()
-                && west_service.is_none()
+                && service.is_some()
                 && east.is_some_and(|e| {
                     e["spec"]["replicas"] == 2
                         && e["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1.27"

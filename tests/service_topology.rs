@@ -4,7 +4,8 @@
 //! edges), and a Service annotated `apps.kubeedge.io/service-topology: range-nodegroup`
 //! shows each node only the backends on nodes of its group (`apps.kubeedge.io/belonging-to`),
 //! also after a node changes group or a backend moves. Before the filter, every node got
-//! every backend.
+//! every backend. The Service an EdgeApplication makes is that one Service, under its own
+//! name, for every group (as KubeEdge v1.22's), not a Service per group.
 
 use crate::dynamiccontroller::{
     answer_to, application, ask, body, connect, metrics, start, until_push,
@@ -12,6 +13,7 @@ use crate::dynamiccontroller::{
 use crate::support::*;
 use crate::tls_join::{send, Socket};
 
+use edgehive_actors::cloud::cluster::EmbeddedCluster;
 use edgehive_protocols::application::{Application, ApplicationStatus, Verb};
 use edgehive_protocols::{Message, Operation};
 use serde_json::{json, Value};
@@ -465,4 +467,164 @@ async fn a_node_that_changes_group_gets_its_new_groups_endpoint_changes_not_its_
                 && ips(&m.content).iter().any(|ip| ip.starts_with("10.2."))),
         "a2, back in group a, was sent group b's backends: {seen_a2:?}"
     );
+}
+
+/// NodeGroup `name` selecting `nodes` by name.
+fn node_group(name: &str, nodes: &[&str]) -> Value {
+    json!({"apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "NodeGroup",
+           "metadata": {"name": name}, "spec": {"nodes": nodes}})
+}
+
+/// Waits until every `(node, group)` carries the group's label (the NodeGroup controller's).
+async fn labelled(cluster: &EmbeddedCluster, want: &[(&str, &str)]) {
+    eventually(&format!("nodes labelled {want:?}"), WITHIN, || {
+        let done = want.iter().all(|(node, group)| {
+            cluster
+                .get("Node", None, node)
+                .is_some_and(|n| n["metadata"]["labels"][BELONGING_TO] == *group)
+        });
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn an_edgeapplications_one_service_shows_each_groups_edges_only_their_groups_backends_also_after_a_node_changes_group_or_a_pod_moves(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = start(dir.path(), |config| {
+        config.modules.node_group_controller.enable = true;
+    })
+    .await;
+    let cluster = cloud.cluster().unwrap().clone();
+    for name in ["a1", "a2", "b1", "b2"] {
+        cluster.apply(node(name, None)).unwrap();
+    }
+    cluster.apply(node_group("a", &["a1", "a2"])).unwrap();
+    cluster.apply(node_group("b", &["b1", "b2"])).unwrap();
+    labelled(
+        &cluster,
+        &[("a1", "a"), ("a2", "a"), ("b1", "b"), ("b2", "b")],
+    )
+    .await;
+    cluster
+        .apply(json!({
+            "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+            "metadata": {"name": "shop", "namespace": "default"},
+            "spec": {
+                "workloadTemplate": {"manifests": [
+                    {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                     "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                              "template": {"metadata": {"labels": {"app": "web"}},
+                                           "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}}},
+                    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                     "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}},
+                ]},
+                "workloadScope": {"targetNodeGroups": [{"name": "a"}, {"name": "b"}]},
+            },
+        }))
+        .unwrap();
+    // One Service, under the manifest's name, ranged; a Deployment per group.
+    let service = eventually("Service web", WITHIN, || {
+        let found = cluster.get("Service", Some("default"), "web");
+        async move { found }
+    })
+    .await;
+    assert_eq!(
+        service["metadata"]["annotations"]["apps.kubeedge.io/service-topology"],
+        "range-nodegroup"
+    );
+    eventually("a Deployment per group", WITHIN, || {
+        let both = ["web-a", "web-b"]
+            .iter()
+            .all(|name| cluster.get("Deployment", Some("default"), name).is_some());
+        async move { both.then_some(()) }
+    })
+    .await;
+    assert_eq!(cluster.count("Service", |_| true), 1);
+    // The endpoints of that one Service list both groups' pods (as Kubernetes' endpoints
+    // controller writes them: its selector finds every group's Deployment's pods).
+    cluster
+        .apply(endpoints(
+            "web",
+            &[("a1", false), ("a2", false), ("b1", false), ("b2", false)],
+        ))
+        .unwrap();
+    cluster
+        .apply(slice("web", &["a1", "a2", "b1", "b2"]))
+        .unwrap();
+
+    let mut a1 = connect(&cloud, dir.path(), "a1").await;
+    let mut b1 = connect(&cloud, dir.path(), "b1").await;
+    // Each group's edges list and get `web` with their group's backends only.
+    let listed = list(&mut a1, "a1", "endpoints").await;
+    assert_eq!(ips(item(&listed, "web")), ips_of(&["a1", "a2"]));
+    let listed = list(&mut b1, "b1", "endpoints").await;
+    assert_eq!(ips(item(&listed, "web")), ips_of(&["b1", "b2"]));
+    let slices = list(&mut a1, "a1", "endpointslices").await;
+    assert_eq!(ips(item(&slices, "web-abc")), ips_of(&["a1", "a2"]));
+    let slices = list(&mut b1, "b1", "endpointslices").await;
+    assert_eq!(ips(item(&slices, "web-abc")), ips_of(&["b1", "b2"]));
+    let got = body(
+        &ask(
+            &mut a1,
+            &application("a1", Verb::Get, "/core/v1/endpoints/default/web", json!({})),
+        )
+        .await,
+    );
+    assert_eq!(ips(&got), ips_of(&["a1", "a2"]));
+
+    let (mut seen_a, mut seen_b) = (Vec::new(), Vec::new());
+    for (socket, seen, node) in [(&mut a1, &mut seen_a, "a1"), (&mut b1, &mut seen_b, "b1")] {
+        watch(socket, seen, node, "/core/v1/endpoints/null/null").await;
+    }
+    push_with(&mut a1, &mut seen_a, "default/endpoints/web", &["a1", "a2"]).await;
+    push_with(&mut b1, &mut seen_b, "default/endpoints/web", &["b1", "b2"]).await;
+
+    // a2 changes group through the NodeGroups (the controller relabels it): both groups'
+    // edges are sent their corrected view of the one Service.
+    cluster.apply(node_group("a", &["a1"])).unwrap();
+    cluster.apply(node_group("b", &["b1", "b2", "a2"])).unwrap();
+    labelled(&cluster, &[("a2", "b")]).await;
+    let fixed = push_with(&mut a1, &mut seen_a, "default/endpoints/web", &["a1"]).await;
+    assert_eq!(fixed.operation(), Some(&Operation::Update));
+    push_with(
+        &mut b1,
+        &mut seen_b,
+        "default/endpoints/web",
+        &["a2", "b1", "b2"],
+    )
+    .await;
+
+    // A pod moves: b2's backend is rescheduled onto a1 (a new address there).
+    let mut moved = endpoints("web", &[("a1", false), ("a2", false), ("b1", false)]);
+    moved["subsets"][0]["addresses"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"ip": "10.0.0.99", "nodeName": "a1"}));
+    cluster.apply(moved).unwrap();
+    let update = until_push(&mut a1, &mut seen_a, |m| {
+        m.resource() == "default/endpoints/web" && ips(&m.content).contains(&"10.0.0.99".into())
+    })
+    .await;
+    assert_eq!(ips(&update.content), vec!["10.0.0.0", "10.0.0.99"]);
+    push_with(&mut b1, &mut seen_b, "default/endpoints/web", &["a2", "b1"]).await;
+
+    // Nothing either edge was sent of `web` named a backend of the other group at the time:
+    // a1 never saw a group b node's address; b1 never saw a1's.
+    for (seen, foreign, node) in [
+        (&seen_a, vec![ip("b1"), ip("b2")], "a1"),
+        (&seen_b, vec![ip("a1"), "10.0.0.99".to_owned()], "b1"),
+    ] {
+        for pushed in seen
+            .iter()
+            .filter(|m| m.resource() == "default/endpoints/web")
+        {
+            let got = ips(&pushed.content);
+            assert!(
+                foreign.iter().all(|ip| !got.contains(ip)),
+                "{node} was sent another group's backend: {got:?}"
+            );
+        }
+    }
 }

@@ -3,14 +3,15 @@
 //! edges linked over channels (the load tool's `--in-process` link, `MemoryConnector`), each
 //! watching Endpoints through DynamicController as an edge's MetaServer does. It prints:
 //!
-//! - the time until every node carries its group's label, and until every group's
-//!   workloads (a Deployment and a Service per group) exist;
-//! - the time until every node has its watch's first objects (every group's Endpoints,
-//!   filtered to its own group's backends);
+//! - the time until every node carries its group's label, and until the application's
+//!   workloads (a Deployment per group, and its one Service `web`, ranged to each group as
+//!   KubeEdge v1.22 makes it) exist;
+//! - the time until every node has its watch's first objects (the Endpoints `web`, listing
+//!   every group's backends, filtered to its own group's);
 //! - for each of `CHANGES` endpoint changes (a new backend on a node of one group): how many
 //!   nodes got the new backend (it must be exactly the group's nodes), how many nodes of
-//!   other groups were sent anything about that Service (it must be none), and the time
-//!   from the write to each of the group's nodes receiving it (p50, p99, max).
+//!   other groups were sent anything about `web` (it must be none: their view is unchanged),
+//!   and the time from the write to each of the group's nodes receiving it (p50, p99, max).
 //!
 //! Run: `cargo run --release -p edgehive-loadtest --example nodegroup_fanout -- 10000 100`
 //! (the arguments: nodes, default 1,000; groups, default 10).
@@ -34,7 +35,7 @@ use support::{keep_alive, link_fleet, metric_lines, percentile, sum, Links};
 
 /// Endpoint changes timed.
 const CHANGES: usize = 5;
-/// Backends per group's Service before the timed changes.
+/// Backends per group in the Service's Endpoints before the timed changes.
 const BACKENDS: usize = 2;
 const BELONGING_TO: &str = "apps.kubeedge.io/belonging-to";
 
@@ -59,21 +60,24 @@ fn node_name(index: usize) -> String {
     format!("ng-{index}")
 }
 
-/// Endpoints `web-g{group}` with a backend on each of `nodes` (IP 10.<i/65536>.<i/256>.<i%256>
-/// for node i) and the `extra` IPs on the group's first node.
-fn endpoints(group: usize, nodes: &[usize], extra: &[String]) -> Value {
-    let mut addresses: Vec<Value> = nodes
-        .iter()
-        .map(|i| {
-            json!({"ip": format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
-                "nodeName": node_name(*i)})
-        })
-        .collect();
-    for ip in extra {
-        addresses.push(json!({"ip": ip, "nodeName": node_name(nodes[0])}));
+/// Endpoints `web` (the one Service's) with, per group, a backend on each of its nodes
+/// `backends[group].0` (IP 10.<i/65536>.<i/256>.<i%256> for node i) and the IPs
+/// `backends[group].1` on the group's first node.
+fn endpoints(backends: &[(Vec<usize>, Vec<String>)]) -> Value {
+    let mut addresses: Vec<Value> = Vec::new();
+    for (nodes, extra) in backends {
+        for i in nodes {
+            addresses.push(
+                json!({"ip": format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+                "nodeName": node_name(*i)}),
+            );
+        }
+        for ip in extra {
+            addresses.push(json!({"ip": ip, "nodeName": node_name(nodes[0])}));
+        }
     }
     json!({"apiVersion": "v1", "kind": "Endpoints",
-        "metadata": {"name": format!("web-g{group}"), "namespace": "default"},
+        "metadata": {"name": "web", "namespace": "default"},
         "subsets": [{"addresses": addresses, "ports": [{"port": 80}]}]})
 }
 
@@ -84,12 +88,11 @@ async fn metric(cloud: &CloudProcess, prefix: &str) -> u64 {
 
 /// The change being timed.
 struct Timed {
-    group: usize,
     ip: String,
     since: Instant,
     /// Per node: when it got the new backend.
     got: Vec<Option<Duration>>,
-    /// Per node: whether it was sent anything about the group's Service.
+    /// Per node: whether it was sent anything about the Service.
     touched: Vec<bool>,
 }
 
@@ -147,7 +150,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let labelled = started.elapsed();
 
-    // One EdgeApplication for every group: a Deployment and a Service per group.
+    // One EdgeApplication for every group: a Deployment per group, one Service.
     let targets: Vec<Value> = (0..groups)
         .map(|g| json!({"name": format!("g{g}"), "overriders": {"replicas": BACKENDS}}))
         .collect();
@@ -170,7 +173,7 @@ async fn main() -> anyhow::Result<()> {
     }))?;
     let deadline = Instant::now() + Duration::from_secs(1800);
     while cluster.count("Deployment", |_| true) < groups
-        || cluster.count("Service", |_| true) < groups
+        || cluster.get("Service", Some("default"), "web").is_none()
     {
         anyhow::ensure!(Instant::now() < deadline, "workloads not made");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -180,11 +183,13 @@ async fn main() -> anyhow::Result<()> {
         "{nodes} nodes labelled in {labelled:.1?}; {groups} groups' workloads in {workloads:.1?}"
     );
 
-    // Each group's Service gets BACKENDS backends on its own nodes (as its pods would).
+    // The Service's Endpoints get BACKENDS backends on each group's nodes (as the pods of
+    // each group's Deployment would).
     let members = |group: usize| -> Vec<usize> { (group..nodes).step_by(groups).collect() };
-    for group in 0..groups {
-        cluster.apply(endpoints(group, &members(group)[..BACKENDS], &[]))?;
-    }
+    let mut backends: Vec<(Vec<usize>, Vec<String>)> = (0..groups)
+        .map(|group| (members(group)[..BACKENDS].to_vec(), Vec::new()))
+        .collect();
+    cluster.apply(endpoints(&backends))?;
 
     // The fleet: one inbox for every edge's frames, read (and ACKed) on a thread of its own.
     let (inbox, mut from_cloud) = mpsc::channel::<(u32, FromCloud)>(4096);
@@ -215,8 +220,7 @@ async fn main() -> anyhow::Result<()> {
                 {
                     let mut target = arrivals.target.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(timed) = target.as_mut() {
-                        let name = format!("/endpoints/web-g{}", timed.group);
-                        if message.resource().ends_with(&name) {
+                        if message.resource().ends_with("/endpoints/web") {
                             timed.touched[tag as usize] = true;
                             let has = message.content["subsets"][0]["addresses"]
                                 .as_array()
@@ -274,8 +278,8 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    // Each node's first objects: every group's Endpoints, filtered to its own group.
-    let first = nodes * groups;
+    // Each node's first object: the Endpoints `web`, filtered to its own group.
+    let first = nodes;
     let deadline = Instant::now() + Duration::from_secs(1800);
     let mut report = Instant::now();
     while arrivals.pushes.load(Ordering::Relaxed) < first {
@@ -315,13 +319,13 @@ async fn main() -> anyhow::Result<()> {
         let size = members(group).len();
         let since = Instant::now();
         *arrivals.target.lock().unwrap_or_else(|e| e.into_inner()) = Some(Timed {
-            group,
             ip: ip.clone(),
             since,
             got: vec![None; nodes],
             touched: vec![false; nodes],
         });
-        cluster.apply(endpoints(group, &members(group)[..BACKENDS], &[ip]))?;
+        backends[group].1 = vec![ip];
+        cluster.apply(endpoints(&backends))?;
         let deadline = Instant::now() + Duration::from_secs(300);
         while arrivals.arrived.load(Ordering::Relaxed) < arrived_before + size {
             anyhow::ensure!(
@@ -352,7 +356,7 @@ async fn main() -> anyhow::Result<()> {
                 "{outside_got} nodes of other groups got the backend"
             );
             strays += outside_touched;
-            reached.push(format!("group g{group}: {got} of its {size} nodes got it, {outside_touched} others were sent anything of web-g{group}"));
+            reached.push(format!("group g{group}: {got} of its {size} nodes got it, {outside_touched} others were sent anything of web"));
             latencies.extend(
                 timed
                     .got
@@ -364,7 +368,7 @@ async fn main() -> anyhow::Result<()> {
     }
     latencies.sort_by(f64::total_cmp);
     println!("nodes: {nodes}, groups: {groups}");
-    println!("every node labelled: {labelled:.1?}; every group's workloads ({groups} Deployments, {groups} Services): {workloads:.1?}");
+    println!("every node labelled: {labelled:.1?}; the workloads ({groups} Deployments, 1 Service): {workloads:.1?}");
     println!("{nodes} Endpoints watches and their {first} first objects: {subscribed:.1?}");
     for line in &reached {
         println!("{line}");

@@ -14,11 +14,14 @@
 //! (`edgehive_nodegroupcontroller_writes_total{what, result}`).
 //!
 //! The same module runs KubeEdge's EdgeApplication controller: for each EdgeApplication
-//! (namespaced), every Deployment and Service of `spec.workloadTemplate.manifests` is made
-//! once per target group of `spec.workloadScope.targetNodeGroups`, as `<name>-<group>` with
-//! the group's overrides (replicas; image, env, command, args and resources overriders) and
-//! the node selector `apps.kubeedge.io/belonging-to: <group>`; a ConfigMap, DaemonSet,
-//! StatefulSet or Job is made once as given (KubeEdge overrides Deployments alone); any other
+//! (namespaced), every Deployment of `spec.workloadTemplate.manifests` is made once per
+//! target group of `spec.workloadScope.targetNodeGroups`, as `<name>-<group>` with the
+//! group's overrides (replicas; image, env, command, args and resources overriders) and the
+//! node selector `apps.kubeedge.io/belonging-to: <group>`; a Service is made once under its
+//! own name with the annotation `apps.kubeedge.io/service-topology: range-nodegroup` (as
+//! KubeEdge v1.22: DynamicController shows each edge only its group's backends); a
+//! ConfigMap, DaemonSet, StatefulSet or Job is made once as given (KubeEdge overrides
+//! Deployments alone); any other
 //! manifest is refused with why (`edgehive_nodegroupcontroller_refused_total{reason}`, a
 //! Warning Event on the application). Everything made is owned by the application (its
 //! ownerReferences; deleting the application deletes them), and `status.workloadStatus`

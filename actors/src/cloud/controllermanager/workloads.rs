@@ -6,13 +6,17 @@
 //! in the application's namespace (a manifest naming another is refused: Kubernetes' garbage
 //! collector would delete a dependent whose owner is not in its namespace).
 //!
-//! - **Per group** ([`Shape::PerGroup`]): a Deployment or Service is made once per target
-//!   group, named `<manifest name>-<group>` (KubeEdge's name overrider). A Deployment's pod
-//!   template gets the node selector `apps.kubeedge.io/belonging-to: <group>` (the whole
-//!   selector, as KubeEdge's), its replicas and container images the group's `replicas` and
-//!   `imageOverriders`, its containers the `envOverriders`, `commandOverriders`,
-//!   `argsOverriders` and `resourcesOverriders` (`overriders`); a Service gets the
-//!   annotation `apps.kubeedge.io/service-topology: range-nodegroup`.
+//! - **Per group** ([`Shape::PerGroup`]): a Deployment is made once per target group, named
+//!   `<manifest name>-<group>` (KubeEdge's name overrider). Its pod template gets the node
+//!   selector `apps.kubeedge.io/belonging-to: <group>` (the whole selector, as KubeEdge's),
+//!   its replicas and container images the group's `replicas` and `imageOverriders`, its
+//!   containers the `envOverriders`, `commandOverriders`, `argsOverriders` and
+//!   `resourcesOverriders` (`overriders`).
+//! - **Ranged** ([`Shape::Ranged`]): a Service is made once, under its own name (clients
+//!   address `web` in every group, as with KubeEdge v1.22), with the annotation
+//!   `apps.kubeedge.io/service-topology: range-nodegroup`: its selector finds every group's
+//!   pods, and DynamicController's service-topology filter shows each edge only the
+//!   backends of its own group (`dynamiccontroller/topology.rs`).
 //! - **Once** ([`Shape::Once`]): a ConfigMap, DaemonSet, StatefulSet or Job is made once, as
 //!   given, under its own name: KubeEdge applies the group overriders to Deployments alone
 //!   and makes every other manifest once, as written.
@@ -27,7 +31,7 @@ use serde_json::{json, Value};
 use super::membership::BELONGING_TO;
 use super::overriders;
 
-/// The annotation KubeEdge gives a group's Service (its endpoint filter reads it).
+/// The annotation KubeEdge gives an application's Service (its endpoint filter reads it).
 pub const SERVICE_TOPOLOGY: &str = "apps.kubeedge.io/service-topology";
 
 /// How the controller makes a manifest of a kind it takes.
@@ -35,6 +39,9 @@ pub const SERVICE_TOPOLOGY: &str = "apps.kubeedge.io/service-topology";
 pub enum Shape {
     /// One copy per target node group, with the group's overrides.
     PerGroup,
+    /// One object under its own name, annotated `range-nodegroup` (its endpoints are
+    /// filtered per group where they go to edges).
+    Ranged,
     /// One object, as the manifest gives it.
     Once,
 }
@@ -44,7 +51,7 @@ pub enum Shape {
 /// each (deploy/manifests/02-clusterrole.yaml).
 pub const WORKLOAD_KINDS: &[(&str, &str, Shape)] = &[
     ("Deployment", "apps/v1", Shape::PerGroup),
-    ("Service", "v1", Shape::PerGroup),
+    ("Service", "v1", Shape::Ranged),
     ("ConfigMap", "v1", Shape::Once),
     ("DaemonSet", "apps/v1", Shape::Once),
     ("StatefulSet", "apps/v1", Shape::Once),
@@ -87,8 +94,8 @@ pub(super) struct Refused {
     pub(super) name: String,
 }
 
-/// What an application asks for: the workloads (the ones made once first, in manifest
-/// order, then by target group and manifest) and the manifests refused.
+/// What an application asks for: the workloads (the ones made once, Services included,
+/// first, in manifest order, then by target group and manifest) and the manifests refused.
 #[derive(Debug, Default)]
 pub(super) struct Rendered {
     pub(super) workloads: Vec<Workload>,
@@ -174,6 +181,16 @@ pub(super) fn render(app: &Value) -> Rendered {
                 ordinal,
                 object: owned(manifest, None, namespace, &owner),
             }),
+            Ok(Shape::Ranged) => {
+                let mut object = owned(manifest, None, namespace, &owner);
+                let annotations = &mut object["metadata"]["annotations"];
+                if !annotations.is_object() {
+                    // Absent (or not a map, which the API server would refuse anyway).
+                    *annotations = json!({});
+                }
+                annotations[SERVICE_TOPOLOGY] = json!("range-nodegroup");
+                rendered.workloads.push(Workload { ordinal, object });
+            }
         }
     }
     for target in &targets {
@@ -183,11 +200,7 @@ pub(super) fn render(app: &Value) -> Rendered {
         let overriders = &target["overriders"];
         for (ordinal, manifest) in &per_group {
             let mut object = owned(manifest, Some(group), namespace, &owner);
-            if object["kind"] == "Deployment" {
-                deployment_overrides(&mut object, group, overriders);
-            } else {
-                object["metadata"]["annotations"][SERVICE_TOPOLOGY] = json!("range-nodegroup");
-            }
+            deployment_overrides(&mut object, group, overriders);
             rendered.workloads.push(Workload {
                 ordinal: *ordinal,
                 object,
@@ -327,7 +340,8 @@ mod tests {
     }
 
     #[test]
-    fn deployments_and_services_are_made_per_group_owned_and_overridden_other_kinds_once() {
+    fn deployments_are_made_per_group_overridden_a_service_once_under_its_name_ranged_other_kinds_once(
+    ) {
         let app = json!({
             "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
             "metadata": {"name": "app", "namespace": "ns", "uid": "u1"},
@@ -336,7 +350,8 @@ mod tests {
                     {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
                      "spec": {"replicas": 1, "template": {"spec": {"containers": [
                          {"name": "c", "image": "nginx:1.27"}]}}}},
-                    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                    {"apiVersion": "v1", "kind": "Service",
+                     "metadata": {"name": "web", "annotations": {"team": "shop"}},
                      "spec": {"selector": {"app": "web"}}},
                     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "ns"},
                      "data": {"k": "v"}},
@@ -357,41 +372,47 @@ mod tests {
         assert_eq!(
             names,
             [
+                key("Service", "web"),
                 key("ConfigMap", "x"),
                 key("DaemonSet", "agent"),
                 key("Deployment", "web-east"),
-                key("Service", "web-east"),
                 key("Deployment", "web-west"),
-                key("Service", "web-west"),
             ]
         );
+        // The Service: once, its own name, owned, the annotation beside the manifest's own.
+        let service = &workloads[0];
+        assert_eq!(service.ordinal, 1);
+        let annotations = &service.object["metadata"]["annotations"];
+        assert_eq!(annotations[SERVICE_TOPOLOGY], "range-nodegroup");
+        assert_eq!(annotations["team"], "shop");
+        assert_eq!(
+            service.object["metadata"]["ownerReferences"][0]["uid"],
+            "u1"
+        );
+        assert_eq!(service.object["spec"]["selector"]["app"], "web");
         // Made once, as given: no override, no node selector, owned.
-        let daemonset = &workloads[1].object;
+        let daemonset = &workloads[2].object;
         assert_eq!(
             daemonset["spec"]["template"]["spec"]["containers"][0]["image"],
             "a:1"
         );
         assert!(daemonset["spec"]["template"]["spec"]["nodeSelector"].is_null());
         assert_eq!(daemonset["metadata"]["ownerReferences"][0]["uid"], "u1");
-        assert_eq!(workloads[0].object["data"]["k"], "v");
-        assert_eq!((workloads[0].ordinal, workloads[1].ordinal), (2, 3));
-        let east = &workloads[2].object;
+        assert_eq!(workloads[1].object["data"]["k"], "v");
+        assert_eq!((workloads[1].ordinal, workloads[2].ordinal), (2, 3));
+        let east = &workloads[3].object;
         assert_eq!(east["spec"]["replicas"], 3);
         let pod = &east["spec"]["template"]["spec"];
         assert_eq!(pod["containers"][0]["image"], "nginx:1.28");
         assert_eq!(pod["nodeSelector"][BELONGING_TO], "east");
         assert_eq!(east["metadata"]["ownerReferences"][0]["uid"], "u1");
         let west = &workloads[4].object;
+        assert!(west["metadata"]["annotations"].is_null());
         assert_eq!(west["spec"]["replicas"], 1);
         assert_eq!(
             west["spec"]["template"]["spec"]["containers"][0]["image"],
             "nginx:1.27"
         );
-        assert_eq!(
-            workloads[3].object["metadata"]["annotations"][SERVICE_TOPOLOGY],
-            "range-nodegroup"
-        );
-        assert_eq!(workloads[3].ordinal, 1);
     }
 
     #[test]

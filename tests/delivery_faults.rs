@@ -539,7 +539,8 @@ const REPLICA_ROWS: &str = r#"
 
 Two cloud replicas (CloudHub, EdgeController and SyncController each) share one embedded
 cluster in one process, each on its own WebSocket port, each reaching the cluster through a
-port whose connection can be cut and whose writes can be held; edges are WebSocket clients
+port whose connection can be cut and whose writes can be held (and its Lease renewals through
+a second such port, as a process renews on a client of its own); edges are WebSocket clients
 over loopback (`actors/tests/cloud_replicas.rs`, `cargo test -p edgehive-actors --test all
 cloud_replicas`). As separate processes on an API server: the next section.
 
@@ -549,7 +550,11 @@ cloud_replicas`). As separate processes on an API server: the next section.
 | R2 | an edge moves from replica A to B | a second connection to B while A's is open | A closes its session, B serves the node; what the edge acknowledged to A is not sent again; the change after the move comes from B, once; A writes no record after the move | passed |
 | R3 | a replica cut off from the API server | every cluster call of A fails, its watches end, for longer than its Lease | A steps down within its renew deadline while B still sees its Lease fresh; nothing sent while down; B sees A dead after the lease duration; reconnected, A resends what was not ACKed and records the ACK | passed |
 | R4 | a late record write | A's record writes held while the edge moves to B and ACKs a newer version there | A's write lands late; the record keeps the newer acknowledged version | passed |
-| R5 | a replica cut off past its hand-over wait | every cluster call of A fails (`handOverAfter` 5 s) | the edge's session stays open while A acts and for 3 s after it steps down, then A closes it saying why; a new session while still down is closed again after the wait; renewed, A keeps a session | passed |
+| R5 | a replica cut off past its hand-over wait | every cluster call of A fails (`handOverAfter` 5 s); B live, seen by A before the cut | the edge's session stays open while A acts and for 3 s after it steps down, then A closes it saying why; a new session while still down is closed again after the wait; renewed, A keeps a session | passed |
+| R6 | every replica stuck: a replica alone cut off past its hand-over wait | every cluster call of A fails (`handOverAfter` 5 s), no other replica ever seen | the edge's session stays open 9 s past the step-down; nothing handed over; `hand_over_held` counted once, its gauge 1; renewed, the gauge back to 0 and the same session kept (`a_replica_stepped_down_with_no_other_replica_seen_live_keeps_its_sessions_and_says_so`; with the old rule the session was closed after 5 s) | passed |
+| R7 | node-Lease writes held (an API server behind on them) | every Lease write of A's main port answered only when released, for 5 s (past the 3 s renew deadline) | A never steps down and keeps renewing (its renewals on their own port); the claim is answered and the node served once released (`a_replica_keeps_its_lease_while_its_node_lease_writes_are_held`; with renewals on the main port, as before, A stepped down) | passed |
+| R8 | a node reconnects while its claim waits | A's Lease writes held, 1 claim a second (`node_lease_writes_per_second: 1`); edge-1's claim in flight, edge-2 connects four times | three session starts coalesced (`claim_coalesced`), one waiting; released: one node-Lease write for edge-2's four sessions, one for edge-1's, both served (`a_node_that_reconnects_while_its_claim_waits_costs_one_lease_write`); the queue's pacing and coalescing also unit-tested on a fake clock in `ownership.rs` | passed |
+| R9 | nodes come while a read of records is slow | every list of A held; three edges connect to A 0.4 s apart | one record list begun while held (before: one per node, three); released, the other two nodes are read together in one more read and all three get their pod (`nodes_that_come_during_a_read_of_records_wait_for_it_and_are_read_together`) | passed |
 "#;
 
 /// RELIABILITY.md's section for `tests/replica_faults.rs`, whose scenarios run as tests of
@@ -578,6 +583,7 @@ sessions on two live replicas.
 | P4 | replica cut off from the API server | a TCP proxy between one replica and the API server refuses and cuts every connection, its edges stay connected (`handOverAfterSeconds: 0`) | 1 pod created, 1 updated, 1 deleted per node of the cut replica | it counts `step_down` and stops acting; the other sees it dead; nothing sent to its nodes while down; reconnected it counts `resumed` and its edges end equal | passed |
 | P5 | replica cut off for good | the same proxy, never healed (`handOverAfterSeconds` unset: 12 s) | 1 pod created per node of the cut replica | stepped down for 12 s it closes its sessions (`handed_over`, one per session); its edges move to the live replica and end equal there | passed |
 | P6 | edge store wiped while its replica died | 2 replicas, 1 edge; the edge stopped and its SQLite file deleted, the replica serving it SIGKILLed; the edge started on a new, empty file | none | equal through the other replica, which never saw the edge's store: the identity recorded on the Node differs, so it sent everything again (1 `stores_replaced`) | passed |
+| P7 | the only replica cut off past its hand-over wait | the same proxy in front of the one replica (`handOverAfterSeconds` unset: 12 s), 2 edges; healed after the decision | 1 pod created per node while cut | no other replica seen live: it counts `hand_over_held` once (gauge 1), hands nothing over, its edges stay connected to it; healed, it resumes and its edges end equal, the gauge back to 0 (`a_replica_with_no_other_seen_live_keeps_its_edges_past_the_hand_over_wait_and_says_so`) | passed |
 
 Not proved here, compared with a kube-apiserver (docs/kubernetes.md lists the stand-in's
 limits): RBAC, admission, finalizers and graceful deletion, etcd's compaction and

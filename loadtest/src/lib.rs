@@ -46,7 +46,7 @@ pub use streams::{run as run_streams, StreamOptions, StreamReport};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -54,6 +54,7 @@ use awc::ws::{Frame, Message as WsMessage};
 use edgehive_actors::cloud::cloudhub::{
     ByteString, EdgeInbox, EdgeLink, FromCloud, LinkSendError, MemoryConnector,
 };
+use edgehive_actors::hive::locks;
 use edgehive_actors::identity::certs::{self, CertAuthority};
 use edgehive_actors::identity::tls::edge_client_config;
 use edgehive_protocols::{
@@ -911,9 +912,7 @@ impl Links {
 
     fn shard(&self, index: usize) -> (MutexGuard<'_, Shard>, usize) {
         let shards = self.0.len();
-        let guard = self.0[index % shards]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let guard = locks::lock(&self.0[index % shards]);
         (guard, index / shards)
     }
 
@@ -947,9 +946,7 @@ impl Links {
         self.0
             .iter()
             .map(|shard| {
-                shard
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
+                locks::lock(shard)
                     .iter_mut()
                     .filter_map(Option::take)
                     .count()
@@ -1074,7 +1071,7 @@ async fn send_keepalives(links: Links, shard: usize, heartbeat: Duration) {
     let Some(slots) = links.0.get(shard) else {
         return;
     };
-    let edges = slots.lock().unwrap_or_else(PoisonError::into_inner).len();
+    let edges = locks::lock(slots).len();
     if edges == 0 {
         return;
     }
@@ -1083,7 +1080,7 @@ async fn send_keepalives(links: Links, shard: usize, heartbeat: Duration) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tick.tick().await;
-        let slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let slots = locks::lock(slots);
         for _ in 0..per_tick.min(edges) {
             if let Some((_, link)) = &slots[next] {
                 // A full link means the session is behind; the next heartbeat will do.

@@ -1,17 +1,24 @@
 //! The WebSocket frame codec (`edgehive_protocols::codec`): any bytes an edge or cloudcore
 //! sends in a TEXT frame. Besides not panicking: the size limit refuses before parsing and
 //! otherwise changes nothing, and a decoded message encodes to a frame that decodes again and
-//! re-encodes to the same bytes (what CloudHub forwards is what it read).
+//! re-encodes to the same bytes (what CloudHub forwards is what it read). A frame the session's
+//! keepalive fast path (`is_keepalive`) takes is one the decoder decodes as a keepalive.
 #![no_main]
 
 use edgehive_protocols::codec::decode_with_limit;
-use edgehive_protocols::{decode, encode, DecodeError};
+use edgehive_protocols::{decode, encode, is_keepalive, DecodeError, Operation};
 use libfuzzer_sys::fuzz_target;
 
 edgehive_fuzz::capped_allocator!();
 
 fuzz_target!(|data: &[u8]| {
     let decoded = decode(data);
+    if is_keepalive(data, data.len()) {
+        assert!(
+            matches!(&decoded, Ok(message) if message.operation() == Some(&Operation::Keepalive)),
+            "the fast path took what is not a keepalive: {decoded:?}"
+        );
+    }
     assert_eq!(decode_with_limit(data, data.len()), decoded);
     if let Some(shorter) = data.len().checked_sub(1) {
         assert!(matches!(

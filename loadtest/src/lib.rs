@@ -43,11 +43,10 @@ mod streams;
 
 pub use streams::{run as run_streams, StreamOptions, StreamReport};
 
-use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -55,6 +54,7 @@ use awc::ws::{Frame, Message as WsMessage};
 use edgehive_actors::cloud::cloudhub::{
     ByteString, EdgeInbox, EdgeLink, FromCloud, LinkSendError, MemoryConnector,
 };
+use edgehive_actors::hive::locks;
 use edgehive_actors::identity::certs::{self, CertAuthority};
 use edgehive_actors::identity::tls::edge_client_config;
 use edgehive_protocols::{
@@ -887,11 +887,77 @@ const MEMORY_ARBITERS: usize = 2;
 
 /// The in-process fleet's links: per edge, the sender into its session and the tag it was
 /// linked under (a storm's old session may still say goodbye after the new one is linked).
-type Links = Rc<RefCell<Vec<Option<(u32, EdgeLink)>>>>;
+/// Kept in one shard per session arbiter (edge `index` is slot `index / arbiters` of shard
+/// `index % arbiters`, the arbiter its session runs on), so that arbiter's own keepalive task
+/// can send to its edges: a keepalive then wakes its session on the session's thread, as a
+/// socket's data does, not from another thread (a remote wake-up of the arbiter each).
+#[derive(Clone)]
+struct Links(Arc<Vec<Mutex<Shard>>>);
+
+/// One shard of [`Links`]: a slot per edge, empty while it is not linked.
+type Shard = Vec<Option<(u32, EdgeLink)>>;
+
+impl Links {
+    fn new(edges: usize, shards: usize) -> Links {
+        let shards = shards.max(1);
+        Links(Arc::new(
+            (0..shards)
+                .map(|shard| {
+                    let slots = edges / shards + usize::from(shard < edges % shards);
+                    Mutex::new(vec![None; slots])
+                })
+                .collect(),
+        ))
+    }
+
+    fn shard(&self, index: usize) -> (MutexGuard<'_, Shard>, usize) {
+        let shards = self.0.len();
+        let guard = locks::lock(&self.0[index % shards]);
+        (guard, index / shards)
+    }
+
+    /// Edge `index`'s link, if it is linked.
+    fn get(&self, index: usize) -> Option<(u32, EdgeLink)> {
+        let (shard, slot) = self.shard(index);
+        shard.get(slot).cloned().flatten()
+    }
+
+    fn set(&self, index: usize, link: (u32, EdgeLink)) {
+        let (mut shard, slot) = self.shard(index);
+        if let Some(entry) = shard.get_mut(slot) {
+            *entry = Some(link);
+        }
+    }
+
+    /// Drops edge `index`'s link if it is still the one linked under `tag`; whether it was.
+    fn drop_if(&self, index: usize, tag: u32) -> bool {
+        let (mut shard, slot) = self.shard(index);
+        match shard.get_mut(slot) {
+            Some(entry) if entry.as_ref().is_some_and(|(linked, _)| *linked == tag) => {
+                *entry = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Drops every link; how many there were.
+    fn drop_all(&self) -> usize {
+        self.0
+            .iter()
+            .map(|shard| {
+                locks::lock(shard)
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .count()
+            })
+            .sum()
+    }
+}
 
 /// Links every edge to the in-process cloud over channels. The fleet costs no task per edge:
-/// one task reads every edge's frames from the cloud (and ACKs), one sends the keepalives
-/// spread over the heartbeat, one follows the storm signal. Sessions run on
+/// one task reads every edge's frames from the cloud (and ACKs), one on each session arbiter
+/// sends its edges' keepalives spread over the heartbeat, one follows the storm signal. Sessions run on
 /// [`MEMORY_ARBITERS`] arbiters of their own, as socket sessions run on the server's workers.
 /// The tasks run on the calling arbiter (the tool gives the fleet a thread of its own) until it
 /// stops.
@@ -903,7 +969,7 @@ fn memory_fleet(
     due_requests: Option<mpsc::UnboundedReceiver<usize>>,
 ) {
     let edges = options.edges;
-    let links: Links = Rc::new(RefCell::new(vec![None; edges]));
+    let links = Links::new(edges, MEMORY_ARBITERS);
     let (inbox, mut from_cloud) = mpsc::channel::<(u32, FromCloud)>(4096);
     let arbiters: Vec<actix_rt::Arbiter> = (0..MEMORY_ARBITERS)
         .map(|_| actix_rt::Arbiter::new())
@@ -915,6 +981,7 @@ fn memory_fleet(
         gate: Semaphore::new(options.concurrency.max(1)),
         prefix: options.prefix.clone(),
         links: links.clone(),
+        edges,
         fleet: fleet.clone(),
     });
     actix_rt::spawn(dialer.clone().dial_all(0, true));
@@ -926,12 +993,7 @@ fn memory_fleet(
             let text = match frame {
                 FromCloud::Text(text) => text,
                 FromCloud::Closed { .. } => {
-                    let mut links = reader_links.borrow_mut();
-                    if links[index]
-                        .as_ref()
-                        .is_some_and(|(linked, _)| *linked == tag)
-                    {
-                        links[index] = None;
+                    if reader_links.drop_if(index, tag) {
                         reader_fleet.connected.fetch_sub(1, Ordering::Relaxed);
                     }
                     continue;
@@ -942,7 +1004,7 @@ fn memory_fleet(
                 continue;
             };
             let ack = ByteString::from(ack);
-            let link = reader_links.borrow()[index].clone();
+            let link = reader_links.get(index);
             if let Some((_, link)) = link {
                 match link.try_send(ack) {
                     Ok(()) => {}
@@ -965,7 +1027,7 @@ fn memory_fleet(
         let (links, fleet, prefix) = (links.clone(), fleet.clone(), options.prefix.clone());
         actix_rt::spawn(async move {
             while let Some(index) = due_requests.recv().await {
-                let link = links.borrow().get(index).cloned().flatten();
+                let link = links.get(index);
                 let request = fleet.next_upstream(&prefix, index);
                 if let (Some((_, link)), Some(request)) = (link, request) {
                     let request = ByteString::from(encode(&request));
@@ -977,37 +1039,17 @@ fn memory_fleet(
             }
         });
     }
-    // Keepalives: every edge once per heartbeat, a slice of the fleet every 100 ms.
-    let heartbeat = options.heartbeat;
-    let keepalive_links = links.clone();
-    actix_rt::spawn(async move {
-        let keepalive = ByteString::from(encode(&Message::keepalive()));
-        let slots = (heartbeat.as_millis() / 100).max(1) as usize;
-        let per_slot = edges.div_ceil(slots).max(1);
-        let mut next = 0;
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        loop {
-            tick.tick().await;
-            let links = keepalive_links.borrow();
-            for _ in 0..per_slot.min(edges) {
-                if let Some((_, link)) = &links[next] {
-                    // A full link means the session is behind; the next heartbeat will do.
-                    let _ = link.try_send(keepalive.clone());
-                }
-                next = (next + 1) % edges.max(1);
-            }
-        }
-    });
+    // Keepalives: every edge once per heartbeat, a slice of the fleet every 100 ms, sent by
+    // a task on each session arbiter to the edges whose sessions run there.
+    for (shard, arbiter) in dialer.arbiters.iter().enumerate() {
+        arbiter.spawn(send_keepalives(links.clone(), shard, options.heartbeat));
+    }
     // The storm: on the first word every edge drops its link, on the second all dial again.
     actix_rt::spawn(async move {
         storm.borrow_and_update();
         let mut generation = 0u32;
         while storm.changed().await.is_ok() {
-            let dropped = links
-                .borrow_mut()
-                .iter_mut()
-                .filter_map(Option::take)
-                .count();
+            let dropped = links.drop_all();
             fleet.connected.fetch_sub(dropped, Ordering::Relaxed);
             if storm.changed().await.is_err() {
                 return;
@@ -1018,6 +1060,37 @@ fn memory_fleet(
     });
 }
 
+/// The keepalive frame the in-process edges send: encoded once, shared without a count.
+static KEEPALIVE_FRAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sends a keepalive to every linked edge of `shard` of `links` once per `heartbeat`, a slice
+/// every 100 ms; runs on the shard's session arbiter for as long as it lives.
+async fn send_keepalives(links: Links, shard: usize, heartbeat: Duration) {
+    let frame = KEEPALIVE_FRAME.get_or_init(|| encode(&Message::keepalive()));
+    let keepalive = ByteString::from_static(frame.as_str());
+    let Some(slots) = links.0.get(shard) else {
+        return;
+    };
+    let edges = locks::lock(slots).len();
+    if edges == 0 {
+        return;
+    }
+    let per_tick = edges.div_ceil((heartbeat.as_millis() / 100).max(1) as usize);
+    let mut next = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tick.tick().await;
+        let slots = locks::lock(slots);
+        for _ in 0..per_tick.min(edges) {
+            if let Some((_, link)) = &slots[next] {
+                // A full link means the session is behind; the next heartbeat will do.
+                let _ = link.try_send(keepalive.clone());
+            }
+            next = (next + 1) % edges;
+        }
+    }
+}
+
 /// What linking the in-process fleet needs.
 struct MemoryDialer {
     connector: MemoryConnector,
@@ -1026,6 +1099,7 @@ struct MemoryDialer {
     gate: Semaphore,
     prefix: String,
     links: Links,
+    edges: usize,
     fleet: Arc<Fleet>,
 }
 
@@ -1034,7 +1108,7 @@ impl MemoryDialer {
     /// is `index + edges * (generation % 2)`; on the first round a refusal counts as failed,
     /// later ones are retried (and counted as refused on reconnect).
     async fn dial_all(self: Rc<Self>, generation: u32, first: bool) {
-        let edges = self.links.borrow().len();
+        let edges = self.edges;
         for index in 0..edges {
             let Ok(permit) = self.gate.acquire().await else {
                 return;
@@ -1049,7 +1123,7 @@ impl MemoryDialer {
     }
 
     async fn dial(&self, index: usize, generation: u32, first: bool) {
-        let edges = self.links.borrow().len();
+        let edges = self.edges;
         let Ok(tag) = u32::try_from(index + edges * (generation as usize % 2)) else {
             self.fleet.failed.fetch_add(1, Ordering::Relaxed);
             return;
@@ -1065,7 +1139,7 @@ impl MemoryDialer {
             });
             match linked.await {
                 Ok(Ok(link)) => {
-                    self.links.borrow_mut()[index] = Some((tag, link));
+                    self.links.set(index, (tag, link));
                     self.fleet.connected.fetch_add(1, Ordering::Relaxed);
                     return;
                 }

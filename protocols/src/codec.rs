@@ -13,7 +13,7 @@
 use std::io;
 
 use serde::de::IgnoredAny;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::error::Category;
 use serde_json::ser::Formatter;
 use thiserror::Error;
@@ -141,6 +141,181 @@ pub fn decode_with_limit(frame: &[u8], max_bytes: usize) -> Result<Message, Deco
         }
         Some(Err(err)) => Err(from_serde(&err)),
         None => Err(DecodeError::NotJson("empty frame".to_owned())),
+    }
+}
+
+/// Whether `frame` is a keepalive, told from a borrowed parse that builds no [`Message`]: no
+/// id, route or content is allocated. `true` only for a frame [`decode_with_limit`] (with the
+/// same `max_bytes`) decodes into a message whose operation is
+/// [`Operation::Keepalive`](crate::Operation::Keepalive); `false` says nothing either way, so
+/// the caller decodes the frame in full as before (a frame this parse is stricter about than
+/// the decoder: content other than a string or null, a form feed after the message).
+///
+/// ```
+/// use edgehive_protocols::codec::is_keepalive;
+/// use edgehive_protocols::{encode, Message};
+///
+/// let ping = encode(&Message::keepalive());
+/// assert!(is_keepalive(ping.as_bytes(), 1 << 20));
+/// assert!(!is_keepalive(ping.as_bytes(), 10), "over the limit");
+/// assert!(!is_keepalive(br#"{"header":{"msg_id":"m"},"route":{"resource":"keepalive"}}"#, 1 << 20));
+/// ```
+pub fn is_keepalive(frame: &[u8], max_bytes: usize) -> bool {
+    if frame.len() > max_bytes {
+        return false;
+    }
+    // The decoder refuses an array where a message should be; so does this.
+    if frame.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
+        return false;
+    }
+    if keepalive::is_gos(frame) {
+        return true;
+    }
+    let mut parser = serde_json::Deserializer::from_slice(frame);
+    match keepalive::Probe::deserialize(&mut parser) {
+        Ok(probe) => parser.end().is_ok() && probe.route.operation.0,
+        Err(_) => false,
+    }
+}
+
+/// The borrowed shape [`is_keepalive`] parses: every field [`Message`] decodes, in the same
+/// order (a JSON array in a field's place is read by position, as the decoder reads it), with
+/// the same types and the same rules for absent fields, so a duplicate or mistyped field
+/// fails here where it fails there; strings are compared in place, never kept.
+mod keepalive {
+    use serde::de::{Deserializer, Error, Visitor};
+    use serde::Deserialize;
+    use std::fmt;
+
+    #[derive(Deserialize)]
+    pub(super) struct Probe {
+        #[serde(rename = "header")]
+        _header: Header,
+        #[serde(default)]
+        pub(super) route: Route,
+        #[serde(default, rename = "content")]
+        _content: Content,
+    }
+
+    #[derive(Deserialize)]
+    struct Header {
+        #[serde(rename = "msg_id", deserialize_with = "required")]
+        _id: Word,
+        #[serde(rename = "parent_msg_id", default)]
+        _parent_id: Word,
+        #[serde(rename = "timestamp", default)]
+        _timestamp: i64,
+        #[serde(rename = "resourceversion", default)]
+        _resource_version: Word,
+        #[serde(rename = "sync", default)]
+        _sync: bool,
+        #[serde(rename = "type", default)]
+        _context_type: Word,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub(super) struct Route {
+        #[serde(rename = "source", default)]
+        _source: Word,
+        #[serde(rename = "destination", default)]
+        _destination: Word,
+        #[serde(rename = "group", default)]
+        _group: Word,
+        #[serde(default)]
+        pub(super) operation: Word,
+        #[serde(rename = "resource", default)]
+        _resource: Word,
+    }
+
+    /// Whether `frame` is a keepalive exactly as edgecore's Go code writes one (any msg_id
+    /// of printable ASCII without escapes, any timestamp), compared byte by byte: the form
+    /// almost every keepalive has, checked without a parser. Such a frame is valid JSON that
+    /// decodes to a keepalive.
+    pub(super) fn is_gos(frame: &[u8]) -> bool {
+        const HEAD: &[u8] = br#"{"header":{"msg_id":""#;
+        const MIDDLE: &[u8] = br#"","timestamp":"#;
+        const TAIL: &[u8] = br#"},"route":{"source":"websocket","group":"resource","operation":"keepalive","resource":"node"},"content":"ping"}"#;
+        let Some(rest) = frame.strip_prefix(HEAD) else {
+            return false;
+        };
+        let Some(id) = rest.iter().position(|byte| *byte == b'"') else {
+            return false;
+        };
+        if !rest[..id]
+            .iter()
+            .all(|byte| matches!(byte, 0x20..=0x7e) && *byte != b'\\')
+        {
+            return false;
+        }
+        let Some(rest) = rest[id..].strip_prefix(MIDDLE) else {
+            return false;
+        };
+        // An i64 in JSON: digits, no leading zero; at most 18 cannot overflow.
+        let digits = rest.iter().take_while(|byte| byte.is_ascii_digit()).count();
+        if digits == 0 || digits > 18 || (digits > 1 && rest[0] == b'0') {
+            return false;
+        }
+        let Some(rest) = rest[digits..].strip_prefix(TAIL) else {
+            return false;
+        };
+        // What serde_json takes as whitespace after a value (Go writes one "\n").
+        rest.iter()
+            .all(|byte| matches!(byte, b' ' | b'\n' | b'\r' | b'\t'))
+    }
+
+    /// A string field as the decoder takes one (a JSON string, or null for ""), noted only
+    /// for whether it says "keepalive".
+    #[derive(Default)]
+    pub(super) struct Word(pub(super) bool);
+
+    /// A field the decoder requires (an absent one is an error, not a default).
+    fn required<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Word, D::Error> {
+        Word::deserialize(deserializer)
+    }
+
+    struct WordVisitor;
+
+    impl<'de> Visitor<'de> for WordVisitor {
+        type Value = Word;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a string or null")
+        }
+
+        fn visit_none<E: Error>(self) -> Result<Word, E> {
+            Ok(Word(false))
+        }
+
+        fn visit_unit<E: Error>(self) -> Result<Word, E> {
+            Ok(Word(false))
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Word, D::Error> {
+            deserializer.deserialize_str(WordVisitor)
+        }
+
+        fn visit_str<E: Error>(self, text: &str) -> Result<Word, E> {
+            Ok(Word(text == "keepalive"))
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Word {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Word, D::Error> {
+            deserializer.deserialize_option(WordVisitor)
+        }
+    }
+
+    /// The content: a string or null only (KubeEdge's keepalive says "ping"); anything else
+    /// is left to the full decoder.
+    #[derive(Default)]
+    struct Content;
+
+    impl<'de> Deserialize<'de> for Content {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Content, D::Error> {
+            deserializer
+                .deserialize_option(WordVisitor)
+                .map(|_| Content)
+        }
     }
 }
 
@@ -466,5 +641,197 @@ mod tests {
                 max: DEFAULT_MAX_FRAME_BYTES
             })
         );
+    }
+
+    /// What the full decoder says a frame is: a keepalive or not (malformed is not).
+    fn decodes_as_keepalive(frame: &[u8]) -> bool {
+        decode(frame).is_ok_and(|message| message.operation() == Some(&Operation::Keepalive))
+    }
+
+    /// The golden captures' frames, both directions, every origin: `(origin, raw)`.
+    fn golden_frames() -> Vec<(String, String)> {
+        let files = [
+            include_str!("../tests/data/real-edgecore-real-cloudcore-edge-3.jsonl"),
+            include_str!("../tests/data/real-edgecore-node-delete-edge-3.jsonl"),
+            include_str!("../tests/data/fake-edge-real-cloudcore-edge-2.jsonl"),
+            include_str!("../tests/data/fake-edge-session-end-edge-2.jsonl"),
+        ];
+        let mut frames = Vec::new();
+        for line in files.iter().flat_map(|file| file.lines()) {
+            let record: serde_json::Value = serde_json::from_str(line).unwrap();
+            if let Some(raw) = record["raw"].as_str() {
+                let origin = record["origin"].as_str().unwrap_or_default();
+                frames.push((origin.to_owned(), raw.to_owned()));
+            }
+        }
+        frames
+    }
+
+    #[test]
+    fn a_real_edgecore_keepalive_takes_the_fast_path_and_no_other_golden_frame_does() {
+        let frames = golden_frames();
+        let mut real_keepalives = 0;
+        for (origin, raw) in &frames {
+            let fast = is_keepalive(raw.as_bytes(), DEFAULT_MAX_FRAME_BYTES);
+            assert_eq!(
+                fast,
+                decodes_as_keepalive(raw.as_bytes()),
+                "{origin}: {raw}"
+            );
+            if fast && origin == "edgecore" {
+                real_keepalives += 1;
+                assert!(keepalive::is_gos(raw.as_bytes()), "{raw}");
+            }
+            if keepalive::is_gos(raw.as_bytes()) {
+                assert!(decodes_as_keepalive(raw.as_bytes()), "{raw}");
+            }
+        }
+        assert!(
+            real_keepalives >= 5,
+            "{real_keepalives} edgecore keepalives"
+        );
+        assert!(frames.len() > 100 + real_keepalives);
+        // Ours as well, and over the limit it is left to the decoder (which refuses it).
+        let ours = encode(&Message::keepalive());
+        assert!(is_keepalive(ours.as_bytes(), ours.len()));
+        assert!(!is_keepalive(ours.as_bytes(), ours.len() - 1));
+    }
+
+    #[test]
+    fn a_frame_that_only_looks_like_a_keepalive_is_decoded_in_full() {
+        let golden = r#"{"header":{"msg_id":"fde400bc-5161-4efd-8fca-a578ae2285fa","timestamp":1795245280130},"route":{"source":"websocket","group":"resource","operation":"keepalive","resource":"node"},"content":"ping"}"#;
+        assert!(is_keepalive(golden.as_bytes(), DEFAULT_MAX_FRAME_BYTES));
+        // Each a small change to the golden frame, with what the full decoder makes of it.
+        let like = |from: &str, to: &str| golden.replacen(from, to, 1);
+        let not_keepalive = [
+            // "keepalive" elsewhere than the operation.
+            like(
+                r#""operation":"keepalive","resource":"node""#,
+                r#""operation":"insert","resource":"keepalive""#,
+            ),
+            like(r#""content":"ping""#, r#""content":"keepalive""#)
+                .replace(r#""operation":"keepalive""#, r#""operation":"update""#),
+            like(r#""source":"websocket""#, r#""source":"keepalive""#)
+                .replace(r#""operation":"keepalive""#, r#""operation":"query""#),
+            like(
+                r#""msg_id":"fde400bc-5161-4efd-8fca-a578ae2285fa""#,
+                r#""msg_id":"keepalive""#,
+            )
+            .replace(r#""operation":"keepalive""#, r#""operation":"response""#),
+            // Not the same word.
+            like("keepalive", "Keepalive"),
+            like("keepalive", "keepalive "),
+            like("keepalive", "keepalivex"),
+            // The operation in the wrong place: outside the route, inside the content.
+            like(r#""route":{"#, r#""operation":"keepalive","route":{"#)
+                .replace(r#","operation":"keepalive","resource""#, r#","resource""#),
+            like(
+                r#""content":"ping""#,
+                r#""content":{"route":{"operation":"keepalive"}}"#,
+            )
+            .replace(
+                r#""operation":"keepalive","resource""#,
+                r#""operation":"insert","resource""#,
+            ),
+            like(
+                r#""route":{"#,
+                r#""header2":{"operation":"keepalive"},"route":{"#,
+            )
+            .replace(r#""operation":"keepalive","resource""#, r#""resource""#),
+        ];
+        for frame in &not_keepalive {
+            assert!(!keepalive::is_gos(frame.as_bytes()), "{frame}");
+            assert!(!decodes_as_keepalive(frame.as_bytes()), "{frame}");
+            assert!(
+                !is_keepalive(frame.as_bytes(), DEFAULT_MAX_FRAME_BYTES),
+                "{frame}"
+            );
+        }
+        // Malformed ones the decoder refuses: never a keepalive on the fast path either.
+        let malformed = [
+            like(
+                r#""operation":"keepalive""#,
+                r#""operation":"keepalive","operation":"insert""#,
+            ),
+            like(
+                r#""operation":"keepalive""#,
+                r#""operation":"insert","operation":"keepalive""#,
+            ),
+            like(r#""msg_id":"fde400bc-5161-4efd-8fca-a578ae2285fa","#, ""),
+            like(
+                r#""timestamp":1795245280130"#,
+                r#""timestamp":"1795245280130""#,
+            ),
+            like(r#""source":"websocket""#, r#""source":7"#),
+            like(
+                r#""msg_id":"fde400bc-5161-4efd-8fca-a578ae2285fa""#,
+                r#""msg_id":"a","msg_id":"b""#,
+            ),
+            like(
+                r#""content":"ping""#,
+                r#""content":"ping","content":"pong""#,
+            ),
+            format!("{golden}{golden}"),
+            format!("{golden} x"),
+            format!("[{golden}]"),
+            golden[..golden.len() - 1].to_owned(),
+            r#"{"route":{"operation":"keepalive"}}"#.to_owned(),
+        ];
+        for frame in &malformed {
+            assert!(!keepalive::is_gos(frame.as_bytes()), "{frame}");
+            assert!(decode(frame.as_bytes()).is_err(), "{frame}");
+            assert!(
+                !is_keepalive(frame.as_bytes(), DEFAULT_MAX_FRAME_BYTES),
+                "{frame}"
+            );
+        }
+        // Keepalives in other forms: the fast path agrees with the decoder, or leaves them to it.
+        let other_forms = [
+            format!("  {golden}\n\r\t"),
+            like("\"keepalive\"", r#""keep\u0061live""#),
+            like(r#""content":"ping""#, r#""content":null"#),
+            like(r#","content":"ping""#, ""),
+            like(r#""source":"websocket""#, r#""source":null"#),
+            like(
+                r#""timestamp":1795245280130"#,
+                r#""timestamp":1,"extra":[1,{"a":2}]"#,
+            ),
+            r#"{"header":["m", null, 5], "route":["websocket", "", "resource", "keepalive"]}"#
+                .to_owned(),
+        ];
+        for frame in &other_forms {
+            assert!(decodes_as_keepalive(frame.as_bytes()), "{frame}");
+            assert!(
+                is_keepalive(frame.as_bytes(), DEFAULT_MAX_FRAME_BYTES),
+                "{frame}"
+            );
+        }
+        // Go's form with what Go never writes in it: left to the parser, which agrees with
+        // the decoder.
+        for (from, to) in [
+            ("1795245280130", "01795245280130"),
+            ("1795245280130", "-1795245280130"),
+            ("1795245280130", "17952452801309999999"),
+            ("1795245280130", "1.5"),
+            ("fde400bc", r#"fde\u0034"#),
+            ("fde400bc", "fd\u{e9}"),
+            ("fde400bc", "fd\t"),
+        ] {
+            let frame = like(from, to);
+            assert!(!keepalive::is_gos(frame.as_bytes()), "{frame}");
+            let decoded = decodes_as_keepalive(frame.as_bytes());
+            let fast = is_keepalive(frame.as_bytes(), DEFAULT_MAX_FRAME_BYTES);
+            assert!(!fast || decoded, "{frame}");
+        }
+        let mut invalid_utf8 = golden.as_bytes().to_vec();
+        invalid_utf8[25] = 0xff;
+        assert!(!is_keepalive(&invalid_utf8, DEFAULT_MAX_FRAME_BYTES));
+        assert!(decode(&invalid_utf8).is_err());
+        // Stricter than the decoder (left to it): content that is not a string.
+        let left = like(r#""content":"ping""#, r#""content":{"a":[1e400]}"#);
+        assert!(!is_keepalive(left.as_bytes(), DEFAULT_MAX_FRAME_BYTES));
+        let left = like(r#""content":"ping""#, r#""content":{"a":1}"#);
+        assert!(decodes_as_keepalive(left.as_bytes()));
+        assert!(!is_keepalive(left.as_bytes(), DEFAULT_MAX_FRAME_BYTES));
     }
 }

@@ -31,7 +31,9 @@ pub mod object;
 pub mod resource;
 pub mod tunnel;
 
-pub use codec::{decode, decode_with_limit, encode, DecodeError, DEFAULT_MAX_FRAME_BYTES};
+pub use codec::{
+    decode, decode_with_limit, encode, is_keepalive, DecodeError, DEFAULT_MAX_FRAME_BYTES,
+};
 pub use message::{ContentError, Message, MessageHeader, MessageRoute};
 pub use names::{Group, ModuleName, Operation, ResourceType};
 pub use resource::{

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use actix_ws::{AggregatedMessage, CloseCode, CloseReason, ProtocolError};
 use edgehive_protocols::application::APPLICATION_REQUEST_OPERATION;
-use edgehive_protocols::{decode_with_limit, DecodeError, Group, Message, Operation};
+use edgehive_protocols::{decode_with_limit, is_keepalive, DecodeError, Group, Message, Operation};
 use tokio::sync::oneshot;
 
 use super::context::HubContext;
@@ -143,6 +143,12 @@ impl NodeSession {
     fn handle_frame(&mut self, frame: &[u8], ctx: &mut Context<Self>) {
         self.metrics().frames_in.inc();
         self.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+        // Most frames are keepalives (one per node every 15 s): told from a borrowed parse,
+        // with no message built; anything else is decoded in full.
+        if is_keepalive(frame, self.config.max_frame_bytes) {
+            self.keepalive();
+            return;
+        }
         let message = match decode_with_limit(frame, self.config.max_frame_bytes) {
             Ok(message) => message,
             Err(err) => {
@@ -176,13 +182,18 @@ impl NodeSession {
                 return;
             }
             Some(Operation::Keepalive) => {
-                self.cell.keepalive();
-                self.stats.alive();
+                self.keepalive();
                 return;
             }
             Some(_) => {}
         }
         self.forward(message, frame.len(), ctx);
+    }
+
+    /// A keepalive: the time is noted for the node and for the keepalive wheel, nothing else.
+    fn keepalive(&self) {
+        self.cell.keepalive();
+        self.stats.alive();
     }
 
     fn malformed(&mut self, reason: &str, detail: &str) {

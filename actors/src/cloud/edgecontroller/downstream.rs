@@ -62,25 +62,61 @@ pub(crate) enum StoreNote {
     },
 }
 
-/// What was last seen of a pod.
+/// What was last seen of a pod. Kept as text, not `Value` trees: a small pod's tree is a few
+/// KiB of maps and strings, its text a few hundred bytes, and this is kept for every pod.
 struct PodSeen {
     rv: String,
     node: Option<String>,
-    fingerprint: Value,
-    /// The pod itself, for a node that becomes an edge node later.
-    object: Value,
+    /// [`fingerprint`] of the pod.
+    fingerprint: String,
+    /// The pod itself as JSON, for a node that becomes an edge node later.
+    object: String,
 }
 
 /// metadata (without resourceVersion, generation, managedFields) and spec: what an edge
-/// cares about.
-fn fingerprint(obj: &Value) -> Value {
+/// cares about, as JSON text with every object's keys sorted (two fingerprints are equal when
+/// the values are, whatever order their keys came in).
+fn fingerprint(obj: &Value) -> String {
     let mut metadata = obj["metadata"].clone();
     if let Some(map) = metadata.as_object_mut() {
         for field in ["resourceVersion", "generation", "managedFields"] {
             map.remove(field);
         }
     }
-    serde_json::json!([metadata, obj["spec"]])
+    let mut text = String::new();
+    sorted_json(&serde_json::json!([metadata, obj["spec"]]), &mut text);
+    text
+}
+
+/// `value` as compact JSON with the keys of every object in order.
+fn sorted_json(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (index, (key, item)) in entries.into_iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::from(key.as_str()).to_string());
+                out.push(':');
+                sorted_json(item, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                sorted_json(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
 }
 
 fn is_edge_node(node: &Value) -> bool {
@@ -96,7 +132,7 @@ pub(crate) struct Watcher {
     outbox: Outbox,
     node_updates: bool,
     /// Edge node name -> fingerprint last sent.
-    edge_nodes: HashMap<String, Value>,
+    edge_nodes: HashMap<String, String>,
     pods: HashMap<(String, String), PodSeen>,
     location: LocationCache,
     /// The ConfigMaps and Secrets as last seen (what a node gaining a user is sent).
@@ -341,7 +377,8 @@ impl Watcher {
             .pods
             .values()
             .filter(|seen| seen.node.as_deref() == Some(node))
-            .map(|seen| seen.object.clone())
+            // Text this watcher wrote from a Value: it parses.
+            .filter_map(|seen| serde_json::from_str(&seen.object).ok())
             .collect();
         for pod in pods {
             self.send_pod(node, &pod, Operation::Insert);
@@ -357,7 +394,7 @@ impl Watcher {
                 rv: meta_str(pod, "resourceVersion").to_owned(),
                 node: pod["spec"]["nodeName"].as_str().map(str::to_owned),
                 fingerprint: fingerprint(pod),
-                object: pod.clone(),
+                object: pod.to_string(),
             },
         )
     }
@@ -501,5 +538,37 @@ impl Watcher {
             nodes,
             message: NodeMessage::from_owned(message),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fingerprint_is_what_an_edge_cares_about_whatever_the_key_order() {
+        let pod: Value = serde_json::from_str(
+            r#"{"kind":"Pod","metadata":{"name":"p","namespace":"default","resourceVersion":"5",
+                "labels":{"a":"1","b":"2"}},"spec":{"nodeName":"n","containers":[{"name":"c","image":"i"}]},
+                "status":{"phase":"Running"}}"#,
+        )
+        .unwrap();
+        let reordered: Value = serde_json::from_str(
+            r#"{"spec":{"containers":[{"image":"i","name":"c"}],"nodeName":"n"},"status":{},
+                "metadata":{"labels":{"b":"2","a":"1"},"resourceVersion":"9","namespace":"default","name":"p"}}"#,
+        )
+        .unwrap();
+        assert_eq!(fingerprint(&pod), fingerprint(&reordered));
+        let mut relabelled = pod.clone();
+        relabelled["metadata"]["labels"]["a"] = "3".into();
+        assert_ne!(fingerprint(&pod), fingerprint(&relabelled));
+        let mut moved = pod.clone();
+        moved["spec"]["containers"][0]["image"] = "j".into();
+        assert_ne!(fingerprint(&pod), fingerprint(&moved));
+        // Keys and strings are written as JSON, escapes included.
+        let mut odd = pod.clone();
+        odd["metadata"]["labels"]["q\"uote"] = "\n".into();
+        let text = fingerprint(&odd);
+        assert!(serde_json::from_str::<Value>(&text).is_ok(), "{text}");
     }
 }

@@ -99,7 +99,7 @@ fn ca_from_secret_without_a_casecret_says_so() {
 }
 
 /// Two clouds (each knowing every node, as replicas of one cluster would), one killed while
-/// the fleet holds: its edges dial the next address, as an edge with a list of servers does,
+/// the fleet holds: its edges dial the other (here: the one left), as an edge with a list of servers does,
 /// and the report's `failover` says how many dropped and that all are back.
 #[test]
 fn edges_of_a_killed_cloud_dial_the_next_address_and_the_report_says_when_all_were_back() {

@@ -2,7 +2,7 @@
 # Three `edgehive cloud` replicas on one stand-in API server (`edgehive cluster`) share a TLS
 # fleet from several `edgehive-loadtest` processes (cluster mode: changes written at the API
 # server, the CA read from kubeedge/casecret). While pod changes flow, one replica is killed
-# with SIGKILL; its edges dial the next address of their list. Prints one JSON line: how long
+# with SIGKILL; its edges dial the others of their list, each from its own place (they spread). Prints one JSON line: how long
 # until every dropped edge was connected to a live replica and had every change written to it
 # before it came back, the stand-in's write requests per second meanwhile, and what was lost.
 #

@@ -196,6 +196,8 @@ pub struct CloudShare {
     pub edges: usize,
     /// Of those, connected when the hold began.
     pub connected: usize,
+    /// Edges connected to it when the run ended (those of a dead cloud on the others).
+    pub connected_at_end: usize,
 }
 
 /// The machine a run was measured on, as Linux describes it (`None` where it does not say).
@@ -252,7 +254,7 @@ impl std::fmt::Display for Machine {
 }
 
 /// Edges whose connection dropped (a cloud of several died or handed them over) and dialled
-/// the next address: when they were all back and had every change written before they came
+/// the other addresses (each from its own place among them, so they spread): when they were all back and had every change written before they came
 /// back.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -709,6 +711,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
                 address: address.clone(),
                 edges: edges_of(index, options.clouds.len(), options.edges),
                 connected: per_cloud[index].load(Ordering::Relaxed),
+                connected_at_end: 0,
             })
             .collect(),
     };
@@ -745,6 +748,10 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         .filter(|_| connected > 0)
         .map(|(end, base)| end.saturating_sub(base) as f64 / connected as f64);
     let connected_at_end = fleet.connected.load(Ordering::Relaxed);
+    let mut clouds = clouds;
+    for (index, share) in clouds.iter_mut().enumerate() {
+        share.connected_at_end = per_cloud[index].load(Ordering::Relaxed);
+    }
     match connecting {
         Connecting::Tasks(tasks) => tasks.iter().for_each(|task| task.abort()),
         Connecting::Thread(tool) => {
@@ -823,10 +830,14 @@ fn socket_fleet(
         let mut storm = storm_signal.clone();
         let prefix = options.prefix.clone();
         let addresses = options.clouds.len();
+        let spread = edgehive_actors::edge::edgehub::spread(&node);
         connecting.push(actix_rt::spawn(async move {
             let mut first = true;
             let mut dropped = false;
             let mut cloud = index % addresses;
+            // After a drop: the addresses in the order this edge dials them, and where it is.
+            let mut round: Vec<usize> = Vec::new();
+            let mut step = 0;
             loop {
                 let permit = gate.clone().acquire_owned().await;
                 let request = client
@@ -854,11 +865,16 @@ fn socket_fleet(
                                 return;
                             }
                         } else if addresses > 1 {
-                            // Dropped by one of several clouds: dial the next address, as an
-                            // edge with a list of servers does.
+                            // Dropped by one of several clouds: dial the others from this
+                            // edge's own place among them, the lost one last, as an edge with
+                            // a list of servers does (a dead cloud's edges spread).
                             fleet.note_drop(index);
                             dropped = true;
-                            cloud = (cloud + 1) % addresses;
+                            round = edgehive_actors::edge::edgehub::failover_order(
+                                cloud, addresses, spread,
+                            );
+                            step = 0;
+                            cloud = round.first().copied().unwrap_or(cloud);
                         } else {
                             return;
                         }
@@ -870,8 +886,9 @@ fn socket_fleet(
                     _ => {
                         drop(permit);
                         fleet.refused_again.fetch_add(1, Ordering::Relaxed);
-                        if dropped {
-                            cloud = (cloud + 1) % addresses;
+                        if dropped && !round.is_empty() {
+                            step = (step + 1) % round.len();
+                            cloud = round.get(step).copied().unwrap_or(cloud);
                         }
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }

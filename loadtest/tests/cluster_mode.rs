@@ -99,7 +99,7 @@ fn ca_from_secret_without_a_casecret_says_so() {
 }
 
 /// Two clouds (each knowing every node, as replicas of one cluster would), one killed while
-/// the fleet holds: its edges dial the next address, as an edge with a list of servers does,
+/// the fleet holds: its edges dial the other (here: the one left), as an edge with a list of servers does,
 /// and the report's `failover` says how many dropped and that all are back.
 #[test]
 fn edges_of_a_killed_cloud_dial_the_next_address_and_the_report_says_when_all_were_back() {
@@ -159,4 +159,67 @@ fn edges_of_a_killed_cloud_dial_the_next_address_and_the_report_says_when_all_we
         "{report}"
     );
     drop(a);
+}
+
+/// Three clouds, the middle one killed while the fleet holds: its edges spread over the two
+/// left (each from its own place among them, as an edge with a list of servers does), not all
+/// onto the next address.
+#[test]
+fn edges_of_a_killed_cloud_spread_over_the_clouds_left() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    const EDGES: usize = 30;
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut clouds: Vec<_> = dirs
+        .iter()
+        .map(|dir| {
+            support::start_plain_cloud(
+                dir.path(),
+                &crate::loadtest::fleet_manifests(dir.path(), EDGES),
+            )
+        })
+        .collect();
+    let addresses: Vec<String> = clouds.iter().map(|c| c.websocket.clone()).collect();
+    let mut tool = Command::new(TOOL)
+        .args([
+            "--cloud",
+            &addresses.join(","),
+            "--edges",
+            &EDGES.to_string(),
+            "--heartbeat",
+            "1",
+            "--hold",
+            "10",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(tool.stderr.take().unwrap());
+    let mut lines = stderr.lines();
+    let all = format!("{EDGES} connected");
+    assert!(
+        lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.contains(&all)),
+        "the fleet never connected"
+    );
+    drop(clouds.remove(1));
+    std::thread::spawn(move || lines.for_each(drop));
+    let output = tool.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["connectedAtEnd"], EDGES, "{report}");
+    assert_eq!(report["failover"]["edgesDropped"], EDGES / 3, "{report}");
+    // Each survivor kept its own ten and took at least three of the dead one's ten (the
+    // next address taking all ten would leave the other at ten).
+    for survivor in [0, 2] {
+        let share = &report["clouds"][survivor];
+        assert!(
+            share["connectedAtEnd"].as_u64().unwrap() >= 13,
+            "{survivor}: {report}"
+        );
+    }
+    drop(clouds);
 }

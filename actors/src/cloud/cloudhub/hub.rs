@@ -511,7 +511,7 @@ impl Handler<ReplicaActing> for CloudHub {
     }
 }
 
-/// Why a stepped-down replica closes a session (the edge then dials the next address).
+/// Why a stepped-down replica closes a session (the edge then dials the other addresses of its list).
 const HANDED_OVER: &str =
     "this cloud replica cannot renew its Lease (API server unreachable): try another replica";
 

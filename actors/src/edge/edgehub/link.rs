@@ -42,7 +42,8 @@ impl Link {
     /// Dial, serve, back off, repeat; forever (until the actor stops and drops this future).
     ///
     /// With several cloud addresses each round dials them in turn, starting with the one that
-    /// worked last (or, once its connection was lost, the one after it), until one answers;
+    /// worked last (or, once its connection was lost, the others first, from a place derived
+    /// from the node's name so a dead cloud's edges spread over the rest), until one answers;
     /// the backoff is waited once per round, so dead addresses are never dialed in a hot loop.
     pub(super) async fn run(self) {
         let min = self.options.reconnect_min.max(MIN_RECONNECT);
@@ -67,16 +68,18 @@ impl Link {
         }
     }
 
-    /// One round: dials `servers` in turn from where the last round left off until one
+    /// One round: dials `servers` in turn (the order [`Shared::round_order`] gives) until one
     /// answers, and serves that connection until it ends. `true` when the connection lasted
     /// (the backoff starts again); a connection the cloud closes at once (node limit, refused
     /// identity) keeps doubling it.
     async fn round(&self, client: &awc::Client, servers: &[String]) -> bool {
-        let count = servers.len();
-        let start = self.shared.round_start(count);
-        for step in 0..count {
-            let index = (start + step) % count;
-            let server = &servers[index];
+        let order = self
+            .shared
+            .round_order(servers.len(), self.options.spread());
+        for index in order {
+            let Some(server) = servers.get(index) else {
+                continue;
+            };
             let url = events_url(&self.options, server);
             let framed = match self.connect(client, &url).await {
                 Ok(framed) => framed,
@@ -93,7 +96,7 @@ impl Link {
             self.broadcast_connection(ConnectionState::Connected).await;
             let reason = self.serve(framed).await;
             tracing::warn!(%url, %reason, "connection to the cloud lost");
-            self.shared.lost(index, count);
+            self.shared.lost(index);
             self.shared.set_connected(false, Some(reason));
             self.broadcast_connection(ConnectionState::Disconnected)
                 .await;

@@ -6,8 +6,9 @@
 //! ([`CloudConnection`], the edge's one copy, which the modules follow) and tells extension
 //! modules with `node/connection`; when the connection ends it waits a jittered, doubling
 //! backoff and dials again. Given several cloud addresses (`websocket.servers`) it dials them
-//! in turn, one round per backoff, from the one that worked (the one after it once its
-//! connection was lost), and says in its status which one it is on.
+//! in turn, one round per backoff, from the one that worked (once its connection was lost,
+//! the others first from a place hashed from the node's name, so a dead cloud's edges
+//! spread), and says in its status which one it is on.
 //!
 //! It types each cloud message once, on entry, for the built-in modules (the contract's
 //! `MetaRequest`,
@@ -34,7 +35,7 @@ mod options;
 mod shared;
 
 use link::Link;
-pub use options::{EdgeHubOptions, DEFAULT_PROJECT_ID};
+pub use options::{failover_order, spread, EdgeHubOptions, DEFAULT_PROJECT_ID};
 use shared::{HubMetrics, HubState, Shared, MAX_PENDING_REQUESTS};
 
 use std::collections::HashMap;

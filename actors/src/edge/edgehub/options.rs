@@ -15,8 +15,10 @@ pub struct EdgeHubOptions {
     /// CloudHub's WebSocket address, `host:port` (one cloud, or a load balancer or VIP in
     /// front of several); dialed alone when [`servers`](Self::servers) is empty.
     pub server: String,
-    /// Several clouds' WebSocket addresses, `host:port`, dialed in turn: a failed dial or a
-    /// lost connection moves to the next, one round of them per backoff. Empty: `server`.
+    /// Several clouds' WebSocket addresses, `host:port`, dialed in turn: a failed dial moves
+    /// to the next; a lost connection to the others first, starting at a place derived from
+    /// the node's name (so a dead cloud's edges spread over the rest); one round of them per
+    /// backoff. Empty: `server`.
     pub servers: Vec<String>,
     /// `projectID`, part of the URL and sent as the `project_id` header.
     pub project_id: String,
@@ -88,6 +90,49 @@ impl EdgeHubOptions {
     }
 }
 
+impl EdgeHubOptions {
+    /// This edge's place among the other addresses after a lost connection ([`spread`]).
+    pub(crate) fn spread(&self) -> usize {
+        spread(&self.node_name)
+    }
+}
+
+/// A node's place among the other cloud addresses after a lost connection: a stable hash of
+/// its name (FNV-1a, finished with murmur3's mix so similar names like `edge-1`, `edge-2`
+/// differ in every bit), so the edges of a dead cloud spread over the survivors and an edge
+/// goes to the same survivor each time.
+pub fn spread(node_name: &str) -> usize {
+    let hash = node_name
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let mut mixed = hash ^ (hash >> 33);
+    mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    mixed ^= mixed >> 33;
+    mixed = mixed.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    mixed ^= mixed >> 33;
+    // Only picks among at most 16 addresses: any bits will do.
+    mixed as usize
+}
+
+/// The order a round dials `count` addresses in after the connection to the one at `lost`
+/// ended: each once, the others first, starting `spread` places after the lost one (counted
+/// among the others), and the lost one last.
+pub fn failover_order(lost: usize, count: usize, spread: usize) -> Vec<usize> {
+    let count = count.max(1);
+    let lost = lost % count;
+    let others = count - 1;
+    if others == 0 {
+        return vec![lost];
+    }
+    let offset = spread % others;
+    (0..others)
+        .map(|step| (lost + 1 + (offset + step) % others) % count)
+        .chain(std::iter::once(lost))
+        .collect()
+}
+
 /// The URL EdgeHub dials at `server`: `wss://` with TLS, `ws://` without. CloudHub accepts
 /// any path; identity travels in headers (and, with TLS, in the client certificate).
 pub(crate) fn events_url(options: &EdgeHubOptions, server: &str) -> String {
@@ -113,6 +158,26 @@ mod tests {
             events_url(&options, &options.server),
             "ws://10.0.0.1:10000/e632aba927ea4ac2b575ec1603d56f10/edge-1/events"
         );
+    }
+
+    #[test]
+    fn similar_node_names_spread_over_the_survivors() {
+        let spreads: Vec<usize> = (0..20)
+            .map(|index| {
+                EdgeHubOptions {
+                    node_name: format!("edge-{index}"),
+                    ..EdgeHubOptions::default()
+                }
+                .spread()
+            })
+            .collect();
+        let odd = spreads.iter().filter(|spread| *spread % 2 == 1).count();
+        assert!((5..=15).contains(&odd), "{odd} of 20 odd");
+        let named = EdgeHubOptions {
+            node_name: "edge-7".into(),
+            ..EdgeHubOptions::default()
+        };
+        assert_eq!(named.spread(), spreads[7], "the same name, the same place");
     }
 
     #[test]

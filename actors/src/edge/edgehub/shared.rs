@@ -10,6 +10,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{oneshot, Notify};
 
+use super::options::failover_order;
 use crate::edge::certmanager::EdgeIdentity;
 use crate::edge::contract::{CloudConnection, ConnectionState, EdgeHubStatus};
 use crate::hive::locks::lock;
@@ -95,9 +96,11 @@ pub(super) struct HubState {
     pub(super) last_server: Option<String>,
     /// Connects to another address than the last one.
     pub(super) switches: u64,
-    /// Where in the address list the next round of dials starts: the address that worked,
-    /// or the one after it once its connection was lost.
+    /// Where in the address list the next round of dials starts: the address that worked.
     pub(super) next_server: usize,
+    /// The address whose connection was lost (none since a connect): the next round dials
+    /// the others first, from a place of this edge's own, and it last.
+    pub(super) lost_server: Option<usize>,
     /// Overflow policy: when full, the oldest message is dropped and counted. The cloud
     /// resends what the edge has not acknowledged, so the newest messages are the valuable ones.
     pub(super) outbox: VecDeque<Message>,
@@ -219,9 +222,21 @@ impl Shared {
         self.connection.publish(now)
     }
 
-    /// Where the next round of dials starts in a list of `count` addresses.
-    pub(super) fn round_start(&self, count: usize) -> usize {
-        lock(&self.state).next_server % count.max(1)
+    /// The order the next round dials a list of `count` addresses in: each once, in turn,
+    /// from the address that worked. Once its connection was lost, the others come first,
+    /// starting `spread` places after it (counted among the others, so each edge of a fleet
+    /// picks its own survivor and a dead cloud's edges spread over the rest), and the lost
+    /// one last.
+    pub(super) fn round_order(&self, count: usize, spread: usize) -> Vec<usize> {
+        let count = count.max(1);
+        let state = lock(&self.state);
+        match state.lost_server {
+            Some(lost) => failover_order(lost, count, spread),
+            None => {
+                let start = state.next_server % count;
+                (0..count).map(|step| (start + step) % count).collect()
+            }
+        }
     }
 
     /// Records a connect to `server`, the address at `index` of the list; a connect to
@@ -237,16 +252,18 @@ impl Shared {
             self.metrics.switches.inc();
         }
         state.next_server = index;
+        state.lost_server = None;
         state.server = Some(server.to_owned());
         state.last_server = Some(server.to_owned());
     }
 
-    /// Records that the connection to the address at `index` of a list of `count` ended: the
-    /// next round starts with the address after it.
-    pub(super) fn lost(&self, index: usize, count: usize) {
+    /// Records that the connection to the address at `index` ended: the next round dials
+    /// the others first ([`round_order`](Self::round_order)).
+    pub(super) fn lost(&self, index: usize) {
         let mut state = lock(&self.state);
         state.server = None;
-        state.next_server = (index + 1) % count.max(1);
+        state.next_server = index;
+        state.lost_server = Some(index);
     }
 
     pub(super) fn record_error(&self, error: String) {
@@ -286,25 +303,42 @@ mod tests {
     #[test]
     fn rounds_start_where_a_connection_worked_and_move_on_once_it_is_lost() {
         let hub = shared();
-        assert_eq!(hub.round_start(2), 0, "the first address first");
+        assert_eq!(hub.round_order(2, 0), [0, 1], "the first address first");
         // The first is dead; the second answers: no switch, that is where we are.
         hub.connected_to(1, "b:1");
-        assert_eq!(hub.round_start(2), 1);
+        assert_eq!(hub.round_order(2, 0), [1, 0]);
         assert_eq!(hub.status().server.as_deref(), Some("b:1"));
         assert_eq!(hub.status().server_switches, 0);
-        // Lost: the next round starts with the one after it, wrapping around.
-        hub.lost(1, 2);
-        assert_eq!(hub.round_start(2), 0);
+        // Lost: the next round starts with the other one, the lost one last.
+        hub.lost(1);
+        assert_eq!(hub.round_order(2, 0), [0, 1]);
+        assert_eq!(hub.round_order(2, 7), [0, 1]);
         assert_eq!(hub.status().server, None);
         hub.connected_to(0, "a:1");
         assert_eq!(hub.status().server_switches, 1);
         assert_eq!(hub.metrics.switches.get(), 1);
         // Back on the same address after a loss: no switch.
-        hub.lost(0, 2);
+        hub.lost(0);
         hub.connected_to(0, "a:1");
         assert_eq!(hub.status().server_switches, 1);
         // One address (a VIP): always it.
-        hub.lost(0, 1);
-        assert_eq!(hub.round_start(1), 0);
+        hub.lost(0);
+        assert_eq!(hub.round_order(1, 3), [0]);
+    }
+
+    #[test]
+    fn after_a_loss_each_edge_starts_at_its_own_survivor_and_dials_every_address() {
+        let hub = shared();
+        hub.connected_to(1, "b:1");
+        hub.lost(1);
+        // Four addresses, the second lost: the spread picks where among the other three the
+        // round starts; every address is dialed once, the lost one last.
+        assert_eq!(hub.round_order(4, 0), [2, 3, 0, 1]);
+        assert_eq!(hub.round_order(4, 1), [3, 0, 2, 1]);
+        assert_eq!(hub.round_order(4, 2), [0, 2, 3, 1]);
+        assert_eq!(hub.round_order(4, 5), [0, 2, 3, 1]);
+        // A connect ends it: the next round starts where it worked.
+        hub.connected_to(3, "d:1");
+        assert_eq!(hub.round_order(4, 1), [3, 0, 1, 2]);
     }
 }

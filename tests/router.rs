@@ -12,7 +12,7 @@ use std::time::Duration;
 use actix::{Actor, Context, Handler};
 use actix_web::{web, App, HttpResponse, HttpServer};
 use edgehive::cloud::CloudProcess;
-use edgehive::config::CloudConfig;
+use edgehive::config::{CloudConfig, EdgeConfig};
 use edgehive::edge::EdgeProcess;
 use edgehive::router::RouterHandle;
 use edgehive_actors::edge::contract::route as edge_route;
@@ -1032,6 +1032,32 @@ fn local_request(target_url: &str, payload: Value) -> Vec<u8> {
 /// opened, a body that is not the request, one over 5 MB and a rule whose target is not
 /// REST are refused every time, from new connections, counted; the rule's status counts;
 /// the URL closes when its rule goes, and the edge keeps its URLs across a restart.
+/// `node`'s edge, connected to `cloud`, with ServiceBus on a free local port (returned)
+/// waiting `timeout` seconds for the cloud's answers; and its config, to start it again.
+async fn servicebus_edge(
+    cloud: &CloudProcess,
+    node: &str,
+    dir: &Path,
+    timeout: u64,
+) -> (EdgeProcess, u16, EdgeConfig) {
+    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = edge_config(node, cloud.websocket_addr(), dir);
+    config.modules.service_bus.enable = true;
+    config.modules.service_bus.port = port;
+    config.modules.service_bus.timeout = timeout;
+    let edge = EdgeProcess::start(&config).await.unwrap();
+    eventually("the edge connects", WITHIN, || async {
+        edge.status().await.unwrap().connected.then_some(())
+    })
+    .await;
+    (edge, port, config)
+}
+
 #[actix_rt::test]
 async fn an_application_calls_a_servicebus_source_rule_on_its_node_and_gets_the_rest_targets_answer(
 ) {
@@ -1039,21 +1065,7 @@ async fn an_application_calls_a_servicebus_source_rule_on_its_node_and_gets_the_
     let dir = tempfile::tempdir().unwrap();
     let node = "edge-sbsrc";
     let (cloud, router) = start_cloud("    restTimeout: 20\n").await;
-    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut config = edge_config(node, cloud.websocket_addr(), dir.path());
-    config.modules.service_bus.enable = true;
-    config.modules.service_bus.port = port;
-    config.modules.service_bus.timeout = 10;
-    let edge = EdgeProcess::start(&config).await.unwrap();
-    eventually("the edge connects", WITHIN, || async {
-        edge.status().await.unwrap().connected.then_some(())
-    })
-    .await;
+    let (edge, port, config) = servicebus_edge(&cloud, node, dir.path(), 10).await;
     // No servicebus-source rule yet: nothing listens (edgecore's).
     assert!(call_local(port, local_request("/a", json!({})))
         .await
@@ -1225,21 +1237,7 @@ async fn a_nodes_servicebus_refuses_bad_and_surplus_target_urls_and_bounds_waiti
     let node = "edge-sbcap";
     // No Router: an upload reaches no module, so nobody answers.
     let cloud = crate::support::start_cloud().await;
-    cloud.cluster().unwrap().apply(edge_node(node)).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut config = edge_config(node, cloud.websocket_addr(), dir.path());
-    config.modules.service_bus.enable = true;
-    config.modules.service_bus.port = port;
-    config.modules.service_bus.timeout = 2;
-    let edge = EdgeProcess::start(&config).await.unwrap();
-    eventually("the edge connects", WITHIN, || async {
-        edge.status().await.unwrap().connected.then_some(())
-    })
-    .await;
+    let (edge, port, _) = servicebus_edge(&cloud, node, dir.path(), 2).await;
     let start = |url: String| {
         let message = to_node(
             node,

@@ -257,36 +257,44 @@ impl Shared {
 
     /// The eventbus-source rule of `namespace` for `node`'s `topic`.
     fn eventbus_rule(&self, node: &str, namespace: &str, topic: &str) -> Option<Resolved> {
+        self.source_rule(
+            node,
+            Some(namespace),
+            ("topic", topic),
+            EndpointType::EventBus,
+        )
+    }
+
+    /// The servicebus-source rule for `node`'s `target_url`, in any namespace.
+    fn servicebus_rule(&self, node: &str, target_url: &str) -> Option<Resolved> {
+        self.source_rule(
+            node,
+            None,
+            ("target_url", target_url),
+            EndpointType::ServiceBus,
+        )
+    }
+
+    /// The first rule (of `namespace`, or of any) whose source is a `source` endpoint and
+    /// whose source resource names `node` and holds `field`.
+    fn source_rule(
+        &self,
+        node: &str,
+        namespace: Option<&str>,
+        field: (&str, &str),
+        source: EndpointType,
+    ) -> Option<Resolved> {
         let rules: Vec<Arc<RuleState>> = lock(&self.rules)
             .iter()
-            .filter(|((ns, _), _)| ns == namespace)
+            .filter(|((ns, _), _)| namespace.is_none_or(|wanted| ns == wanted))
             .map(|(_, rule)| rule.clone())
             .collect();
         for rule in rules {
             let spec = lock(&rule.spec).clone();
-            if spec.source_resource.get("node_name").map(String::as_str) != Some(node)
-                || spec.source_resource.get("topic").map(String::as_str) != Some(topic)
-                || self.endpoint(namespace, &spec.source) != Some(EndpointType::EventBus)
-            {
-                continue;
-            }
-            let target = self
-                .endpoint(namespace, &spec.target)
-                .unwrap_or(EndpointType::Other(String::new()));
-            return Some(Resolved { rule, spec, target });
-        }
-        None
-    }
-
-    /// The servicebus-source rule for `node`'s `target_url`.
-    fn servicebus_rule(&self, node: &str, target_url: &str) -> Option<Resolved> {
-        let rules: Vec<Arc<RuleState>> = lock(&self.rules).values().cloned().collect();
-        for rule in rules {
-            let spec = lock(&rule.spec).clone();
             let namespace = &rule.key.0;
             if spec.source_resource.get("node_name").map(String::as_str) != Some(node)
-                || spec.source_resource.get("target_url").map(String::as_str) != Some(target_url)
-                || self.endpoint(namespace, &spec.source) != Some(EndpointType::ServiceBus)
+                || spec.source_resource.get(field.0).map(String::as_str) != Some(field.1)
+                || self.endpoint(namespace, &spec.source).as_ref() != Some(&source)
             {
                 continue;
             }

@@ -103,8 +103,6 @@ fn ca_from_secret_without_a_casecret_says_so() {
 /// and the report's `failover` says how many dropped and that all are back.
 #[test]
 fn edges_of_a_killed_cloud_dial_the_next_address_and_the_report_says_when_all_were_back() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     const EDGES: usize = 10;
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = support::start_plain_cloud(
@@ -115,38 +113,13 @@ fn edges_of_a_killed_cloud_dial_the_next_address_and_the_report_says_when_all_we
         dir_b.path(),
         &crate::loadtest::fleet_manifests(dir_b.path(), EDGES),
     );
-    let mut tool = Command::new(TOOL)
-        .args([
-            "--cloud",
-            &format!("{},{}", a.websocket, b.websocket),
-            "--edges",
-            &EDGES.to_string(),
-            "--heartbeat",
-            "1",
-            "--hold",
-            "8",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // Once the tool says the whole fleet is connected, B dies.
-    let stderr = BufReader::new(tool.stderr.take().unwrap());
-    let mut lines = stderr.lines();
-    let all = format!("{EDGES} connected");
-    assert!(
-        lines
-            .by_ref()
-            .map_while(Result::ok)
-            .any(|line| line.contains(&all)),
-        "the fleet never connected"
+    let report = fleet_with_a_kill(
+        &[a.websocket.clone(), b.websocket.clone()],
+        EDGES,
+        8,
+        || drop(b),
     );
-    drop(b);
-    // Keep reading so the tool never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    let output = tool.wait_with_output().unwrap();
-    assert!(output.status.success());
-    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(
         report["connectedAtEnd"], EDGES,
         "B's edges are on A: {report}"
@@ -161,13 +134,49 @@ fn edges_of_a_killed_cloud_dial_the_next_address_and_the_report_says_when_all_we
     drop(a);
 }
 
+/// Runs the tool's fleet of `edges` over `addresses` for `hold` seconds, calls `kill` once
+/// the tool says the whole fleet is connected, and returns the tool's report.
+fn fleet_with_a_kill(addresses: &[String], edges: usize, hold: u64, kill: impl FnOnce()) -> Value {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut tool = Command::new(TOOL)
+        .args([
+            "--cloud",
+            &addresses.join(","),
+            "--edges",
+            &edges.to_string(),
+            "--heartbeat",
+            "1",
+            "--hold",
+            &hold.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(tool.stderr.take().unwrap());
+    let mut lines = stderr.lines();
+    let all = format!("{edges} connected");
+    assert!(
+        lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.contains(&all)),
+        "the fleet never connected"
+    );
+    kill();
+    // Keep reading so the tool never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    let output = tool.wait_with_output().unwrap();
+    assert!(output.status.success());
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// Three clouds, the middle one killed while the fleet holds: its edges spread over the two
 /// left (each from its own place among them, as an edge with a list of servers does), not all
 /// onto the next address.
 #[test]
 fn edges_of_a_killed_cloud_spread_over_the_clouds_left() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     const EDGES: usize = 30;
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut clouds: Vec<_> = dirs
@@ -180,36 +189,7 @@ fn edges_of_a_killed_cloud_spread_over_the_clouds_left() {
         })
         .collect();
     let addresses: Vec<String> = clouds.iter().map(|c| c.websocket.clone()).collect();
-    let mut tool = Command::new(TOOL)
-        .args([
-            "--cloud",
-            &addresses.join(","),
-            "--edges",
-            &EDGES.to_string(),
-            "--heartbeat",
-            "1",
-            "--hold",
-            "10",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = BufReader::new(tool.stderr.take().unwrap());
-    let mut lines = stderr.lines();
-    let all = format!("{EDGES} connected");
-    assert!(
-        lines
-            .by_ref()
-            .map_while(Result::ok)
-            .any(|line| line.contains(&all)),
-        "the fleet never connected"
-    );
-    drop(clouds.remove(1));
-    std::thread::spawn(move || lines.for_each(drop));
-    let output = tool.wait_with_output().unwrap();
-    assert!(output.status.success());
-    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let report = fleet_with_a_kill(&addresses, EDGES, 10, || drop(clouds.remove(1)));
     assert_eq!(report["connectedAtEnd"], EDGES, "{report}");
     assert_eq!(report["failover"]["edgesDropped"], EDGES / 3, "{report}");
     // Each survivor kept its own ten and took at least three of the dead one's ten (the

@@ -612,6 +612,27 @@ struct Setup {
 }
 
 impl Rig {
+    /// A rig whose first replica reaches the API server through the proxy, every node with
+    /// one seed pod its edge has stored.
+    fn proxied_with_a_pod_each(replicas: usize, nodes: usize, prefix: &str) -> Rig {
+        let rig = Rig::with(
+            replicas,
+            nodes,
+            prefix,
+            Setup {
+                proxied: true,
+                ..Setup::default()
+            },
+        );
+        for edge in &rig.edges {
+            assert!(rig
+                .kube
+                .create_pod(&format!("seed-{}", edge.node), &edge.node));
+        }
+        rig.converge("the seed pods");
+        rig
+    }
+
     fn new(replicas: usize, nodes: usize, prefix: &str) -> Rig {
         Rig::with(replicas, nodes, prefix, Setup::default())
     }
@@ -1006,21 +1027,7 @@ fn a_replica_cut_off_from_the_api_server_steps_down_and_its_edges_end_equal_afte
 /// the live replica (the next address on their list).
 #[test]
 fn edges_of_a_replica_cut_off_for_good_end_equal_through_the_live_one() {
-    let rig = Rig::with(
-        2,
-        4,
-        "gone",
-        Setup {
-            proxied: true,
-            ..Setup::default()
-        },
-    );
-    for edge in &rig.edges {
-        assert!(rig
-            .kube
-            .create_pod(&format!("seed-{}", edge.node), &edge.node));
-    }
-    rig.converge("the seed pods");
+    let rig = Rig::proxied_with_a_pod_each(2, 4, "gone");
     let victims = rig.spread(0);
     let proxy = rig.proxy.as_ref().unwrap();
     proxy.refuse(true);
@@ -1053,21 +1060,7 @@ fn edges_of_a_replica_cut_off_for_good_end_equal_through_the_live_one() {
 /// never left, end equal to the cluster.
 #[test]
 fn a_replica_with_no_other_seen_live_keeps_its_edges_past_the_hand_over_wait_and_says_so() {
-    let rig = Rig::with(
-        1,
-        2,
-        "alone",
-        Setup {
-            proxied: true,
-            ..Setup::default()
-        },
-    );
-    for edge in &rig.edges {
-        assert!(rig
-            .kube
-            .create_pod(&format!("seed-{}", edge.node), &edge.node));
-    }
-    rig.converge("the seed pods");
+    let rig = Rig::proxied_with_a_pod_each(1, 2, "alone");
     let cut = &rig.replicas[0];
     let step_down = "edgehive_cloud_ownership_total{event=\"step_down\"}";
     let resumed = "edgehive_cloud_ownership_total{event=\"resumed\"}";

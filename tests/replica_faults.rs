@@ -1105,11 +1105,13 @@ fn a_replica_with_no_other_seen_live_keeps_its_edges_past_the_hand_over_wait_and
     });
     let compared = rig.converge("every edge equal to the cluster after the reconnect");
     assert!(compared >= 2 * 2, "{compared}");
+    // Renewing again clears the gauge (under load a renewal may miss again and step the
+    // replica down for a while: what must hold is that it ends at 0 and nothing left).
+    wait("the hand-over-held gauge back to 0", || {
+        let gauge = metric(&cut.admin, "edgehive_cloud_ownership_hand_over_held");
+        (gauge == 0).not_then(|| format!("gauge {gauge}"))
+    });
     assert_eq!(metric(&cut.admin, handed_over), 0, "handed over");
-    assert_eq!(
-        metric(&cut.admin, "edgehive_cloud_ownership_hand_over_held"),
-        0
-    );
 }
 
 /// An edge whose store is wiped while the replica serving it dies comes back, with an empty

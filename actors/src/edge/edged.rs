@@ -105,6 +105,16 @@ impl NodeOptions {
     fn lease_interval(&self) -> Duration {
         (Duration::from_secs(u64::from(self.lease_duration_secs)) / 4).max(Duration::from_secs(1))
     }
+
+    /// How long a lease query or renewal waits for the cloud: two renewal intervals (at least
+    /// 2 s), never more than `request_timeout`. An answer lost with a dropped connection then
+    /// holds the next renewal back for two intervals, not the whole request timeout, which
+    /// with a short lease would outlast the lease itself.
+    fn lease_ask_timeout(&self) -> Duration {
+        (self.lease_interval() * 2)
+            .max(Duration::from_secs(2))
+            .min(self.request_timeout)
+    }
 }
 
 /// Why a runtime's report was refused.
@@ -480,7 +490,15 @@ fn read_answer(reply: &Value) -> Result<Value, (String, String)> {
 }
 
 async fn ask_cloud(hive: &Hive, shared: &Shared, message: Ask) -> Result<CloudReply, String> {
-    ask_hub(hive, message, shared.options.request_timeout)
+    ask_cloud_within(hive, message, shared.options.request_timeout).await
+}
+
+async fn ask_cloud_within(
+    hive: &Hive,
+    message: Ask,
+    timeout: Duration,
+) -> Result<CloudReply, String> {
+    ask_hub(hive, message, timeout)
         .await
         .map_err(|error| error.to_string())
 }
@@ -586,6 +604,7 @@ async fn renew_lease(hive: &Hive, shared: &Shared) {
     }
     let name = shared.options.node_name.clone();
     let resource = format!("{LEASE_NAMESPACE}/lease/{name}");
+    let timeout = shared.options.lease_ask_timeout();
     let spec = |lease: &mut Value| {
         lease["spec"]["holderIdentity"] = json!(name);
         lease["spec"]["leaseDurationSeconds"] = json!(shared.options.lease_duration_secs);
@@ -596,7 +615,7 @@ async fn renew_lease(hive: &Hive, shared: &Shared) {
         Some(lease) => Some(lease),
         None => {
             let query = shared.message(Operation::Query, resource.clone(), Value::Null);
-            match ask_cloud(hive, shared, query)
+            match ask_cloud_within(hive, query, timeout)
                 .await
                 .map(|r| read_answer(r.content()))
             {
@@ -637,7 +656,7 @@ async fn renew_lease(hive: &Hive, shared: &Shared) {
             shared.message(Operation::Insert, resource, lease)
         }
     };
-    match ask_cloud(hive, shared, message)
+    match ask_cloud_within(hive, message, timeout)
         .await
         .map(|r| read_answer(r.content()))
     {
@@ -1066,6 +1085,18 @@ mod tests {
 
     fn reply(content: Value) -> Value {
         content
+    }
+
+    #[test]
+    fn a_lease_answer_is_awaited_two_renewals_at_most_and_never_past_the_request_timeout() {
+        let mut options = NodeOptions::new("edge-1", "127.0.0.1:10000");
+        // KubeEdge's default 40 s lease, renewed every 10 s: 20 s, not the 30 s timeout.
+        assert_eq!(options.lease_ask_timeout(), Duration::from_secs(20));
+        // A 4 s lease (renewed every second): 2 s, so a lost answer never outlasts it.
+        options.lease_duration_secs = 4;
+        assert_eq!(options.lease_ask_timeout(), Duration::from_secs(2));
+        options.lease_duration_secs = 400;
+        assert_eq!(options.lease_ask_timeout(), Duration::from_secs(30));
     }
 
     #[test]

@@ -13,7 +13,8 @@
 # EDGES: the whole fleet. TOOLS: tool processes (default: one per 10,000 edges, at least 2),
 # each with EDGES/TOOLS edges named rT-N over the three replicas (this machine allows 20,000
 # open files per process). RATE: pod changes per second per tool (default 50), for
-# SECONDS_OF_CHANGES (default 60) in all; the kill comes KILL_AFTER seconds (default 15) after the changes begin.
+# SECONDS_OF_CHANGES (default 60) in all; CLAIMS: each replica's nodeLeaseWritesPerSecond
+# (unset: the product's default, 300); the kill comes KILL_AFTER seconds (default 15) after the changes begin.
 # Replicas use the default Lease settings (15 s lease, 10 s renew deadline, 2 s period).
 # Bounded: every wait has a deadline; the whole run ends within SECONDS + about 4 minutes.
 set -euo pipefail
@@ -80,6 +81,7 @@ modules:
       identity: replica-$r
       address: 127.0.0.1:$port
       forwardPort: 0
+${CLAIMS:+      nodeLeaseWritesPerSecond: $CLAIMS}
 YAML
   "$bin/edgehive" cloud --config "$dir/cloud.yaml" > "$dir/out" 2> "$dir/err" &
   cloud_pids+=($!)

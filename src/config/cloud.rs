@@ -738,7 +738,7 @@ impl Default for ReplicaConfig {
             renew_deadline_seconds: 10,
             retry_period_seconds: 2,
             hand_over_after_seconds: None,
-            node_lease_writes_per_second: 100,
+            node_lease_writes_per_second: 300,
         }
     }
 }

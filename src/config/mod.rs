@@ -719,7 +719,7 @@ mod tests {
         assert_eq!(options.address, "10.0.0.5:10000");
         assert_eq!(options.lease_duration.as_secs(), 15);
         assert_eq!(options.hand_over_after.as_secs(), 30);
-        assert_eq!(options.node_lease_writes_per_second, 100);
+        assert_eq!(options.node_lease_writes_per_second, 300);
         let config = cloud(
             "modules:\n  cloudHub:\n    replica:\n      enable: true\n      identity: cloud-a\n      address: 10.0.0.5:10000\n      nodeLeaseWritesPerSecond: 20\n",
         )

@@ -91,7 +91,7 @@ impl Default for ReplicaOptions {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
             hand_over_after: Duration::from_secs(30),
-            node_lease_writes_per_second: 100,
+            node_lease_writes_per_second: 300,
         }
     }
 }

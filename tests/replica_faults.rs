@@ -29,6 +29,8 @@ use crate::support::process::{banner_field, spawn_logged, Process};
 use crate::support::proxy::Proxy;
 use crate::support::views::{edge_view, get, identity, metric, Identity, View};
 
+/// The counter of a replica acting again after a step-down.
+const RESUMED: &str = "edgehive_cloud_ownership_total{event=\"resumed\"}";
 /// How long anything may take to converge on a loaded 2-core machine.
 const CONVERGE: Duration = Duration::from_secs(120);
 
@@ -633,6 +635,17 @@ impl Rig {
         rig
     }
 
+    /// Ends the proxy's cut of `cut` (which had resumed `resumes` times before it), waits
+    /// until it acts again and every edge is equal to the cluster; how many objects compared.
+    fn heal(&self, cut: &Replica, resumes: u64) -> usize {
+        self.proxy.as_ref().unwrap().refuse(false);
+        wait("the reconnected replica acting again", || {
+            let now = metric(&cut.admin, RESUMED);
+            (now > resumes).not_then(|| format!("resumed {now}"))
+        });
+        self.converge("every edge equal to the cluster after the reconnect")
+    }
+
     fn new(replicas: usize, nodes: usize, prefix: &str) -> Rig {
         Rig::with(replicas, nodes, prefix, Setup::default())
     }
@@ -951,8 +964,7 @@ fn a_replica_cut_off_from_the_api_server_steps_down_and_its_edges_end_equal_afte
     let victims = rig.spread(0);
     let (cut, other) = (&rig.replicas[0], &rig.replicas[1]);
     let step_down = "edgehive_cloud_ownership_total{event=\"step_down\"}";
-    let resumed = "edgehive_cloud_ownership_total{event=\"resumed\"}";
-    let (downs, resumes) = (metric(&cut.admin, step_down), metric(&cut.admin, resumed));
+    let (downs, resumes) = (metric(&cut.admin, step_down), metric(&cut.admin, RESUMED));
 
     let proxy = rig.proxy.as_ref().unwrap();
     proxy.refuse(true);
@@ -1012,12 +1024,7 @@ fn a_replica_cut_off_from_the_api_server_steps_down_and_its_edges_end_equal_afte
         assert_eq!(&edge_view(&edge.db).unwrap(), before, "{}", edge.node);
     }
 
-    proxy.refuse(false);
-    wait("the reconnected replica acting again", || {
-        let now = metric(&cut.admin, resumed);
-        (now > resumes).not_then(|| format!("resumed {now}"))
-    });
-    let compared = rig.converge("every edge equal to the cluster after the reconnect");
+    let compared = rig.heal(cut, resumes);
     assert!(compared >= 4 * 3, "{compared}");
 }
 
@@ -1063,10 +1070,9 @@ fn a_replica_with_no_other_seen_live_keeps_its_edges_past_the_hand_over_wait_and
     let rig = Rig::proxied_with_a_pod_each(1, 2, "alone");
     let cut = &rig.replicas[0];
     let step_down = "edgehive_cloud_ownership_total{event=\"step_down\"}";
-    let resumed = "edgehive_cloud_ownership_total{event=\"resumed\"}";
     let held = "edgehive_cloud_ownership_total{event=\"hand_over_held\"}";
     let handed_over = "edgehive_cloud_ownership_total{event=\"handed_over\"}";
-    let resumes = metric(&cut.admin, resumed);
+    let resumes = metric(&cut.admin, RESUMED);
     let proxy = rig.proxy.as_ref().unwrap();
     proxy.refuse(true);
     proxy.cut();
@@ -1098,12 +1104,7 @@ fn a_replica_with_no_other_seen_live_keeps_its_edges_past_the_hand_over_wait_and
         );
     }
 
-    proxy.refuse(false);
-    wait("the reconnected replica acting again", || {
-        let now = metric(&cut.admin, resumed);
-        (now > resumes).not_then(|| format!("resumed {now}"))
-    });
-    let compared = rig.converge("every edge equal to the cluster after the reconnect");
+    let compared = rig.heal(cut, resumes);
     assert!(compared >= 2 * 2, "{compared}");
     // Renewing again clears the gauge (under load a renewal may miss again and step the
     // replica down for a while: what must hold is that it ends at 0 and nothing left).

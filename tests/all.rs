@@ -33,6 +33,7 @@ mod log_flood;
 mod node_actors;
 mod node_module;
 mod nodegroups;
+mod nodegroups_standin;
 mod processes;
 mod replica_faults;
 mod replica_forwarding;

@@ -733,3 +733,219 @@ async fn an_edgeapplications_configmap_daemonset_statefulset_and_job_are_made_on
     .await;
     cloud.stop().await;
 }
+
+/// KubeEdge's name suffix of a `targetNodeLabels` Deployment: `ls-` and the first four bytes
+/// of SHA-256 over the selector's labels, key then value, keys sorted.
+fn label_suffix(labels: &[(&str, &str)]) -> String {
+    let mut sorted = labels.to_vec();
+    sorted.sort();
+    let text: String = sorted.iter().map(|(k, v)| format!("{k}{v}")).collect();
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let hex: String = digest.as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("ls-{hex}")
+}
+
+fn two_container_application(scope: Value) -> Value {
+    json!({
+        "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+        "metadata": {"name": "shop", "namespace": "default"},
+        "spec": {
+            "workloadTemplate": {"manifests": [
+                {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                          "template": {"metadata": {"labels": {"app": "web"}},
+                                       "spec": {"nodeSelector": {"disk": "ssd"},
+                                                "containers": [{"name": "web", "image": "nginx:1.27"},
+                                                               {"name": "log", "image": "fluentbit:3"}]}}}},
+            ]},
+            "workloadScope": scope,
+        },
+    })
+}
+
+#[actix_rt::test]
+async fn target_node_labels_make_a_deployment_per_selector_placed_by_node_affinity_and_named_as_kubeedge_names_it(
+) {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    let app = cluster
+        .apply(two_container_application(json!({
+            "targetNodeGroups": [{"name": "east"}],
+            "targetNodeLabels": [
+                {"labelSelector": {"matchLabels": {"zone": "north", "arch": "arm64"}},
+                 "overriders": {"replicas": 2, "imageOverriders": [
+                     {"component": "Registry", "operator": "replace", "value": "mirror.example"}]}},
+            ],
+        })))
+        .unwrap();
+    let uid = app["metadata"]["uid"].as_str().unwrap().to_owned();
+    let name = format!(
+        "web-{}",
+        label_suffix(&[("zone", "north"), ("arch", "arm64")])
+    );
+    let made = eventually(&name, WITHIN, || {
+        let found = cluster.get("Deployment", Some("default"), &name);
+        async move { found }
+    })
+    .await;
+    assert_eq!(made["spec"]["replicas"], 2);
+    assert_eq!(made["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    let pod = &made["spec"]["template"]["spec"];
+    // Placed on the nodes with both labels; the manifest's own node selector is kept (as
+    // KubeEdge keeps it), and no group label is asked for.
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"],
+        json!([{"matchExpressions": [
+            {"key": "arch", "operator": "In", "values": ["arm64"]},
+            {"key": "zone", "operator": "In", "values": ["north"]}]}])
+    );
+    assert_eq!(pod["nodeSelector"], json!({"disk": "ssd"}));
+    assert_eq!(pod["containers"][0]["image"], "mirror.example/nginx:1.27");
+    assert_eq!(pod["containers"][1]["image"], "mirror.example/fluentbit:3");
+    // The group's Deployment is made beside it, as before.
+    let east = template_once(&cluster, "web-east", |_| true).await;
+    assert_eq!(east["nodeSelector"], json!({LABEL: "east"}));
+    assert!(east["affinity"].is_null());
+    eventually("workloadStatus of both", WITHIN, || {
+        let got = workload_statuses(&cluster, "shop");
+        let want = vec![
+            "0 Deployment/web-east Available".to_owned(),
+            format!("0 Deployment/{name} Available"),
+        ];
+        async move { (got == want).then_some(()) }
+    })
+    .await;
+    // The selector dropped: its Deployment goes; the group's stays.
+    cluster
+        .apply(two_container_application(
+            json!({"targetNodeGroups": [{"name": "east"}]}),
+        ))
+        .unwrap();
+    eventually("the selector's Deployment gone", WITHIN, || {
+        let gone = cluster.get("Deployment", Some("default"), &name).is_none();
+        let east = cluster.get("Deployment", Some("default"), "web-east");
+        async move { (gone && east.is_some()).then_some(()) }
+    })
+    .await;
+    cloud.stop().await;
+}
+
+#[actix_rt::test]
+async fn an_image_predicate_changes_only_the_image_it_names_and_a_predicate_or_selector_out_of_bounds_is_refused_and_counted(
+) {
+    let cloud = start_cloud().await;
+    let cluster = cloud.cluster().unwrap().clone();
+    let tag = |path: &str| {
+        json!({"imageOverriders": [{"component": "Tag", "operator": "replace", "value": "9",
+                                    "predicate": {"path": path}}]})
+    };
+    let scope = |west_path: &str, selector: Value| {
+        json!({
+            "targetNodeGroups": [
+                {"name": "east", "overriders": tag("/spec/template/spec/containers/1/image")},
+                {"name": "west", "overriders": tag(west_path)},
+            ],
+            "targetNodeLabels": [{"labelSelector": selector, "overriders": {}}],
+        })
+    };
+    // West's predicate names the object's namespace (an "image" override would move the
+    // Deployment into kube-system); the selector's operator is not a node selector's.
+    cluster
+        .apply(two_container_application(scope(
+            "/metadata/namespace",
+            json!({"matchExpressions": [{"key": "zone", "operator": "Gt", "values": ["1"]}]}),
+        )))
+        .unwrap();
+    let east = template_once(&cluster, "web-east", |_| true).await;
+    assert_eq!(east["containers"][0]["image"], "nginx:1.27", "not named");
+    assert_eq!(east["containers"][1]["image"], "fluentbit:9");
+    eventually("both refusals counted", WITHIN, || {
+        let counted = (
+            refusals(&cloud, "predicate"),
+            refusals(&cloud, "label_selector"),
+        );
+        async move { (counted == (1, 1)).then_some(()) }
+    })
+    .await;
+    eventually("workloadStatus", WITHIN, || {
+        let got = workload_statuses(&cluster, "shop");
+        async move {
+            (got == [
+                "0 Deployment/web Processing",
+                "0 Deployment/web-east Available",
+                "0 Deployment/web-west Processing",
+            ])
+            .then_some(())
+        }
+    })
+    .await;
+    // Nothing made for them, here or in kube-system: only east's Deployment exists.
+    assert_eq!(cluster.count("Deployment", |_| true), 1);
+    let said: Vec<String> = cluster
+        .list("Event")
+        .0
+        .iter()
+        .filter(|e| e["reason"] == "ManifestRefused")
+        .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        said.iter()
+            .any(|m| m.contains("targetNodeGroups[1] (west)") && m.contains("/metadata/namespace")),
+        "{said:?}"
+    );
+    assert!(
+        said.iter()
+            .any(|m| m.contains("targetNodeLabels[0]") && m.contains("\"Gt\"")),
+        "{said:?}"
+    );
+    // Sent again (another write of the same application): not counted again. In other forms
+    // (an index past the containers, an empty selector): counted again, still not made.
+    let mut again = two_container_application(scope(
+        "/metadata/namespace",
+        json!({"matchExpressions": [{"key": "zone", "operator": "Gt", "values": ["1"]}]}),
+    ));
+    again["metadata"]["labels"] = json!({"touched": "1"});
+    cluster.apply(again).unwrap();
+    cluster
+        .apply(two_container_application(scope(
+            "/spec/template/spec/containers/7/image",
+            json!({}),
+        )))
+        .unwrap();
+    eventually("the other forms counted", WITHIN, || {
+        let counted = (
+            refusals(&cloud, "predicate"),
+            refusals(&cloud, "label_selector"),
+        );
+        async move { (counted == (2, 2)).then_some(()) }
+    })
+    .await;
+    assert_eq!(cluster.count("Deployment", |_| true), 1);
+    // Fixed: west's predicate names its first container and the selector is a good one.
+    cluster
+        .apply(two_container_application(scope(
+            "/spec/template/spec/containers/0/image",
+            json!({"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}),
+        )))
+        .unwrap();
+    let west = template_once(&cluster, "web-west", |_| true).await;
+    assert_eq!(west["containers"][0]["image"], "nginx:9");
+    assert_eq!(west["containers"][1]["image"], "fluentbit:3");
+    eventually("three Deployments", WITHIN, || {
+        let n = cluster.count("Deployment", |_| true);
+        async move { (n == 3).then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        (
+            refusals(&cloud, "predicate"),
+            refusals(&cloud, "label_selector")
+        ),
+        (2, 2)
+    );
+    cloud.stop().await;
+}

@@ -17,14 +17,14 @@ use crate::support::process::{banner_field, plain_edge_yaml, spawn_logged, Proce
 use crate::support::{edge_node, eventually, metric_sum, pod, sqlite_row, WITHIN};
 
 /// A running stand-in: the process, `host:port`, and the kubeconfig it wrote.
-struct Standin {
-    process: Process,
-    addr: String,
-    kubeconfig: PathBuf,
+pub(crate) struct Standin {
+    pub(crate) process: Process,
+    pub(crate) addr: String,
+    pub(crate) kubeconfig: PathBuf,
 }
 
 /// Starts `edgehive cluster` on a free loopback port, its data in `dir/standin`.
-fn start_standin(dir: &Path, watch_history: usize) -> Standin {
+pub(crate) fn start_standin(dir: &Path, watch_history: usize) -> Standin {
     let kubeconfig = dir.join("kubeconfig");
     let history = watch_history.to_string();
     let (process, banner) = spawn_logged(
@@ -49,7 +49,7 @@ fn start_standin(dir: &Path, watch_history: usize) -> Standin {
 }
 
 /// A kube-rs client from `kubeconfig`, as `kubectl` or the cloud's adapter would make it.
-async fn client(kubeconfig: &Path) -> kube::Client {
+pub(crate) async fn client(kubeconfig: &Path) -> kube::Client {
     let config = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::read_from(kubeconfig).unwrap(),
         &kube::config::KubeConfigOptions::default(),

@@ -33,9 +33,11 @@
 
 mod applications;
 mod controller;
+mod images;
 mod membership;
 mod metrics;
 mod overriders;
+mod selectors;
 mod workloads;
 
 pub use controller::NodeGroupController;

@@ -28,8 +28,10 @@
 use edgehive_protocols::object::meta_str;
 use serde_json::{json, Value};
 
+use super::images::{self, PredicateError};
 use super::membership::BELONGING_TO;
 use super::overriders;
+use super::selectors::{NodeLabels, SelectorError};
 
 /// The annotation KubeEdge gives an application's Service (its endpoint filter reads it).
 pub const SERVICE_TOPOLOGY: &str = "apps.kubeedge.io/service-topology";
@@ -158,10 +160,6 @@ pub(super) fn render(app: &Value) -> Rendered {
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let targets = app["spec"]["workloadScope"]["targetNodeGroups"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
     let owner = json!([{
         "apiVersion": app["apiVersion"].as_str().unwrap_or("apps.kubeedge.io/v1alpha1"),
         "kind": "EdgeApplication",
@@ -193,30 +191,40 @@ pub(super) fn render(app: &Value) -> Rendered {
             }
         }
     }
-    for target in &targets {
-        let Some(group) = target["name"].as_str().filter(|g| !g.is_empty()) else {
-            continue;
-        };
-        let overriders = &target["overriders"];
+    for target in targets(app, &mut rendered, &per_group) {
         for (ordinal, manifest) in &per_group {
-            let mut object = owned(manifest, Some(group), namespace, &owner);
-            deployment_overrides(&mut object, group, overriders);
-            rendered.workloads.push(Workload {
-                ordinal: *ordinal,
-                object,
-            });
+            let name = format!("{}-{}", meta_str(manifest, "name"), target.suffix);
+            let mut object = owned(manifest, Some(&name), namespace, &owner);
+            match deployment_overrides(&mut object, &target.place, &target.overriders) {
+                Ok(()) => rendered.workloads.push(Workload {
+                    ordinal: *ordinal,
+                    object,
+                }),
+                Err(PredicateError(why)) => rendered.refused.push(Refused {
+                    ordinal: *ordinal,
+                    reason: "predicate",
+                    message: format!(
+                        "manifest {ordinal} (Deployment {name:?}) for {}: {why}",
+                        target.what
+                    ),
+                    kind: "Deployment".to_owned(),
+                    api_version: "apps/v1".to_owned(),
+                    namespace: namespace.to_owned(),
+                    name,
+                }),
+            }
         }
     }
     rendered
 }
 
-/// `manifest` as an object the application owns, in `namespace`: named for `group` when
-/// given, without what the API server sets.
-fn owned(manifest: &Value, group: Option<&str>, namespace: &str, owner: &Value) -> Value {
+/// `manifest` as an object the application owns, in `namespace`, named `name` when given,
+/// without what the API server sets.
+fn owned(manifest: &Value, name: Option<&str>, namespace: &str, owner: &Value) -> Value {
     let mut object = manifest.clone();
     let metadata = &mut object["metadata"];
-    if let Some(group) = group {
-        metadata["name"] = json!(format!("{}-{group}", meta_str(manifest, "name")));
+    if let Some(name) = name {
+        metadata["name"] = json!(name);
     }
     metadata["namespace"] = json!(namespace);
     metadata["ownerReferences"] = owner.clone();
@@ -231,113 +239,108 @@ fn owned(manifest: &Value, group: Option<&str>, namespace: &str, owner: &Value) 
     object
 }
 
-fn deployment_overrides(object: &mut Value, group: &str, overriders: &Value) {
-    if let Some(replicas) = overriders["replicas"].as_i64() {
-        object["spec"]["replicas"] = json!(replicas);
+/// Where a target's Deployment runs: a node group's nodes, or the nodes a label selector
+/// matches.
+enum Place {
+    Group(String),
+    Labels(NodeLabels),
+}
+
+/// One target of `spec.workloadScope`: a node group or a label selector, with its overriders.
+struct Target {
+    /// What the user wrote, for messages (`targetNodeGroups[0] (east)`).
+    what: String,
+    /// The name suffix of its Deployments: the group's name, or `ls-<hash>`.
+    suffix: String,
+    place: Place,
+    overriders: Value,
+}
+
+/// The targets of `app`: its node groups (entries without a name skipped), then its label
+/// selectors. A selector that is malformed, or the same as an earlier one, is refused for each
+/// Deployment manifest (`label_selector`).
+fn targets(app: &Value, rendered: &mut Rendered, per_group: &[(usize, &Value)]) -> Vec<Target> {
+    let scope = &app["spec"]["workloadScope"];
+    let list = |field: &str| scope[field].as_array().cloned().unwrap_or_default();
+    let mut targets = Vec::new();
+    for (index, target) in list("targetNodeGroups").iter().enumerate() {
+        let Some(group) = target["name"].as_str().filter(|g| !g.is_empty()) else {
+            continue;
+        };
+        targets.push(Target {
+            what: format!("targetNodeGroups[{index}] ({group})"),
+            suffix: group.to_owned(),
+            place: Place::Group(group.to_owned()),
+            overriders: target["overriders"].clone(),
+        });
     }
-    let pod = &mut object["spec"]["template"]["spec"];
-    // KubeEdge's node selector overrider: the group's label is the whole selector.
-    pod["nodeSelector"] = json!({ BELONGING_TO: group });
-    let Some(containers) = pod["containers"].as_array_mut() else {
-        return;
-    };
-    overriders::apply(containers, overriders);
-    for overrider in overriders["imageOverriders"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        for container in containers.iter_mut() {
-            if let Some(image) = container["image"].as_str() {
-                container["image"] = json!(override_image(image, overrider));
+    for (index, target) in list("targetNodeLabels").iter().enumerate() {
+        let what = format!("targetNodeLabels[{index}]");
+        let read = NodeLabels::read(&target["labelSelector"]).and_then(|labels| {
+            let suffix = labels.suffix();
+            match targets.iter().find(|t: &&Target| t.suffix == suffix) {
+                Some(earlier) => Err(SelectorError(format!(
+                    "its labelSelector is the same as {}'s",
+                    earlier.what
+                ))),
+                None => Ok((labels, suffix)),
+            }
+        });
+        match read {
+            Ok((labels, suffix)) => targets.push(Target {
+                what,
+                suffix,
+                place: Place::Labels(labels),
+                overriders: target["overriders"].clone(),
+            }),
+            Err(SelectorError(why)) => {
+                let namespace = meta_str(app, "namespace");
+                for (ordinal, manifest) in per_group {
+                    let name = meta_str(manifest, "name");
+                    rendered.refused.push(Refused {
+                        ordinal: *ordinal,
+                        reason: "label_selector",
+                        message: format!(
+                            "manifest {ordinal} (Deployment {name:?}) for {what}: {why}"
+                        ),
+                        kind: "Deployment".to_owned(),
+                        api_version: "apps/v1".to_owned(),
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                    });
+                }
             }
         }
     }
+    targets
 }
 
-/// `image` with one image overrider applied: `component` `Registry`, `Repository` or `Tag`,
-/// `operator` `add`, `replace` (both set it) or `remove`, `value`.
-fn override_image(image: &str, overrider: &Value) -> String {
-    let (mut registry, mut repository, mut tag) = split_image(image);
-    let value = overrider["value"].as_str().unwrap_or_default().to_owned();
-    let set = match overrider["operator"].as_str() {
-        Some("add" | "replace") => Some(value),
-        Some("remove") => Some(String::new()),
-        _ => None,
-    };
-    let Some(set) = set else {
-        return image.to_owned();
-    };
-    match overrider["component"].as_str() {
-        Some("Registry") => registry = set,
-        Some("Repository") if !set.is_empty() => repository = set,
-        Some("Tag") => tag = set,
-        _ => return image.to_owned(),
+/// A target's overrides of its Deployment `object`: replicas, placement, the container
+/// overriders, images (a predicate that names no container image refuses the Deployment).
+fn deployment_overrides(
+    object: &mut Value,
+    place: &Place,
+    overriders: &Value,
+) -> Result<(), PredicateError> {
+    if let Some(replicas) = overriders["replicas"].as_i64() {
+        object["spec"]["replicas"] = json!(replicas);
     }
-    let mut out = String::new();
-    if !registry.is_empty() {
-        out.push_str(&registry);
-        out.push('/');
-    }
-    out.push_str(&repository);
-    if !tag.is_empty() {
-        if tag.starts_with('@') {
-            out.push_str(&tag);
-        } else {
-            out.push(':');
-            out.push_str(&tag);
+    match place {
+        // KubeEdge's node selector overrider: the group's label is the whole selector.
+        Place::Group(group) => {
+            object["spec"]["template"]["spec"]["nodeSelector"] = json!({ BELONGING_TO: group });
         }
+        Place::Labels(labels) => labels.place(object),
     }
-    out
-}
-
-/// `[registry/]repository[:tag|@digest]` as its three parts (a digest keeps its `@`).
-fn split_image(image: &str) -> (String, String, String) {
-    let (rest, tag) = if let Some((rest, digest)) = image.split_once('@') {
-        (rest, format!("@{digest}"))
-    } else {
-        match image.rsplit_once(':') {
-            Some((rest, tag)) if !tag.contains('/') => (rest, tag.to_owned()),
-            _ => (image, String::new()),
-        }
-    };
-    match rest.split_once('/') {
-        Some((first, repository))
-            if first.contains('.') || first.contains(':') || first == "localhost" =>
-        {
-            (first.to_owned(), repository.to_owned(), tag)
-        }
-        _ => (String::new(), rest.to_owned(), tag),
+    if let Some(containers) = object["spec"]["template"]["spec"]["containers"].as_array_mut() {
+        overriders::apply(containers, overriders);
     }
+    images::apply(object, overriders)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn image_overriders_change_one_component() {
-        let over = |component: &str, operator: &str, value: &str| json!({"component": component, "operator": operator, "value": value});
-        assert_eq!(
-            override_image("nginx:1.27", &over("Tag", "replace", "1.28")),
-            "nginx:1.28"
-        );
-        assert_eq!(
-            override_image(
-                "docker.io/library/nginx:1.27",
-                &over("Registry", "replace", "r.example:5000")
-            ),
-            "r.example:5000/library/nginx:1.27"
-        );
-        assert_eq!(
-            override_image("nginx", &over("Registry", "add", "r.example")),
-            "r.example/nginx"
-        );
-        assert_eq!(
-            override_image("r.example/nginx:1", &over("Tag", "remove", "")),
-            "r.example/nginx"
-        );
-    }
 
     #[test]
     fn deployments_are_made_per_group_overridden_a_service_once_under_its_name_ranged_other_kinds_once(

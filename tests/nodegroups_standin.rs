@@ -1,0 +1,364 @@
+//! KubeEdge's node groups through the real kube adapter: an `edgehive cloud` process with
+//! the NodeGroup controller on, pointed at the stand-in API server (`edgehive cluster`) by a
+//! kubeconfig, while the test acts as an operator with kubectl would, through kube-rs: it
+//! creates `apps.kubeedge.io/v1alpha1` NodeGroups and EdgeApplications (dynamic API) and
+//! reads what the cloud wrote (Node labels, statuses, Deployments, the Service).
+//!
+//! What the stand-in does not do that a real API server does (docs/nodegroups.md): it has no
+//! garbage collector, so what an EdgeApplication owned is removed here by the controller's
+//! own deletes; a real API server's collector removes it too.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::{json, Value};
+
+use crate::standin_cluster::{client, start_standin};
+use crate::support::process::{banner_field, spawn_logged, Process};
+use crate::support::{eventually, metric_sum};
+
+const LABEL: &str = "apps.kubeedge.io/belonging-to";
+/// Generous: a debug cloud process on a loaded 2-core machine lists and watches every kind
+/// through HTTPS before its controllers write.
+const WITHIN: Duration = Duration::from_secs(90);
+
+/// `edgehive cloud` on the stand-in with the NodeGroup controller on; returns the process
+/// and its admin address (metrics).
+fn start_cloud(dir: &Path, kubeconfig: &Path) -> (Process, String) {
+    let config = dir.join("cloud.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kubeAPIConfig:\n  kubeConfig: {}\n\
+             commonConfig:\n  monitorServer:\n    bindAddress: 127.0.0.1:0\n\
+             modules:\n  cloudHub:\n    websocket:\n      address: 127.0.0.1\n      port: 0\n      insecurePlaintext: true\n\
+             \x20 nodeGroupController:\n    enable: true\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let (process, banner) = spawn_logged(
+        &["cloud", "--config", config.to_str().unwrap()],
+        &dir.join("cloud.log"),
+    );
+    let admin = banner_field(&banner, "admin on http://", ' ')
+        .trim_end_matches(',')
+        .to_owned();
+    (process, admin)
+}
+
+fn resource(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("apps.kubeedge.io", "v1alpha1", kind))
+}
+
+fn node_groups(client: &kube::Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &resource("NodeGroup"))
+}
+
+fn applications(client: &kube::Client) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), "default", &resource("EdgeApplication"))
+}
+
+fn dynamic(value: Value) -> DynamicObject {
+    serde_json::from_value(value).unwrap()
+}
+
+async fn create_node(nodes: &Api<Node>, name: &str, labels: Value) {
+    let node = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    });
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(node).unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until `node`'s belonging-to label is `want`, as the API shows it.
+async fn label_becomes(nodes: &Api<Node>, node: &str, want: Option<&str>) {
+    eventually(&format!("{node} labelled {want:?}"), WITHIN, || async {
+        let found = nodes.get(node).await.ok()?;
+        let label = found.metadata.labels.unwrap_or_default().remove(LABEL);
+        (label.as_deref() == want).then_some(())
+    })
+    .await;
+}
+
+/// `(nodeName, selectionStatus)` of a group's `status.nodeStatuses`.
+async fn node_statuses(groups: &Api<DynamicObject>, name: &str) -> Vec<(String, String)> {
+    let Ok(group) = groups.get(name).await else {
+        return Vec::new();
+    };
+    group.data["status"]["nodeStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let field = |f: &str| s[f].as_str().unwrap_or_default().to_owned();
+            (field("nodeName"), field("selectionStatus"))
+        })
+        .collect()
+}
+
+async fn statuses_become(groups: &Api<DynamicObject>, name: &str, want: &[(&str, &str)]) {
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| ((*a).into(), (*b).into()))
+        .collect();
+    eventually(&format!("status of {name} = {want:?}"), WITHIN, || async {
+        (node_statuses(groups, name).await == want).then_some(())
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn a_nodegroup_made_with_kubectl_labels_its_nodes_fills_its_status_and_a_node_that_leaves_loses_the_label(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let standin = start_standin(dir.path(), 1000);
+    let client = client(&standin.kubeconfig).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    create_node(&nodes, "edge-1", json!({"zone": "east"})).await;
+    create_node(&nodes, "edge-2", json!({"zone": "east"})).await;
+    create_node(&nodes, "edge-3", json!({"zone": "west"})).await;
+    let (_cloud, _admin) = start_cloud(dir.path(), &standin.kubeconfig);
+
+    let groups = node_groups(&client);
+    groups
+        .create(
+            &PostParams::default(),
+            &dynamic(json!({
+                "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "NodeGroup",
+                "metadata": {"name": "east"},
+                "spec": {"matchLabels": {"zone": "east"}},
+            })),
+        )
+        .await
+        .unwrap();
+    label_becomes(&nodes, "edge-1", Some("east")).await;
+    label_becomes(&nodes, "edge-2", Some("east")).await;
+    statuses_become(
+        &groups,
+        "east",
+        &[("edge-1", "Succeeded"), ("edge-2", "Succeeded")],
+    )
+    .await;
+    assert_eq!(
+        nodes
+            .get("edge-3")
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap()
+            .get(LABEL),
+        None
+    );
+
+    // edge-2 moves to the west (as `kubectl label node edge-2 zone=west --overwrite`): it
+    // leaves the group, loses the label, and the status no longer lists it.
+    nodes
+        .patch(
+            "edge-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"zone": "west"}}})),
+        )
+        .await
+        .unwrap();
+    label_becomes(&nodes, "edge-2", None).await;
+    statuses_become(&groups, "east", &[("edge-1", "Succeeded")]).await;
+
+    // The group's spec changed to name edge-3: it joins.
+    groups
+        .patch(
+            "east",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodes": ["edge-3"]}})),
+        )
+        .await
+        .unwrap();
+    label_becomes(&nodes, "edge-3", Some("east")).await;
+    statuses_become(
+        &groups,
+        "east",
+        &[("edge-1", "Succeeded"), ("edge-3", "Succeeded")],
+    )
+    .await;
+
+    // The group deleted: its nodes lose the label.
+    groups
+        .delete("east", &DeleteParams::default())
+        .await
+        .unwrap();
+    label_becomes(&nodes, "edge-1", None).await;
+    label_becomes(&nodes, "edge-3", None).await;
+}
+
+fn application(targets: Value) -> Value {
+    json!({
+        "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+        "metadata": {"name": "shop", "namespace": "default"},
+        "spec": {
+            "workloadTemplate": {"manifests": [
+                {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": "web", "labels": {"app": "web"}},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                          "template": {"metadata": {"labels": {"app": "web"}},
+                                       "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}}},
+                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                 "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}},
+            ]},
+            "workloadScope": {"targetNodeGroups": targets},
+        },
+    })
+}
+
+/// `kind/name: conditions` of each entry of the application's `status.workloadStatus`.
+async fn workload_statuses(apps: &Api<DynamicObject>) -> Vec<String> {
+    let Ok(app) = apps.get("shop").await else {
+        return Vec::new();
+    };
+    app.data["status"]["workloadStatus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            format!(
+                "{}/{}: {}",
+                s["identifier"]["kind"].as_str().unwrap_or_default(),
+                s["identifier"]["name"].as_str().unwrap_or_default(),
+                s["conditions"].as_str().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[actix_rt::test]
+async fn an_edgeapplication_made_with_kubectl_gets_owned_per_group_deployments_one_ranged_service_and_a_status(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let standin = start_standin(dir.path(), 1000);
+    let client = client(&standin.kubeconfig).await;
+    let (_cloud, admin) = start_cloud(dir.path(), &standin.kubeconfig);
+    let apps = applications(&client);
+    let created = apps
+        .create(
+            &PostParams::default(),
+            &dynamic(application(json!([
+                {"name": "east", "overriders": {"replicas": 3, "imageOverriders": [
+                    {"component": "Tag", "operator": "replace", "value": "1.28"}]}},
+                {"name": "west"},
+            ]))),
+        )
+        .await
+        .unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let east = eventually("web-east", WITHIN, || async {
+        deployments.get("web-east").await.ok()
+    })
+    .await;
+    let spec = east.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(3));
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.containers[0].image.as_deref(), Some("nginx:1.28"));
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .unwrap()
+            .get(LABEL)
+            .map(String::as_str),
+        Some("east")
+    );
+    let owner = &east.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("EdgeApplication", uid.as_str())
+    );
+    assert_eq!(owner.controller, Some(true));
+    let west = eventually("web-west", WITHIN, || async {
+        deployments.get("web-west").await.ok()
+    })
+    .await;
+    let west_pod = west.spec.unwrap().template.spec.unwrap();
+    assert_eq!(west_pod.containers[0].image.as_deref(), Some("nginx:1.27"));
+    let service = eventually("service web", WITHIN, || async {
+        services.get("web").await.ok()
+    })
+    .await;
+    assert_eq!(
+        service
+            .metadata
+            .annotations
+            .unwrap()
+            .get("apps.kubeedge.io/service-topology")
+            .map(String::as_str),
+        Some("range-nodegroup")
+    );
+    assert_eq!(service.metadata.owner_references.unwrap()[0].uid, uid);
+    eventually("workloadStatus", WITHIN, || async {
+        let found = workload_statuses(&apps).await;
+        (found
+            == [
+                "Deployment/web-east: Available",
+                "Deployment/web-west: Available",
+                "Service/web: Available",
+            ])
+        .then_some(())
+    })
+    .await;
+
+    // The operator changes east's replicas and drops west (kubectl apply of a new spec).
+    apps.patch(
+        "shop",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"workloadScope": {"targetNodeGroups": [
+            {"name": "east", "overriders": {"replicas": 2}}]}}})),
+    )
+    .await
+    .unwrap();
+    eventually("web-west gone, web-east at 2 replicas", WITHIN, || async {
+        let west = deployments.get_opt("web-west").await.ok()?;
+        let east = deployments.get("web-east").await.ok()?;
+        let spec = east.spec?;
+        let image = spec.template.spec?.containers[0].image.clone();
+        (west.is_none() && spec.replicas == Some(2) && image.as_deref() == Some("nginx:1.27"))
+            .then_some(())
+    })
+    .await;
+
+    // Deleted: what it owned goes (the controller's deletes; the stand-in has no garbage
+    // collector).
+    apps.delete("shop", &DeleteParams::default()).await.unwrap();
+    eventually("the application's workloads gone", WITHIN, || async {
+        let left = deployments
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .len()
+            + services.list(&Default::default()).await.ok()?.items.len();
+        (left == 0).then_some(())
+    })
+    .await;
+    let metrics = crate::support::process::http(&admin, "GET", "/metrics", "")
+        .unwrap()
+        .1;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "edgehive_nodegroupcontroller_writes_total{what=\"workload\",result=\"failed\"}"
+        ),
+        0,
+        "{metrics}"
+    );
+}

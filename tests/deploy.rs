@@ -363,9 +363,10 @@ fn cluster_role_grants_exactly_the_calls_the_cloud_makes() {
         used.insert(grant(kind, sub, verb));
     }
     // controllermanager/applications.rs: an EdgeApplication's workloads, of the kinds it
-    // makes (get, then create or update; delete).
+    // makes (get, then create or update; delete; a list at start finds those an earlier run
+    // made that nothing asks for now).
     for (kind, _, _) in edgehive_actors::cloud::controllermanager::WORKLOAD_KINDS {
-        for verb in ["get", "create", "update", "delete"] {
+        for verb in ["get", "list", "create", "update", "delete"] {
             used.insert(grant(kind, "", verb));
         }
     }

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::{json, Value};
@@ -29,7 +29,12 @@ const WITHIN: Duration = Duration::from_secs(90);
 /// `edgehive cloud` on the stand-in with the NodeGroup controller on; returns the process
 /// and its admin address (metrics).
 fn start_cloud(dir: &Path, kubeconfig: &Path) -> (Process, String) {
-    let config = dir.join("cloud.yaml");
+    start_cloud_named(dir, kubeconfig, "cloud")
+}
+
+/// [`start_cloud`] with its config and log named `name`.
+fn start_cloud_named(dir: &Path, kubeconfig: &Path, name: &str) -> (Process, String) {
+    let config = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &config,
         format!(
@@ -43,7 +48,7 @@ fn start_cloud(dir: &Path, kubeconfig: &Path) -> (Process, String) {
     .unwrap();
     let (process, banner) = spawn_logged(
         &["cloud", "--config", config.to_str().unwrap()],
-        &dir.join("cloud.log"),
+        &dir.join(format!("{name}.log")),
     );
     let admin = banner_field(&banner, "admin on http://", ' ')
         .trim_end_matches(',')
@@ -361,4 +366,72 @@ async fn an_edgeapplication_made_with_kubectl_gets_owned_per_group_deployments_o
         0,
         "{metrics}"
     );
+}
+
+#[actix_rt::test]
+async fn a_group_dropped_or_an_application_deleted_while_the_cloud_was_down_loses_its_workloads_when_it_returns(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let standin = start_standin(dir.path(), 1000);
+    let client = client(&standin.kubeconfig).await;
+    let (cloud, _) = start_cloud_named(dir.path(), &standin.kubeconfig, "cloud-1");
+    let apps = applications(&client);
+    apps.create(
+        &PostParams::default(),
+        &dynamic(application(json!([{"name": "east"}, {"name": "west"}]))),
+    )
+    .await
+    .unwrap();
+    // A second application, with a ConfigMap, is deleted while the cloud is down.
+    apps.create(
+        &PostParams::default(),
+        &dynamic(json!({
+            "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+            "metadata": {"name": "settings", "namespace": "default"},
+            "spec": {"workloadTemplate": {"manifests": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
+                 "data": {"mode": "a"}}]},
+                     "workloadScope": {"targetNodeGroups": [{"name": "east"}]}},
+        })),
+    )
+    .await
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    eventually("both applications' workloads", WITHIN, || async {
+        let west = deployments.get_opt("web-west").await.ok()??;
+        let east = deployments.get_opt("web-east").await.ok()??;
+        let settings = config_maps.get_opt("settings").await.ok()??;
+        Some((west, east, settings))
+    })
+    .await;
+    cloud.terminate();
+
+    // While it is down: west is dropped from shop's targets, and the settings application
+    // is deleted (the stand-in, like the embedded cluster, has no garbage collector).
+    apps.patch(
+        "shop",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"workloadScope": {"targetNodeGroups": [{"name": "east"}]}}})),
+    )
+    .await
+    .unwrap();
+    apps.delete("settings", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (_cloud, _) = start_cloud_named(dir.path(), &standin.kubeconfig, "cloud-2");
+    eventually(
+        "web-west and the deleted application's ConfigMap gone",
+        WITHIN,
+        || async {
+            let west = deployments.get_opt("web-west").await.ok()?;
+            let settings = config_maps.get_opt("settings").await.ok()?;
+            (west.is_none() && settings.is_none()).then_some(())
+        },
+    )
+    .await;
+    // What is still asked for stays.
+    assert!(deployments.get_opt("web-east").await.unwrap().is_some());
+    assert!(services.get_opt("web").await.unwrap().is_some());
 }

@@ -7,10 +7,10 @@ use edgehive_protocols::object::meta_str;
 use serde_json::{json, Value};
 
 use super::metrics::{Metrics, RETRY_INTERVAL};
-use super::workloads::{render, Refused, Rendered, Workload};
+use super::workloads::{render, Refused, Rendered, Workload, WORKLOAD_KINDS};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
 use crate::cloud::contract::route;
-use crate::cloud::watcher::{KindWatcher, WatchMetrics};
+use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
 
 /// `(namespace, name)` of an application.
 type AppKey = (String, String);
@@ -30,6 +30,10 @@ pub(super) struct ApplicationWatcher {
     /// The refusals reported for each application (counted, logged and an Event written
     /// once each, not again on every status echo).
     reported: BTreeMap<AppKey, BTreeSet<String>>,
+    /// Whether the workloads made before this process started are still to be swept
+    /// ([`ApplicationWatcher::sweep`]): from the first complete list of applications until
+    /// a sweep succeeds.
+    sweep_owed: bool,
 }
 
 fn key_of(object: &Value) -> AppKey {
@@ -37,6 +41,22 @@ fn key_of(object: &Value) -> AppKey {
         meta_str(object, "namespace").to_owned(),
         meta_str(object, "name").to_owned(),
     )
+}
+
+/// The name and uid of the EdgeApplication that controls `object` (its ownerReference with
+/// `controller: true`), if one does.
+fn controlling_application(object: &Value) -> Option<(&str, &str)> {
+    object["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|owner| {
+            owner["kind"] == "EdgeApplication"
+                && owner["apiVersion"]
+                    .as_str()
+                    .is_some_and(|v| v.starts_with("apps.kubeedge.io/"))
+                && owner["controller"] == true
+        })
+        .and_then(|owner| Some((owner["name"].as_str()?, owner["uid"].as_str()?)))
 }
 
 /// Whether every field `desired` gives has that value in `current` (objects compared field by
@@ -59,6 +79,7 @@ impl ApplicationWatcher {
             made: BTreeMap::new(),
             owed: BTreeSet::new(),
             reported: BTreeMap::new(),
+            sweep_owed: false,
         }
     }
 
@@ -71,11 +92,19 @@ impl ApplicationWatcher {
         // The whole object is kept so that a delete a relist finds still says what to remove.
         let mut apps = follow("EdgeApplication");
         let mut retry = tokio::time::interval(RETRY_INTERVAL);
+        let mut synced = false;
         loop {
-            let owed = !self.owed.is_empty();
+            let owed = !self.owed.is_empty() || self.sweep_owed;
             tokio::select! {
-                change = apps.next() => if let Some(event) = change.into_event() {
-                    self.on_app(event).await;
+                change = apps.next() => match change {
+                    Change::Synced if !synced => {
+                        synced = true;
+                        self.sweep_owed = true;
+                        self.sweep().await;
+                    }
+                    change => if let Some(event) = change.into_event() {
+                        self.on_app(event).await;
+                    },
                 },
                 _ = retry.tick(), if owed => {
                     for key in std::mem::take(&mut self.owed) {
@@ -83,9 +112,70 @@ impl ApplicationWatcher {
                             self.apply(&app).await;
                         }
                     }
+                    if self.sweep_owed {
+                        self.sweep().await;
+                    }
                 }
             }
         }
+    }
+
+    /// Once every application was listed and applied: deletes the workloads an earlier run
+    /// made that no application asks for now (this process's memory of what it made starts
+    /// empty). A workload whose controlling EdgeApplication is listed but no longer asks for
+    /// it (a group dropped, a manifest removed while the cloud was down) is deleted; so is
+    /// one whose EdgeApplication no longer exists (deleted while the cloud was down), once
+    /// a read of it says so, as Kubernetes' garbage collector would (the embedded cluster
+    /// and the stand-in have none). A list or delete that fails is tried again later.
+    async fn sweep(&mut self) {
+        let by_uid: BTreeMap<String, AppKey> = self
+            .apps
+            .iter()
+            .map(|(key, app)| (meta_str(app, "uid").to_owned(), key.clone()))
+            .collect();
+        let mut done = true;
+        for (kind, _, _) in WORKLOAD_KINDS {
+            let objects = match self.cluster.list(kind).await {
+                Ok((objects, _)) => objects,
+                Err(error) => {
+                    tracing::warn!(%kind, %error, "cannot list workloads to find those no EdgeApplication asks for");
+                    done = false;
+                    continue;
+                }
+            };
+            for object in objects {
+                let Some((owner, uid)) = controlling_application(&object) else {
+                    continue;
+                };
+                let namespace = meta_str(&object, "namespace").to_owned();
+                let workload = (
+                    (*kind).to_owned(),
+                    namespace.clone(),
+                    meta_str(&object, "name").to_owned(),
+                );
+                let stale = match by_uid.get(uid) {
+                    Some(app) => !self.made.get(app).is_some_and(|m| m.contains(&workload)),
+                    // Not listed: gone, unless a read finds it (made since the list).
+                    None => match self
+                        .cluster
+                        .get("EdgeApplication", Some(&namespace), owner)
+                        .await
+                    {
+                        Ok(app) => meta_str(&app, "uid") != uid,
+                        Err(error) if error.status() == 404 => true,
+                        Err(error) => {
+                            tracing::warn!(%namespace, %owner, %error, "cannot read a workload's EdgeApplication");
+                            done = false;
+                            false
+                        }
+                    },
+                };
+                if stale && !self.delete(&workload).await {
+                    done = false;
+                }
+            }
+        }
+        self.sweep_owed = !done;
     }
 
     async fn on_app(&mut self, event: WatchEvent) {

@@ -59,13 +59,41 @@ fn controlling_application(object: &Value) -> Option<(&str, &str)> {
         .and_then(|owner| Some((owner["name"].as_str()?, owner["uid"].as_str()?)))
 }
 
-/// Whether every field `desired` gives has that value in `current` (objects compared field by
-/// field, anything else whole): what the API server adds (defaults, status) is no difference.
+/// The annotation on each workload the controller writes: a hash of the object as the
+/// application asked for it, so a field the application no longer gives (a label, an env
+/// entry dropped) is a difference even though the cluster's copy still has it.
+pub(super) const APPLIED: &str = "edgehive.io/applied-manifest";
+
+/// `object` with its [`APPLIED`] annotation: the first 16 bytes of SHA-256 over its JSON.
+fn stamped(object: &Value) -> Value {
+    let text = object.to_string();
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let hash: String = digest.as_ref()[..16]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    let mut object = object.clone();
+    let annotations = &mut object["metadata"]["annotations"];
+    if !annotations.is_object() {
+        *annotations = json!({});
+    }
+    annotations[APPLIED] = json!(hash);
+    object
+}
+
+/// Whether every field `desired` gives has that value in `current`: objects compared field
+/// by field, lists item by item (of the same length), anything else whole. What the API
+/// server adds (defaults such as a container's `imagePullPolicy`, a Service port's
+/// `protocol`, a `clusterIP`, status) is no difference; a field removed from `desired` is
+/// seen through the [`APPLIED`] hash.
 fn contains(current: &Value, desired: &Value) -> bool {
-    match desired {
-        Value::Object(fields) => fields
+    match (current, desired) {
+        (_, Value::Object(fields)) => fields
             .iter()
             .all(|(key, value)| contains(&current[key.as_str()], value)),
+        (Value::Array(have), Value::Array(want)) => {
+            have.len() == want.len() && have.iter().zip(want).all(|(h, w)| contains(h, w))
+        }
         _ => current == desired,
     }
 }
@@ -328,6 +356,7 @@ impl ApplicationWatcher {
         let kind = object["kind"].as_str().unwrap_or_default();
         let namespace = meta_str(object, "namespace");
         let name = meta_str(object, "name");
+        let object = &stamped(object);
         let written = match self.cluster.get(kind, Some(namespace), name).await {
             Err(error) if error.status() == 404 => self.cluster.create(object.clone()).await,
             Ok(current) if contains(&current, object) => return true,
@@ -374,4 +403,72 @@ fn refusal_event(app: &Value, refused: &Refused) -> Value {
         "source": {"component": "edgehive-nodegroupcontroller"},
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Deployment as an application asks for it.
+    fn asked() -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web-east", "namespace": "default", "labels": {"app": "web"}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"nodeSelector": {"apps.kubeedge.io/belonging-to": "east"},
+                        "containers": [{"name": "web", "image": "nginx:1.27",
+                            "env": [{"name": "A", "value": "1"}],
+                            "ports": [{"containerPort": 80}]}]}}}})
+    }
+
+    /// `object` as a Kubernetes API server returns it: its defaults filled in.
+    fn as_the_api_server_returns(object: &Value) -> Value {
+        let mut object = object.clone();
+        object["metadata"]["resourceVersion"] = json!("7");
+        object["metadata"]["generation"] = json!(1);
+        object["spec"]["revisionHistoryLimit"] = json!(10);
+        object["spec"]["progressDeadlineSeconds"] = json!(600);
+        let pod = &mut object["spec"]["template"]["spec"];
+        pod["restartPolicy"] = json!("Always");
+        pod["dnsPolicy"] = json!("ClusterFirst");
+        let container = &mut pod["containers"][0];
+        container["imagePullPolicy"] = json!("IfNotPresent");
+        container["terminationMessagePath"] = json!("/dev/termination-log");
+        container["ports"][0]["protocol"] = json!("TCP");
+        object["status"] = json!({"replicas": 1});
+        object
+    }
+
+    #[test]
+    fn a_workload_the_api_server_filled_with_defaults_is_as_asked_and_a_field_dropped_is_not() {
+        let written = stamped(&asked());
+        let current = as_the_api_server_returns(&written);
+        assert!(
+            contains(&current, &written),
+            "defaults in a container and a port are no difference"
+        );
+        // An env entry dropped from the manifest: the cluster's copy still has it, but the
+        // applied hash differs.
+        let mut fewer = asked();
+        fewer["spec"]["template"]["spec"]["containers"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("env");
+        assert!(!contains(&current, &stamped(&fewer)));
+        // A label dropped likewise.
+        let mut unlabelled = asked();
+        unlabelled["metadata"]["labels"] = json!({});
+        assert!(!contains(&current, &stamped(&unlabelled)));
+        // A value changed by hand in the cluster is a difference.
+        let mut edited = current.clone();
+        edited["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:1");
+        assert!(!contains(&edited, &written));
+        // A container added by hand is a difference (the lists differ in length).
+        let mut added = current.clone();
+        added["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "x", "image": "x"}));
+        assert!(!contains(&added, &written));
+    }
 }

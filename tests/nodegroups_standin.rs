@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Service};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::{json, Value};
@@ -434,4 +434,84 @@ async fn a_group_dropped_or_an_application_deleted_while_the_cloud_was_down_lose
     // What is still asked for stays.
     assert!(deployments.get_opt("web-east").await.unwrap().is_some());
     assert!(services.get_opt("web").await.unwrap().is_some());
+}
+
+#[actix_rt::test]
+async fn a_refused_manifest_is_a_warning_event_kubectl_describe_shows_and_a_counted_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let standin = start_standin(dir.path(), 1000);
+    let client = client(&standin.kubeconfig).await;
+    let (_cloud, admin) = start_cloud(dir.path(), &standin.kubeconfig);
+    let apps = applications(&client);
+    let mut app = application(json!([{"name": "east", "overriders": {"imageOverriders": [
+        {"component": "Tag", "operator": "replace", "value": "9",
+         "predicate": {"path": "/metadata/namespace"}}]}}]));
+    app["spec"]["workloadTemplate"]["manifests"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"}}));
+    let created = apps
+        .create(&PostParams::default(), &dynamic(app))
+        .await
+        .unwrap();
+    let uid = created.metadata.uid.unwrap();
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let said = eventually("two Warning Events on the application", WITHIN, || async {
+        let mut said: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.uid.as_deref() == Some(uid.as_str())
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("ManifestRefused")
+            })
+            .filter_map(|e| e.message)
+            .collect();
+        said.sort();
+        (said.len() == 2).then_some(said)
+    })
+    .await;
+    assert!(said[0].contains("/metadata/namespace"), "{said:?}");
+    assert!(said[1].contains("Secret"), "{said:?}");
+    let metrics = || {
+        crate::support::process::http(&admin, "GET", "/metrics", "")
+            .unwrap()
+            .1
+    };
+    let refused = |metrics: &str, reason: &str| {
+        metric_sum(
+            metrics,
+            &format!("edgehive_nodegroupcontroller_refused_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    let counted = metrics();
+    assert_eq!(
+        (refused(&counted, "predicate"), refused(&counted, "kind")),
+        (1, 1),
+        "{counted}"
+    );
+    // The Service is made; neither refused workload is, in any namespace.
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    eventually("service web", WITHIN, || async {
+        services.get_opt("web").await.ok()?
+    })
+    .await;
+    let deployments: Api<Deployment> = Api::all(client.clone());
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "default");
+    assert!(deployments
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+    assert!(secrets
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
 }

@@ -198,6 +198,22 @@ async fn a_nodegroup_made_with_kubectl_labels_its_nodes_fills_its_status_and_a_n
     )
     .await;
 
+    // Replaced whole without its status (`kubectl replace -f group.yaml`): a Kubernetes API
+    // server keeps the status of a kind with a status subresource; the stand-in stores the
+    // object as sent. Either way the status lists the group's nodes again.
+    let mut replaced = groups.get("east").await.unwrap();
+    replaced.data.as_object_mut().unwrap().remove("status");
+    groups
+        .replace("east", &PostParams::default(), &replaced)
+        .await
+        .unwrap();
+    statuses_become(
+        &groups,
+        "east",
+        &[("edge-1", "Succeeded"), ("edge-3", "Succeeded")],
+    )
+    .await;
+
     // The group deleted: its nodes lose the label.
     groups
         .delete("east", &DeleteParams::default())

@@ -15,7 +15,8 @@ pub(super) struct Metrics {
     /// and `result` (`ok`, `failed`).
     pub(super) writes: Family<Vec<(String, String)>, Counter>,
     /// EdgeApplication manifests refused, by `reason` (`kind`, `api_version`, `name`,
-    /// `namespace`; `workloads::Refused`), each counted once per application.
+    /// `namespace`; for a target's Deployment `predicate`, `label_selector`;
+    /// `workloads::Refused`), each counted once per application.
     pub(super) refused: Family<Vec<(String, String)>, Counter>,
 }
 

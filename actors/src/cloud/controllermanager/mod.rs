@@ -17,7 +17,9 @@
 //! (namespaced), every Deployment of `spec.workloadTemplate.manifests` is made once per
 //! target group of `spec.workloadScope.targetNodeGroups`, as `<name>-<group>` with the
 //! group's overrides (replicas; image, env, command, args and resources overriders) and the
-//! node selector `apps.kubeedge.io/belonging-to: <group>`; a Service is made once under its
+//! node selector `apps.kubeedge.io/belonging-to: <group>`, and once per label selector of
+//! `spec.workloadScope.targetNodeLabels`, as `<name>-ls-<hash>` with its overrides and a
+//! required node affinity; a Service is made once under its
 //! own name with the annotation `apps.kubeedge.io/service-topology: range-nodegroup` (as
 //! KubeEdge v1.22: DynamicController shows each edge only its group's backends); a
 //! ConfigMap, DaemonSet, StatefulSet or Job is made once as given (KubeEdge overrides
@@ -27,7 +29,8 @@
 //! ownerReferences; deleting the application deletes them), and `status.workloadStatus`
 //! lists each one.
 //!
-//! Its files import one way: `metrics`, `membership`, `overriders` → `workloads` (the
+//! Its files import one way: `metrics`, `membership`, `overriders`, `images`, `selectors` →
+//! `workloads` (the
 //! decisions, no I/O) → `applications` (the EdgeApplication loop) → `controller` (the actor and the
 //! NodeGroup loop) → `mod.rs` (the recipe).
 

@@ -9,9 +9,11 @@
 //! - **Per group** ([`Shape::PerGroup`]): a Deployment is made once per target group, named
 //!   `<manifest name>-<group>` (KubeEdge's name overrider). Its pod template gets the node
 //!   selector `apps.kubeedge.io/belonging-to: <group>` (the whole selector, as KubeEdge's),
-//!   its replicas and container images the group's `replicas` and `imageOverriders`, its
-//!   containers the `envOverriders`, `commandOverriders`, `argsOverriders` and
-//!   `resourcesOverriders` (`overriders`).
+//!   its replicas and container images the group's `replicas` and `imageOverriders`
+//!   (`images`), its containers the `envOverriders`, `commandOverriders`, `argsOverriders`
+//!   and `resourcesOverriders` (`overriders`). Each `targetNodeLabels` entry gets one too,
+//!   named `<manifest name>-ls-<hash>` and placed by node affinity (`selectors`), with its
+//!   own overriders.
 //! - **Ranged** ([`Shape::Ranged`]): a Service is made once, under its own name (clients
 //!   address `web` in every group, as with KubeEdge v1.22), with the annotation
 //!   `apps.kubeedge.io/service-topology: range-nodegroup`: its selector finds every group's
@@ -23,7 +25,9 @@
 //! - **Refused** ([`Refused`]): any other kind (a Secret: the cloud writes no Secret; a
 //!   cluster-scoped kind: it cannot be owned by a namespaced application; a kind the
 //!   cloud's ClusterRole does not grant), a known kind at another apiVersion, a manifest
-//!   without a name, or in another namespace.
+//!   without a name, or in another namespace; and a target's Deployment whose image
+//!   predicate names no container image (`predicate`), or whose label selector is malformed
+//!   or repeated (`label_selector`).
 
 use edgehive_protocols::object::meta_str;
 use serde_json::{json, Value};
@@ -85,7 +89,8 @@ impl Workload {
 pub(super) struct Refused {
     /// The manifest's index in `spec.workloadTemplate.manifests`.
     pub(super) ordinal: usize,
-    /// The counter's reason label: `kind`, `api_version`, `name`, `namespace`.
+    /// The counter's reason label: `kind`, `api_version`, `name`, `namespace`, `predicate`,
+    /// `label_selector`.
     pub(super) reason: &'static str,
     /// What a user reads (the log line and the Event's message).
     pub(super) message: String,

@@ -18,7 +18,7 @@ use kube::core::GroupVersionKind;
 use serde_json::{json, Value};
 
 use crate::standin_cluster::{client, start_standin};
-use crate::support::process::{banner_field, spawn_logged, Process};
+use crate::support::process::{banner_field, plain_edge_yaml, spawn_logged, Process};
 use crate::support::{eventually, metric_sum};
 
 const LABEL: &str = "apps.kubeedge.io/belonging-to";
@@ -26,14 +26,17 @@ const LABEL: &str = "apps.kubeedge.io/belonging-to";
 /// through HTTPS before its controllers write.
 const WITHIN: Duration = Duration::from_secs(90);
 
-/// `edgehive cloud` on the stand-in with the NodeGroup controller on; returns the process
-/// and its admin address (metrics).
-fn start_cloud(dir: &Path, kubeconfig: &Path) -> (Process, String) {
-    start_cloud_named(dir, kubeconfig, "cloud")
+/// A running `edgehive cloud`: the process, its admin address (metrics) and where edges
+/// connect (plain ws://).
+struct Cloud {
+    process: Process,
+    admin: String,
+    websocket: String,
 }
 
-/// [`start_cloud`] with its config and log named `name`.
-fn start_cloud_named(dir: &Path, kubeconfig: &Path, name: &str) -> (Process, String) {
+/// `edgehive cloud` on the stand-in with the NodeGroup controller on, its config and log
+/// named `name`.
+fn start_cloud(dir: &Path, kubeconfig: &Path, name: &str) -> Cloud {
     let config = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &config,
@@ -50,10 +53,13 @@ fn start_cloud_named(dir: &Path, kubeconfig: &Path, name: &str) -> (Process, Str
         &["cloud", "--config", config.to_str().unwrap()],
         &dir.join(format!("{name}.log")),
     );
-    let admin = banner_field(&banner, "admin on http://", ' ')
-        .trim_end_matches(',')
-        .to_owned();
-    (process, admin)
+    Cloud {
+        admin: banner_field(&banner, "admin on http://", ' ')
+            .trim_end_matches(',')
+            .to_owned(),
+        websocket: banner_field(&banner, "WebSocket on ", ',').to_owned(),
+        process,
+    }
 }
 
 fn resource(kind: &str) -> ApiResource {
@@ -134,7 +140,7 @@ async fn a_nodegroup_made_with_kubectl_labels_its_nodes_fills_its_status_and_a_n
     create_node(&nodes, "edge-1", json!({"zone": "east"})).await;
     create_node(&nodes, "edge-2", json!({"zone": "east"})).await;
     create_node(&nodes, "edge-3", json!({"zone": "west"})).await;
-    let (_cloud, _admin) = start_cloud(dir.path(), &standin.kubeconfig);
+    let _cloud = start_cloud(dir.path(), &standin.kubeconfig, "cloud");
 
     let groups = node_groups(&client);
     groups
@@ -268,7 +274,8 @@ async fn an_edgeapplication_made_with_kubectl_gets_owned_per_group_deployments_o
     let dir = tempfile::tempdir().unwrap();
     let standin = start_standin(dir.path(), 1000);
     let client = client(&standin.kubeconfig).await;
-    let (_cloud, admin) = start_cloud(dir.path(), &standin.kubeconfig);
+    let cloud = start_cloud(dir.path(), &standin.kubeconfig, "cloud");
+    let admin = &cloud.admin;
     let apps = applications(&client);
     let created = apps
         .create(
@@ -371,7 +378,7 @@ async fn an_edgeapplication_made_with_kubectl_gets_owned_per_group_deployments_o
         (left == 0).then_some(())
     })
     .await;
-    let metrics = crate::support::process::http(&admin, "GET", "/metrics", "")
+    let metrics = crate::support::process::http(admin, "GET", "/metrics", "")
         .unwrap()
         .1;
     assert_eq!(
@@ -390,7 +397,7 @@ async fn a_group_dropped_or_an_application_deleted_while_the_cloud_was_down_lose
     let dir = tempfile::tempdir().unwrap();
     let standin = start_standin(dir.path(), 1000);
     let client = client(&standin.kubeconfig).await;
-    let (cloud, _) = start_cloud_named(dir.path(), &standin.kubeconfig, "cloud-1");
+    let cloud = start_cloud(dir.path(), &standin.kubeconfig, "cloud-1");
     let apps = applications(&client);
     apps.create(
         &PostParams::default(),
@@ -422,7 +429,7 @@ async fn a_group_dropped_or_an_application_deleted_while_the_cloud_was_down_lose
         Some((west, east, settings))
     })
     .await;
-    cloud.terminate();
+    cloud.process.terminate();
 
     // While it is down: west is dropped from shop's targets, and the settings application
     // is deleted (the stand-in, like the embedded cluster, has no garbage collector).
@@ -436,7 +443,7 @@ async fn a_group_dropped_or_an_application_deleted_while_the_cloud_was_down_lose
     apps.delete("settings", &DeleteParams::default())
         .await
         .unwrap();
-    let (_cloud, _) = start_cloud_named(dir.path(), &standin.kubeconfig, "cloud-2");
+    let _cloud = start_cloud(dir.path(), &standin.kubeconfig, "cloud-2");
     eventually(
         "web-west and the deleted application's ConfigMap gone",
         WITHIN,
@@ -457,7 +464,8 @@ async fn a_refused_manifest_is_a_warning_event_kubectl_describe_shows_and_a_coun
     let dir = tempfile::tempdir().unwrap();
     let standin = start_standin(dir.path(), 1000);
     let client = client(&standin.kubeconfig).await;
-    let (_cloud, admin) = start_cloud(dir.path(), &standin.kubeconfig);
+    let cloud = start_cloud(dir.path(), &standin.kubeconfig, "cloud");
+    let admin = &cloud.admin;
     let apps = applications(&client);
     let mut app = application(json!([{"name": "east", "overriders": {"imageOverriders": [
         {"component": "Tag", "operator": "replace", "value": "9",
@@ -493,7 +501,7 @@ async fn a_refused_manifest_is_a_warning_event_kubectl_describe_shows_and_a_coun
     assert!(said[0].contains("/metadata/namespace"), "{said:?}");
     assert!(said[1].contains("Secret"), "{said:?}");
     let metrics = || {
-        crate::support::process::http(&admin, "GET", "/metrics", "")
+        crate::support::process::http(admin, "GET", "/metrics", "")
             .unwrap()
             .1
     };
@@ -530,4 +538,125 @@ async fn a_refused_manifest_is_a_warning_event_kubectl_describe_shows_and_a_coun
         .unwrap()
         .items
         .is_empty());
+}
+
+/// An edge process on `websocket` (plain ws://) with its MetaServer on a free loopback
+/// port; returns the process and the MetaServer's address.
+fn start_edge_with_metaserver(dir: &Path, node: &str, websocket: &str) -> (Process, String) {
+    let edge_dir = dir.join(node);
+    std::fs::create_dir_all(&edge_dir).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let meta_server = format!("127.0.0.1:{port}");
+    let mut yaml = plain_edge_yaml(node, websocket, &edge_dir.join("edge.db"), 15);
+    yaml.push_str(&format!(
+        "  metaManager:\n    metaServer:\n      enable: true\n      server: {meta_server}\n"
+    ));
+    let config = edge_dir.join("edge.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let (process, _) = spawn_logged(
+        &["edge", "--config", config.to_str().unwrap()],
+        &edge_dir.join("edge.log"),
+    );
+    (process, meta_server)
+}
+
+/// The backend IPs of Endpoints `web` as the edge's MetaServer serves it (from the cloud).
+fn backends_seen(meta_server: &str) -> Option<Vec<String>> {
+    let (status, body) = crate::support::process::http(
+        meta_server,
+        "GET",
+        "/api/v1/namespaces/default/endpoints/web",
+        "",
+    )?;
+    if status != 200 {
+        return None;
+    }
+    let endpoints: Value = serde_json::from_str(&body).ok()?;
+    let mut ips: Vec<String> = endpoints["subsets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|subset| subset["addresses"].as_array().cloned().unwrap_or_default())
+        .filter_map(|address| address["ip"].as_str().map(str::to_owned))
+        .collect();
+    ips.sort();
+    Some(ips)
+}
+
+#[actix_rt::test]
+async fn each_edge_reads_only_its_groups_backends_of_the_applications_service_through_its_metaserver(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let standin = start_standin(dir.path(), 1000);
+    let client = client(&standin.kubeconfig).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (node, zone) in [("edge-e", "east"), ("edge-w", "west")] {
+        create_node(
+            &nodes,
+            node,
+            json!({"node-role.kubernetes.io/edge": "", "zone": zone}),
+        )
+        .await;
+    }
+    let cloud = start_cloud(dir.path(), &standin.kubeconfig, "cloud");
+    let groups = node_groups(&client);
+    for zone in ["east", "west"] {
+        groups
+            .create(
+                &PostParams::default(),
+                &dynamic(json!({
+                    "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "NodeGroup",
+                    "metadata": {"name": zone}, "spec": {"matchLabels": {"zone": zone}},
+                })),
+            )
+            .await
+            .unwrap();
+    }
+    label_becomes(&nodes, "edge-e", Some("east")).await;
+    label_becomes(&nodes, "edge-w", Some("west")).await;
+    applications(&client)
+        .create(
+            &PostParams::default(),
+            &dynamic(application(json!([{"name": "east"}, {"name": "west"}]))),
+        )
+        .await
+        .unwrap();
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    eventually("service web", WITHIN, || async {
+        services.get_opt("web").await.ok()?
+    })
+    .await;
+    // The stand-in has no endpoints controller: the test writes the Endpoints it would
+    // (one backend on each edge).
+    let endpoints: Api<k8s_openapi::api::core::v1::Endpoints> =
+        Api::namespaced(client.clone(), "default");
+    endpoints
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Endpoints",
+                "metadata": {"name": "web", "namespace": "default"},
+                "subsets": [{"addresses": [
+                    {"ip": "10.0.0.1", "nodeName": "edge-e"},
+                    {"ip": "10.0.0.2", "nodeName": "edge-w"}],
+                    "ports": [{"port": 80}]}],
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (_edge_e, meta_e) = start_edge_with_metaserver(dir.path(), "edge-e", &cloud.websocket);
+    let (_edge_w, meta_w) = start_edge_with_metaserver(dir.path(), "edge-w", &cloud.websocket);
+    for (meta, want) in [(&meta_e, "10.0.0.1"), (&meta_w, "10.0.0.2")] {
+        let seen = eventually(&format!("{want} through {meta}"), WITHIN, || async {
+            backends_seen(meta).filter(|ips| !ips.is_empty())
+        })
+        .await;
+        assert_eq!(seen, [want], "only its group's backend");
+    }
+    drop(cloud.process);
 }

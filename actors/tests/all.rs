@@ -26,6 +26,7 @@ mod edge_metamanager;
 mod edge_metaserver;
 mod edge_node_golden;
 mod edge_node_kube;
+mod edge_requests;
 mod edge_spread;
 mod edge_store;
 mod edge_twin;

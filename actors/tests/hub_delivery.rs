@@ -490,3 +490,108 @@ async fn an_object_the_edge_cannot_take_is_parked_and_does_not_block_the_rest() 
     hive.shutdown();
     cloud.stop().await;
 }
+
+// --- A reply an edge waits for reaches it whatever its group ---
+
+/// A cloud extension that claims group `gadget` and refuses every request with a bare
+/// `error` reply (`Message::error_to`: no source, no group), as an extension author would
+/// write it.
+struct Refuser {
+    hive: Hive,
+}
+
+impl actix::Actor for Refuser {
+    type Context = actix::Context<Self>;
+}
+
+impl actix::Handler<edgehive_actors::hive::Envelope> for Refuser {
+    type Result = Option<Message>;
+    fn handle(
+        &mut self,
+        envelope: edgehive_actors::hive::Envelope,
+        _: &mut actix::Context<Self>,
+    ) -> Option<Message> {
+        let request = envelope.into_message();
+        let refusal = Message::error_to(&request, "no such gadget");
+        let to_node = edgehive_actors::cloud::contract::ToNodes::from_message(refusal)
+            .expect("the request names its node");
+        self.hive
+            .tell(edgehive_actors::cloud::contract::route::CLOUDHUB, to_node)
+            .unwrap();
+        None
+    }
+}
+
+struct RefuserModule;
+
+impl edgehive_actors::hive::Module for RefuserModule {
+    type Actor = Refuser;
+    fn name(&self) -> &str {
+        "gadgets"
+    }
+    fn group(&self) -> &str {
+        "gadget"
+    }
+    fn create(&self, hive: &Hive) -> Refuser {
+        Refuser { hive: hive.clone() }
+    }
+}
+
+#[actix_rt::test]
+async fn an_edge_waiting_for_a_reply_gets_an_error_reply_that_has_no_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = Cloud::start(test_options()).await;
+    edgehive_actors::cloud::contract::extension::claim_upstream_group(
+        &cloud.hive,
+        "gadget",
+        "gadgets",
+    )
+    .unwrap();
+    cloud.hive.start_module(RefuserModule).unwrap();
+    cloud.edge_node("edge-g");
+    let (edge, _store) = start_edge("edge-g", cloud.addr(), &dir.path().join("edge.db"));
+    cloud
+        .eventually("the edge connects", || async {
+            edge.ask(MODULE_NAME, GetEdgeHubStatus, DEADLINE)
+                .await
+                .is_ok_and(|status| status.connected)
+        })
+        .await;
+
+    // Several requests, so one refusal in flight cannot stand for all: each gets its own
+    // refusal, at once (the request would wait a minute otherwise; the bound is generous).
+    for n in 0..5 {
+        let request = Message::new(
+            ModuleName::from("gadget"),
+            Group::from("gadget"),
+            Operation::from("get"),
+            format!("default/gadget/g{n}"),
+            json!("which"),
+        );
+        let reply = tokio::time::timeout(
+            Duration::from_secs(30),
+            edgehive_actors::edge::contract::request_cloud(
+                &edge,
+                request.clone(),
+                Duration::from_secs(60),
+            ),
+        )
+        .await
+        .expect("the refusal comes well within the request timeout")
+        .expect("the edge gets the cloud's refusal as its reply");
+        assert_eq!(reply.parent_id(), Some(request.id()));
+        assert_eq!(reply.operation(), Some(&Operation::Error));
+        assert_eq!(reply.group(), None, "{reply:?}");
+        assert_eq!(reply.content_str(), Some("no such gadget"));
+    }
+    // Written once, never dropped and never resent for an ACK the edge does not send.
+    let info = cloud.node("edge-g").await;
+    assert!(info.in_flight.is_none() && info.resends == 0, "{info:?}");
+    let metrics = cloud.hive.metrics().encode();
+    assert!(
+        !metrics.contains("reason=\"no_resource_version\""),
+        "{metrics}"
+    );
+    edge.shutdown();
+    cloud.stop().await;
+}

@@ -107,9 +107,12 @@ impl NodeOptions {
     }
 
     /// How long a lease query or renewal waits for the cloud: two renewal intervals (at least
-    /// 2 s), never more than `request_timeout`. An answer lost with a dropped connection then
-    /// holds the next renewal back for two intervals, not the whole request timeout, which
-    /// with a short lease would outlast the lease itself.
+    /// 2 s), never more than `request_timeout`. A request written on a connection EdgeHub
+    /// sees end fails at once (`EdgeHubError::ConnectionLost`); this bound is for an answer
+    /// lost while the connection stays up (a cloud that dropped the request, a half-open
+    /// connection EdgeHub has not noticed yet: it learns of a dead peer only when a write
+    /// fails), which then holds the next renewal back for two intervals, not the whole
+    /// request timeout, which with a short lease would outlast the lease itself.
     fn lease_ask_timeout(&self) -> Duration {
         (self.lease_interval() * 2)
             .max(Duration::from_secs(2))

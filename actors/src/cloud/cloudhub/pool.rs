@@ -592,6 +592,52 @@ mod tests {
         assert!(needs_ack(&node_update));
     }
 
+    /// A reply an edge waits for is written once whatever its group: an `error` reply (no
+    /// resourceVersion, nothing the edge ACKs) and a reply without a group used to take the
+    /// ACK lane, which dropped the error (`no_resource_version`) and resent the other until
+    /// a timeout. A reply with an object in group `resource` (a remote query's configmap,
+    /// which MetaManager stores and ACKs) stays in the ACK lane, as in KubeEdge.
+    #[test]
+    fn a_reply_no_edge_acks_is_written_once_whatever_its_group() {
+        let request = Message::new(
+            ModuleName::from("gadget"),
+            Group::from("gadget"),
+            Operation::from("get"),
+            "node/edge-1/default/gadget/g1",
+            json!("which"),
+        );
+        let mut pool = NodePool::new(LIMITS);
+        let refusal = Message::error_to(&request, "no such gadget");
+        assert_eq!(refusal.group(), None);
+        assert!(!needs_ack(&refusal));
+        assert_eq!(pool.enqueue(NodeMessage::new(&refusal)), Enqueued::NoAck);
+        let mut grouped = refusal.clone();
+        grouped.route.group = Some(Group::Resource);
+        grouped.route.source = Some(ModuleName::EdgeController);
+        assert!(!needs_ack(&grouped), "an error is never ACKed");
+        let mut bare = Message::response_to(&request, json!({"gadget": "g1"}));
+        bare.route.group = None;
+        assert!(!needs_ack(&bare));
+        bare.route.group = Some(Group::from(""));
+        assert!(!needs_ack(&bare));
+        assert_eq!(pool.enqueue(NodeMessage::new(&bare)), Enqueued::NoAck);
+        // Still ACK lane: a query's answer with its object, and a push that is no reply.
+        let query = Message::new(
+            ModuleName::Edged,
+            Group::Meta,
+            Operation::Query,
+            "node/edge-1/default/configmap/cm",
+            json!(null),
+        );
+        let mut answer = Message::response_to(&query, json!({"kind": "ConfigMap"}));
+        answer.route.source = Some(ModuleName::EdgeController);
+        answer.route.group = Some(Group::Resource);
+        assert!(needs_ack(&answer));
+        let mut push = msg("a", "1", Operation::Update);
+        push.route.group = None;
+        assert!(needs_ack(&push), "not a reply: no parent");
+    }
+
     #[test]
     fn newer_version_replaces_pending_and_older_is_dropped() {
         let mut pool = NodePool::new(LIMITS);

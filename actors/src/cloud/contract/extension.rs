@@ -101,9 +101,10 @@ pub fn reply(request: &Message, content: Value) -> Message {
 
 /// A refusal of `request`, an upstream message an extension received: operation `error`,
 /// parent = the request's id, content the text, resource as the request's (KubeEdge's
-/// `NewErrorMessage`), source and group as the request's (as [`reply`]: a `user` request's
-/// refusal takes the no-ACK lane), so an edge's `request_cloud` gets it at once instead of
-/// waiting out its timeout.
+/// `NewErrorMessage`), so an edge's `request_cloud` gets it at once instead of waiting out
+/// its timeout. CloudHub writes any error reply once (no ACK), whatever its group; source
+/// and group are the request's (as [`reply`]) because a real edgecore routes a reply by its
+/// group and drops one without.
 pub fn reply_error(request: &Message, text: impl Into<String>) -> Message {
     let mut refusal = Message::error_to(request, text);
     refusal.route.source = request.route.source.clone();

@@ -366,7 +366,17 @@ pub(crate) struct StoreReplaced {
 /// operation is update), lease, nodepatch, podpatch, podstatus, certificatesigningrequest, or
 /// pod with operation `response`. (KubeEdge also treats a response carrying a Go error as
 /// no-ACK; a Go error has no wire form we can recognise, so such replies take the ACK lane.)
+///
+/// And, edgehive's own rule, no ACK for a reply an edge waits for that no edge would ACK
+/// ([`is_unacked_reply`]): an `error` reply, or a reply without a group. KubeEdge puts them
+/// in its ACK queue, which cannot key them (no object UID) and drops them; the ACK lane here
+/// would drop them too (no resourceVersion) or resend them until a timeout, while the edge's
+/// waiting request takes the first copy whatever the group. Replies that carry an object
+/// (a remote query's configmap) stay in the ACK lane: MetaManager stores and ACKs them.
 pub(crate) fn needs_ack(message: &Message) -> bool {
+    if is_unacked_reply(message) {
+        return false;
+    }
     const NO_ACK_RESOURCES: [&str; 5] = [
         "podlist",
         "membership",
@@ -428,6 +438,24 @@ pub(crate) fn needs_ack(message: &Message) -> bool {
         }
     }
     true
+}
+
+/// Whether `message` answers an edge's request (a parent id, operation `response` or
+/// `error`) in a way no edge ACKs: an `error` (its content is the reason, nothing is stored),
+/// or with no group (a real edge routes a reply by its group, and drops one without; an
+/// edgehive edge hands it to the waiting request, which does not ACK).
+pub(crate) fn is_unacked_reply(message: &Message) -> bool {
+    if message.parent_id().is_none() {
+        return false;
+    }
+    let no_group = message
+        .group()
+        .is_none_or(|group| group.as_str().is_empty());
+    match message.operation() {
+        Some(Operation::Error) => true,
+        Some(Operation::Response) => no_group,
+        _ => false,
+    }
 }
 
 /// The ACK-lane key of a message: the object's UID, or the resource string when the content

@@ -307,12 +307,20 @@ pub enum EdgeHubError {
     /// The process stopped before the reply came.
     #[error("edgehub stopped before the cloud replied")]
     Stopped,
+    /// The request was written to a connection that was lost before the cloud's reply came:
+    /// the cloud may or may not have acted on it, and no reply will come. Failed as soon as
+    /// the connection is lost (not after the request timeout); send it again once connected.
+    #[error("the connection to the cloud was lost after the request was sent; no reply will come (send it again once connected)")]
+    ConnectionLost,
 }
 
 /// Sent to EdgeHub ([`route::EDGEHUB`]) with [`Hive::ask`]: writes `0` to the cloud and
 /// returns at once a [`PendingReply`] for the cloud message whose `parent_msg_id` is its id.
 /// EdgeHub forgets the request after its request timeout, whether or not anyone still waits
-/// (a later reply is then routed like any cloud message). [`request_cloud`] does both steps.
+/// (a later reply is then routed like any cloud message), or at once, failing it with
+/// [`EdgeHubError::ConnectionLost`], when the connection it was written on is lost; a
+/// request still queued (not yet written) waits for the next connection.
+/// [`request_cloud`] does both steps.
 #[derive(Debug)]
 pub struct CloudRequest(pub Message);
 
@@ -331,7 +339,8 @@ impl PendingReply {
         PendingReply(reply)
     }
 
-    /// Waits for the reply, or for EdgeHub's timeout.
+    /// Waits for the reply, EdgeHub's timeout, or the loss of the connection the request
+    /// was written on.
     pub async fn reply(self) -> Result<Message, EdgeHubError> {
         self.0.await.unwrap_or(Err(EdgeHubError::Stopped))
     }

@@ -90,11 +90,20 @@ impl Link {
                 }
             };
             let connected_at = tokio::time::Instant::now();
-            self.shared.connected_to(index, server);
+            let connection = self.shared.connected_to(index, server);
             self.shared.set_connected(true, None);
             tracing::info!(%url, "connected to the cloud");
             self.broadcast_connection(ConnectionState::Connected).await;
-            let reason = self.serve(framed).await;
+            let reason = {
+                // Fails the requests written on this connection when it ends, also when the
+                // actor stops and drops this task mid-serve; before the modules hear of the
+                // disconnect, so a module that then starts over finds its request done.
+                let _cut = Cut {
+                    shared: &self.shared,
+                    connection,
+                };
+                self.serve(framed, connection).await
+            };
             tracing::warn!(%url, %reason, "connection to the cloud lost");
             self.shared.lost(index);
             self.shared.set_connected(false, Some(reason));
@@ -158,8 +167,8 @@ impl Link {
         }
     }
 
-    /// Serves one connection until it fails; returns why.
-    async fn serve<S>(&self, mut socket: S) -> String
+    /// Serves connection number `connection` until it fails; returns why.
+    async fn serve<S>(&self, mut socket: S, connection: u64) -> String
     where
         S: futures_util::Stream<Item = Result<Frame, awc::error::WsProtocolError>>
             + futures_util::Sink<WsMessage, Error = awc::error::WsProtocolError>
@@ -200,6 +209,7 @@ impl Link {
                         self.shared.requeue(reply);
                         return reason;
                     }
+                    self.shared.written(&reply, connection);
                 }
                 message = async {
                     tokio::time::sleep_until(send_at).await;
@@ -207,9 +217,12 @@ impl Link {
                 } => {
                     bucket.take();
                     if let Err(reason) = write(&mut socket, &message).await {
+                        // Not written (as far as we know): sent again on the next connection,
+                        // and its request, if it is one, still waits.
                         self.shared.requeue(message);
                         return reason;
                     }
+                    self.shared.written(&message, connection);
                 }
             }
         }
@@ -306,7 +319,7 @@ impl Link {
             let waiter = lock(&self.shared.pending).remove(parent);
             if let Some(waiter) = waiter {
                 // The requester may have timed out just now; nothing else wants the reply.
-                let _ = waiter.send(message);
+                let _ = waiter.reply.send(Ok(message));
                 return;
             }
         }
@@ -394,6 +407,25 @@ impl Link {
                 continue;
             }
             self.deliver(&members, &state.message(group)).await;
+        }
+    }
+}
+
+/// Ends a connection's requests: dropped when [`Link::serve`] returns or is dropped, it fails
+/// those written on the connection ([`Shared::connection_lost`]).
+struct Cut<'a> {
+    shared: &'a Shared,
+    connection: u64,
+}
+
+impl Drop for Cut<'_> {
+    fn drop(&mut self) {
+        let cut = self.shared.connection_lost(self.connection);
+        if cut > 0 {
+            tracing::info!(
+                requests = cut,
+                "requests written on the lost connection failed; their callers may send them again"
+            );
         }
     }
 }

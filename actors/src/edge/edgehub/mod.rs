@@ -36,9 +36,10 @@ mod shared;
 
 use link::Link;
 pub use options::{failover_order, spread, EdgeHubOptions, DEFAULT_PROJECT_ID};
-use shared::{HubMetrics, HubState, Shared, MAX_PENDING_REQUESTS};
+use shared::{HubMetrics, HubState, Shared, Waiter, MAX_PENDING_REQUESTS};
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use actix::{Actor, AsyncContext, Context, Handler, MessageResult};
@@ -177,15 +178,20 @@ impl Handler<CloudRequest> for EdgeHub {
     }
 }
 
+/// Numbers each registered request ([`Waiter::token`]).
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(0);
+
 impl EdgeHub {
     /// Registers the waiter and queues the request; the wait runs on a task of its own, so
     /// the request leaves the mailbox at once and EdgeHub forgets it after its request
-    /// timeout whether or not the caller still waits.
+    /// timeout whether or not the caller still waits, or as soon as the connection it was
+    /// written on is lost ([`EdgeHubError::ConnectionLost`]).
     fn request(&mut self, request: Message) -> Result<PendingReply, EdgeHubError> {
         let shared = self.link.shared.clone();
         let timeout = self.link.options.request_timeout;
         let id = request.id().to_owned();
         let (reply, answer) = oneshot::channel();
+        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
         {
             let mut pending = lock(&shared.pending);
             if pending.len() >= MAX_PENDING_REQUESTS {
@@ -194,17 +200,30 @@ impl EdgeHub {
             if pending.contains_key(&id) {
                 return Err(EdgeHubError::DuplicateId(id));
             }
-            pending.insert(id.clone(), reply);
+            pending.insert(
+                id.clone(),
+                Waiter {
+                    reply,
+                    token,
+                    written_on: None,
+                },
+            );
         }
         shared.enqueue(request);
         let (outcome_tx, outcome_rx) = oneshot::channel();
         actix::spawn(async move {
             let outcome = tokio::time::timeout(timeout, answer).await;
-            // Removed on reply by the reader; on timeout here. Either way, gone before the
-            // caller hears of it.
-            lock(&shared.pending).remove(&id);
+            // Removed on reply by the reader, on a lost connection by the link; on timeout
+            // here (only if still this request's: the id may be registered anew since).
+            // Either way, gone before the caller hears of it.
+            {
+                let mut pending = lock(&shared.pending);
+                if pending.get(&id).is_some_and(|waiter| waiter.token == token) {
+                    pending.remove(&id);
+                }
+            }
             let outcome = match outcome {
-                Ok(Ok(reply)) => Ok(reply),
+                Ok(Ok(outcome)) => outcome,
                 Ok(Err(_)) | Err(_) => Err(EdgeHubError::Timeout(timeout)),
             };
             // The caller may have given up; then nobody wants the outcome.

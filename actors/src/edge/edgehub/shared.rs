@@ -12,7 +12,7 @@ use tokio::sync::{oneshot, Notify};
 
 use super::options::failover_order;
 use crate::edge::certmanager::EdgeIdentity;
-use crate::edge::contract::{CloudConnection, ConnectionState, EdgeHubStatus};
+use crate::edge::contract::{CloudConnection, ConnectionState, EdgeHubError, EdgeHubStatus};
 use crate::hive::locks::lock;
 use crate::hive::Hive;
 
@@ -36,6 +36,7 @@ pub(super) struct HubMetrics {
     pub(super) switches: Counter,
     pub(super) connected: Gauge,
     pub(super) outbox: Gauge,
+    pub(super) requests_cut: Counter,
 }
 
 impl HubMetrics {
@@ -82,6 +83,11 @@ impl HubMetrics {
             "Messages waiting to be written to the cloud",
             metrics.outbox.clone(),
         );
+        registry.register(
+            "edgehive_edgehub_requests_connection_lost",
+            "Requests failed at once because the connection they were written on was lost",
+            metrics.requests_cut.clone(),
+        );
         metrics
     }
 }
@@ -89,6 +95,9 @@ impl HubMetrics {
 #[derive(Debug, Default)]
 pub(super) struct HubState {
     pub(super) connects: u64,
+    /// The number of the last connection made ([`Shared::connected_to`]); a request written
+    /// on a connection is failed when that connection ends.
+    pub(super) connection: u64,
     pub(super) last_error: Option<String>,
     /// The cloud address of the connection up now.
     pub(super) server: Option<String>,
@@ -119,13 +128,26 @@ pub(super) struct Shared {
     pub(super) outbox_ready: Notify,
     pub(super) replies_ready: Notify,
     /// Requests awaiting a cloud reply, by request id; bounded by [`MAX_PENDING_REQUESTS`].
-    pub(super) pending: Mutex<HashMap<String, oneshot::Sender<Message>>>,
+    pub(super) pending: Mutex<HashMap<String, Waiter>>,
     pub(super) metrics: HubMetrics,
     pub(super) outbox_capacity: usize,
     /// The node's TLS identity once loaded or bootstrapped.
     pub(super) identity: Mutex<Option<EdgeIdentity>>,
     /// The connection state, the edge's one copy: written here only.
     pub(super) connection: Arc<CloudConnection>,
+}
+
+/// What a request awaiting the cloud's reply leaves in [`Shared::pending`].
+#[derive(Debug)]
+pub(super) struct Waiter {
+    /// Tells the request's task the reply, or why none will come.
+    pub(super) reply: oneshot::Sender<Result<Message, EdgeHubError>>,
+    /// This registration's own number: the request's task removes the entry only while it is
+    /// still its own (a caller that sends the same message again after
+    /// [`EdgeHubError::ConnectionLost`] registers the same id anew).
+    pub(super) token: u64,
+    /// The connection the request was written on; `None` while it waits in the outbox.
+    pub(super) written_on: Option<u64>,
 }
 
 /// Whether `message` answers the cloud (an ACK or an error), rather than telling it something.
@@ -240,9 +262,10 @@ impl Shared {
     }
 
     /// Records a connect to `server`, the address at `index` of the list; a connect to
-    /// another address than the last one counts as a switch.
-    pub(super) fn connected_to(&self, index: usize, server: &str) {
+    /// another address than the last one counts as a switch. Returns the connection's number.
+    pub(super) fn connected_to(&self, index: usize, server: &str) -> u64 {
         let mut state = lock(&self.state);
+        state.connection += 1;
         if state
             .last_server
             .as_deref()
@@ -255,6 +278,38 @@ impl Shared {
         state.lost_server = None;
         state.server = Some(server.to_owned());
         state.last_server = Some(server.to_owned());
+        state.connection
+    }
+
+    /// `message` was written on connection `connection`: if it is a request awaiting a
+    /// reply, that connection's loss fails it ([`Shared::connection_lost`]).
+    pub(super) fn written(&self, message: &Message, connection: u64) {
+        if let Some(waiter) = lock(&self.pending).get_mut(message.id()) {
+            waiter.written_on = Some(connection);
+        }
+    }
+
+    /// Connection `connection` is gone: the requests written on it get no reply, so each
+    /// fails now with [`EdgeHubError::ConnectionLost`] (its caller may send it again) instead
+    /// of waiting out the request timeout. Requests still in the outbox stay, for the next
+    /// connection. Returns how many failed.
+    pub(super) fn connection_lost(&self, connection: u64) -> usize {
+        let cut: Vec<Waiter> = {
+            let mut pending = lock(&self.pending);
+            let ids: Vec<String> = pending
+                .iter()
+                .filter(|(_, waiter)| waiter.written_on == Some(connection))
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter().filter_map(|id| pending.remove(id)).collect()
+        };
+        let count = cut.len();
+        self.metrics.requests_cut.inc_by(count as u64);
+        for waiter in cut {
+            // The caller may have given up already; nobody else wants the outcome.
+            let _ = waiter.reply.send(Err(EdgeHubError::ConnectionLost));
+        }
+        count
     }
 
     /// Records that the connection to the address at `index` ended: the next round dials
@@ -298,6 +353,58 @@ mod tests {
             identity: Mutex::new(None),
             connection: Arc::new(CloudConnection::default()),
         }
+    }
+
+    #[test]
+    fn a_lost_connection_fails_the_requests_written_on_it_and_keeps_the_queued_ones() {
+        let hub = shared();
+        let request = |n: u64| {
+            Message::new(
+                edgehive_protocols::ModuleName::from("x"),
+                edgehive_protocols::Group::User,
+                Operation::Upload,
+                format!("default/x/{n}"),
+                serde_json::Value::Null,
+            )
+        };
+        let (written, queued, earlier) = (request(1), request(2), request(3));
+        let mut answers = Vec::new();
+        for (token, message) in [&written, &queued, &earlier].into_iter().enumerate() {
+            let (reply, answer) = oneshot::channel();
+            lock(&hub.pending).insert(
+                message.id().to_owned(),
+                Waiter {
+                    reply,
+                    token: token as u64,
+                    written_on: None,
+                },
+            );
+            answers.push(answer);
+        }
+        let first = hub.connected_to(0, "a:1");
+        hub.written(&earlier, first);
+        hub.lost(0);
+        let second = hub.connected_to(0, "a:1");
+        assert_eq!(second, first + 1, "each connection its own number");
+        hub.written(&written, second);
+        // The earlier connection's loss was handled when it ended; ending it again fails it
+        // once, and leaves the others.
+        assert_eq!(hub.connection_lost(first), 1);
+        assert_eq!(hub.connection_lost(second), 1);
+        assert_eq!(hub.connection_lost(second), 0);
+        let mut answers = answers.into_iter();
+        let written_answer = answers.next().unwrap();
+        let mut queued_answer = answers.next().unwrap();
+        assert_eq!(
+            written_answer.blocking_recv().unwrap(),
+            Err(EdgeHubError::ConnectionLost)
+        );
+        assert!(
+            queued_answer.try_recv().is_err(),
+            "the queued one still waits"
+        );
+        assert!(lock(&hub.pending).contains_key(queued.id()));
+        assert_eq!(hub.metrics.requests_cut.get(), 2);
     }
 
     #[test]

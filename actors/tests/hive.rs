@@ -400,7 +400,7 @@ async fn a_module_that_is_gone_refuses_sends_requests_and_broadcasts_at_once_and
         let delivery = hive.send_to_group("g", msg("x")).unwrap();
         assert!(delivery.delivered.is_empty(), "round {round}");
         assert!(
-            matches!(delivery.failed.as_slice(), [(name, HiveError::ModuleDown(_))] if name == "gone"),
+            matches!(delivery.failed.as_slice(), [(name, HiveError::ModuleDown(_))] if &**name == "gone"),
             "broadcast, round {round}: {:?}",
             delivery.failed
         );

@@ -1,9 +1,8 @@
 use std::sync::Arc;
 
 use edgehive_protocols::Message;
-use tokio::sync::OwnedSemaphorePermit;
 
-use super::metrics::ModuleStats;
+use super::metrics::Slot;
 
 /// A beehive [`Message`] in transit to a module.
 ///
@@ -66,18 +65,13 @@ impl Envelope {
     }
 
     /// An envelope holding one of the target's mailbox slots until its handler is done.
-    pub(super) fn counted(
-        message: Payload,
-        stats: Arc<ModuleStats>,
-        slot: OwnedSemaphorePermit,
-    ) -> Self {
-        stats.enqueued();
+    pub(super) fn counted(message: Payload, slot: Slot) -> Self {
+        slot.stats().enqueued();
         Envelope {
             message,
             ticket: Some(Ticket {
-                stats,
+                slot,
                 reached_handler: true,
-                _slot: slot,
             }),
         }
     }
@@ -86,7 +80,7 @@ impl Envelope {
     pub(super) fn undeliverable(mut self) {
         if let Some(mut ticket) = self.ticket.take() {
             ticket.reached_handler = false;
-            ticket.stats.rejected();
+            ticket.slot.stats().rejected();
         }
     }
 
@@ -105,15 +99,15 @@ impl Envelope {
 /// the handler is done with it, or when a dead actor's mailbox is discarded.
 #[derive(Debug)]
 struct Ticket {
-    stats: Arc<ModuleStats>,
+    /// Given back after the counters are updated (a field is dropped after `drop` ran).
+    slot: Slot,
     reached_handler: bool,
-    _slot: OwnedSemaphorePermit,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
         if self.reached_handler {
-            self.stats.handled();
+            self.slot.stats().handled();
         }
     }
 }

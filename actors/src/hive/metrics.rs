@@ -1,5 +1,5 @@
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -9,6 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Metric, Registry};
 
 use serde::Serialize;
+use tokio::sync::{AcquireError, Semaphore};
 
 use super::locks;
 
@@ -125,7 +126,8 @@ impl HiveMetrics {
         text
     }
 
-    pub(super) fn module_stats(&self, name: &str, group: &str) -> ModuleStats {
+    /// The counters of module `name`, with a mailbox of `capacity` slots.
+    pub(super) fn module_stats(&self, name: &str, group: &str, capacity: usize) -> ModuleStats {
         let labels = ModuleLabels {
             module: name.to_owned(),
         };
@@ -138,6 +140,7 @@ impl HiveMetrics {
             dropped: self.dropped.get_or_create(&labels).clone(),
             restarts: self.restarts.get_or_create(&labels).clone(),
             depth: self.mailbox_depth.get_or_create(&labels).clone(),
+            slots: Semaphore::new(capacity),
         }
     }
 }
@@ -153,6 +156,10 @@ pub(super) struct ModuleStats {
     pub(super) dropped: Counter,
     pub(super) restarts: Counter,
     pub(super) depth: Gauge,
+    /// One permit per mailbox slot, held as a [`Slot`]. actix's own capacity cannot bound the
+    /// hive's sends (`Recipient::try_send` never refuses, and every sender clone gets a slot of
+    /// its own), so the hive holds the bound itself: a message keeps its slot until handled.
+    slots: Semaphore,
 }
 
 impl ModuleStats {
@@ -182,5 +189,39 @@ impl ModuleStats {
 
     pub(super) fn set_state(&self, state: ModuleState) {
         self.state.store(state as u8, Ordering::Relaxed);
+    }
+}
+
+/// One of a module's mailbox slots, given back when dropped.
+///
+/// It holds the module's counters too, so a message in flight costs one reference count
+/// (a tokio `OwnedSemaphorePermit` beside the counters would be a second).
+#[derive(Debug)]
+pub(super) struct Slot(Arc<ModuleStats>);
+
+impl Slot {
+    /// A free slot of the module `stats` counts, if there is one now.
+    pub(super) fn try_take(stats: &Arc<ModuleStats>) -> Option<Slot> {
+        let permit = stats.slots.try_acquire().ok()?;
+        permit.forget();
+        Some(Slot(Arc::clone(stats)))
+    }
+
+    /// Waits for a slot, fairly (first come, first served). Fails only if the slots are
+    /// closed, which the hive never does.
+    pub(super) async fn wait(stats: &Arc<ModuleStats>) -> Result<Slot, AcquireError> {
+        stats.slots.acquire().await?.forget();
+        Ok(Slot(Arc::clone(stats)))
+    }
+
+    /// The counters of the module whose slot this is.
+    pub(super) fn stats(&self) -> &ModuleStats {
+        &self.0
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.slots.add_permits(1);
     }
 }

@@ -1,20 +1,23 @@
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
+use std::task::Poll;
 use std::time::Duration;
 
 use actix::dev::channel::AddressSender;
 use actix::dev::{SendError, ToEnvelope};
-use actix::{Actor, Addr, Handler, MailboxError, Recipient};
+use actix::{Actor, Addr, Handler, MailboxError};
 use edgehive_protocols::Message;
 use futures_util::future::join_all;
 use serde::Serialize;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
 
 use super::envelope::Payload;
 use super::locks;
-use super::metrics::{ModuleState, ModuleStats};
+use super::metrics::{ModuleState, ModuleStats, Slot};
 use super::{Envelope, HiveError, HiveMetrics, RefusalLog};
 
 /// A module as the admin endpoint shows it.
@@ -84,8 +87,10 @@ pub struct Accepts<A: Actor> {
     routes: Vec<(TypeId, RecipientFactory<A>)>,
 }
 
-type RecipientFactory<A> = Box<dyn Fn(&Addr<A>) -> Box<dyn Any + Send + Sync> + Send + Sync>;
-/// Builds a module's typed recipients from its current address (type-erased `Addr<A>`).
+type RecipientFactory<A> =
+    Box<dyn Fn(&AddressSender<A>) -> Box<dyn Any + Send + Sync> + Send + Sync>;
+/// Builds a module's typed mailboxes (an `Arc<dyn TypedMailbox<M>>` per accepted `M`) from its
+/// current mailbox (a type-erased `AddressSender<A>`).
 type TypedRoutes =
     Arc<dyn Fn(&dyn Any) -> HashMap<TypeId, Box<dyn Any + Send + Sync>> + Send + Sync>;
 
@@ -105,20 +110,23 @@ impl<A: Actor> Accepts<A> {
     {
         self.routes.push((
             TypeId::of::<M>(),
-            Box::new(|addr: &Addr<A>| Box::new(addr.clone().recipient::<M>())),
+            Box::new(|mailbox: &AddressSender<A>| {
+                let typed: Arc<dyn TypedMailbox<M>> = Arc::new(mailbox.clone());
+                Box::new(typed)
+            }),
         ));
         self
     }
 
     fn into_routes(self) -> TypedRoutes {
         let routes = self.routes;
-        Arc::new(move |addr: &dyn Any| {
-            let Some(addr) = addr.downcast_ref::<Addr<A>>() else {
+        Arc::new(move |mailbox: &dyn Any| {
+            let Some(mailbox) = mailbox.downcast_ref::<AddressSender<A>>() else {
                 return HashMap::new();
             };
             routes
                 .iter()
-                .map(|(type_id, make)| (*type_id, make(addr)))
+                .map(|(type_id, make)| (*type_id, make(mailbox)))
                 .collect()
         })
     }
@@ -134,34 +142,36 @@ pub struct Refused<M> {
 }
 
 /// How a group broadcast went.
+///
+/// Member names are shared with the registry (a reference count each, no copy).
 #[derive(Debug, Default)]
 pub struct GroupDelivery {
     /// Members whose mailbox accepted the message.
-    pub delivered: Vec<String>,
+    pub delivered: Vec<Arc<str>>,
     /// Members that refused it, and why.
-    pub failed: Vec<(String, HiveError)>,
+    pub failed: Vec<(Arc<str>, HiveError)>,
 }
 
 struct Entry {
+    /// The module's name (the registry's key), shared with [`GroupDelivery`]s.
+    name: Arc<str>,
+    /// Its beehive group.
+    group: String,
     /// Where envelopes go: resolved here once per send, shared by every sender.
     route: Arc<Route>,
     /// The current `Addr<M::Actor>`, for typed sends.
     addr: Box<dyn Any + Send + Sync>,
     capacity: usize,
     children: Option<ChildrenView>,
-    /// `Recipient<M>` per accepted typed message, for the current address.
+    /// `Arc<dyn TypedMailbox<M>>` per accepted typed message, for the current actor.
     typed: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
     retype: TypedRoutes,
 }
 
-/// A module's envelope route: the current actor's mailbox, its counters and its slots.
+/// A module's envelope route: the current actor's mailbox, and its counters and slots.
 struct Route {
     mailbox: Box<dyn Mailbox>,
     stats: Arc<ModuleStats>,
-    /// One permit per mailbox slot. actix's own capacity cannot bound the hive's sends
-    /// (`Recipient::try_send` never refuses, and every sender clone gets a slot of its own), so
-    /// the hive holds the bound itself: an envelope keeps its permit until handled.
-    slots: Arc<Semaphore>,
 }
 
 /// The sending end of a module's mailbox for envelopes, whatever its actor type: one sender
@@ -173,6 +183,44 @@ trait Mailbox: Send + Sync {
 
     /// Puts `envelope` in the mailbox with a channel for the handler's reply.
     fn ask(&self, envelope: Envelope) -> Result<oneshot::Receiver<Option<Message>>, Box<Envelope>>;
+}
+
+/// The sending end of a module's mailbox for typed `M`: one per actor instance and accepted
+/// type, shared by every sender ([`Hive::tell`], [`Hive::ask`]); cloning an actix `Recipient`
+/// per message cost three allocations.
+trait TypedMailbox<M: actix::Message>: Send + Sync {
+    /// Whether the actor is still there.
+    fn connected(&self) -> bool;
+
+    /// Puts `message` in the mailbox with a channel for the handler's result, or gives it
+    /// back when the actor is gone.
+    fn send_typed(&self, message: M) -> Result<oneshot::Receiver<M::Result>, M>;
+}
+
+impl<A, M> TypedMailbox<M> for AddressSender<A>
+where
+    A: Actor + Handler<M>,
+    A::Context: ToEnvelope<A, M>,
+    M: actix::Message + Send + 'static,
+    M::Result: Send,
+{
+    fn connected(&self) -> bool {
+        AddressSender::connected(self)
+    }
+
+    fn send_typed(&self, message: M) -> Result<oneshot::Receiver<M::Result>, M> {
+        match self.send(message) {
+            Ok(result) => Ok(result),
+            // Parked by actix's own capacity (see `Mailbox::ask`): a fresh sender is not, and
+            // puts it in now, so messages from one sender keep their order.
+            Err(SendError::Full(message)) => {
+                self.clone().send(message).map_err(|error| match error {
+                    SendError::Full(message) | SendError::Closed(message) => message,
+                })
+            }
+            Err(SendError::Closed(message)) => Err(message),
+        }
+    }
 }
 
 /// The envelope a failed actix send gives back.
@@ -205,7 +253,7 @@ where
 }
 
 impl Route {
-    fn new<A>(mailbox: AddressSender<A>, stats: Arc<ModuleStats>, slots: Arc<Semaphore>) -> Self
+    fn new<A>(mailbox: AddressSender<A>, stats: Arc<ModuleStats>) -> Self
     where
         A: Actor + Handler<Envelope>,
         A::Context: ToEnvelope<A, Envelope>,
@@ -213,7 +261,6 @@ impl Route {
         Route {
             mailbox: Box::new(mailbox),
             stats,
-            slots,
         }
     }
 
@@ -223,11 +270,11 @@ impl Route {
 
     /// [`Hive::send`] once the module is found.
     fn send(&self, message: Payload) -> Result<(), HiveError> {
-        let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+        let Some(slot) = Slot::try_take(&self.stats) else {
             self.stats.dropped.inc();
             return Err(HiveError::MailboxFull(self.name().to_owned()));
         };
-        let envelope = Envelope::counted(message, self.stats.clone(), slot);
+        let envelope = Envelope::counted(message, slot);
         match self.mailbox.push(envelope) {
             Ok(()) => {
                 self.stats.delivered();
@@ -243,11 +290,11 @@ impl Route {
     /// [`Hive::request`] once the module is found.
     async fn request(&self, message: Payload, timeout: Duration) -> Result<Message, HiveError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let slot = match Arc::clone(&self.slots).try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => wait_for_slot(self.slots.clone(), self.name(), deadline, timeout).await?,
+        let slot = match Slot::try_take(&self.stats) {
+            Some(slot) => slot,
+            None => wait_for_slot(&self.stats, deadline, timeout).await?,
         };
-        let envelope = Envelope::counted(message, self.stats.clone(), slot);
+        let envelope = Envelope::counted(message, slot);
         let reply = match self.mailbox.ask(envelope) {
             Ok(reply) => reply,
             Err(envelope) => {
@@ -256,15 +303,15 @@ impl Route {
             }
         };
         self.stats.delivered();
-        match tokio::time::timeout_at(deadline, reply).await {
-            Ok(Ok(Some(reply))) => Ok(reply),
-            Ok(Ok(None)) => Err(HiveError::NoReply(self.name().to_owned())),
+        match until(deadline, reply).await {
+            Some(Ok(Some(reply))) => Ok(reply),
+            Some(Ok(None)) => Err(HiveError::NoReply(self.name().to_owned())),
             // The reply channel closed unanswered: the actor died with the message queued.
-            Ok(Err(_)) => {
+            Some(Err(_)) => {
                 self.stats.dropped.inc();
                 Err(HiveError::ModuleDown(self.name().to_owned()))
             }
-            Err(_) => Err(HiveError::Timeout {
+            None => Err(HiveError::Timeout {
                 module: self.name().to_owned(),
                 timeout,
             }),
@@ -272,8 +319,8 @@ impl Route {
     }
 }
 
-type TypedTarget<M> = (Recipient<M>, Arc<ModuleStats>, Arc<Semaphore>);
-type AddrTarget<A> = (Addr<A>, Arc<ModuleStats>, Arc<Semaphore>);
+type TypedTarget<M> = (Arc<dyn TypedMailbox<M>>, Arc<ModuleStats>);
+type AddrTarget<A> = (Addr<A>, Arc<ModuleStats>);
 
 struct Inner {
     process: String,
@@ -371,7 +418,7 @@ impl Hive {
         if self.read_modules().contains_key(&name) {
             return Err(HiveError::AlreadyRegistered(name));
         }
-        let stats = Arc::new(self.inner.metrics.module_stats(&name, group));
+        let stats = Arc::new(self.inner.metrics.module_stats(&name, group, capacity));
         let retype = accepts.into_routes();
         // The first actor is built here, outside the registry's lock: a module's `create` may
         // look up other modules.
@@ -381,15 +428,16 @@ impl Hive {
         if modules.contains_key(&name) {
             return Err(HiveError::AlreadyRegistered(name));
         }
-        let slots = Arc::new(Semaphore::new(capacity));
         modules.insert(
-            name,
+            name.clone(),
             Entry {
-                route: Arc::new(Route::new(mailbox, stats, slots)),
+                name: Arc::from(name),
+                group: group.to_owned(),
+                typed: retype(&mailbox),
+                route: Arc::new(Route::new(mailbox, stats)),
                 addr: Box::new(addr.clone()),
                 capacity,
                 children: None,
-                typed: retype(&addr),
                 retype,
             },
         );
@@ -404,9 +452,9 @@ impl Hive {
     {
         let addr = Addr::new(mailbox.clone());
         if let Some(entry) = self.write_modules().get_mut(name) {
-            let (stats, slots) = (entry.route.stats.clone(), entry.route.slots.clone());
-            entry.route = Arc::new(Route::new(mailbox.clone(), stats, slots));
-            entry.typed = (entry.retype)(&addr);
+            let stats = entry.route.stats.clone();
+            entry.route = Arc::new(Route::new(mailbox.clone(), stats));
+            entry.typed = (entry.retype)(mailbox);
             entry.addr = Box::new(addr);
         }
     }
@@ -446,7 +494,7 @@ impl Hive {
     pub fn group_members(&self, group: &str) -> Vec<String> {
         self.read_modules()
             .iter()
-            .filter(|(_, entry)| entry.route.stats.group == group)
+            .filter(|(_, entry)| entry.group == group)
             .map(|(name, _)| name.clone())
             .collect()
     }
@@ -497,14 +545,16 @@ impl Hive {
         M: actix::Message + Send + 'static,
         M::Result: Send,
     {
-        let (addr, stats, slots) = self.addr_target::<A>(name)?;
+        let (addr, stats) = self.addr_target::<A>(name)?;
         let deadline = tokio::time::Instant::now() + timeout;
-        let slot = wait_for_slot(slots, name, deadline, timeout).await?;
+        let slot = wait_for_slot(&stats, deadline, timeout).await?;
         // Counted like an envelope: queued until the reply is back (the handler is done then),
         // or until the caller gives up; the slot is held as long.
         stats.enqueued();
         stats.delivered();
-        let outcome = tokio::time::timeout_at(deadline, addr.send(message)).await;
+        let outcome = tokio::time::timeout_at(deadline, addr.send(message))
+            .await
+            .ok();
         drop(slot);
         settle(outcome, &stats, name, timeout)
     }
@@ -516,13 +566,13 @@ impl Hive {
         let message = Arc::new(message);
         let mut delivery = GroupDelivery::default();
         // Under the registry's read lock, as `send`.
-        for (name, entry) in self.read_modules().iter() {
-            if entry.route.stats.group != group {
+        for entry in self.read_modules().values() {
+            if entry.group != group {
                 continue;
             }
             match entry.route.send(Payload::Shared(Arc::clone(&message))) {
-                Ok(()) => delivery.delivered.push(name.clone()),
-                Err(error) => delivery.failed.push((name.clone(), error)),
+                Ok(()) => delivery.delivered.push(Arc::clone(&entry.name)),
+                Err(error) => delivery.failed.push((Arc::clone(&entry.name), error)),
             }
         }
         if delivery.delivered.is_empty() && delivery.failed.is_empty() {
@@ -543,7 +593,7 @@ impl Hive {
         let members: Vec<(String, Arc<Route>)> = self
             .read_modules()
             .iter()
-            .filter(|(_, entry)| entry.route.stats.group == group)
+            .filter(|(_, entry)| entry.group == group)
             .map(|(name, entry)| (name.clone(), entry.route.clone()))
             .collect();
         if members.is_empty() {
@@ -622,31 +672,42 @@ impl Hive {
         M: actix::Message + Send + 'static,
         M::Result: Send,
     {
-        let (recipient, stats, slots) = match self.typed_target::<M>(name) {
+        let (mailbox, stats) = match self.typed_target::<M>(name) {
             Ok(target) => target,
             Err(error) => return Err(Refused { error, message }),
         };
-        if !recipient.connected() {
+        if !mailbox.connected() {
             stats.dropped.inc();
             return Err(Refused {
                 error: HiveError::ModuleDown(name.to_owned()),
                 message,
             });
         }
-        let Ok(slot) = slots.try_acquire_owned() else {
+        let Some(slot) = Slot::try_take(&stats) else {
             stats.dropped.inc();
             return Err(Refused {
                 error: HiveError::MailboxFull(name.to_owned()),
                 message,
             });
         };
-        stats.enqueued();
-        stats.delivered();
-        // `send` puts the message in the mailbox now (so order holds); the task only waits.
-        let handled = recipient.send(message);
+        drop(stats);
+        slot.stats().enqueued();
+        // `send_typed` puts the message in the mailbox now (so order holds); the task only
+        // waits for the handler, to count it and free the slot.
+        let handled = match mailbox.send_typed(message) {
+            Ok(handled) => handled,
+            Err(message) => {
+                slot.stats().rejected();
+                return Err(Refused {
+                    error: HiveError::ModuleDown(name.to_owned()),
+                    message,
+                });
+            }
+        };
+        slot.stats().delivered();
         actix::spawn(async move {
             let outcome = handled.await;
-            drop(slot);
+            let stats = slot.stats();
             match outcome {
                 Ok(_) => stats.handled(),
                 Err(_) => stats.rejected(),
@@ -667,13 +728,19 @@ impl Hive {
         M: actix::Message + Send + 'static,
         M::Result: Send,
     {
-        let (recipient, stats, slots) = self.typed_target::<M>(name)?;
+        let (mailbox, stats) = self.typed_target::<M>(name)?;
         let deadline = tokio::time::Instant::now() + timeout;
-        let slot = wait_for_slot(slots, name, deadline, timeout).await?;
+        let slot = wait_for_slot(&stats, deadline, timeout).await?;
         stats.enqueued();
+        let Ok(result) = mailbox.send_typed(message) else {
+            stats.rejected();
+            return Err(HiveError::ModuleDown(name.to_owned()));
+        };
         stats.delivered();
-        let outcome = tokio::time::timeout_at(deadline, recipient.send(message)).await;
+        let outcome = until(deadline, result).await;
         drop(slot);
+        // The result channel closed unanswered: the actor died with the message queued.
+        let outcome = outcome.map(|result| result.map_err(|_| MailboxError::Closed));
         settle(outcome, &stats, name, timeout)
     }
 
@@ -686,17 +753,13 @@ impl Hive {
         let entry = modules
             .get(name)
             .ok_or_else(|| HiveError::UnknownModule(name.to_owned()))?;
-        let recipient = entry
+        let mailbox = entry
             .typed
             .get(&TypeId::of::<M>())
-            .and_then(|recipient| recipient.downcast_ref::<Recipient<M>>())
+            .and_then(|mailbox| mailbox.downcast_ref::<Arc<dyn TypedMailbox<M>>>())
             .cloned()
             .ok_or_else(|| HiveError::WrongType(name.to_owned()))?;
-        Ok((
-            recipient,
-            entry.route.stats.clone(),
-            entry.route.slots.clone(),
-        ))
+        Ok((mailbox, entry.route.stats.clone()))
     }
 
     fn addr_target<A: Actor>(&self, name: &str) -> Result<AddrTarget<A>, HiveError> {
@@ -709,7 +772,7 @@ impl Hive {
             .downcast_ref::<Addr<A>>()
             .cloned()
             .ok_or_else(|| HiveError::WrongType(name.to_owned()))?;
-        Ok((addr, entry.route.stats.clone(), entry.route.slots.clone()))
+        Ok((addr, entry.route.stats.clone()))
     }
 
     fn route(&self, name: &str) -> Result<Arc<Route>, HiveError> {
@@ -730,23 +793,50 @@ impl Hive {
     }
 }
 
+/// `reply`'s output, or `None` once `deadline` has passed.
+///
+/// The timer is armed only when the reply is not there at the second poll: the first poll
+/// asks to be polled again at once, and a module on the requester's thread has answered by
+/// then (the runtime runs it in between). A tokio timer entry takes the runtime's timer lock
+/// twice (armed, then dropped), about a twentieth of a round trip (BENCHMARKS.md, Hive).
+async fn until<F: Future + Unpin>(
+    deadline: tokio::time::Instant,
+    mut reply: F,
+) -> Option<F::Output> {
+    let mut polled = false;
+    let early = std::future::poll_fn(|cx| match Pin::new(&mut reply).poll(cx) {
+        Poll::Ready(output) => Poll::Ready(Some(output)),
+        Poll::Pending if !polled => {
+            polled = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await;
+    match early {
+        Some(output) => Some(output),
+        None => tokio::time::timeout_at(deadline, reply).await.ok(),
+    }
+}
+
 /// Counts how a typed request to module `name` ended and turns it into the hive's result.
 fn settle<R>(
-    outcome: Result<Result<R, MailboxError>, tokio::time::error::Elapsed>,
+    outcome: Option<Result<R, MailboxError>>,
     stats: &ModuleStats,
     name: &str,
     timeout: Duration,
 ) -> Result<R, HiveError> {
     match outcome {
-        Ok(Ok(result)) => {
+        Some(Ok(result)) => {
             stats.handled();
             Ok(result)
         }
-        Ok(Err(MailboxError::Closed)) => {
+        Some(Err(MailboxError::Closed)) => {
             stats.rejected();
             Err(HiveError::ModuleDown(name.to_owned()))
         }
-        Ok(Err(MailboxError::Timeout)) | Err(_) => {
+        Some(Err(MailboxError::Timeout)) | None => {
             stats.rejected();
             Err(HiveError::Timeout {
                 module: name.to_owned(),
@@ -756,19 +846,18 @@ fn settle<R>(
     }
 }
 
-/// Waits until `deadline` for one of module `name`'s mailbox slots.
+/// Waits until `deadline` for one of the mailbox slots of the module `stats` counts.
 async fn wait_for_slot(
-    slots: Arc<Semaphore>,
-    name: &str,
+    stats: &Arc<ModuleStats>,
     deadline: tokio::time::Instant,
     timeout: Duration,
-) -> Result<tokio::sync::OwnedSemaphorePermit, HiveError> {
-    match tokio::time::timeout_at(deadline, slots.acquire_owned()).await {
+) -> Result<Slot, HiveError> {
+    match tokio::time::timeout_at(deadline, Slot::wait(stats)).await {
         Ok(Ok(slot)) => Ok(slot),
-        // The semaphore is never closed; treat it like a module that is gone.
-        Ok(Err(_)) => Err(HiveError::ModuleDown(name.to_owned())),
+        // The slots are never closed; treat it like a module that is gone.
+        Ok(Err(_)) => Err(HiveError::ModuleDown(stats.name.clone())),
         Err(_) => Err(HiveError::Timeout {
-            module: name.to_owned(),
+            module: stats.name.clone(),
             timeout,
         }),
     }

@@ -2,7 +2,8 @@
 //! in-process cloud: a request already written on the connection the cloud drops fails at once
 //! with `ConnectionLost` (not after the request timeout, set very long here, so the old
 //! behaviour fails these tests) and may be sent again; a request queued while the cloud is
-//! away is written and answered after the reconnect; and the node module, whose
+//! away is written and answered after the reconnect, unless newer ones push it out of the full
+//! outbox: then it fails at once with `DroppedFromOutbox`; and the node module, whose
 //! registration was cut off that way, registers again on the next connection.
 
 use crate::edge_support;
@@ -166,6 +167,78 @@ async fn a_request_queued_while_the_cloud_is_away_is_sent_and_answered_after_the
         metrics.contains("edgehive_edgehub_requests_connection_lost_total 0"),
         "{metrics}"
     );
+    hive.shutdown();
+    cloud.stop().await;
+}
+
+/// A small outbox while the cloud is away: the requests newer ones push out of it fail at once
+/// with `DroppedFromOutbox` (before, they waited out the request timeout for a reply that
+/// could not come, as they were never sent), counted as outbox drops; the newer ones are
+/// written and answered after the reconnect, and the dropped ones are not.
+#[actix_rt::test]
+async fn a_request_pushed_out_of_the_full_outbox_while_the_cloud_is_away_fails_at_once() {
+    const CAPACITY: usize = 3;
+    let mut cloud = FakeCloud::start();
+    let addr = cloud.addr;
+    let hive = Hive::new("edge");
+    hive.start_module(EdgeHubModule::new(EdgeHubOptions {
+        request_timeout: REQUEST_TIMEOUT,
+        outbox_capacity: CAPACITY,
+        ..hub_options(addr)
+    }))
+    .unwrap();
+    let session = cloud.accept().await;
+    modules_see(&hive, true).await;
+    cloud.server.stop(false).await;
+    let _ = session.close(None).await;
+    modules_see(&hive, false).await;
+
+    // One at a time, so the outbox's order is the asking order.
+    let requests: Vec<Message> = (0..CAPACITY + 2)
+        .map(|n| upload(&format!("away {n}")))
+        .collect();
+    let mut asks = Vec::new();
+    for (n, request) in requests.iter().enumerate() {
+        asks.push(ask(&hive, request));
+        if n < CAPACITY {
+            eventually("the request in the outbox", || async {
+                outbox(&hive).await == n + 1
+            })
+            .await;
+        }
+    }
+    let mut asks = asks.into_iter();
+    for n in 0..2 {
+        let dropped = asks.next().unwrap();
+        assert_eq!(
+            outcome(dropped, &format!("request {n}, pushed out of the outbox"))
+                .await
+                .unwrap_err(),
+            CloudRequestError::Cloud(EdgeHubError::DroppedFromOutbox),
+            "the caller learns at once that its request was never sent"
+        );
+    }
+    assert_eq!(outbox(&hive).await, CAPACITY);
+    let metrics = hive.metrics().encode();
+    assert!(
+        metrics.contains("edgehive_edgehub_outbox_dropped_total 2"),
+        "{metrics}"
+    );
+
+    // The cloud is back: the newer requests are written, oldest first, and answered; the
+    // dropped ones are not written.
+    let mut cloud = FakeCloud::start_on(addr);
+    let mut session = cloud.accept().await;
+    for (request, pending) in requests[2..].iter().zip(asks) {
+        let seen = cloud
+            .frame_where(|frame| requests.iter().any(|asked| asked.id() == frame.id()))
+            .await;
+        assert_eq!(seen.id(), request.id(), "the kept requests, in order");
+        let answer = Message::response_to(&seen, json!("welcome back"));
+        send_frame(&mut session, &answer).await;
+        let reply = outcome(pending, "a kept request").await.unwrap();
+        assert_eq!(reply, answer);
+    }
     hive.shutdown();
     cloud.stop().await;
 }

@@ -1,6 +1,7 @@
 //! A cluster port with the faults a real API server's connection has, for tests (`test-hooks`):
 //! the embedded cluster, with watches that can be ended, lists that can fail or wait, writes of
-//! some kinds that can wait, and the whole connection cut.
+//! some kinds that can wait, fields an update may not change (a 422, as a kube-apiserver
+//! refuses a Deployment's new `spec.selector`), and the whole connection cut.
 
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +33,11 @@ struct Control {
     cut: bool,
     /// Writes of these kinds wait for a permit of the semaphore before they are made.
     held: Option<(Vec<String>, Arc<tokio::sync::Semaphore>)>,
+    /// `(kind, JSON pointer)`: an update of that kind changing the field there is refused
+    /// with 422, as a kube-apiserver refuses a change of an immutable field.
+    immutable: Vec<(String, String)>,
+    /// Writes asked for so far, by kind (refused ones too).
+    writes: std::collections::HashMap<String, usize>,
 }
 
 fn unavailable<T: Send + 'static>() -> ClusterFuture<T> {
@@ -85,6 +91,25 @@ impl FaultyCluster {
         lock(&self.control).held = Some((kinds, gate));
     }
 
+    /// From now on, an update of `kind` that changes the field at `pointer` (a JSON pointer,
+    /// e.g. `/spec/selector`) is refused with 422 `Invalid`, "field is immutable", as a
+    /// kube-apiserver answers it; the stored object stays as it was.
+    pub fn immutable(&self, kind: &str, pointer: &str) {
+        lock(&self.control)
+            .immutable
+            .push((kind.to_owned(), pointer.to_owned()));
+    }
+
+    /// Writes (create, update, status update, patch, delete) of `kind` asked for so far,
+    /// refused ones included.
+    pub fn writes(&self, kind: &str) -> usize {
+        lock(&self.control)
+            .writes
+            .get(kind)
+            .copied()
+            .unwrap_or_default()
+    }
+
     /// `call` unless the connection is cut; a write of a held kind waits for its permit.
     fn guard<T: Send + 'static>(
         &self,
@@ -92,7 +117,10 @@ impl FaultyCluster {
         write: bool,
         call: ClusterFuture<T>,
     ) -> ClusterFuture<T> {
-        let control = lock(&self.control);
+        let mut control = lock(&self.control);
+        if write {
+            *control.writes.entry(kind.to_owned()).or_default() += 1;
+        }
         if control.cut {
             return unavailable();
         }
@@ -163,7 +191,36 @@ impl ClusterPort for FaultyCluster {
     }
     fn update(&self, obj: Value) -> ClusterFuture<Value> {
         let kind = kind_of(&obj);
-        self.guard(&kind, true, ClusterPort::update(&self.inner, obj))
+        let fixed: Vec<String> = lock(&self.control)
+            .immutable
+            .iter()
+            .filter(|(of, _)| *of == kind)
+            .map(|(_, pointer)| pointer.clone())
+            .collect();
+        if fixed.is_empty() {
+            return self.guard(&kind, true, ClusterPort::update(&self.inner, obj));
+        }
+        let (inner, of) = (self.inner.clone(), kind.clone());
+        let checked: ClusterFuture<Value> = Box::pin(async move {
+            let namespace = obj["metadata"]["namespace"].as_str();
+            let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+            let stored = ClusterPort::get(&inner, &kind, namespace, name).await?;
+            for pointer in fixed {
+                if stored.pointer(&pointer) != obj.pointer(&pointer) {
+                    let field = pointer.trim_start_matches('/').replace('/', ".");
+                    let value = obj.pointer(&pointer).cloned().unwrap_or_default();
+                    return Err(ClusterError::Api {
+                        code: 422,
+                        reason: "Invalid".into(),
+                        message: format!(
+                            "{kind} {name:?} is invalid: {field}: Invalid value: {value}: field is immutable"
+                        ),
+                    });
+                }
+            }
+            ClusterPort::update(&inner, obj).await
+        });
+        self.guard(&of, true, checked)
     }
     fn update_status(&self, obj: Value) -> ClusterFuture<Value> {
         let kind = kind_of(&obj);

@@ -6,11 +6,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use edgehive_protocols::object::meta_str;
 use serde_json::{json, Value};
 
-use super::metrics::{Metrics, RETRY_INTERVAL};
+use super::metrics::{Metrics, MAX_RETRY_INTERVAL, RETRY_INTERVAL};
 use super::workloads::{render, Refused, Rendered, Workload, WORKLOAD_KINDS};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
 use crate::cloud::contract::route;
 use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
+
+use tokio::time::{Duration, Instant};
 
 /// `(namespace, name)` of an application.
 type AppKey = (String, String);
@@ -25,15 +27,74 @@ pub(super) struct ApplicationWatcher {
     apps: BTreeMap<AppKey, Value>,
     /// The workloads made for each application since the process started.
     made: BTreeMap<AppKey, BTreeSet<WorkloadKey>>,
-    /// Applications with a write that failed, tried again later.
-    owed: BTreeSet<AppKey>,
+    /// Applications with a write that failed (not refused), tried again when due.
+    owed: BTreeMap<AppKey, Owed>,
+    /// The workload writes the API server refused with a 4xx a retry cannot fix, by
+    /// application: not tried again until the application's spec or the workload changes.
+    refusals: BTreeMap<AppKey, BTreeMap<WorkloadKey, WriteRefusal>>,
     /// The refusals reported for each application (counted, logged and an Event written
     /// once each, not again on every status echo).
     reported: BTreeMap<AppKey, BTreeSet<String>>,
-    /// Whether the workloads made before this process started are still to be swept
-    /// ([`ApplicationWatcher::sweep`]): from the first complete list of applications until
-    /// a sweep succeeds.
-    sweep_owed: bool,
+    /// When the workloads made before this process started are to be swept
+    /// ([`ApplicationWatcher::sweep`]) again: from the first complete list of applications
+    /// until a sweep succeeds.
+    sweep_at: Option<Instant>,
+}
+
+/// An application whose writes failed: when they are tried again, and how long the wait
+/// after that one is, doubled from [`RETRY_INTERVAL`] on each retry up to
+/// [`MAX_RETRY_INTERVAL`] (reset once they all succeed).
+#[derive(Debug, Clone, Copy)]
+struct Owed {
+    due: Instant,
+    delay: Duration,
+}
+
+/// A workload write the API server refused for good (422 Invalid, e.g. an immutable field
+/// changed; another 4xx a retry cannot fix), and what it was refused for.
+#[derive(Debug, Clone, PartialEq)]
+struct WriteRefusal {
+    /// The counter's reason label: `invalid` (422) or `rejected`.
+    reason: &'static str,
+    /// Kubernetes' reason (`Invalid`, `BadRequest`, ...), shown in the status entry.
+    api_reason: String,
+    /// The API server's message.
+    message: String,
+    /// A hash of the application's spec when refused.
+    app: u64,
+    /// The workload's resourceVersion in the cluster when refused (`None`: there was none).
+    current: Option<String>,
+}
+
+/// How a workload write went.
+enum Written {
+    /// The workload is as asked.
+    Done,
+    /// Failed in a way a retry may fix (conflict, throttled, the API server unavailable).
+    Failed,
+    /// Refused for good; not tried again until the application or the workload changes.
+    Refused(WriteRefusal),
+}
+
+/// The refusal reason label for an API server answer a retry cannot fix: 422 (`invalid`)
+/// and the 4xx that say the request itself is wrong (`rejected`); `None` for those a retry
+/// may fix: 401/403 (credentials, RBAC), 404 (a namespace not made yet), 408, 409 (a
+/// conflict), 429 (throttled), 5xx.
+fn refusal_reason(status: u16) -> Option<&'static str> {
+    match status {
+        422 => Some("invalid"),
+        401 | 403 | 404 | 408 | 409 | 429 => None,
+        400..=499 => Some("rejected"),
+        _ => None,
+    }
+}
+
+/// A hash of `app`'s spec: what it asks for, not its status.
+fn spec_hash(app: &Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    app["spec"].to_string().hash(&mut hasher);
+    hasher.finish()
 }
 
 fn key_of(object: &Value) -> AppKey {
@@ -105,9 +166,10 @@ impl ApplicationWatcher {
             metrics,
             apps: BTreeMap::new(),
             made: BTreeMap::new(),
-            owed: BTreeSet::new(),
+            owed: BTreeMap::new(),
+            refusals: BTreeMap::new(),
             reported: BTreeMap::new(),
-            sweep_owed: false,
+            sweep_at: None,
         }
     }
 
@@ -119,32 +181,57 @@ impl ApplicationWatcher {
         };
         // The whole object is kept so that a delete a relist finds still says what to remove.
         let mut apps = follow("EdgeApplication");
-        let mut retry = tokio::time::interval(RETRY_INTERVAL);
         let mut synced = false;
         loop {
-            let owed = !self.owed.is_empty() || self.sweep_owed;
+            let wake = self.next_retry();
             tokio::select! {
                 change = apps.next() => match change {
                     Change::Synced if !synced => {
                         synced = true;
-                        self.sweep_owed = true;
                         self.sweep().await;
                     }
                     change => if let Some(event) = change.into_event() {
                         self.on_app(event).await;
                     },
                 },
-                _ = retry.tick(), if owed => {
-                    for key in std::mem::take(&mut self.owed) {
-                        if let Some(app) = self.apps.get(&key).cloned() {
-                            self.apply(&app).await;
-                        }
-                    }
-                    if self.sweep_owed {
-                        self.sweep().await;
-                    }
+                _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+                    self.retry_due(Instant::now()).await;
                 }
             }
+        }
+    }
+
+    /// When the next retry is due: the earliest owed application's, or the sweep's.
+    fn next_retry(&self) -> Option<Instant> {
+        self.owed
+            .values()
+            .map(|owed| owed.due)
+            .chain(self.sweep_at)
+            .min()
+    }
+
+    /// Tries again the writes of the applications due by `now` (each one's next wait
+    /// doubled, up to [`MAX_RETRY_INTERVAL`]), and the sweep if due.
+    async fn retry_due(&mut self, now: Instant) {
+        let due: Vec<AppKey> = self
+            .owed
+            .iter()
+            .filter(|(_, owed)| owed.due <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in due {
+            let Some(app) = self.apps.get(&key).cloned() else {
+                self.owed.remove(&key);
+                continue;
+            };
+            if let Some(owed) = self.owed.get_mut(&key) {
+                owed.delay = (owed.delay * 2).min(MAX_RETRY_INTERVAL);
+                owed.due = now + owed.delay;
+            }
+            self.apply(&app).await;
+        }
+        if self.sweep_at.is_some_and(|at| at <= now) {
+            self.sweep().await;
         }
     }
 
@@ -203,7 +290,7 @@ impl ApplicationWatcher {
                 }
             }
         }
-        self.sweep_owed = !done;
+        self.sweep_at = (!done).then(|| Instant::now() + RETRY_INTERVAL);
     }
 
     async fn on_app(&mut self, event: WatchEvent) {
@@ -217,6 +304,7 @@ impl ApplicationWatcher {
         // embedded cluster has none.
         self.apps.remove(&key);
         self.owed.remove(&key);
+        self.refusals.remove(&key);
         self.reported.remove(&key);
         let mut gone = self.made.remove(&key).unwrap_or_default();
         gone.extend(render(&event.object).workloads.iter().map(Workload::key));
@@ -249,21 +337,45 @@ impl ApplicationWatcher {
         let mut failed = false;
         let mut statuses = Vec::new();
         let mut desired = BTreeSet::new();
+        let app_hash = spec_hash(app);
+        let before = self.refusals.remove(&key).unwrap_or_default();
+        let mut refusals = BTreeMap::new();
         for workload in &workloads {
-            let ok = self.write(&workload.object).await;
-            failed |= !ok;
+            let workload_key = workload.key();
+            let known = before.get(&workload_key);
+            let written = self.write(&workload.object, app_hash, known).await;
             let (kind, namespace, name) = workload.key();
             let api_version = workload.object["apiVersion"].as_str().unwrap_or_default();
             let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-            statuses.push(json!({
+            let mut status = json!({
                 "identifier": {
                     "group": group, "version": version, "kind": kind,
                     "resource": format!("{}s", kind.to_ascii_lowercase()),
                     "namespace": namespace, "name": name, "ordinal": workload.ordinal,
                 },
-                "conditions": if ok { "Available" } else { "Processing" },
-            }));
-            desired.insert(workload.key());
+                "conditions": "Available",
+            });
+            match written {
+                Written::Done => {}
+                Written::Failed => {
+                    failed = true;
+                    status["conditions"] = json!("Processing");
+                }
+                Written::Refused(refusal) => {
+                    status["conditions"] = json!("Processing");
+                    status["reason"] = json!(refusal.api_reason);
+                    status["message"] = json!(refusal.message);
+                    if known != Some(&refusal) {
+                        self.announce_write_refusal(app, workload, &refusal).await;
+                    }
+                    refusals.insert(workload_key.clone(), refusal);
+                }
+            }
+            statuses.push(status);
+            desired.insert(workload_key);
+        }
+        if !refusals.is_empty() {
+            self.refusals.insert(key.clone(), refusals);
         }
         // A refused manifest has its entry too, `Processing` (the CRD's conditions are
         // `Processing` and `Available`; the why is in the Event and the log).
@@ -323,8 +435,42 @@ impl ApplicationWatcher {
             }
         }
         if failed {
-            self.owed.insert(key);
+            // Kept as it is when already owed: a retry doubles the wait, not every failure.
+            self.owed.entry(key).or_insert(Owed {
+                due: Instant::now() + RETRY_INTERVAL,
+                delay: RETRY_INTERVAL,
+            });
+        } else {
+            self.owed.remove(&key);
         }
+    }
+
+    /// Counts, logs and writes a Warning Event on `app` for a workload write the API
+    /// server refused for good.
+    async fn announce_write_refusal(
+        &mut self,
+        app: &Value,
+        workload: &Workload,
+        refusal: &WriteRefusal,
+    ) {
+        let (kind, namespace, name) = workload.key();
+        let refused = Refused {
+            ordinal: workload.ordinal,
+            reason: refusal.reason,
+            message: format!(
+                "the API server refused {kind} {namespace}/{name} ({}): {}; not tried again until the EdgeApplication or the {kind} changes",
+                refusal.api_reason, refusal.message
+            ),
+            kind,
+            api_version: workload.object["apiVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            namespace,
+            name,
+        };
+        self.announce(app, &key_of(app), &refused, "WorkloadRefused")
+            .await;
     }
 
     /// Counts, logs and writes an Event on `app` for each refusal not reported yet.
@@ -335,56 +481,89 @@ impl ApplicationWatcher {
             if before.contains(&refused.message) {
                 continue;
             }
-            self.metrics.refused(refused.reason);
-            let (namespace, name) = key;
-            tracing::warn!(%namespace, %name, reason = refused.reason, "EdgeApplication manifest refused: {}", refused.message);
-            let event = refusal_event(app, refused);
-            match self.cluster.create(event).await {
-                Ok(_) => self.metrics.count("event", true),
-                Err(error) if error.status() == 409 => {}
-                Err(error) => {
-                    tracing::warn!(%namespace, %name, %error, "cannot write the EdgeApplication's Event");
-                    self.metrics.count("event", false);
-                }
+            self.announce(app, key, refused, "ManifestRefused").await;
+        }
+    }
+
+    /// Counts, logs and writes a Warning Event (reason `event_reason`) on `app` for one
+    /// refusal.
+    async fn announce(&self, app: &Value, key: &AppKey, refused: &Refused, event_reason: &str) {
+        self.metrics.refused(refused.reason);
+        let (namespace, name) = key;
+        tracing::warn!(%namespace, %name, reason = refused.reason, "EdgeApplication manifest refused: {}", refused.message);
+        let event = refusal_event(app, refused, event_reason);
+        match self.cluster.create(event).await {
+            Ok(_) => self.metrics.count("event", true),
+            Err(error) if error.status() == 409 => {}
+            Err(error) => {
+                tracing::warn!(%namespace, %name, %error, "cannot write the EdgeApplication's Event");
+                self.metrics.count("event", false);
             }
         }
     }
 
-    /// Creates `object`, or updates it when the cluster's copy differs; whether it is as
-    /// asked now.
-    async fn write(&self, object: &Value) -> bool {
+    /// Creates `object`, or updates it when the cluster's copy differs. `known` is this
+    /// workload's last refusal: while neither the application's spec (`app_hash`) nor the
+    /// cluster's copy changed since, the write is not sent again.
+    async fn write(&self, object: &Value, app_hash: u64, known: Option<&WriteRefusal>) -> Written {
         let kind = object["kind"].as_str().unwrap_or_default();
         let namespace = meta_str(object, "namespace");
         let name = meta_str(object, "name");
         let object = &stamped(object);
-        let written = match self.cluster.get(kind, Some(namespace), name).await {
-            Err(error) if error.status() == 404 => self.cluster.create(object.clone()).await,
-            Ok(current) if contains(&current, object) => return true,
+        let (current, write) = match self.cluster.get(kind, Some(namespace), name).await {
+            Err(error) if error.status() == 404 => (None, None),
+            Ok(current) if contains(&current, object) => return Written::Done,
             Ok(current) => {
+                let version = meta_str(&current, "resourceVersion").to_owned();
                 let mut object = object.clone();
-                object["metadata"]["resourceVersion"] =
-                    json!(meta_str(&current, "resourceVersion"));
-                self.cluster.update(object).await
+                object["metadata"]["resourceVersion"] = json!(version);
+                (Some(version), Some(object))
             }
-            Err(error) => Err(error),
+            Err(error) => {
+                tracing::warn!(%kind, %namespace, %name, %error, "cannot read an EdgeApplication's workload");
+                self.metrics.count("workload", false);
+                return Written::Failed;
+            }
+        };
+        if let Some(known) = known {
+            if known.app == app_hash && known.current == current {
+                return Written::Refused(known.clone());
+            }
+        }
+        let written = match write {
+            Some(update) => self.cluster.update(update).await,
+            None => self.cluster.create(object.clone()).await,
         };
         match written {
             Ok(_) => {
                 self.metrics.count("workload", true);
-                true
+                Written::Done
             }
-            Err(error) => {
-                tracing::warn!(%kind, %namespace, %name, %error, "cannot write an EdgeApplication's workload");
-                self.metrics.count("workload", false);
-                false
-            }
+            Err(error) => match refusal_reason(error.status()) {
+                Some(reason) => {
+                    self.metrics.count_as("workload", "refused", 1);
+                    Written::Refused(WriteRefusal {
+                        reason,
+                        api_reason: error.reason().to_owned(),
+                        message: error.message(),
+                        app: app_hash,
+                        current,
+                    })
+                }
+                None => {
+                    tracing::warn!(%kind, %namespace, %name, %error, "cannot write an EdgeApplication's workload");
+                    self.metrics.count("workload", false);
+                    Written::Failed
+                }
+            },
         }
     }
 }
 
-/// A Warning Event on `app` saying why a manifest is not made (`kubectl describe` shows
-/// it), named after the application and the refusal, so the same refusal is one Event.
-fn refusal_event(app: &Value, refused: &Refused) -> Value {
+/// A Warning Event on `app` saying why a manifest is not made or a workload not written
+/// (`kubectl describe` shows it), named after the application and the refusal, so the same
+/// refusal is one Event.
+fn refusal_event(app: &Value, refused: &Refused, reason: &str) -> Value {
     use std::hash::{Hash, Hasher};
     let (namespace, name) = key_of(app);
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -397,7 +576,7 @@ fn refusal_event(app: &Value, refused: &Refused) -> Value {
             "apiVersion": app["apiVersion"], "kind": "EdgeApplication",
             "namespace": namespace, "name": name, "uid": meta_str(app, "uid"),
         },
-        "reason": "ManifestRefused",
+        "reason": reason,
         "message": refused.message,
         "type": "Warning",
         "source": {"component": "edgehive-nodegroupcontroller"},
@@ -470,5 +649,249 @@ mod tests {
             .unwrap()
             .push(json!({"name": "x", "image": "x"}));
         assert!(!contains(&added, &written));
+    }
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::cloud::cluster::{ClusterPort, EmbeddedCluster, FaultyCluster};
+
+    /// An application of one Deployment manifest with selector `app: <app>`, for group east.
+    fn application(app: &str, replicas: u64) -> Value {
+        json!({
+            "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+            "metadata": {"name": "shop", "namespace": "default"},
+            "spec": {
+                "workloadTemplate": {"manifests": [
+                    {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                     "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}},
+                        "template": {"metadata": {"labels": {"app": app}},
+                            "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]}}}},
+                ]},
+                "workloadScope": {"targetNodeGroups": [{"name": "east"}]},
+            },
+        })
+    }
+
+    struct Fixture {
+        faulty: FaultyCluster,
+        watcher: ApplicationWatcher,
+        metrics: Metrics,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let faulty = FaultyCluster::new(EmbeddedCluster::new());
+            let metrics = Metrics::default();
+            let cluster: SharedCluster = Arc::new(faulty.clone());
+            let watcher = ApplicationWatcher::new(cluster, metrics.clone());
+            Fixture {
+                faulty,
+                watcher,
+                metrics,
+            }
+        }
+
+        /// The application as the cluster has it now.
+        async fn app(&self) -> Value {
+            ClusterPort::get(&self.faulty, "EdgeApplication", Some("default"), "shop")
+                .await
+                .unwrap()
+        }
+
+        /// Writes `app` to the cluster (its spec) and hands the watcher the change.
+        async fn change(&mut self, app: Value) {
+            let stored = match ClusterPort::get(
+                &self.faulty.inner,
+                "EdgeApplication",
+                Some("default"),
+                "shop",
+            )
+            .await
+            {
+                Ok(mut stored) => {
+                    stored["spec"] = app["spec"].clone();
+                    ClusterPort::update(&self.faulty.inner, stored)
+                        .await
+                        .unwrap()
+                }
+                Err(_) => ClusterPort::create(&self.faulty.inner, app).await.unwrap(),
+            };
+            self.watcher
+                .on_app(WatchEvent {
+                    event_type: EventType::Modified,
+                    object: stored,
+                })
+                .await;
+        }
+
+        /// Hands the watcher the application as the cluster has it (a status write's echo).
+        async fn echo(&mut self) {
+            let object = self.app().await;
+            self.watcher
+                .on_app(WatchEvent {
+                    event_type: EventType::Modified,
+                    object,
+                })
+                .await;
+        }
+
+        fn refused(&self, reason: &str) -> u64 {
+            self.metrics
+                .refused
+                .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+                .get()
+        }
+
+        async fn warning_events(&self) -> Vec<Value> {
+            let (events, _) = ClusterPort::list(&self.faulty.inner, "Event")
+                .await
+                .unwrap();
+            events
+                .into_iter()
+                .filter(|event| event["reason"] == "WorkloadRefused")
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_workload_update_refused_with_422_is_reported_once_and_not_sent_again_until_the_application_changes(
+    ) {
+        let mut hub = Fixture::new();
+        hub.change(application("web", 1)).await;
+        let made = ClusterPort::get(&hub.faulty, "Deployment", Some("default"), "web-east")
+            .await
+            .unwrap();
+        assert_eq!(made["spec"]["selector"]["matchLabels"]["app"], "web");
+        assert_eq!(hub.faulty.writes("Deployment"), 1);
+
+        // As a kube-apiserver: a Deployment's selector is immutable.
+        hub.faulty.immutable("Deployment", "/spec/selector");
+        hub.change(application("web2", 1)).await;
+        assert_eq!(hub.faulty.writes("Deployment"), 2, "the update was tried");
+        let app = hub.app().await;
+        let entry = &app["status"]["workloadStatus"][0];
+        assert_eq!(entry["identifier"]["name"], "web-east");
+        assert_eq!(entry["conditions"], "Processing");
+        assert_eq!(entry["reason"], "Invalid");
+        assert!(
+            entry["message"]
+                .as_str()
+                .unwrap()
+                .contains("spec.selector: Invalid value"),
+            "{entry}"
+        );
+        let events = hub.warning_events().await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0]["type"], "Warning");
+        assert!(events[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("field is immutable"));
+        assert_eq!(hub.refused("invalid"), 1);
+
+        // The status write's echoes and the retry timer: the refused update is not sent again.
+        for _ in 0..3 {
+            hub.echo().await;
+        }
+        hub.watcher
+            .retry_due(Instant::now() + Duration::from_secs(3600))
+            .await;
+        assert_eq!(hub.faulty.writes("Deployment"), 2, "not sent again");
+        assert!(
+            hub.watcher.owed.is_empty(),
+            "not owed: a retry cannot fix it"
+        );
+        assert!(hub.watcher.next_retry().is_none());
+        assert_eq!(hub.refused("invalid"), 1, "counted once");
+        assert_eq!(hub.warning_events().await.len(), 1);
+
+        // The application changes (still the new selector): tried again, once.
+        hub.change(application("web2", 2)).await;
+        assert_eq!(
+            hub.faulty.writes("Deployment"),
+            3,
+            "tried again on the change"
+        );
+        hub.echo().await;
+        hub.echo().await;
+        assert_eq!(hub.faulty.writes("Deployment"), 3, "once");
+        assert_eq!(hub.refused("invalid"), 2);
+
+        // The application goes back to the selector the Deployment has: written, Available.
+        hub.change(application("web", 3)).await;
+        assert_eq!(hub.faulty.writes("Deployment"), 4);
+        let app = hub.app().await;
+        let entry = &app["status"]["workloadStatus"][0];
+        assert_eq!(entry["conditions"], "Available", "{entry}");
+        assert!(entry.get("reason").is_none(), "{entry}");
+        let made = ClusterPort::get(&hub.faulty, "Deployment", Some("default"), "web-east")
+            .await
+            .unwrap();
+        assert_eq!(made["spec"]["replicas"], 3);
+    }
+
+    #[tokio::test]
+    async fn a_workload_the_api_server_changed_since_the_refusal_is_tried_again() {
+        let mut hub = Fixture::new();
+        hub.change(application("web", 1)).await;
+        hub.faulty.immutable("Deployment", "/spec/selector");
+        hub.change(application("web2", 1)).await;
+        assert_eq!(hub.faulty.writes("Deployment"), 2);
+        // Someone deletes the Deployment (as an operator would, to change its selector).
+        ClusterPort::delete(
+            &hub.faulty.inner,
+            "Deployment",
+            Some("default"),
+            "web-east",
+            None,
+        )
+        .await
+        .unwrap();
+        hub.echo().await;
+        assert_eq!(hub.faulty.writes("Deployment"), 3, "made anew");
+        let made = ClusterPort::get(&hub.faulty, "Deployment", Some("default"), "web-east")
+            .await
+            .unwrap();
+        assert_eq!(made["spec"]["selector"]["matchLabels"]["app"], "web2");
+        let app = hub.app().await;
+        assert_eq!(
+            app["status"]["workloadStatus"][0]["conditions"],
+            "Available"
+        );
+    }
+
+    #[tokio::test]
+    async fn transient_write_failures_are_retried_with_a_doubling_capped_backoff() {
+        let mut hub = Fixture::new();
+        hub.faulty.cut(true);
+        hub.change(application("web", 1)).await;
+        let key = ("default".to_owned(), "shop".to_owned());
+        assert_eq!(hub.watcher.owed[&key].delay, RETRY_INTERVAL);
+        let mut delays = Vec::new();
+        let mut now = Instant::now();
+        for _ in 0..8 {
+            now = hub.watcher.owed[&key].due;
+            hub.watcher.retry_due(now).await;
+            delays.push(hub.watcher.owed[&key].delay.as_secs());
+        }
+        assert_eq!(delays, [10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(
+            hub.faulty.writes("Deployment"),
+            0,
+            "no write got through the cut"
+        );
+        // Not due yet: nothing tried.
+        hub.faulty.cut(false);
+        hub.watcher.retry_due(now).await;
+        assert!(hub.watcher.owed.contains_key(&key));
+        // Due: written, and the backoff forgotten.
+        let due = hub.watcher.owed[&key].due;
+        hub.watcher.retry_due(due).await;
+        assert!(hub.watcher.owed.is_empty());
+        assert_eq!(hub.faulty.writes("Deployment"), 1);
     }
 }

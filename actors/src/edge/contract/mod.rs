@@ -312,6 +312,13 @@ pub enum EdgeHubError {
     /// the connection is lost (not after the request timeout); send it again once connected.
     #[error("the connection to the cloud was lost after the request was sent; no reply will come (send it again once connected)")]
     ConnectionLost,
+    /// The request was never sent: it waited in EdgeHub's outbox while the cloud was away
+    /// (or slower than the edge's rate limit) and newer messages pushed it out of the full
+    /// outbox (`modules.edgeHub.outboxCapacity`, oldest dropped first). Failed as soon as it is
+    /// dropped (not after the request timeout), counted in
+    /// `edgehive_edgehub_outbox_dropped_total`; send it again once connected.
+    #[error("the request was dropped from the full outbox while the cloud was away; it was never sent (send it again once connected)")]
+    DroppedFromOutbox,
 }
 
 /// Sent to EdgeHub ([`route::EDGEHUB`]) with [`Hive::ask`]: writes `0` to the cloud and
@@ -319,7 +326,9 @@ pub enum EdgeHubError {
 /// EdgeHub forgets the request after its request timeout, whether or not anyone still waits
 /// (a later reply is then routed like any cloud message), or at once, failing it with
 /// [`EdgeHubError::ConnectionLost`], when the connection it was written on is lost; a
-/// request still queued (not yet written) waits for the next connection.
+/// request still queued (not yet written) waits for the next connection, unless newer
+/// messages push it out of the full outbox: then it fails at once with
+/// [`EdgeHubError::DroppedFromOutbox`].
 /// [`request_cloud`] does both steps.
 #[derive(Debug)]
 pub struct CloudRequest(pub Message);
@@ -339,8 +348,8 @@ impl PendingReply {
         PendingReply(reply)
     }
 
-    /// Waits for the reply, EdgeHub's timeout, or the loss of the connection the request
-    /// was written on.
+    /// Waits for the reply, EdgeHub's timeout, the loss of the connection the request was
+    /// written on, or the request's drop from the full outbox.
     pub async fn reply(self) -> Result<Message, EdgeHubError> {
         self.0.await.unwrap_or(Err(EdgeHubError::Stopped))
     }

@@ -171,6 +171,7 @@ impl Shared {
             self.replies_ready.notify_one();
             return;
         }
+        let mut dropped_ids = Vec::new();
         while state.outbox.len() >= self.outbox_capacity.max(1) {
             if let Some(dropped) = state.outbox.pop_front() {
                 self.metrics.outbox_dropped.inc();
@@ -179,12 +180,51 @@ impl Shared {
                     resource = dropped.resource(),
                     "edgehub outbox full; dropped the oldest message"
                 );
+                dropped_ids.push(dropped.id().to_owned());
             }
         }
         state.outbox.push_back(message);
         self.metrics.outbox.set(state.outbox.len() as i64);
         drop(state);
         self.outbox_ready.notify_one();
+        self.dropped_from_outbox(&dropped_ids);
+    }
+
+    /// Messages `ids` were dropped from the full outbox, never written: those that are
+    /// requests awaiting a reply fail now with [`EdgeHubError::DroppedFromOutbox`] (their
+    /// callers fall back, or send them again) instead of waiting out the request timeout for
+    /// a reply that cannot come. Returns how many failed.
+    pub(super) fn dropped_from_outbox(&self, ids: &[String]) -> usize {
+        if ids.is_empty() {
+            return 0;
+        }
+        let failed: Vec<Waiter> = {
+            let mut pending = lock(&self.pending);
+            let mut failed = Vec::new();
+            for id in ids {
+                // Still queued, never written (a request written on a connection is that
+                // connection's to fail).
+                if pending
+                    .get(id.as_str())
+                    .is_some_and(|waiter| waiter.written_on.is_none())
+                {
+                    failed.extend(pending.remove(id.as_str()));
+                }
+            }
+            failed
+        };
+        let count = failed.len();
+        if count > 0 {
+            tracing::warn!(
+                requests = count,
+                "requests dropped from the full outbox while the cloud was away failed; their callers may send them again"
+            );
+        }
+        for waiter in failed {
+            // The caller may have given up already; nobody else wants the outcome.
+            let _ = waiter.reply.send(Err(EdgeHubError::DroppedFromOutbox));
+        }
+        count
     }
 
     /// Waits for the next message to write. Cancel-safe: the pop and the return happen in one
@@ -405,6 +445,50 @@ mod tests {
         );
         assert!(lock(&hub.pending).contains_key(queued.id()));
         assert_eq!(hub.metrics.requests_cut.get(), 2);
+    }
+
+    #[test]
+    fn a_request_pushed_out_of_the_full_outbox_fails_at_once_and_the_newer_ones_wait() {
+        let hub = shared();
+        let request = |n: u64| {
+            Message::new(
+                edgehive_protocols::ModuleName::from("x"),
+                edgehive_protocols::Group::User,
+                Operation::Upload,
+                format!("default/x/{n}"),
+                serde_json::Value::Null,
+            )
+        };
+        let requests: Vec<Message> = (0..10).map(request).collect();
+        let mut answers = Vec::new();
+        for (token, message) in requests.iter().enumerate() {
+            let (reply, answer) = oneshot::channel();
+            lock(&hub.pending).insert(
+                message.id().to_owned(),
+                Waiter {
+                    reply,
+                    token: token as u64,
+                    written_on: None,
+                },
+            );
+            hub.enqueue(message.clone());
+            answers.push(answer);
+        }
+        // Capacity 8: the two oldest were pushed out and failed; the eight newer wait.
+        for (n, mut answer) in answers.into_iter().enumerate() {
+            if n < 2 {
+                assert_eq!(
+                    answer.try_recv().unwrap(),
+                    Err(EdgeHubError::DroppedFromOutbox)
+                );
+                assert!(!lock(&hub.pending).contains_key(requests[n].id()));
+            } else {
+                assert!(answer.try_recv().is_err(), "request {n} still waits");
+                assert!(lock(&hub.pending).contains_key(requests[n].id()));
+            }
+        }
+        assert_eq!(hub.metrics.outbox_dropped.get(), 2);
+        assert_eq!(hub.status().outbox, 8);
     }
 
     #[test]

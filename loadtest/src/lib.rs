@@ -591,6 +591,11 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<LoadReport> {
         let work = tempfile::tempdir().context("cannot create a temporary folder")?;
         let mut config = edgehive::demo::loopback_cloud_config(work.path(), false);
         config.modules.cloud_hub.node_limit = options.edges + 16;
+        // The fleet's objects: a Node, a pod and the pod's ObjectSync record per edge, and a
+        // few of the cloud's own; the cluster's default cap (1,000,000 objects) would refuse
+        // the pods of a million edges.
+        let max_objects = &mut config.embedded_cluster.max_objects;
+        *max_objects = (*max_objects).max(options.edges.saturating_mul(4).saturating_add(1024));
         let cloud = CloudProcess::start(&config, None).await?;
         eprintln!(
             "loadtest: cloud in this process; its admin endpoint and status page on http://{}/",

@@ -33,7 +33,7 @@ use prometheus_client::metrics::family::Family;
 use serde_json::{json, Value};
 
 use crate::cloud::cluster::{
-    ClusterError, ClusterFuture, EventType, SharedCluster, Watch, WatchError, WatchEvent,
+    ClusterError, ClusterFuture, EventType, Listed, SharedCluster, Watch, WatchError, WatchEvent,
 };
 use crate::hive::Hive;
 
@@ -212,7 +212,14 @@ pub(crate) fn keep_all(object: &Value) -> Value {
 struct Seen {
     uid: String,
     rv: String,
-    kept: Option<Value>,
+    /// What [`Keep`] kept, as compact JSON: a `Value` tree of even a small tombstone takes
+    /// about ten times its text, once per object the watcher has seen.
+    kept: Option<Box<str>>,
+}
+
+/// `keep` of `object`, as the text [`Seen`] holds.
+fn kept_text(keep: Keep, object: &Value) -> Box<str> {
+    keep(object).to_string().into_boxed_str()
 }
 
 type Key = (String, String);
@@ -222,6 +229,13 @@ fn key_of(object: &Value) -> Key {
         meta_str(object, "namespace").to_owned(),
         meta_str(object, "name").to_owned(),
     )
+}
+
+/// A change waiting to be given: ready, or an object a list found, parsed when it is given
+/// (a relist of a large kind holds texts, not trees; see [`Listed`]).
+enum Pending {
+    Ready(Change),
+    Listed(EventType, Listed),
 }
 
 /// One kind followed through the cluster port; see the [module docs](self).
@@ -234,12 +248,12 @@ pub struct KindWatcher {
     backoff: Backoff,
     watch: Option<Watch>,
     /// A list under way (kept here so that a cancelled `next` does not restart it).
-    listing: Option<ClusterFuture<(Vec<Value>, String)>>,
+    listing: Option<ClusterFuture<(Vec<Listed>, String)>>,
     need_list: bool,
     /// Subscribe again no sooner than this.
     retry_at: Option<Instant>,
     seen: HashMap<Key, Seen>,
-    pending: VecDeque<Change>,
+    pending: VecDeque<Pending>,
     /// The resourceVersion of the last complete list.
     listed_version: String,
 }
@@ -330,8 +344,19 @@ impl KindWatcher {
     /// The next change; never ends (a closed watch is subscribed again). Cancel-safe.
     pub async fn next(&mut self) -> Change {
         loop {
-            if let Some(change) = self.pending.pop_front() {
-                return change;
+            match self.pending.pop_front() {
+                Some(Pending::Ready(change)) => return change,
+                Some(Pending::Listed(event_type, listed)) => match listed.into_value() {
+                    Some(object) => {
+                        return Change::Relisted(WatchEvent { event_type, object });
+                    }
+                    None => {
+                        // Its identity was read at the list, so this cannot be; skip it.
+                        tracing::warn!(module = self.module, kind = %self.kind, "a listed object is not a JSON object; skipped");
+                        continue;
+                    }
+                },
+                None => {}
             }
             if let Some(at) = self.retry_at {
                 tokio::time::sleep_until(at.into()).await;
@@ -345,7 +370,7 @@ impl KindWatcher {
             if self.need_list {
                 let listing = self
                     .listing
-                    .get_or_insert_with(|| self.cluster.list(&self.kind));
+                    .get_or_insert_with(|| self.cluster.list_lazily(&self.kind));
                 let listed = listing.await;
                 self.listing = None;
                 match listed {
@@ -390,7 +415,8 @@ impl KindWatcher {
 
     fn interrupted(&mut self, reason: Relist) {
         self.metrics.inc(self.module, &self.kind, reason);
-        self.pending.push_back(Change::Interrupted(reason));
+        self.pending
+            .push_back(Pending::Ready(Change::Interrupted(reason)));
     }
 
     fn restart_after(&mut self, wait: Duration) {
@@ -428,33 +454,34 @@ impl KindWatcher {
         let seen = Seen {
             uid: uid.to_owned(),
             rv: rv.to_owned(),
-            kept: self.keep.map(|keep| keep(&event.object)),
+            kept: self.keep.map(|keep| kept_text(keep, &event.object)),
         };
         self.seen.insert(key, seen);
         Some(event)
     }
 
     /// A list: its differences with what was seen, then [`Change::Synced`].
-    fn listed(&mut self, objects: Vec<Value>, version: &str) {
+    fn listed(&mut self, objects: Vec<Listed>, version: &str) {
         let mut present = HashSet::with_capacity(objects.len());
         for object in objects {
-            let key = key_of(&object);
+            let Some(id) = object.identity() else {
+                tracing::warn!(module = self.module, kind = %self.kind, "a listed object is not a JSON object; skipped");
+                continue;
+            };
+            let key = (id.namespace, id.name);
             present.insert(key.clone());
-            let uid = meta_str(&object, "uid");
-            let rv = meta_str(&object, "resourceVersion");
+            let (uid, rv) = (id.uid, id.resource_version);
             let event_type = match self.seen.get(&key) {
                 None => EventType::Added,
-                Some(seen) if seen.uid != uid || is_newer(rv, &seen.rv) => EventType::Modified,
+                Some(seen) if seen.uid != uid || is_newer(&rv, &seen.rv) => EventType::Modified,
                 Some(_) => continue,
             };
-            let seen = Seen {
-                uid: uid.to_owned(),
-                rv: rv.to_owned(),
-                kept: self.keep.map(|keep| keep(&object)),
-            };
-            self.seen.insert(key, seen);
-            self.pending
-                .push_back(Change::Relisted(WatchEvent { event_type, object }));
+            // What is kept is made from the object now (parsed once more when it is given).
+            let kept = self
+                .keep
+                .and_then(|keep| object.to_value().map(|value| kept_text(keep, &value)));
+            self.seen.insert(key, Seen { uid, rv, kept });
+            self.pending.push_back(Pending::Listed(event_type, object));
         }
         let gone: Vec<Key> = self
             .seen
@@ -468,7 +495,11 @@ impl KindWatcher {
             };
             // Its last state is gone with the missed events: what was kept of it, at the
             // list's version.
-            let mut object = seen.kept.unwrap_or_else(|| {
+            let kept = seen
+                .kept
+                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+                .filter(Value::is_object);
+            let mut object = kept.unwrap_or_else(|| {
                 let (namespace, name) = &key;
                 let mut metadata = json!({"name": name});
                 if !namespace.is_empty() {
@@ -478,13 +509,14 @@ impl KindWatcher {
                 json!({"kind": self.kind, "metadata": metadata})
             });
             object["metadata"]["resourceVersion"] = Value::from(version);
-            self.pending.push_back(Change::Relisted(WatchEvent {
-                event_type: EventType::Deleted,
-                object,
-            }));
+            self.pending
+                .push_back(Pending::Ready(Change::Relisted(WatchEvent {
+                    event_type: EventType::Deleted,
+                    object,
+                })));
         }
         self.listed_version = version.to_owned();
-        self.pending.push_back(Change::Synced);
+        self.pending.push_back(Pending::Ready(Change::Synced));
     }
 }
 
@@ -650,6 +682,42 @@ mod tests {
         cluster.inner.apply(config("f", "1")).unwrap();
         assert_eq!(event(&mut watcher).await, (EventType::Added, "f".into()));
         assert_eq!(watcher.len(), 4, "c, d, e, f");
+    }
+
+    /// On the embedded cluster a list gives the objects' texts (parsed only where a change is
+    /// told): a lag's relist still tells exactly the differences, with the objects as
+    /// written (escapes and all), and a delete it finds carries what was kept.
+    #[tokio::test]
+    async fn a_relist_of_the_embedded_cluster_tells_the_differences_from_its_texts() {
+        let cluster = Arc::new(crate::cloud::cluster::EmbeddedCluster::new());
+        cluster.apply(config("a", "1")).unwrap();
+        cluster.apply(config("b", "q\"uote\n\u{e9}")).unwrap();
+        let mut watcher = KindWatcher::new(cluster.clone(), "test", "ConfigMap").keeping(keep_all);
+        let (_, changes) = until_synced(&mut watcher).await;
+        assert_eq!(
+            changes,
+            [
+                (EventType::Added, "a".into(), "1".into()),
+                (EventType::Added, "b".into(), "q\"uote\n\u{e9}".into())
+            ]
+        );
+        // More changes than a watch buffers, none read meanwhile.
+        for round in 0..1100 {
+            let name = if round % 2 == 0 { "c" } else { "b" };
+            cluster.apply(config(name, &format!("{round}\""))).unwrap();
+        }
+        cluster.delete("ConfigMap", Some("default"), "a").unwrap();
+        let (interruptions, changes) = until_synced(&mut watcher).await;
+        assert_eq!(interruptions, [Relist::Lagged]);
+        assert_eq!(
+            changes,
+            [
+                (EventType::Deleted, "a".into(), "1".into()),
+                (EventType::Modified, "b".into(), "1099\"".into()),
+                (EventType::Added, "c".into(), "1098\"".into()),
+            ]
+        );
+        assert_eq!(watcher.len(), 2, "b and c");
     }
 
     /// The watcher's `next` may be dropped mid-way (a controller's `select!` takes another

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
+use super::stored::Stored;
 use super::ClusterError;
 
 /// (kind, namespace or "", name).
@@ -24,7 +25,7 @@ pub(super) type ObjectKey = (String, String, String);
 /// What a datastore held when it was opened.
 pub(super) struct Loaded {
     pub resource_version: u64,
-    pub objects: BTreeMap<ObjectKey, Value>,
+    pub objects: BTreeMap<ObjectKey, Stored>,
 }
 
 /// An open datastore file.
@@ -110,7 +111,7 @@ impl Datastore {
                 {
                     resource_version = resource_version.max(rv);
                 }
-                objects.insert(key, object);
+                objects.insert(key, Stored::from_text(text));
             }
         }
         Ok((

@@ -33,6 +33,7 @@ use serde_json::{Map, Value};
 use tokio::sync::broadcast;
 
 use super::datastore::{Datastore, ObjectKey};
+use super::stored::Stored;
 use super::{is_cluster_scoped, ClusterError, EventType, WatchEvent, WatchStream, WATCH_CAPACITY};
 use crate::hive::locks;
 
@@ -41,8 +42,8 @@ const EVENT: &str = "Event";
 
 struct Inner {
     resource_version: u64,
-    /// (kind, namespace or "", name) -> object.
-    objects: BTreeMap<ObjectKey, Value>,
+    /// (kind, namespace or "", name) -> object, as its JSON text (see [`Stored`]).
+    objects: BTreeMap<ObjectKey, Stored>,
     watchers: HashMap<String, broadcast::Sender<WatchEvent>>,
     /// Where writes are committed first; `None`: in memory only.
     datastore: Option<Datastore>,
@@ -266,8 +267,9 @@ impl EmbeddedCluster {
             .iter()
             .filter(|(key, _)| key.0 == EVENT)
             .map(|(key, obj)| {
-                let rv = meta_str(obj, "resourceVersion").parse().unwrap_or(0);
-                (rv, key.clone(), meta_str(obj, "uid").to_owned())
+                let obj = obj.value();
+                let rv = meta_str(&obj, "resourceVersion").parse().unwrap_or(0);
+                (rv, key.clone(), meta_str(&obj, "uid").to_owned())
             })
             .collect();
         stored.sort();
@@ -276,7 +278,7 @@ impl EmbeddedCluster {
             let source = loaded
                 .objects
                 .get(key)
-                .map(event_source)
+                .map(|obj| event_source(&obj.value()))
                 .unwrap_or_default();
             by_source
                 .entry(source)
@@ -388,7 +390,10 @@ impl EmbeddedCluster {
                 kind: id.kind,
             });
         };
-        let current_meta = current.get("metadata").cloned().unwrap_or(Value::Null);
+        let current_meta = match current.value() {
+            Value::Object(mut map) => map.remove("metadata").unwrap_or(Value::Null),
+            _ => Value::Null,
+        };
         let current_rv = current_meta["resourceVersion"]
             .as_str()
             .unwrap_or_default()
@@ -418,7 +423,12 @@ impl EmbeddedCluster {
         metadata_mut(&mut obj).remove("resourceVersion");
         // Both steps take the lock themselves; a concurrent delete between them surfaces as
         // the update's NotFound, a concurrent create as the create's AlreadyExists: retry once.
-        let current = self.lock().objects.get(&id.key()).cloned();
+        let current = self
+            .lock()
+            .objects
+            .get(&id.key())
+            .cloned()
+            .map(|stored| stored.value());
         if let Some(current) = current.as_ref().filter(|c| same_content(c, &obj)) {
             // Nothing to change: no new version, no event (as `kubectl apply` of an
             // unchanged manifest).
@@ -445,7 +455,9 @@ impl EmbeddedCluster {
             namespace_for(kind, namespace),
             name.to_owned(),
         );
-        self.lock().objects.get(&key).cloned()
+        // Copied under the lock, parsed outside it.
+        let stored = self.lock().objects.get(&key).cloned();
+        stored.map(|stored| stored.value())
     }
 
     /// Deletes the object; returns its last state with the delete's new resourceVersion.
@@ -458,7 +470,7 @@ impl EmbeddedCluster {
         let namespace = namespace_for(kind, namespace);
         let key = (kind.to_owned(), namespace.clone(), name.to_owned());
         let mut inner = self.lock();
-        let Some(obj) = inner.objects.get(&key).cloned() else {
+        let Some(obj) = inner.objects.get(&key).map(Stored::value) else {
             return Err(ClusterError::NotFound {
                 kind: kind.to_owned(),
                 key: display_key(&namespace, name),
@@ -581,12 +593,12 @@ impl EmbeddedCluster {
                 key: display_key(&namespace, name),
             });
         };
-        let mut obj = current.clone();
+        let mut obj = current.value();
         change(&mut obj)?;
         inner.commit(key, obj, EventType::Modified)
     }
 
-    /// How many objects of `kind` match `matches` (nothing is copied).
+    /// How many objects of `kind` match `matches` (each is parsed in turn, none kept).
     pub fn count(&self, kind: &str, matches: impl Fn(&Value) -> bool) -> usize {
         let inner = self.lock();
         let first: ObjectKey = (kind.to_owned(), String::new(), String::new());
@@ -594,20 +606,39 @@ impl EmbeddedCluster {
             .objects
             .range(first..)
             .take_while(|((k, _, _), _)| k == kind)
-            .filter(|(_, obj)| matches(obj))
+            .filter(|(_, obj)| matches(&obj.value()))
             .count()
     }
 
     /// Every object of `kind` (by namespace, then name) and the list's resourceVersion.
     pub fn list(&self, kind: &str) -> (Vec<Value>, String) {
+        // The texts are copied under the lock and parsed outside it.
+        let (texts, version) = {
+            let inner = self.lock();
+            let first: ObjectKey = (kind.to_owned(), String::new(), String::new());
+            let texts: Vec<Stored> = inner
+                .objects
+                .range(first..)
+                .take_while(|((k, _, _), _)| k == kind)
+                .map(|(_, obj)| obj.clone())
+                .collect();
+            (texts, inner.resource_version.to_string())
+        };
+        (texts.iter().map(Stored::value).collect(), version)
+    }
+
+    /// Every object of `kind` (by namespace, then name) as its JSON text (shared, not
+    /// copied) and the list's resourceVersion.
+    pub(crate) fn list_texts(&self, kind: &str) -> (Vec<std::sync::Arc<str>>, String) {
         let inner = self.lock();
-        let objects = inner
+        let first: ObjectKey = (kind.to_owned(), String::new(), String::new());
+        let texts = inner
             .objects
-            .iter()
-            .filter(|((k, _, _), _)| k == kind)
-            .map(|(_, obj)| obj.clone())
+            .range(first..)
+            .take_while(|((k, _, _), _)| k == kind)
+            .map(|(_, obj)| obj.shared())
             .collect();
-        (objects, inner.resource_version.to_string())
+        (texts, inner.resource_version.to_string())
     }
 
     /// At most `limit` objects of `kind` (by namespace, then name) after the object
@@ -639,14 +670,14 @@ impl EmbeddedCluster {
                 more = true;
                 break;
             }
-            bytes += json_size(obj);
+            bytes += obj.text().len();
             page.push((namespace, name, obj));
         }
         let next = page
             .last()
             .filter(|_| more)
             .map(|(namespace, name, _)| ((*namespace).clone(), (*name).clone()));
-        let items = page.into_iter().map(|(_, _, obj)| obj.clone()).collect();
+        let items = page.into_iter().map(|(_, _, obj)| obj.value()).collect();
         (items, next, inner.resource_version.to_string())
     }
 
@@ -830,7 +861,8 @@ impl Inner {
         let deleted = event_type == EventType::Deleted;
         let rv = self.resource_version + 1;
         metadata_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
-        // The text the datastore stores, made once: its length is the object's size.
+        // The text the datastore stores and the map keeps, made once: its length is the
+        // object's size.
         let mut text = None;
         if !deleted {
             // Every write, however it is made (create, update, patch, status): small changes
@@ -840,8 +872,9 @@ impl Inner {
             } else {
                 self.limits.max_object_bytes
             };
-            text = self.datastore.is_some().then(|| obj.to_string());
-            let size = text.as_ref().map_or_else(|| json_size(&obj), String::len);
+            let written = obj.to_string();
+            let size = written.len();
+            text = Some(written);
             if size > max {
                 return Err(ClusterError::Api {
                     code: 413,
@@ -864,7 +897,12 @@ impl Inner {
             if self.objects.remove(&key).is_some() && is_event {
                 self.live_events = self.live_events.saturating_sub(1);
             }
-        } else if self.objects.insert(key.clone(), obj.clone()).is_none() && is_event {
+        } else if self
+            .objects
+            .insert(key.clone(), Stored::from_text(text.unwrap_or_default()))
+            .is_none()
+            && is_event
+        {
             self.live_events += 1;
             let now = Instant::now();
             let uid = meta_str(&obj, "uid").to_owned();
@@ -887,10 +925,7 @@ impl Inner {
     fn expire_events(&mut self, now: Instant) {
         let EventRetention { ttl, max, .. } = self.retention;
         while let Some((created, key, uid)) = self.events.front().cloned() {
-            let current = self
-                .objects
-                .get(&key)
-                .is_some_and(|obj| meta_str(obj, "uid") == uid);
+            let current = self.objects.get(&key).is_some_and(|obj| obj.has_uid(&uid));
             if !current {
                 self.events.pop_front(); // deleted (or re-created) since
                 continue;
@@ -898,7 +933,7 @@ impl Inner {
             if now.duration_since(created) < ttl {
                 break;
             }
-            let Some(obj) = self.objects.get(&key).cloned() else {
+            let Some(obj) = self.objects.get(&key).map(Stored::value) else {
                 break;
             };
             match self.commit(key.clone(), obj, EventType::Deleted) {
@@ -914,11 +949,8 @@ impl Inner {
         // the queue from growing with them meanwhile.
         if self.events.len() > 2 * max.max(1) + 1024 {
             let objects = &self.objects;
-            self.events.retain(|(_, key, uid)| {
-                objects
-                    .get(key)
-                    .is_some_and(|obj| meta_str(obj, "uid") == uid.as_str())
-            });
+            self.events
+                .retain(|(_, key, uid)| objects.get(key).is_some_and(|obj| obj.has_uid(uid)));
         }
     }
 
@@ -958,11 +990,7 @@ impl Inner {
             return 0;
         };
         let objects = &self.objects;
-        events.retain(|(key, uid)| {
-            objects
-                .get(key)
-                .is_some_and(|obj| meta_str(obj, "uid") == uid.as_str())
-        });
+        events.retain(|(key, uid)| objects.get(key).is_some_and(|obj| obj.has_uid(uid)));
         let live = events.len();
         if live == 0 {
             self.by_source.remove(source);
@@ -982,8 +1010,8 @@ impl Inner {
             let Some(obj) = self
                 .objects
                 .get(&key)
-                .filter(|obj| meta_str(obj, "uid") == uid)
-                .cloned()
+                .filter(|obj| obj.has_uid(&uid))
+                .map(Stored::value)
             else {
                 continue; // deleted (or re-created) since
             };
@@ -1014,6 +1042,7 @@ impl Inner {
 }
 
 /// The length of `value` as compact JSON, without building the text.
+#[cfg(test)]
 fn json_size(value: &Value) -> usize {
     struct Counter(usize);
     impl std::io::Write for Counter {

@@ -2,7 +2,8 @@
 //!
 //! - `port.rs`: [`ClusterPort`], all the controllers know of the cluster, with the watch
 //!   vocabulary of `types.rs` ([`WatchEvent`], [`WatchError`], [`ClusterError`]).
-//! - `embedded.rs`: [`EmbeddedCluster`], the in-process stand-in for the API server (default).
+//! - `embedded.rs`: [`EmbeddedCluster`], the in-process stand-in for the API server (default),
+//!   its objects kept as JSON text (`stored.rs`) in memory and in its SQLite file (`datastore.rs`).
 //! - [`kube`]: the adapter for a real API server; [`crds`]: KubeEdge's CRDs as types.
 
 pub mod crds;
@@ -12,6 +13,7 @@ mod embedded;
 mod faulty;
 pub mod kube;
 mod port;
+mod stored;
 mod types;
 pub(crate) use edgehive_protocols::object::rfc3339;
 pub use embedded::{EmbeddedCluster, EventRetention, StoreLimits};
@@ -20,4 +22,6 @@ pub use embedded::{EmbeddedCluster, EventRetention, StoreLimits};
 pub use faulty::FaultyCluster;
 pub use port::{ClusterFuture, ClusterPort, SharedCluster, Watch};
 pub(crate) use types::{is_cluster_scoped, WATCH_CAPACITY};
-pub use types::{ClusterError, EventType, WatchError, WatchEvent, WatchStream};
+pub use types::{
+    ClusterError, EventType, Listed, ListedIdentity, WatchError, WatchEvent, WatchStream,
+};

@@ -13,7 +13,7 @@ use futures_util::future::{self, BoxFuture};
 use futures_util::stream::{self, BoxStream};
 use serde_json::{json, Value};
 
-use super::{ClusterError, EmbeddedCluster, WatchError, WatchEvent};
+use super::{ClusterError, EmbeddedCluster, Listed, WatchError, WatchEvent};
 
 /// A cluster operation's result, produced later.
 pub type ClusterFuture<T> = BoxFuture<'static, Result<T, ClusterError>>;
@@ -42,6 +42,17 @@ pub trait ClusterPort: Send + Sync + 'static {
 
     /// Every object of `kind` and the list's resourceVersion.
     fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)>;
+
+    /// Every object of `kind` as [`Listed`] and the list's resourceVersion: what a watcher
+    /// relists with. The embedded cluster gives the texts it keeps (parsed only where used),
+    /// by default the objects of [`ClusterPort::list`].
+    fn list_lazily(&self, kind: &str) -> ClusterFuture<(Vec<Listed>, String)> {
+        let list = self.list(kind);
+        Box::pin(async move {
+            let (objects, version) = list.await?;
+            Ok((objects.into_iter().map(Listed::Object).collect(), version))
+        })
+    }
 
     /// Watches `kind` from now on. Subscribe before listing so no change falls in between.
     fn watch(&self, kind: &str) -> Watch;
@@ -117,6 +128,11 @@ impl ClusterPort for EmbeddedCluster {
 
     fn list(&self, kind: &str) -> ClusterFuture<(Vec<Value>, String)> {
         ready(Ok(EmbeddedCluster::list(self, kind)))
+    }
+
+    fn list_lazily(&self, kind: &str) -> ClusterFuture<(Vec<Listed>, String)> {
+        let (texts, version) = self.list_texts(kind);
+        ready(Ok((texts.into_iter().map(Listed::Text).collect(), version)))
     }
 
     fn watch(&self, kind: &str) -> Watch {

@@ -1,6 +1,8 @@
 //! The vocabulary every cluster adapter shares: [`ClusterError`], the watch events and
 //! streams, and which kinds are cluster-scoped.
 
+use std::borrow::Cow;
+
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
@@ -186,6 +188,94 @@ pub struct WatchEvent {
     pub event_type: EventType,
     /// The object after the change (for Deleted: as it was, with the delete's resourceVersion).
     pub object: Value,
+}
+
+/// One object of a [`ClusterPort::list_lazily`](super::ClusterPort::list_lazily): parsed,
+/// or the JSON text the embedded cluster keeps, parsed only when it is used. A watcher's
+/// relist of a large kind then holds its texts (a few hundred bytes an object, shared with
+/// the cluster), not a `Value` tree of every object (a few KiB each) at once.
+#[derive(Debug, Clone)]
+pub enum Listed {
+    /// The object.
+    Object(Value),
+    /// The object as compact JSON.
+    Text(std::sync::Arc<str>),
+}
+
+/// What identifies a listed object and its version.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListedIdentity {
+    /// `metadata.namespace` ("" when none).
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.resourceVersion`.
+    pub resource_version: String,
+}
+
+#[derive(serde::Deserialize)]
+struct Head<'a> {
+    #[serde(borrow, default)]
+    metadata: Option<HeadMeta<'a>>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct HeadMeta<'a> {
+    #[serde(borrow, default)]
+    namespace: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    uid: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "resourceVersion")]
+    resource_version: Option<Cow<'a, str>>,
+}
+
+impl Listed {
+    /// Its namespace, name, UID and resourceVersion (read without building the object);
+    /// `None` for a text that is not a JSON object.
+    pub fn identity(&self) -> Option<ListedIdentity> {
+        match self {
+            Listed::Object(object) => {
+                let meta = |field| edgehive_protocols::object::meta_str(object, field).to_owned();
+                Some(ListedIdentity {
+                    namespace: meta("namespace"),
+                    name: meta("name"),
+                    uid: meta("uid"),
+                    resource_version: meta("resourceVersion"),
+                })
+            }
+            Listed::Text(text) => {
+                let head: Head<'_> = serde_json::from_str(text).ok()?;
+                let meta = head.metadata.unwrap_or_default();
+                let own =
+                    |value: Option<Cow<'_, str>>| value.map(Cow::into_owned).unwrap_or_default();
+                Some(ListedIdentity {
+                    namespace: own(meta.namespace),
+                    name: own(meta.name),
+                    uid: own(meta.uid),
+                    resource_version: own(meta.resource_version),
+                })
+            }
+        }
+    }
+
+    /// The object; `None` for a text that is not a JSON object.
+    pub fn into_value(self) -> Option<Value> {
+        match self {
+            Listed::Object(object) => Some(object),
+            Listed::Text(text) => serde_json::from_str::<Value>(&text)
+                .ok()
+                .filter(Value::is_object),
+        }
+    }
+
+    /// The object, parsed again from a text; `None` for a text that is not a JSON object.
+    pub fn to_value(&self) -> Option<Value> {
+        self.clone().into_value()
+    }
 }
 
 /// Why [`WatchStream::recv`] returned no event.

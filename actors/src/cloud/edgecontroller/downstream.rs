@@ -68,15 +68,16 @@ struct PodSeen {
     rv: String,
     node: Option<String>,
     /// [`fingerprint`] of the pod.
-    fingerprint: String,
-    /// The pod itself as JSON, for a node that becomes an edge node later.
-    object: String,
+    fingerprint: Box<str>,
+    /// The pod itself as JSON, for a node that becomes an edge node later (boxed: exactly
+    /// its length, where the `String` it was written into has up to twice that).
+    object: Box<str>,
 }
 
 /// metadata (without resourceVersion, generation, managedFields) and spec: what an edge
 /// cares about, as JSON text with every object's keys sorted (two fingerprints are equal when
 /// the values are, whatever order their keys came in).
-fn fingerprint(obj: &Value) -> String {
+fn fingerprint(obj: &Value) -> Box<str> {
     let mut metadata = obj["metadata"].clone();
     if let Some(map) = metadata.as_object_mut() {
         for field in ["resourceVersion", "generation", "managedFields"] {
@@ -85,7 +86,7 @@ fn fingerprint(obj: &Value) -> String {
     }
     let mut text = String::new();
     sorted_json(&serde_json::json!([metadata, obj["spec"]]), &mut text);
-    text
+    text.into_boxed_str()
 }
 
 /// `value` as compact JSON with the keys of every object in order.
@@ -132,7 +133,7 @@ pub(crate) struct Watcher {
     outbox: Outbox,
     node_updates: bool,
     /// Edge node name -> fingerprint last sent.
-    edge_nodes: HashMap<String, String>,
+    edge_nodes: HashMap<String, Box<str>>,
     pods: HashMap<(String, String), PodSeen>,
     location: LocationCache,
     /// The ConfigMaps and Secrets as last seen (what a node gaining a user is sent).
@@ -394,7 +395,7 @@ impl Watcher {
                 rv: meta_str(pod, "resourceVersion").to_owned(),
                 node: pod["spec"]["nodeName"].as_str().map(str::to_owned),
                 fingerprint: fingerprint(pod),
-                object: pod.to_string(),
+                object: pod.to_string().into_boxed_str(),
             },
         )
     }

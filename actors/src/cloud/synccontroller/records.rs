@@ -149,7 +149,9 @@ fn object_key(object: &ObjectId) -> ObjectKey {
 /// module docs.
 #[derive(Debug)]
 pub(crate) struct Records {
-    nodes: HashMap<String, HashMap<String, Record>>,
+    /// node -> UID -> record. Boxed: most nodes have a record or two, and a map's smallest
+    /// table has room for four entries, so it holds pointers rather than four records' room.
+    nodes: HashMap<String, HashMap<String, Box<Record>>>,
     dirty: VecDeque<RecordKey>,
     dirty_set: HashSet<RecordKey>,
     count: usize,
@@ -217,7 +219,10 @@ impl Records {
 
     /// The records of `node`.
     pub(crate) fn of(&self, node: &str) -> impl Iterator<Item = &Record> {
-        self.nodes.get(node).into_iter().flat_map(|m| m.values())
+        self.nodes
+            .get(node)
+            .into_iter()
+            .flat_map(|m| m.values().map(|record| &**record))
     }
 
     /// Whether `node` has records.
@@ -275,7 +280,7 @@ impl Records {
             .nodes
             .entry(node.to_owned())
             .or_default()
-            .insert(uid.clone(), record);
+            .insert(uid.clone(), Box::new(record));
         match replaced {
             None => {
                 self.count += 1;
@@ -306,6 +311,7 @@ impl Records {
             .nodes
             .get_mut(node)
             .and_then(|m| m.get_mut(&object.uid))
+            .map(|record| &mut **record)
         {
             // Being removed (its delete was ACKed, or the node is gone): a late event must
             // not bring the record back.

@@ -167,18 +167,99 @@ fn stamped(object: &Value) -> Value {
 /// Whether every field `desired` gives has that value in `current`: objects compared field
 /// by field, lists item by item (of the same length), anything else whole. What the API
 /// server adds (defaults such as a container's `imagePullPolicy`, a Service port's
-/// `protocol`, a `clusterIP`, status) is no difference; a field removed from `desired` is
-/// seen through the [`APPLIED`] hash.
+/// `protocol`, a `clusterIP`, status) is no difference, nor what it normalizes: an empty
+/// list it drops (`args: []`), a resource quantity it writes in its canonical form
+/// (`cpu: 0.5` read back as `500m`). A field removed from `desired` is seen through the
+/// [`APPLIED`] hash.
 fn contains(current: &Value, desired: &Value) -> bool {
+    contains_as(current, desired, Field::Plain)
+}
+
+/// What a field holds, for [`contains`]: quantities are compared by value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Plain,
+    /// A map of resource quantities (`limits`, `requests`).
+    Quantities,
+    /// One resource quantity (an entry of those, `sizeLimit`).
+    Quantity,
+}
+
+fn contains_as(current: &Value, desired: &Value, field: Field) -> bool {
     match (current, desired) {
-        (_, Value::Object(fields)) => fields
-            .iter()
-            .all(|(key, value)| contains(&current[key.as_str()], value)),
+        (_, Value::Object(fields)) => fields.iter().all(|(key, value)| {
+            let inner = match (field, key.as_str()) {
+                (Field::Quantities, _) | (_, "sizeLimit") => Field::Quantity,
+                (_, "limits" | "requests") => Field::Quantities,
+                _ => Field::Plain,
+            };
+            contains_as(&current[key.as_str()], value, inner)
+        }),
+        (Value::Null, Value::Array(want)) => want.is_empty(),
         (Value::Array(have), Value::Array(want)) => {
-            have.len() == want.len() && have.iter().zip(want).all(|(h, w)| contains(h, w))
+            have.len() == want.len()
+                && have
+                    .iter()
+                    .zip(want)
+                    .all(|(h, w)| contains_as(h, w, Field::Plain))
+        }
+        _ if field == Field::Quantity && current != desired => {
+            matches!((quantity(current), quantity(desired)), (Some(a), Some(b)) if a == b)
         }
         _ => current == desired,
     }
+}
+
+/// A Kubernetes resource quantity (`0.5`, `"500m"`, `"1Gi"`, `"1e3"`) in nano-units, rounded
+/// up as the API server rounds; `None` when it is not one.
+fn quantity(value: &Value) -> Option<i128> {
+    let text = match value {
+        Value::String(text) => text.trim().to_owned(),
+        Value::Number(number) => number.to_string(),
+        _ => return None,
+    };
+    let (negative, text) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(&text)),
+    };
+    let end = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(end);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() {
+        return None;
+    }
+    let (binary, decimal): (u32, i32) = match suffix {
+        "" => (0, 0),
+        "n" => (0, -9),
+        "u" => (0, -6),
+        "m" => (0, -3),
+        "k" => (0, 3),
+        "M" => (0, 6),
+        "G" => (0, 9),
+        "T" => (0, 12),
+        "P" => (0, 15),
+        "E" => (0, 18),
+        "Ki" => (10, 0),
+        "Mi" => (20, 0),
+        "Gi" => (30, 0),
+        "Ti" => (40, 0),
+        "Pi" => (50, 0),
+        "Ei" => (60, 0),
+        _ => (0, suffix.strip_prefix(['e', 'E'])?.parse().ok()?),
+    };
+    let digits: i128 = format!("{whole}{fraction}").parse().ok()?;
+    let fraction_digits = i32::try_from(fraction.len()).ok()?;
+    let exponent = decimal.checked_add(9)?.checked_sub(fraction_digits)?;
+    let scaled = digits.checked_mul(1_i128.checked_shl(binary)?)?;
+    let nanos = if exponent >= 0 {
+        scaled.checked_mul(10_i128.checked_pow(exponent.unsigned_abs())?)?
+    } else {
+        let divisor = 10_i128.checked_pow(exponent.unsigned_abs())?;
+        scaled.checked_add(divisor - 1)? / divisor
+    };
+    Some(if negative { -nanos } else { nanos })
 }
 
 impl ApplicationWatcher {
@@ -729,6 +810,43 @@ mod tests {
     }
 
     #[test]
+    fn what_the_api_server_normalizes_quantities_and_empty_lists_is_no_difference_a_changed_value_is(
+    ) {
+        let mut asked = asked();
+        let container = &mut asked["spec"]["template"]["spec"]["containers"][0];
+        container["args"] = json!([]);
+        container["resources"] = json!({"limits": {"cpu": 0.5, "memory": "1024Mi"},
+            "requests": {"cpu": "100m", "ephemeral-storage": "1e9"}});
+        asked["spec"]["template"]["spec"]["volumes"] =
+            json!([{"name": "tmp", "emptyDir": {"sizeLimit": "0.5Gi"}}]);
+        let written = stamped(&asked);
+        let mut current = as_the_api_server_returns(&written);
+        let container = &mut current["spec"]["template"]["spec"]["containers"][0];
+        container.as_object_mut().unwrap().remove("args");
+        container["resources"] = json!({"limits": {"cpu": "500m", "memory": "1Gi"},
+            "requests": {"cpu": "100m", "ephemeral-storage": "1G"}});
+        current["spec"]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] = json!("512Mi");
+        assert!(contains(&current, &written), "{current}");
+        // Another value is a difference.
+        let mut more = current.clone();
+        more["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] =
+            json!("600m");
+        assert!(!contains(&more, &written));
+        // args given where none were asked for is a difference; a quantity outside a
+        // resources map is compared as written.
+        let mut args = current.clone();
+        args["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["-v"]);
+        assert!(!contains(&args, &written));
+        assert!(!contains(&json!({"x": "500m"}), &json!({"x": 0.5})));
+        assert_eq!(quantity(&json!("1.5")), quantity(&json!("1500m")));
+        assert_eq!(quantity(&json!("1Ki")), Some(1024 * 1_000_000_000));
+        assert_eq!(quantity(&json!("0.1n")), Some(1), "rounded up");
+        assert_eq!(quantity(&json!("1Zi")), None);
+        assert_eq!(quantity(&json!("")), None);
+        assert_eq!(quantity(&json!("9e99")), None, "out of range");
+    }
+
+    #[test]
     fn a_workload_the_api_server_filled_with_defaults_is_as_asked_and_a_field_dropped_is_not() {
         let written = stamped(&asked());
         let current = as_the_api_server_returns(&written);
@@ -1238,5 +1356,36 @@ mod refusal_tests {
         // Next event: as asked, nothing written.
         hub.echo().await;
         assert_eq!(hub.faulty.writes("Job"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_workload_the_api_server_normalized_gets_no_put_on_the_next_application_event() {
+        let mut hub = Fixture::new();
+        let mut app = application("web", 1);
+        let container = &mut app["spec"]["workloadTemplate"]["manifests"][0]["spec"]["template"]
+            ["spec"]["containers"][0];
+        container["args"] = json!([]);
+        container["resources"] = json!({"requests": {"cpu": 0.5, "memory": "1024Mi"}});
+        hub.change(app).await;
+        assert_eq!(hub.faulty.writes("Deployment"), 1);
+        // As a kube-apiserver stores it: the quantities canonical, the empty list dropped.
+        let mut stored =
+            ClusterPort::get(&hub.faulty.inner, "Deployment", Some("default"), "web-east")
+                .await
+                .unwrap();
+        let container = &mut stored["spec"]["template"]["spec"]["containers"][0];
+        container.as_object_mut().unwrap().remove("args");
+        container["resources"] = json!({"requests": {"cpu": "500m", "memory": "1Gi"}});
+        ClusterPort::update(&hub.faulty.inner, stored)
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            hub.echo().await;
+        }
+        assert_eq!(
+            hub.faulty.writes("Deployment"),
+            1,
+            "no PUT of an unchanged workload"
+        );
     }
 }

@@ -84,6 +84,17 @@ enum Written {
     Refused(WriteRefusal),
 }
 
+/// The write a workload needs.
+enum Write {
+    /// It is missing.
+    Create,
+    /// It differs: replaced at the current resourceVersion.
+    Update(Value),
+    /// An earlier build wrote it as asked: the merge patch that adds the [`APPLIED`]
+    /// annotation.
+    Annotate(Value),
+}
+
 /// The refusal reason label for an API server answer a retry cannot fix: 422 (`invalid`)
 /// and the 4xx that say the request itself is wrong (`rejected`); `None` for those a retry
 /// may fix: 401/403 (credentials, RBAC), 404 (a namespace not made yet), 408, 409 (a
@@ -674,28 +685,24 @@ impl ApplicationWatcher {
         let asked = object;
         let object = &stamped(object);
         let (current, write) = match self.cluster.get(kind, Some(namespace), name).await {
-            Err(error) if error.status() == 404 => (None, None),
+            Err(error) if error.status() == 404 => (None, Write::Create),
             Ok(current) if contains(&current, object) => return Written::Done,
             // Written by an edgehive before the annotation, and as asked: the annotation
             // alone is added, with a merge patch. A PUT of the manifest would drop what the
             // API server generated (a Job's `spec.selector` and template labels: 422).
             Ok(current) if !has_applied(&current) && contains(&current, asked) => {
+                let version = meta_str(&current, "resourceVersion").to_owned();
                 let patch = json!({"metadata": {
-                    "resourceVersion": meta_str(&current, "resourceVersion"),
+                    "resourceVersion": version,
                     "annotations": {APPLIED: object["metadata"]["annotations"][APPLIED]},
                 }});
-                let current = Some(meta_str(&current, "resourceVersion").to_owned());
-                let patched = self
-                    .cluster
-                    .patch(kind, Some(namespace), name, patch, false)
-                    .await;
-                return self.written(patched, kind, namespace, name, app_hash, current);
+                (Some(version), Write::Annotate(patch))
             }
             Ok(current) => {
                 let version = meta_str(&current, "resourceVersion").to_owned();
                 let mut object = object.clone();
                 object["metadata"]["resourceVersion"] = json!(version);
-                (Some(version), Some(object))
+                (Some(version), Write::Update(object))
             }
             Err(error) => {
                 tracing::warn!(%kind, %namespace, %name, %error, "cannot read an EdgeApplication's workload");
@@ -709,8 +716,13 @@ impl ApplicationWatcher {
             }
         }
         let written = match write {
-            Some(update) => self.cluster.update(update).await,
-            None => self.cluster.create(object.clone()).await,
+            Write::Create => self.cluster.create(object.clone()).await,
+            Write::Update(update) => self.cluster.update(update).await,
+            Write::Annotate(patch) => {
+                self.cluster
+                    .patch(kind, Some(namespace), name, patch, false)
+                    .await
+            }
         };
         self.written(written, kind, namespace, name, app_hash, current)
     }

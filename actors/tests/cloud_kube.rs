@@ -312,6 +312,49 @@ async fn delete_sends_the_uid_precondition_and_reports_conflicts() {
     assert!(err.to_string().contains("Precondition failed"), "{err}");
 }
 
+/// The EdgeApplication controller's workload deletes: a batch/v1 Job's default is to orphan
+/// its pods, so the API server is asked to delete what the workload owns in the background
+/// (with the uid precondition when the start sweep gives one, and no grace override).
+#[tokio::test]
+async fn workload_deletes_ask_for_background_propagation_so_a_jobs_pods_are_not_orphaned() {
+    let (cluster, mut handle) = mock_cluster();
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "migrate", "namespace": "default", "uid": "uid-job"}});
+    let call = tokio::spawn(cluster.delete_owner("Job", Some("default"), "migrate", None));
+    let sent = answer(&mut handle, 200, job.clone()).await;
+    assert_eq!(
+        (sent.method.as_str(), sent.path.as_str()),
+        ("DELETE", "/apis/batch/v1/namespaces/default/jobs/migrate")
+    );
+    assert_eq!(
+        sent.body["propagationPolicy"], "Background",
+        "{}",
+        sent.body
+    );
+    assert!(sent.body.get("preconditions").is_none(), "{}", sent.body);
+    call.await.unwrap().unwrap();
+
+    let call = tokio::spawn(cluster.delete_owner(
+        "Deployment",
+        Some("default"),
+        "web-west",
+        Some("uid-west"),
+    ));
+    let sent = answer(&mut handle, 200, job).await;
+    assert_eq!(
+        sent.path,
+        "/apis/apps/v1/namespaces/default/deployments/web-west"
+    );
+    assert_eq!(sent.body["propagationPolicy"], "Background");
+    assert_eq!(sent.body["preconditions"]["uid"], "uid-west");
+    assert!(
+        sent.body.get("gracePeriodSeconds").is_none(),
+        "{}",
+        sent.body
+    );
+    call.await.unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn update_status_and_tokens_reach_their_subresources() {
     let (cluster, mut handle) = mock_cluster();

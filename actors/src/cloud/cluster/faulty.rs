@@ -38,6 +38,23 @@ struct Control {
     immutable: Vec<(String, String)>,
     /// Writes asked for so far, by kind (refused ones too).
     writes: std::collections::HashMap<String, usize>,
+    /// The deletes asked for so far, in order.
+    deletes: Vec<FaultyDelete>,
+    /// `(kind, name)`: a delete of that object is refused with 403, as an admission webhook
+    /// refuses it.
+    undeletable: Vec<(String, String)>,
+}
+
+/// A delete asked of a [`FaultyCluster`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultyDelete {
+    /// `kind/namespace/name`.
+    pub object: String,
+    /// The UID precondition, if any.
+    pub uid: Option<String>,
+    /// Whether what the object owns was to go with it in the background
+    /// ([`ClusterPort::delete_owner`]).
+    pub background: bool,
 }
 
 fn unavailable<T: Send + 'static>() -> ClusterFuture<T> {
@@ -134,6 +151,52 @@ impl FaultyCluster {
             }
             _ => call,
         }
+    }
+
+    /// The deletes asked for so far, in order (refused ones too).
+    pub fn deletes(&self) -> Vec<FaultyDelete> {
+        lock(&self.control).deletes.clone()
+    }
+
+    /// From now on, a delete of `kind` `name` (any namespace) is refused with 403 Forbidden,
+    /// as an admission webhook refuses it.
+    pub fn undeletable(&self, kind: &str, name: &str) {
+        lock(&self.control)
+            .undeletable
+            .push((kind.to_owned(), name.to_owned()));
+    }
+
+    /// Records a delete; `Some` refusal when the object is [`FaultyCluster::undeletable`].
+    fn record_delete(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        uid: Option<&str>,
+        background: bool,
+    ) -> Option<ClusterFuture<Value>> {
+        let mut control = lock(&self.control);
+        control.deletes.push(FaultyDelete {
+            object: format!("{kind}/{}/{name}", namespace.unwrap_or_default()),
+            uid: uid.map(str::to_owned),
+            background,
+        });
+        let refused = control
+            .undeletable
+            .iter()
+            .any(|(of, named)| of == kind && named == name);
+        refused.then(|| {
+            *control.writes.entry(kind.to_owned()).or_default() += 1;
+            let refusal: ClusterFuture<Value> =
+                Box::pin(futures_util::future::ready(Err(ClusterError::Api {
+                    code: 403,
+                    reason: "Forbidden".into(),
+                    message: format!(
+                        "admission webhook \"deny.example.com\" denied the request: {kind} {name:?} may not be deleted"
+                    ),
+                })));
+            refusal
+        })
     }
 
     /// Watches and lists asked for so far.
@@ -247,10 +310,29 @@ impl ClusterPort for FaultyCluster {
         name: &str,
         uid: Option<&str>,
     ) -> ClusterFuture<Value> {
+        if let Some(refused) = self.record_delete(kind, namespace, name, uid, false) {
+            return refused;
+        }
         self.guard(
             kind,
             true,
             ClusterPort::delete(&self.inner, kind, namespace, name, uid),
+        )
+    }
+    fn delete_owner(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        uid: Option<&str>,
+    ) -> ClusterFuture<Value> {
+        if let Some(refused) = self.record_delete(kind, namespace, name, uid, true) {
+            return refused;
+        }
+        self.guard(
+            kind,
+            true,
+            ClusterPort::delete_owner(&self.inner, kind, namespace, name, uid),
         )
     }
     fn create_token(&self, namespace: &str, name: &str, request: Value) -> ClusterFuture<Value> {

@@ -32,7 +32,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-    Preconditions,
+    Preconditions, PropagationPolicy,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::{self, watcher};
@@ -525,6 +525,38 @@ impl KubeCluster {
             object,
         })
     }
+
+    /// Deletes the object with `params`.
+    fn delete_with(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        params: DeleteParams,
+    ) -> ClusterFuture<Value> {
+        let (info, namespace) = match Self::locate(kind, namespace) {
+            Ok(found) => found,
+            Err(err) => return fail(err),
+        };
+        let api = self.api(&info, namespace.as_deref());
+        let (kind, name) = (kind.to_owned(), name.to_owned());
+        async move {
+            let key = display_key(namespace.as_deref(), &name);
+            let deleted = api
+                .delete(&name, &params)
+                .await
+                .map_err(|err| cluster_error(&kind, &key, err))?;
+            // The object while it is being deleted (finalizers, grace), or the API's Status.
+            deleted.either(
+                |object| to_value(&info.resource, object),
+                |status| {
+                    serde_json::to_value(status)
+                        .map_err(|err| ClusterError::Invalid(err.to_string()))
+                },
+            )
+        }
+        .boxed()
+    }
 }
 
 async fn load_kubeconfig(path: &Path) -> Result<kube::Config, KubeStartError> {
@@ -734,11 +766,6 @@ impl ClusterPort for KubeCluster {
         name: &str,
         uid: Option<&str>,
     ) -> ClusterFuture<Value> {
-        let (info, namespace) = match Self::locate(kind, namespace) {
-            Ok(found) => found,
-            Err(err) => return fail(err),
-        };
-        let api = self.api(&info, namespace.as_deref());
         // With a UID (an edge deleting its pod, as KubeEdge does): at once and only that
         // incarnation of the object.
         let params = match uid {
@@ -752,23 +779,25 @@ impl ClusterPort for KubeCluster {
             },
             None => DeleteParams::default(),
         };
-        let (kind, name) = (kind.to_owned(), name.to_owned());
-        async move {
-            let key = display_key(namespace.as_deref(), &name);
-            let deleted = api
-                .delete(&name, &params)
-                .await
-                .map_err(|err| cluster_error(&kind, &key, err))?;
-            // The object while it is being deleted (finalizers, grace), or the API's Status.
-            deleted.either(
-                |object| to_value(&info.resource, object),
-                |status| {
-                    serde_json::to_value(status)
-                        .map_err(|err| ClusterError::Invalid(err.to_string()))
-                },
-            )
-        }
-        .boxed()
+        self.delete_with(kind, namespace, name, params)
+    }
+
+    fn delete_owner(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        uid: Option<&str>,
+    ) -> ClusterFuture<Value> {
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: uid.map(|uid| Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        self.delete_with(kind, namespace, name, params)
     }
 
     fn create_token(&self, namespace: &str, name: &str, request: Value) -> ClusterFuture<Value> {

@@ -19,7 +19,7 @@ pub(crate) use edgehive_protocols::object::rfc3339;
 pub use embedded::{EmbeddedCluster, EventRetention, StoreLimits};
 /// A cluster with injectable faults, for tests.
 #[cfg(any(test, feature = "test-hooks"))]
-pub use faulty::FaultyCluster;
+pub use faulty::{FaultyCluster, FaultyDelete};
 pub use port::{ClusterFuture, ClusterPort, SharedCluster, Watch};
 pub(crate) use types::{is_cluster_scoped, WATCH_CAPACITY};
 pub use types::{

@@ -85,6 +85,21 @@ pub trait ClusterPort: Send + Sync + 'static {
         uid: Option<&str>,
     ) -> ClusterFuture<Value>;
 
+    /// Deletes an object a controller made and has the API server delete what it owns in
+    /// the background (`propagationPolicy: Background`: a Job's pods, a Deployment's
+    /// ReplicaSets; a batch/v1 Job's default is to orphan them), with a UID precondition
+    /// when `uid` is given. A cluster without a garbage collector (the embedded one) owns
+    /// nothing that way: there it is [`ClusterPort::delete`].
+    fn delete_owner(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        uid: Option<&str>,
+    ) -> ClusterFuture<Value> {
+        self.delete(kind, namespace, name, uid)
+    }
+
     /// Asks for a token of service account `namespace/name` (`request` is a TokenRequest);
     /// returns the TokenRequest with its status filled.
     fn create_token(&self, namespace: &str, name: &str, request: Value) -> ClusterFuture<Value>;

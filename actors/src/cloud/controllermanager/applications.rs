@@ -7,7 +7,7 @@ use edgehive_protocols::object::meta_str;
 use serde_json::{json, Value};
 
 use super::metrics::{Metrics, MAX_RETRY_INTERVAL, RETRY_INTERVAL};
-use super::workloads::{render, Refused, Rendered, Workload, WORKLOAD_KINDS};
+use super::workloads::{render, Refused, Rendered, Workload, SERVICE_TOPOLOGY, WORKLOAD_KINDS};
 use crate::cloud::cluster::{EventType, SharedCluster, WatchEvent};
 use crate::cloud::contract::route;
 use crate::cloud::watcher::{Change, KindWatcher, WatchMetrics};
@@ -35,10 +35,18 @@ pub(super) struct ApplicationWatcher {
     /// The refusals reported for each application (counted, logged and an Event written
     /// once each, not again on every status echo).
     reported: BTreeMap<AppKey, BTreeSet<String>>,
-    /// When the workloads made before this process started are to be swept
-    /// ([`ApplicationWatcher::sweep`]) again: from the first complete list of applications
-    /// until a sweep succeeds.
-    sweep_at: Option<Instant>,
+    /// What of the sweep of the workloads made before this process started
+    /// ([`ApplicationWatcher::sweep`]) failed and is tried again, when due.
+    sweep_left: Option<SweepLeft>,
+}
+
+/// What of the start sweep failed: the kinds whose list failed and the objects whose check
+/// or delete failed, tried again (those alone) when due, with the writes' doubling backoff.
+#[derive(Debug)]
+struct SweepLeft {
+    lists: Vec<&'static str>,
+    objects: BTreeMap<WorkloadKey, Value>,
+    owed: Owed,
 }
 
 /// An application whose writes failed: when they are tried again, and how long the wait
@@ -74,6 +82,17 @@ enum Written {
     Failed,
     /// Refused for good; not tried again until the application or the workload changes.
     Refused(WriteRefusal),
+}
+
+/// The write a workload needs.
+enum Write {
+    /// It is missing.
+    Create,
+    /// It differs: replaced at the current resourceVersion.
+    Update(Value),
+    /// An earlier build wrote it as asked: the merge patch that adds the [`APPLIED`]
+    /// annotation.
+    Annotate(Value),
 }
 
 /// The refusal reason label for an API server answer a retry cannot fix: 422 (`invalid`)
@@ -120,6 +139,20 @@ fn controlling_application(object: &Value) -> Option<(&str, &str)> {
         .and_then(|owner| Some((owner["name"].as_str()?, owner["uid"].as_str()?)))
 }
 
+/// Whether `object` carries the [`APPLIED`] annotation: edgehive wrote it.
+fn has_applied(object: &Value) -> bool {
+    object["metadata"]["annotations"][APPLIED].is_string()
+}
+
+/// Whether `object` is a per-group Service an edgehive before the applied-manifest
+/// annotation made (`<manifest name>-<group>`, annotated `range-nodegroup`): a Service
+/// without [`APPLIED`] but with [`SERVICE_TOPOLOGY`] `range-nodegroup`.
+fn legacy_service(kind: &str, object: &Value) -> bool {
+    kind == "Service"
+        && !has_applied(object)
+        && object["metadata"]["annotations"][SERVICE_TOPOLOGY] == "range-nodegroup"
+}
+
 /// The annotation on each workload the controller writes: a hash of the object as the
 /// application asked for it, so a field the application no longer gives (a label, an env
 /// entry dropped) is a difference even though the cluster's copy still has it.
@@ -145,18 +178,99 @@ fn stamped(object: &Value) -> Value {
 /// Whether every field `desired` gives has that value in `current`: objects compared field
 /// by field, lists item by item (of the same length), anything else whole. What the API
 /// server adds (defaults such as a container's `imagePullPolicy`, a Service port's
-/// `protocol`, a `clusterIP`, status) is no difference; a field removed from `desired` is
-/// seen through the [`APPLIED`] hash.
+/// `protocol`, a `clusterIP`, status) is no difference, nor what it normalizes: an empty
+/// list it drops (`args: []`), a resource quantity it writes in its canonical form
+/// (`cpu: 0.5` read back as `500m`). A field removed from `desired` is seen through the
+/// [`APPLIED`] hash.
 fn contains(current: &Value, desired: &Value) -> bool {
+    contains_as(current, desired, Field::Plain)
+}
+
+/// What a field holds, for [`contains`]: quantities are compared by value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Plain,
+    /// A map of resource quantities (`limits`, `requests`).
+    Quantities,
+    /// One resource quantity (an entry of those, `sizeLimit`).
+    Quantity,
+}
+
+fn contains_as(current: &Value, desired: &Value, field: Field) -> bool {
     match (current, desired) {
-        (_, Value::Object(fields)) => fields
-            .iter()
-            .all(|(key, value)| contains(&current[key.as_str()], value)),
+        (_, Value::Object(fields)) => fields.iter().all(|(key, value)| {
+            let inner = match (field, key.as_str()) {
+                (Field::Quantities, _) | (_, "sizeLimit") => Field::Quantity,
+                (_, "limits" | "requests") => Field::Quantities,
+                _ => Field::Plain,
+            };
+            contains_as(&current[key.as_str()], value, inner)
+        }),
+        (Value::Null, Value::Array(want)) => want.is_empty(),
         (Value::Array(have), Value::Array(want)) => {
-            have.len() == want.len() && have.iter().zip(want).all(|(h, w)| contains(h, w))
+            have.len() == want.len()
+                && have
+                    .iter()
+                    .zip(want)
+                    .all(|(h, w)| contains_as(h, w, Field::Plain))
+        }
+        _ if field == Field::Quantity && current != desired => {
+            matches!((quantity(current), quantity(desired)), (Some(a), Some(b)) if a == b)
         }
         _ => current == desired,
     }
+}
+
+/// A Kubernetes resource quantity (`0.5`, `"500m"`, `"1Gi"`, `"1e3"`) in nano-units, rounded
+/// up as the API server rounds; `None` when it is not one.
+fn quantity(value: &Value) -> Option<i128> {
+    let text = match value {
+        Value::String(text) => text.trim().to_owned(),
+        Value::Number(number) => number.to_string(),
+        _ => return None,
+    };
+    let (negative, text) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(&text)),
+    };
+    let end = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(end);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() {
+        return None;
+    }
+    let (binary, decimal): (u32, i32) = match suffix {
+        "" => (0, 0),
+        "n" => (0, -9),
+        "u" => (0, -6),
+        "m" => (0, -3),
+        "k" => (0, 3),
+        "M" => (0, 6),
+        "G" => (0, 9),
+        "T" => (0, 12),
+        "P" => (0, 15),
+        "E" => (0, 18),
+        "Ki" => (10, 0),
+        "Mi" => (20, 0),
+        "Gi" => (30, 0),
+        "Ti" => (40, 0),
+        "Pi" => (50, 0),
+        "Ei" => (60, 0),
+        _ => (0, suffix.strip_prefix(['e', 'E'])?.parse().ok()?),
+    };
+    let digits: i128 = format!("{whole}{fraction}").parse().ok()?;
+    let fraction_digits = i32::try_from(fraction.len()).ok()?;
+    let exponent = decimal.checked_add(9)?.checked_sub(fraction_digits)?;
+    let scaled = digits.checked_mul(1_i128.checked_shl(binary)?)?;
+    let nanos = if exponent >= 0 {
+        scaled.checked_mul(10_i128.checked_pow(exponent.unsigned_abs())?)?
+    } else {
+        let divisor = 10_i128.checked_pow(exponent.unsigned_abs())?;
+        scaled.checked_add(divisor - 1)? / divisor
+    };
+    Some(if negative { -nanos } else { nanos })
 }
 
 impl ApplicationWatcher {
@@ -169,7 +283,7 @@ impl ApplicationWatcher {
             owed: BTreeMap::new(),
             refusals: BTreeMap::new(),
             reported: BTreeMap::new(),
-            sweep_at: None,
+            sweep_left: None,
         }
     }
 
@@ -188,7 +302,7 @@ impl ApplicationWatcher {
                 change = apps.next() => match change {
                     Change::Synced if !synced => {
                         synced = true;
-                        self.sweep().await;
+                        self.sweep(Instant::now()).await;
                     }
                     change => if let Some(event) = change.into_event() {
                         self.on_app(event).await;
@@ -206,7 +320,7 @@ impl ApplicationWatcher {
         self.owed
             .values()
             .map(|owed| owed.due)
-            .chain(self.sweep_at)
+            .chain(self.sweep_left.as_ref().map(|left| left.owed.due))
             .min()
     }
 
@@ -230,67 +344,118 @@ impl ApplicationWatcher {
             }
             self.apply(&app).await;
         }
-        if self.sweep_at.is_some_and(|at| at <= now) {
-            self.sweep().await;
+        if self
+            .sweep_left
+            .as_ref()
+            .is_some_and(|left| left.owed.due <= now)
+        {
+            self.sweep(now).await;
         }
     }
 
     /// Once every application was listed and applied: deletes the workloads an earlier run
     /// made that no application asks for now (this process's memory of what it made starts
-    /// empty). A workload whose controlling EdgeApplication is listed but no longer asks for
-    /// it (a group dropped, a manifest removed while the cloud was down) is deleted; so is
-    /// one whose EdgeApplication no longer exists (deleted while the cloud was down), once
-    /// a read of it says so, as Kubernetes' garbage collector would (the embedded cluster
-    /// and the stand-in have none). A list or delete that fails is tried again later.
-    async fn sweep(&mut self) {
-        let by_uid: BTreeMap<String, AppKey> = self
-            .apps
-            .iter()
-            .map(|(key, app)| (meta_str(app, "uid").to_owned(), key.clone()))
-            .collect();
-        let mut done = true;
-        for (kind, _, _) in WORKLOAD_KINDS {
-            let objects = match self.cluster.list(kind).await {
-                Ok((objects, _)) => objects,
+    /// empty). Only what edgehive wrote is swept: an object with the [`APPLIED`] annotation
+    /// (and a per-group Service of an older edgehive, [`legacy_service`]) whose controlling
+    /// EdgeApplication no longer asks for it (a group dropped, a manifest removed while the
+    /// cloud was down) or no longer exists (deleted while the cloud was down), as a re-read
+    /// of the application says: another replica may have made it for the application's
+    /// newer spec. Each delete carries the uid listed, so an object made again since is
+    /// never hit. A list, read or delete that fails is tried again, that one alone, with
+    /// the writes' doubling backoff.
+    async fn sweep(&mut self, now: Instant) {
+        let (lists, mut candidates, delay) = match self.sweep_left.take() {
+            None => (
+                WORKLOAD_KINDS.iter().map(|(kind, _, _)| *kind).collect(),
+                BTreeMap::new(),
+                None,
+            ),
+            Some(left) => (left.lists, left.objects, Some(left.owed.delay)),
+        };
+        let mut failed_lists = Vec::new();
+        for kind in lists {
+            match self.cluster.list(kind).await {
+                Ok((objects, _)) => {
+                    for object in objects {
+                        if controlling_application(&object).is_some()
+                            && (has_applied(&object) || legacy_service(kind, &object))
+                        {
+                            let workload = (
+                                kind.to_owned(),
+                                meta_str(&object, "namespace").to_owned(),
+                                meta_str(&object, "name").to_owned(),
+                            );
+                            candidates.insert(workload, object);
+                        }
+                    }
+                }
                 Err(error) => {
                     tracing::warn!(%kind, %error, "cannot list workloads to find those no EdgeApplication asks for");
-                    done = false;
-                    continue;
-                }
-            };
-            for object in objects {
-                let Some((owner, uid)) = controlling_application(&object) else {
-                    continue;
-                };
-                let namespace = meta_str(&object, "namespace").to_owned();
-                let workload = (
-                    (*kind).to_owned(),
-                    namespace.clone(),
-                    meta_str(&object, "name").to_owned(),
-                );
-                let stale = match by_uid.get(uid) {
-                    Some(app) => !self.made.get(app).is_some_and(|m| m.contains(&workload)),
-                    // Not listed: gone, unless a read finds it (made since the list).
-                    None => match self
-                        .cluster
-                        .get("EdgeApplication", Some(&namespace), owner)
-                        .await
-                    {
-                        Ok(app) => meta_str(&app, "uid") != uid,
-                        Err(error) if error.status() == 404 => true,
-                        Err(error) => {
-                            tracing::warn!(%namespace, %owner, %error, "cannot read a workload's EdgeApplication");
-                            done = false;
-                            false
-                        }
-                    },
-                };
-                if stale && !self.delete(&workload).await {
-                    done = false;
+                    failed_lists.push(kind);
                 }
             }
         }
-        self.sweep_at = (!done).then(|| Instant::now() + RETRY_INTERVAL);
+        let mut failed = BTreeMap::new();
+        for (workload, object) in candidates {
+            if !self.sweep_one(&workload, &object).await {
+                failed.insert(workload, object);
+            }
+        }
+        if failed_lists.is_empty() && failed.is_empty() {
+            return;
+        }
+        let delay = delay.map_or(RETRY_INTERVAL, |delay| (delay * 2).min(MAX_RETRY_INTERVAL));
+        self.sweep_left = Some(SweepLeft {
+            lists: failed_lists,
+            objects: failed,
+            owed: Owed {
+                due: now + delay,
+                delay,
+            },
+        });
+    }
+
+    /// Deletes `object` (listed as `workload`) unless its application asks for it: this
+    /// run made it, or the application as read now asks for it. `false` when the read or
+    /// the delete failed.
+    async fn sweep_one(&self, workload: &WorkloadKey, object: &Value) -> bool {
+        let Some((owner, owner_uid)) = controlling_application(object) else {
+            return true;
+        };
+        let namespace = &workload.1;
+        let app_key = (namespace.clone(), owner.to_owned());
+        let known = self
+            .apps
+            .get(&app_key)
+            .is_some_and(|app| meta_str(app, "uid") == owner_uid);
+        if known
+            && self
+                .made
+                .get(&app_key)
+                .is_some_and(|m| m.contains(workload))
+        {
+            return true;
+        }
+        match self
+            .cluster
+            .get("EdgeApplication", Some(namespace), owner)
+            .await
+        {
+            Ok(app) if meta_str(&app, "uid") == owner_uid => {
+                if render(&app).workloads.iter().any(|w| w.key() == *workload) {
+                    return true;
+                }
+            }
+            // Another application of that name: the owner is gone.
+            Ok(_) => {}
+            Err(error) if error.status() == 404 => {}
+            Err(error) => {
+                tracing::warn!(%namespace, %owner, %error, "cannot read a workload's EdgeApplication");
+                return false;
+            }
+        }
+        let uid = Some(meta_str(object, "uid")).filter(|uid| !uid.is_empty());
+        self.delete(workload, uid).await
     }
 
     async fn on_app(&mut self, event: WatchEvent) {
@@ -309,17 +474,25 @@ impl ApplicationWatcher {
         let mut gone = self.made.remove(&key).unwrap_or_default();
         gone.extend(render(&event.object).workloads.iter().map(Workload::key));
         for workload in gone {
-            self.delete(&workload).await;
+            self.delete(&workload, None).await;
         }
     }
 
-    async fn delete(&self, (kind, namespace, name): &WorkloadKey) -> bool {
-        match self.cluster.delete(kind, Some(namespace), name, None).await {
+    /// Deletes a workload and, in the background, what it owns (a Job's pods: a Job's
+    /// default is to orphan them); only the incarnation `uid` when given.
+    async fn delete(&self, (kind, namespace, name): &WorkloadKey, uid: Option<&str>) -> bool {
+        let deleted = self
+            .cluster
+            .delete_owner(kind, Some(namespace), name, uid)
+            .await;
+        match deleted {
             Ok(_) => {
                 self.metrics.count("delete", true);
                 true
             }
             Err(error) if error.status() == 404 => true,
+            // The uid precondition failed: the object there now was made since; not ours to delete.
+            Err(error) if uid.is_some() && error.status() == 409 => true,
             Err(error) => {
                 tracing::warn!(%kind, %namespace, %name, %error, "cannot delete an EdgeApplication's workload");
                 self.metrics.count("delete", false);
@@ -408,7 +581,7 @@ impl ApplicationWatcher {
         });
         let before = self.made.insert(key.clone(), desired.clone());
         for stale in before.unwrap_or_default().difference(&desired) {
-            if !self.delete(stale).await {
+            if !self.delete(stale, None).await {
                 failed = true;
                 self.made
                     .entry(key.clone())
@@ -509,15 +682,27 @@ impl ApplicationWatcher {
         let kind = object["kind"].as_str().unwrap_or_default();
         let namespace = meta_str(object, "namespace");
         let name = meta_str(object, "name");
+        let asked = object;
         let object = &stamped(object);
         let (current, write) = match self.cluster.get(kind, Some(namespace), name).await {
-            Err(error) if error.status() == 404 => (None, None),
+            Err(error) if error.status() == 404 => (None, Write::Create),
             Ok(current) if contains(&current, object) => return Written::Done,
+            // Written by an edgehive before the annotation, and as asked: the annotation
+            // alone is added, with a merge patch. A PUT of the manifest would drop what the
+            // API server generated (a Job's `spec.selector` and template labels: 422).
+            Ok(current) if !has_applied(&current) && contains(&current, asked) => {
+                let version = meta_str(&current, "resourceVersion").to_owned();
+                let patch = json!({"metadata": {
+                    "resourceVersion": version,
+                    "annotations": {APPLIED: object["metadata"]["annotations"][APPLIED]},
+                }});
+                (Some(version), Write::Annotate(patch))
+            }
             Ok(current) => {
                 let version = meta_str(&current, "resourceVersion").to_owned();
                 let mut object = object.clone();
                 object["metadata"]["resourceVersion"] = json!(version);
-                (Some(version), Some(object))
+                (Some(version), Write::Update(object))
             }
             Err(error) => {
                 tracing::warn!(%kind, %namespace, %name, %error, "cannot read an EdgeApplication's workload");
@@ -531,9 +716,27 @@ impl ApplicationWatcher {
             }
         }
         let written = match write {
-            Some(update) => self.cluster.update(update).await,
-            None => self.cluster.create(object.clone()).await,
+            Write::Create => self.cluster.create(object.clone()).await,
+            Write::Update(update) => self.cluster.update(update).await,
+            Write::Annotate(patch) => {
+                self.cluster
+                    .patch(kind, Some(namespace), name, patch, false)
+                    .await
+            }
         };
+        self.written(written, kind, namespace, name, app_hash, current)
+    }
+
+    /// How a workload write went, counted: done, refused for good, or failed.
+    fn written(
+        &self,
+        written: Result<Value, crate::cloud::cluster::ClusterError>,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        app_hash: u64,
+        current: Option<String>,
+    ) -> Written {
         match written {
             Ok(_) => {
                 self.metrics.count("workload", true);
@@ -616,6 +819,43 @@ mod tests {
         container["ports"][0]["protocol"] = json!("TCP");
         object["status"] = json!({"replicas": 1});
         object
+    }
+
+    #[test]
+    fn what_the_api_server_normalizes_quantities_and_empty_lists_is_no_difference_a_changed_value_is(
+    ) {
+        let mut asked = asked();
+        let container = &mut asked["spec"]["template"]["spec"]["containers"][0];
+        container["args"] = json!([]);
+        container["resources"] = json!({"limits": {"cpu": 0.5, "memory": "1024Mi"},
+            "requests": {"cpu": "100m", "ephemeral-storage": "1e9"}});
+        asked["spec"]["template"]["spec"]["volumes"] =
+            json!([{"name": "tmp", "emptyDir": {"sizeLimit": "0.5Gi"}}]);
+        let written = stamped(&asked);
+        let mut current = as_the_api_server_returns(&written);
+        let container = &mut current["spec"]["template"]["spec"]["containers"][0];
+        container.as_object_mut().unwrap().remove("args");
+        container["resources"] = json!({"limits": {"cpu": "500m", "memory": "1Gi"},
+            "requests": {"cpu": "100m", "ephemeral-storage": "1G"}});
+        current["spec"]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] = json!("512Mi");
+        assert!(contains(&current, &written), "{current}");
+        // Another value is a difference.
+        let mut more = current.clone();
+        more["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] =
+            json!("600m");
+        assert!(!contains(&more, &written));
+        // args given where none were asked for is a difference; a quantity outside a
+        // resources map is compared as written.
+        let mut args = current.clone();
+        args["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["-v"]);
+        assert!(!contains(&args, &written));
+        assert!(!contains(&json!({"x": "500m"}), &json!({"x": 0.5})));
+        assert_eq!(quantity(&json!("1.5")), quantity(&json!("1500m")));
+        assert_eq!(quantity(&json!("1Ki")), Some(1024 * 1_000_000_000));
+        assert_eq!(quantity(&json!("0.1n")), Some(1), "rounded up");
+        assert_eq!(quantity(&json!("1Zi")), None);
+        assert_eq!(quantity(&json!("")), None);
+        assert_eq!(quantity(&json!("9e99")), None, "out of range");
     }
 
     #[test]
@@ -893,5 +1133,271 @@ mod refusal_tests {
         hub.watcher.retry_due(due).await;
         assert!(hub.watcher.owed.is_empty());
         assert_eq!(hub.faulty.writes("Deployment"), 1);
+    }
+
+    /// `app` as the cluster has it after a spec change another replica applied (this
+    /// watcher not told), and the workloads that spec asks for.
+    async fn changed_elsewhere(hub: &Fixture, app: Value) -> (Value, Vec<Workload>) {
+        let mut stored = hub.app().await;
+        stored["spec"] = app["spec"].clone();
+        let stored = ClusterPort::update(&hub.faulty.inner, stored)
+            .await
+            .unwrap();
+        let workloads = render(&stored).workloads;
+        (stored, workloads)
+    }
+
+    /// `workload` as this controller writes it, made directly in the cluster.
+    async fn made_directly(hub: &Fixture, workload: &Workload) -> Value {
+        ClusterPort::create(&hub.faulty.inner, stamped(&workload.object))
+            .await
+            .unwrap()
+    }
+
+    async fn exists(hub: &Fixture, kind: &str, name: &str) -> bool {
+        ClusterPort::get(&hub.faulty.inner, kind, Some("default"), name)
+            .await
+            .is_ok()
+    }
+
+    fn two_groups(app: &str) -> Value {
+        let mut both = application(app, 1);
+        both["spec"]["workloadScope"]["targetNodeGroups"] =
+            json!([{"name": "east"}, {"name": "west"}]);
+        both
+    }
+
+    #[tokio::test]
+    async fn an_applications_workloads_are_deleted_with_what_they_own_in_the_background() {
+        let mut hub = Fixture::new();
+        hub.change(application("web", 1)).await;
+        let app = hub.app().await;
+        ClusterPort::delete(
+            &hub.faulty.inner,
+            "EdgeApplication",
+            Some("default"),
+            "shop",
+            None,
+        )
+        .await
+        .unwrap();
+        hub.watcher
+            .on_app(WatchEvent {
+                event_type: EventType::Deleted,
+                object: app,
+            })
+            .await;
+        assert!(!exists(&hub, "Deployment", "web-east").await);
+        let deletes = hub.faulty.deletes();
+        assert_eq!(deletes.len(), 1, "{deletes:?}");
+        assert_eq!(deletes[0].object, "Deployment/default/web-east");
+        assert!(
+            deletes[0].background,
+            "a Job's pods would be orphaned: {deletes:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_start_sweep_keeps_a_users_copy_that_carries_the_owner_reference_and_deletes_only_what_edgehive_wrote(
+    ) {
+        let mut hub = Fixture::new();
+        hub.change(application("web", 1)).await;
+        let east = ClusterPort::get(&hub.faulty.inner, "Deployment", Some("default"), "web-east")
+            .await
+            .unwrap();
+        let owner = east["metadata"]["ownerReferences"].clone();
+        // A user's copy of the Deployment, ownerReference carried along, no annotation.
+        let copy = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web-copy", "namespace": "default", "ownerReferences": owner},
+            "spec": east["spec"]});
+        ClusterPort::create(&hub.faulty.inner, copy).await.unwrap();
+        // A per-group Service an older edgehive made.
+        let legacy = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web-east", "namespace": "default", "ownerReferences": owner,
+                "annotations": {SERVICE_TOPOLOGY: "range-nodegroup"}},
+            "spec": {"selector": {"app": "web"}}});
+        ClusterPort::create(&hub.faulty.inner, legacy)
+            .await
+            .unwrap();
+        // A Deployment this controller wrote for a group dropped while the cloud was down.
+        let west = render(&two_groups("web"))
+            .workloads
+            .into_iter()
+            .find(|w| w.key().2 == "web-west")
+            .unwrap();
+        let mut west = west;
+        west.object["metadata"]["ownerReferences"] = owner.clone();
+        let west = made_directly(&hub, &west).await;
+
+        hub.watcher.sweep(Instant::now()).await;
+        assert!(
+            exists(&hub, "Deployment", "web-copy").await,
+            "the user's copy stays"
+        );
+        assert!(exists(&hub, "Deployment", "web-east").await);
+        assert!(
+            !exists(&hub, "Service", "web-east").await,
+            "the old build's Service goes"
+        );
+        assert!(!exists(&hub, "Deployment", "web-west").await);
+        assert!(hub.watcher.sweep_left.is_none());
+        let west_delete = hub
+            .faulty
+            .deletes()
+            .into_iter()
+            .find(|d| d.object == "Deployment/default/web-west")
+            .unwrap();
+        assert_eq!(
+            west_delete.uid.as_deref(),
+            Some(meta_str(&west, "uid")),
+            "only the incarnation listed"
+        );
+        assert!(west_delete.background);
+    }
+
+    #[tokio::test]
+    async fn the_start_sweep_keeps_a_workload_another_replica_made_for_the_applications_newer_spec()
+    {
+        let mut hub = Fixture::new();
+        hub.change(application("web", 1)).await;
+        // Another replica applies the group the user just added; this one has not seen it.
+        let (_, workloads) = changed_elsewhere(&hub, two_groups("web")).await;
+        let west = workloads.iter().find(|w| w.key().2 == "web-west").unwrap();
+        made_directly(&hub, west).await;
+
+        hub.watcher.sweep(Instant::now()).await;
+        assert!(
+            exists(&hub, "Deployment", "web-west").await,
+            "the application as read now asks for it"
+        );
+        assert!(exists(&hub, "Deployment", "web-east").await);
+        assert_eq!(hub.faulty.deletes(), []);
+    }
+
+    #[tokio::test]
+    async fn a_sweep_failure_that_recurs_is_retried_alone_with_a_doubling_capped_backoff() {
+        let mut hub = Fixture::new();
+        hub.change(application("web", 1)).await;
+        let mut west = render(&two_groups("web"))
+            .workloads
+            .into_iter()
+            .find(|w| w.key().2 == "web-west")
+            .unwrap();
+        let app = hub.app().await;
+        west.object["metadata"]["ownerReferences"][0]["uid"] = json!(meta_str(&app, "uid"));
+        made_directly(&hub, &west).await;
+        // Its delete is refused by admission, every time; the first list (Deployments) fails once.
+        hub.faulty.undeletable("Deployment", "web-west");
+        hub.faulty.fail_lists(1);
+        let (_, lists_before) = hub.faulty.counts();
+        let now = Instant::now();
+        hub.watcher.sweep(now).await;
+        let (_, lists) = hub.faulty.counts();
+        assert_eq!(lists - lists_before, WORKLOAD_KINDS.len());
+        let left = hub.watcher.sweep_left.as_ref().unwrap();
+        assert_eq!(left.lists, ["Deployment"]);
+        assert_eq!(left.owed.delay, RETRY_INTERVAL);
+        assert_eq!(hub.watcher.next_retry(), Some(now + RETRY_INTERVAL));
+
+        let mut delays = Vec::new();
+        for _ in 0..8 {
+            let due = hub.watcher.sweep_left.as_ref().unwrap().owed.due;
+            hub.watcher.retry_due(due).await;
+            delays.push(
+                hub.watcher
+                    .sweep_left
+                    .as_ref()
+                    .unwrap()
+                    .owed
+                    .delay
+                    .as_secs(),
+            );
+        }
+        assert_eq!(delays, [10, 20, 40, 80, 160, 300, 300, 300]);
+        let (_, lists_after) = hub.faulty.counts();
+        assert_eq!(lists_after - lists, 1, "only the failed list again, once");
+        let tries = hub
+            .faulty
+            .deletes()
+            .iter()
+            .filter(|d| d.object == "Deployment/default/web-west")
+            .count();
+        assert_eq!(tries, 8, "the refused delete alone, once per retry");
+        assert!(exists(&hub, "Deployment", "web-west").await);
+    }
+
+    #[tokio::test]
+    async fn a_job_an_earlier_edgehive_made_gets_the_annotation_by_a_patch_not_a_put_that_drops_its_generated_selector(
+    ) {
+        let mut hub = Fixture::new();
+        let job_app = json!({
+            "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
+            "metadata": {"name": "shop", "namespace": "default"},
+            "spec": {"workloadTemplate": {"manifests": [
+                {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "migrate"},
+                 "spec": {"template": {"spec": {"restartPolicy": "Never",
+                    "containers": [{"name": "m", "image": "migrate:1"}]}}}},
+            ]}},
+        });
+        let stored = ClusterPort::create(&hub.faulty.inner, job_app.clone())
+            .await
+            .unwrap();
+        // The Job as an earlier edgehive wrote it (no annotation), with what the API server
+        // generated: the selector and the template's labels.
+        let mut old = render(&stored).workloads[0].object.clone();
+        let generated = json!({"batch.kubernetes.io/controller-uid": "c-1"});
+        old["spec"]["selector"] = json!({"matchLabels": generated});
+        old["spec"]["template"]["metadata"] = json!({"labels": generated});
+        ClusterPort::create(&hub.faulty.inner, old).await.unwrap();
+        hub.faulty.immutable("Job", "/spec/selector");
+        hub.faulty.immutable("Job", "/spec/template");
+
+        hub.change(job_app).await;
+        let job = ClusterPort::get(&hub.faulty.inner, "Job", Some("default"), "migrate")
+            .await
+            .unwrap();
+        assert!(has_applied(&job), "{job}");
+        assert_eq!(job["spec"]["selector"]["matchLabels"], generated);
+        assert_eq!(hub.refused("invalid"), 0);
+        let app = hub.app().await;
+        assert_eq!(
+            app["status"]["workloadStatus"][0]["conditions"], "Available",
+            "{app}"
+        );
+        assert_eq!(hub.faulty.writes("Job"), 1, "one patch");
+        // Next event: as asked, nothing written.
+        hub.echo().await;
+        assert_eq!(hub.faulty.writes("Job"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_workload_the_api_server_normalized_gets_no_put_on_the_next_application_event() {
+        let mut hub = Fixture::new();
+        let mut app = application("web", 1);
+        let container = &mut app["spec"]["workloadTemplate"]["manifests"][0]["spec"]["template"]
+            ["spec"]["containers"][0];
+        container["args"] = json!([]);
+        container["resources"] = json!({"requests": {"cpu": 0.5, "memory": "1024Mi"}});
+        hub.change(app).await;
+        assert_eq!(hub.faulty.writes("Deployment"), 1);
+        // As a kube-apiserver stores it: the quantities canonical, the empty list dropped.
+        let mut stored =
+            ClusterPort::get(&hub.faulty.inner, "Deployment", Some("default"), "web-east")
+                .await
+                .unwrap();
+        let container = &mut stored["spec"]["template"]["spec"]["containers"][0];
+        container.as_object_mut().unwrap().remove("args");
+        container["resources"] = json!({"requests": {"cpu": "500m", "memory": "1Gi"}});
+        ClusterPort::update(&hub.faulty.inner, stored)
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            hub.echo().await;
+        }
+        assert_eq!(
+            hub.faulty.writes("Deployment"),
+            1,
+            "no PUT of an unchanged workload"
+        );
     }
 }

@@ -285,7 +285,9 @@ fn targets(app: &Value, rendered: &mut Rendered, per_group: &[(usize, &Value)]) 
             let suffix = labels.suffix();
             match targets.iter().find(|t: &&Target| t.suffix == suffix) {
                 Some(earlier) => Err(SelectorError(format!(
-                    "its labelSelector is the same as {}'s",
+                    "its labelSelector gives the same workload name suffix ({suffix}) as {}'s: \
+                     the same selector, or one whose keys and values run together the same way \
+                     (KubeEdge hashes them with no separator)",
                     earlier.what
                 ))),
                 None => Ok((labels, suffix)),

@@ -23,7 +23,7 @@ use edgehive_actors::cloud::devicecontroller::DeviceControllerModule;
 use edgehive_actors::cloud::dynamiccontroller::DynamicControllerModule;
 use edgehive_actors::cloud::edgecontroller::EdgeControllerModule;
 use edgehive_actors::cloud::synccontroller::{
-    SyncControllerModule, SyncView, SYNCCONTROLLER_MODULE,
+    SyncControllerModule, SyncView, WriteRecords, SYNCCONTROLLER_MODULE,
 };
 use edgehive_actors::hive::{Hive, HiveError};
 use edgehive_actors::identity::tls::CloudTls;
@@ -479,8 +479,21 @@ impl CloudProcess {
         nodes(&self.hive).await
     }
 
-    /// Stops the WebSocket server, CloudStream, the modules and the admin endpoint.
+    /// Stops the WebSocket server, CloudStream, the modules and the admin endpoint. The sync
+    /// records not yet written are written first (for at most [`RECORDS_WRITE_WAIT`]), while
+    /// this process still serves its nodes: whoever serves them next learns from those
+    /// records what their edges hold, and deletes there what the cluster deleted meanwhile.
     pub async fn stop(self) {
+        match self
+            .hive
+            .ask(SYNCCONTROLLER_MODULE, WriteRecords, RECORDS_WRITE_WAIT)
+            .await
+        {
+            Ok(()) => tracing::info!("sync records written"),
+            Err(error) => {
+                tracing::warn!(%error, "stopping with sync records not written: the edges may keep objects deleted meanwhile")
+            }
+        }
         self.hub.stop(false).await;
         if let Some(cert_server) = &self.cert_server {
             cert_server.stop().await;
@@ -569,6 +582,10 @@ struct StreamsQuery {
 /// The cluster the NodeGroups are read from, when the NodeGroup controller runs.
 #[derive(Clone)]
 struct NodeGroupsView(Option<SharedCluster>);
+
+/// How long a stopping cloud waits for its sync records to be written (an API server that
+/// refuses them does not hold the stop longer).
+pub const RECORDS_WRITE_WAIT: Duration = Duration::from_secs(5);
 
 /// The most nodes `GET /api/v1/nodegroups` lists per group (the counts cover them all).
 const NODES_PER_GROUP: usize = 100;

@@ -14,7 +14,7 @@ use edgehive_actors::cloud::cluster::{
     ClusterFuture, ClusterPort, EmbeddedCluster, SharedCluster, Watch,
 };
 use edgehive_actors::cloud::contract::{route, Acked, ObjectId, ToNodes};
-use edgehive_actors::cloud::synccontroller::SyncControllerModule;
+use edgehive_actors::cloud::synccontroller::{SyncControllerModule, WriteRecords};
 use edgehive_actors::hive::{Accepts, Envelope, Hive, Module};
 use edgehive_protocols::object::meta_str;
 use edgehive_protocols::{Message, Operation};
@@ -286,4 +286,76 @@ async fn the_reconcile_reads_its_cache_and_repairs_what_an_edge_lacks() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(counting.lists("Pod"), 1);
+}
+
+/// A cloud that stops asks SyncController to write its records first (`WriteRecords`): the
+/// record of what an edge just acknowledged is in the cluster when the answer comes, not a
+/// flush interval later, and not lost with the process (the next owner of the node would
+/// never delete that object on the edge once the cluster deletes it).
+#[actix_rt::test]
+async fn records_not_yet_written_are_in_the_cluster_when_write_records_answers() {
+    let embedded = EmbeddedCluster::new();
+    embedded
+        .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "edge-1"}}))
+        .unwrap();
+    let hive = Hive::new("cloud");
+    hive.start_module(HubModule(Arc::new(Mutex::new(Vec::new()))))
+        .unwrap();
+    hive.start_module(SyncControllerModule::new(
+        &hive,
+        Arc::new(embedded.clone()),
+        // Long: only the ask writes within the test.
+        Duration::from_secs(60),
+    ))
+    .unwrap();
+    let records = || {
+        let (records, _) = embedded.list("ObjectSync");
+        records
+            .iter()
+            .map(|r| {
+                (
+                    meta_str(r, "name").to_owned(),
+                    r["status"]["objectResourceVersion"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    for round in 0..5u32 {
+        let uid = format!("uid-{round}");
+        let acked = Acked {
+            node: "edge-1".into(),
+            key: uid.clone(),
+            resource: format!("default/pod/web-{round}"),
+            resource_version: Some(format!("{}", 100 + round)),
+            deleted: false,
+            object: Some(Arc::new(ObjectId {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                namespace: "default".into(),
+                name: format!("web-{round}"),
+                uid: uid.clone(),
+            })),
+        };
+        let mut tell = hive.tell(route::SYNCCONTROLLER, acked);
+        while let Err(refused) = tell {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            tell = hive.tell(route::SYNCCONTROLLER, refused.message);
+        }
+        hive.ask(route::SYNCCONTROLLER, WriteRecords, DEADLINE)
+            .await
+            .unwrap();
+        let name = format!("edge-1.{uid}");
+        assert!(
+            records().contains(&(name.clone(), format!("{}", 100 + round))),
+            "{name} written when the ask answered: {:?}",
+            records()
+        );
+    }
+    // With nothing unwritten, it answers at once.
+    hive.ask(route::SYNCCONTROLLER, WriteRecords, DEADLINE)
+        .await
+        .unwrap();
 }

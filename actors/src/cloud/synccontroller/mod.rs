@@ -33,7 +33,9 @@
 //! including deletes that happened while it was down.
 //!
 //! Records are written in batches, one batch at a time, when some are dirty; a write that
-//! fails is tried again. Losing an event (a full mailbox) costs a resend, never an object:
+//! fails is tried again. A cloud that stops has them written first ([`WriteRecords`]), before
+//! it closes its sessions: a record made a moment before the stop and lost with the process
+//! is an object on the edge that whoever serves the node next never deletes there. Losing an event (a full mailbox) costs a resend, never an object:
 //! the reconcile asks the edge again and its ACK fixes the record. A node offers a refused
 //! ACK event again for a minute (the reconcile trusts a record's pooled version, so the
 //! record must hear of it).
@@ -198,6 +200,8 @@ impl Module for SyncControllerModule {
             ownership: Ownership::of(hive),
             to_load: BTreeSet::new(),
             loading: false,
+            written_waiters: Vec::new(),
+            flushes: 0,
         }
     }
 
@@ -207,7 +211,8 @@ impl Module for SyncControllerModule {
             .message::<Queued>()
             .message::<NodeOwner>()
             .message::<ReplicaActing>()
-            .message::<SyncView>();
+            .message::<SyncView>()
+            .message::<WriteRecords>();
     }
 }
 
@@ -242,6 +247,11 @@ pub struct SyncController {
     /// A read of records for `to_load`'s nodes is under way: the nodes that come meanwhile
     /// wait for the next one (one list of each record kind at a time, however many come).
     loading: bool,
+    /// Asked to be told when the records are written ([`WriteRecords`]): each with the
+    /// first flush that may answer it (one that starts after the ask).
+    written_waiters: Vec<(u64, tokio::sync::oneshot::Sender<()>)>,
+    /// Flushes started.
+    flushes: u64,
 }
 
 impl Actor for SyncController {
@@ -716,9 +726,15 @@ impl SyncController {
         }
         writes.retain(|w| !not_served.contains(&w.node));
         if writes.is_empty() {
+            self.tell_written();
             return;
         }
         self.flushing = true;
+        self.flushes += 1;
+        let flush = self.flushes;
+        // Everything dirty when it started is in this flush: its end answers the asks made
+        // before it started ([`WriteRecords`]), though records made meanwhile wait for the next.
+        let took_all = self.records.dirty() == 0;
         let cluster = self.cluster.clone();
         let checked = self.ownership.is_replica();
         let fut = async move {
@@ -733,7 +749,7 @@ impl SyncController {
             }
             results
         };
-        ctx.spawn(fut.into_actor(self).map(|results, act, ctx| {
+        ctx.spawn(fut.into_actor(self).map(move |results, act, ctx| {
             let mut failed = 0u64;
             let mut first_error = None;
             for (w, result) in results {
@@ -747,6 +763,9 @@ impl SyncController {
             match first_error {
                 None => {
                     act.flushing = false;
+                    if took_all {
+                        act.tell_written_by(flush);
+                    }
                     act.wake(ctx);
                 }
                 Some((node, error)) => {
@@ -835,6 +854,7 @@ impl SyncController {
     /// Arranges what is due: a flush when records are dirty, and one wake-up at the earliest
     /// deadline (a record's, or the suspect nodes'). Nothing is arranged when nothing is owed.
     fn wake(&mut self, ctx: &mut Context<Self>) {
+        self.tell_written();
         if self.records.dirty() > 0 && !self.flushing && !self.flush_pending {
             self.flush_pending = true;
             ctx.run_later(FLUSH_INTERVAL, |act, ctx| {
@@ -955,6 +975,28 @@ impl SyncController {
             act.ran(started);
             act.wake(ctx);
         }));
+    }
+
+    /// Tells those waiting for it ([`WriteRecords`]) that every record is written, when none
+    /// is dirty and no flush is under way.
+    fn tell_written(&mut self) {
+        if self.written_waiters.is_empty() || self.flushing || self.records.dirty() > 0 {
+            return;
+        }
+        self.tell_written_by(u64::MAX);
+    }
+
+    /// Tells those whose ask came before flush number `flush` started that it wrote what they
+    /// waited for.
+    fn tell_written_by(&mut self, flush: u64) {
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.written_waiters)
+            .into_iter()
+            .partition(|(first, _)| *first <= flush);
+        self.written_waiters = waiting;
+        for (_, waiter) in done {
+            // The asker may have given up waiting: nothing to tell then.
+            let _ = waiter.send(());
+        }
     }
 
     fn ran(&self, started: Instant) {
@@ -1127,6 +1169,39 @@ impl Handler<ReplicaActing> for SyncController {
         if acting.acting {
             self.wake(ctx);
         }
+    }
+}
+
+/// Asks SyncController to write every record it has not written yet, and answers once a flush
+/// that started after the ask took all that were dirty and wrote them (or none is dirty); a
+/// write the cluster refuses is tried again, so the asker bounds its wait. A cloud
+/// that stops asks before it closes its sessions: a record is made here when an object is
+/// queued for a node and written a moment later, and the process that serves the node next
+/// (another replica, or this one restarted) knows what the edge holds only from the
+/// records in the cluster. A record lost with the process is an object on the edge that no
+/// reconcile ever deletes once the cluster deletes it (the new owner's controllers never
+/// saw it).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct WriteRecords;
+
+impl Handler<WriteRecords> for SyncController {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: WriteRecords, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // A flush under way may have missed what was made since it started: the next one.
+        self.written_waiters.push((self.flushes + 1, tx));
+        tracing::info!(
+            unwritten = self.records.dirty(),
+            "stopping: writing the sync records not written yet"
+        );
+        // At once, not after the flush interval.
+        self.flush(ctx);
+        self.wake(ctx);
+        Box::pin(async move {
+            let _ = rx.await;
+        })
     }
 }
 

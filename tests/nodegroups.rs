@@ -329,7 +329,8 @@ async fn template_once(
     }
 }
 
-fn application(targets: Value) -> Value {
+/// The EdgeApplication `shop`: Deployment and Service `web`, for `targets`.
+pub(crate) fn application(targets: Value) -> Value {
     json!({
         "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
         "metadata": {"name": "shop", "namespace": "default"},

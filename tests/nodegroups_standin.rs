@@ -17,6 +17,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParam
 use kube::core::GroupVersionKind;
 use serde_json::{json, Value};
 
+use crate::nodegroups::application;
 use crate::standin_cluster::{client, start_standin};
 use crate::support::process::{banner_field, plain_edge_yaml, spawn_logged, Process};
 use crate::support::{eventually, metric_sum};
@@ -227,25 +228,6 @@ async fn a_nodegroup_made_with_kubectl_labels_its_nodes_fills_its_status_and_a_n
         .unwrap();
     label_becomes(&nodes, "edge-1", None).await;
     label_becomes(&nodes, "edge-3", None).await;
-}
-
-fn application(targets: Value) -> Value {
-    json!({
-        "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
-        "metadata": {"name": "shop", "namespace": "default"},
-        "spec": {
-            "workloadTemplate": {"manifests": [
-                {"apiVersion": "apps/v1", "kind": "Deployment",
-                 "metadata": {"name": "web", "labels": {"app": "web"}},
-                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                          "template": {"metadata": {"labels": {"app": "web"}},
-                                       "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}}},
-                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-                 "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}},
-            ]},
-            "workloadScope": {"targetNodeGroups": targets},
-        },
-    })
 }
 
 /// `kind/name: conditions` of each entry of the application's `status.workloadStatus`.

@@ -395,31 +395,42 @@ mod tests {
         }
     }
 
+    /// A request of module `x` numbered `n`.
+    fn request(n: u64) -> Message {
+        Message::new(
+            edgehive_protocols::ModuleName::from("x"),
+            edgehive_protocols::Group::User,
+            Operation::Upload,
+            format!("default/x/{n}"),
+            serde_json::Value::Null,
+        )
+    }
+
+    /// Registers a waiter for `message` (not yet written), as `request` does; its answer.
+    fn await_reply(
+        hub: &Shared,
+        message: &Message,
+        token: u64,
+    ) -> oneshot::Receiver<Result<Message, EdgeHubError>> {
+        let (reply, answer) = oneshot::channel();
+        lock(&hub.pending).insert(
+            message.id().to_owned(),
+            Waiter {
+                reply,
+                token,
+                written_on: None,
+            },
+        );
+        answer
+    }
+
     #[test]
     fn a_lost_connection_fails_the_requests_written_on_it_and_keeps_the_queued_ones() {
         let hub = shared();
-        let request = |n: u64| {
-            Message::new(
-                edgehive_protocols::ModuleName::from("x"),
-                edgehive_protocols::Group::User,
-                Operation::Upload,
-                format!("default/x/{n}"),
-                serde_json::Value::Null,
-            )
-        };
         let (written, queued, earlier) = (request(1), request(2), request(3));
         let mut answers = Vec::new();
         for (token, message) in [&written, &queued, &earlier].into_iter().enumerate() {
-            let (reply, answer) = oneshot::channel();
-            lock(&hub.pending).insert(
-                message.id().to_owned(),
-                Waiter {
-                    reply,
-                    token: token as u64,
-                    written_on: None,
-                },
-            );
-            answers.push(answer);
+            answers.push(await_reply(&hub, message, token as u64));
         }
         let first = hub.connected_to(0, "a:1");
         hub.written(&earlier, first);
@@ -450,29 +461,11 @@ mod tests {
     #[test]
     fn a_request_pushed_out_of_the_full_outbox_fails_at_once_and_the_newer_ones_wait() {
         let hub = shared();
-        let request = |n: u64| {
-            Message::new(
-                edgehive_protocols::ModuleName::from("x"),
-                edgehive_protocols::Group::User,
-                Operation::Upload,
-                format!("default/x/{n}"),
-                serde_json::Value::Null,
-            )
-        };
         let requests: Vec<Message> = (0..10).map(request).collect();
         let mut answers = Vec::new();
         for (token, message) in requests.iter().enumerate() {
-            let (reply, answer) = oneshot::channel();
-            lock(&hub.pending).insert(
-                message.id().to_owned(),
-                Waiter {
-                    reply,
-                    token: token as u64,
-                    written_on: None,
-                },
-            );
+            answers.push(await_reply(&hub, message, token as u64));
             hub.enqueue(message.clone());
-            answers.push(answer);
         }
         // Capacity 8: the two oldest were pushed out and failed; the eight newer wait.
         for (n, mut answer) in answers.into_iter().enumerate() {
